@@ -9,7 +9,6 @@ cancel half-read: a reply that comes after its deadline is consumed in order lik
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -53,7 +52,7 @@ class AsyncLink:
         self._conn: AbstractConnection | None = None
         self._transport: asyncio.WriteTransport | None = None
         self._reader: Any = None
-        self._unread: deque[tuple[Slot, asyncio.Event]] = deque()
+        self._unread: deque[tuple[Slot, _Gather]] = deque()
         self._connecting: asyncio.Task[bool] | None = None
         self._run_id: str | None = None
         self._node_started: float | None = None
@@ -106,9 +105,12 @@ class AsyncLink:
         self._run_id = fields.get("run_id", "")
         self._node_started = time.monotonic() - float(fields.get("uptime_in_seconds", "0"))
 
+    def needs_revive(self) -> bool:
+        return self._transport is None and self._fresh_failure and self._connecting is None
+
     async def revive(self) -> None:
         """Reconnect inline a connection that was healthy until it just broke."""
-        if self._transport is None and self._fresh_failure and self._connecting is None:
+        if self.needs_revive():
             self._fresh_failure = False
             await self.connect()
 
@@ -142,9 +144,9 @@ class AsyncLink:
         self._fresh_failure = self._transport is not None and self._backoff == RECONNECT_MIN
         self._drop()
         while self._unread:
-            slot, event = self._unread.popleft()
+            slot, gather = self._unread.popleft()
             slot.fill(NodeFailure(reason))
-            event.set()
+            gather.check()
         self._down(reason)
 
     def _received(self, data: bytes) -> None:
@@ -159,15 +161,15 @@ class AsyncLink:
                 return
             if isinstance(reply, hiredis.ReplyError):
                 reply = NodeFailure(f"ResponseError: {reply}")
-            slot, event = self._unread.popleft()
+            slot, gather = self._unread.popleft()
             slot.fill(reply)
-            event.set()
+            gather.check()
 
     def _lost(self, exc: Exception | None) -> None:
         if self._transport is not None:
             self.fail(describe(exc) if exc else "ConnectionError: connection closed by the server")
 
-    def send(self, call: Call, event: asyncio.Event, *, by_sha: bool = True) -> Slot:
+    def send(self, call: Call, gather: _Gather, *, by_sha: bool = True) -> Slot:
         slot = Slot(call)
         transport = self._transport
         if transport is None:
@@ -180,13 +182,56 @@ class AsyncLink:
         if len(self._unread) >= MAX_UNREAD and call.script is not RELEASE:
             slot.fill(NodeFailure(f"not answering ({len(self._unread)} calls queued)", sent=False))
             return slot
-        self._unread.append((slot, event))
+        self._unread.append((slot, gather))
         transport.write(hiredis.pack_command(call.packed_args(by_sha=by_sha)))  # type: ignore[arg-type]
         return slot
 
     async def close(self) -> None:
         self._drop()
         self._unread.clear()
+
+
+class _Gather:
+    """The slots of one request: wakes the waiting task once, when they are settled (or all
+    done), instead of on every reply; no task or event per wait."""
+
+    __slots__ = ("_future", "_settled", "_slots")
+
+    def __init__(self, slots: list[Slot], settled: Callable[[list[Slot]], bool] | None) -> None:
+        self._slots = slots
+        self._settled = settled
+        self._future: asyncio.Future[None] | None = None
+
+    def _ready(self) -> bool:
+        slots = self._slots
+        return all(s.done for s in slots) or (self._settled is not None and self._settled(slots))
+
+    def check(self) -> None:
+        """Called by a link after it filled one of these slots."""
+        future = self._future
+        if future is not None and not future.done() and self._ready():
+            future.set_result(None)
+
+    async def wait(self, deadline: float) -> None:
+        """Until the slots are settled or ``deadline`` (``time.monotonic()``) passes."""
+        if self._ready():
+            return
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        future = self._future = loop.create_future()
+        timer = loop.call_later(remaining, _finish, future)
+        try:
+            await future
+        finally:
+            timer.cancel()
+            self._future = None
+
+
+def _finish(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class AsyncChannel:
@@ -204,11 +249,13 @@ class AsyncChannel:
     async def prepare(self) -> None:
         """Before a plan reads the links: reconnect those the server just closed (the event
         loop already noticed, through ``connection_lost``)."""
-        await asyncio.gather(*(link.revive() for link in self.links))
+        for link in self.links:
+            if link.needs_revive():
+                await link.revive()
 
     async def execute(self, request: Request) -> list[Any]:
-        event = asyncio.Event()
         slots: list[Slot] = []
+        gather = _Gather(slots, request.settled)
         for link, call in zip(self.links, request.calls, strict=True):
             if call is None:
                 link.usable()  # a node that is down gets its reconnection started
@@ -218,37 +265,20 @@ class AsyncChannel:
                 slot = Slot(call)
                 slot.fill(NodeFailure(f"down: {link.last_error or 'reconnecting'}", sent=False))
             else:
-                slot = link.send(call, event)
+                slot = link.send(call, gather)
             slots.append(slot)
         if not request.wait:
             return [None] * len(slots)
         deadline = time.monotonic() + request.timeout
-        await self._collect(slots, event, deadline, request.settled)
+        await gather.wait(deadline)
         retry = [i for i, s in enumerate(slots) if s.done and is_noscript(s.value)]
-        if retry:
+        if retry:  # SCRIPT FLUSH on a node: EVAL sends the source and caches it again
             for i in retry:
                 call = slots[i].call
                 assert call is not None
-                slots[i] = self.links[i].send(call, event, by_sha=False)
-            await self._collect(slots, event, deadline, request.settled)
+                slots[i] = self.links[i].send(call, gather, by_sha=False)
+            await gather.wait(deadline)
         return [s.result() for s in slots]
-
-    @staticmethod
-    async def _collect(
-        slots: list[Slot],
-        event: asyncio.Event,
-        deadline: float,
-        settled: Callable[[list[Slot]], bool] | None,
-    ) -> None:
-        while True:
-            event.clear()
-            if all(s.done for s in slots) or (settled is not None and settled(slots)):
-                return
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), remaining)
 
     async def close(self) -> None:
         for link in self.links:
