@@ -317,6 +317,8 @@ def setup_django(url1: str, urls5: Sequence[str]) -> None:
             INSTALLED_APPS=["django_redlock"],
             REDLOCK={
                 "one": {"NODES": [url1]},
+                # the same node without busy polling (switched off below), for comparison
+                "one-no-spin": {"NODES": [url1], "KEY_PREFIX": "nospin:"},
                 "five": {"NODES": list(urls5), "NODE_TIMEOUT": NODE_TIMEOUT},
             },
         )
@@ -329,11 +331,13 @@ def redis_client(url: str, timeout: float) -> Any:
     return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
 
 
-def ours_pair(alias: str, name: str) -> SyncPair:
+def ours_pair(alias: str, name: str, busy_poll: float | None = None) -> SyncPair:
     from django_redlock import locks
     from django_redlock.exceptions import LockNotAcquired, NodesUnavailable
 
     manager = locks[alias]
+    if busy_poll is not None:  # before its first call creates a channel
+        manager.engine.state.busy_poll = busy_poll
 
     def acquire() -> Any:
         try:
@@ -462,6 +466,11 @@ def aioredlock_apair(ports: Sequence[int], name: str, cap: float | None) -> tupl
 def single_node(url: str, plan: Plan) -> list[PairResult]:
     contenders = [
         sync_contender("django-redlock", ours_pair("one", "bench-1-ours"), "fencing token"),
+        sync_contender(
+            "django-redlock, no busy poll",
+            ours_pair("one-no-spin", "bench-1-ours-nospin", busy_poll=0.0),
+            "REDLOCK_BUSY_POLL = 0",
+        ),
         sync_contender("raw redis-py", raw_pair(url, "bench-1-raw"), "SET NX PX + EVALSHA"),
         sync_contender("redis-py Lock", redis_py_lock_pair(url, "bench-1-redispy")),
         sync_contender("python-redis-lock", python_redis_lock_pair(url, "bench-1-prl")),
@@ -963,20 +972,24 @@ def targets_table(report: Report) -> Table:
     c = {r.label: r for r in report.contended}
     prl = c.get("python-redis-lock")
     pot5 = c.get("pottery")
+    # Issue 3: "8 processes on one name: hand-off p50/p99, sections/s >= python-redis-lock's
+    # (a single-node lock), max/min <= 1.5; on 5 nodes >= 5x pottery's sections/s". The
+    # single-node targets are checked on 1 node; on 5 nodes, pottery's and the fairness bound.
     for label in ("django-redlock", "django-redlock 5 nodes"):
         r = c.get(label)
         if r is None or r.note.startswith("failed"):
             continue
         where = "1 node" if r.nodes == 1 else "5 nodes"
-        p50, p99 = percentile(r.to_other, 50), percentile(r.to_other, 99)
-        check(f"8 procs, {where}: hand-off p50 <= 0.5 ms", fmt_time(p50), at_most(p50, 5e-4))
-        check(f"8 procs, {where}: hand-off p99 <= 5 ms", fmt_time(p99), at_most(p99, 5e-3))
-        x = ratio(r.rate, prl.rate if prl else None)
-        check(
-            f"8 procs, {where}: sections/s >= python-redis-lock's",
-            fmt_ratio(x),
-            at_least(x, 1.0),
-        )
+        if r.nodes == 1:
+            p50, p99 = percentile(r.to_other, 50), percentile(r.to_other, 99)
+            check(f"8 procs, {where}: hand-off p50 <= 0.5 ms", fmt_time(p50), at_most(p50, 5e-4))
+            check(f"8 procs, {where}: hand-off p99 <= 5 ms", fmt_time(p99), at_most(p99, 5e-3))
+            x = ratio(r.rate, prl.rate if prl else None)
+            check(
+                f"8 procs, {where}: sections/s >= python-redis-lock's",
+                fmt_ratio(x),
+                at_least(x, 1.0),
+            )
         check(
             f"8 procs, {where}: max/min per worker <= 1.5",
             fmt_ratio(r.fairness),

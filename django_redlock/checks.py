@@ -15,12 +15,14 @@ from django.apps import AppConfig
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
-from .conf import AliasConfig, parse_alias, redlock_settings
+from .conf import AliasConfig, busy_poll_setting, parse_alias, redlock_settings
 
 CHECK_IDS = {
     "E001": "REDLOCK is not a dict of aliases.",
     "E002": "An alias's settings are invalid (unknown key, wrong type, bad URL, ...).",
     "E003": "Two aliases share a node and one's KEY_PREFIX starts with the other's.",
+    "E004": "REDLOCK_BUSY_POLL is not a number of seconds from 0 to 0.01.",
+    "E005": "Two aliases with the same KEY_PREFIX share some but not all of their nodes.",
     "W001": "A Redlock alias has 2 nodes or an even number of nodes (deploy).",
     "W002": "Two nodes of one alias point at the same host:port or socket (deploy).",
     "W003": "Plaintext redis:// to a host that is not loopback (deploy).",
@@ -44,7 +46,7 @@ def valid_aliases() -> tuple[list[AliasConfig], list[checks.CheckMessage]]:
             errors.append(
                 checks.Error(
                     str(exc),
-                    hint="See the settings table in docs/settings.md.",
+                    hint="See the settings table in docs/index.md.",
                     id="django_redlock.E002",
                 )
             )
@@ -56,7 +58,11 @@ def check_settings(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
     configs, errors = valid_aliases()
-    return errors + _nested_prefixes(configs)
+    try:
+        busy_poll_setting()
+    except ImproperlyConfigured as exc:
+        errors.append(checks.Error(str(exc), id="django_redlock.E004"))
+    return errors + _nested_prefixes(configs) + _overlapping_clusters(configs)
 
 
 def _node_ids(config: AliasConfig) -> set[str]:
@@ -82,6 +88,27 @@ def _nested_prefixes(configs: list[AliasConfig]) -> list[checks.CheckMessage]:
                         hint="Give aliases that share nodes prefixes that do not start with "
                         "each other, e.g. 'app:' and 'jobs:'.",
                         id="django_redlock.E003",
+                    )
+                )
+    return messages
+
+
+def _overlapping_clusters(configs: list[AliasConfig]) -> list[checks.CheckMessage]:
+    """Same prefix on the same node set is one cluster seen twice (e.g. with other timeouts);
+    on node sets that only overlap, the aliases would share lock keys and fence counters on
+    the common nodes, and one's fence markers would quarantine the other's fresh nodes."""
+    messages: list[checks.CheckMessage] = []
+    for i, first in enumerate(configs):
+        for second in configs[i + 1 :]:
+            ids_a, ids_b = _node_ids(first), _node_ids(second)
+            if first.key_prefix == second.key_prefix and ids_a & ids_b and ids_a != ids_b:
+                messages.append(
+                    checks.Error(
+                        f"REDLOCK[{first.alias!r}] and REDLOCK[{second.alias!r}] share "
+                        f"KEY_PREFIX {first.key_prefix!r} and some, but not all, nodes: they "
+                        "would share lock keys and fencing counters on the common nodes.",
+                        hint="Give each alias its own KEY_PREFIX, or the same node list.",
+                        id="django_redlock.E005",
                     )
                 )
     return messages

@@ -168,6 +168,26 @@ def parse_alias(alias: str, raw: Any) -> AliasConfig:
     )
 
 
+#: Default of ``REDLOCK_BUSY_POLL``, seconds; and the largest value it accepts.
+BUSY_POLL_DEFAULT = 0.0001
+BUSY_POLL_MAX = 0.01
+
+
+def busy_poll_setting() -> float:
+    """``REDLOCK_BUSY_POLL``: how long a lock call may spin for the replies of a fast node
+    before it sleeps in ``poll()`` (seconds; 0 turns spinning off). See docs/algorithm.md."""
+    value = getattr(settings, "REDLOCK_BUSY_POLL", BUSY_POLL_DEFAULT)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ImproperlyConfigured(
+            f"REDLOCK_BUSY_POLL must be a number of seconds, not {type(value).__name__}."
+        )
+    if not math.isfinite(value) or not 0 <= value <= BUSY_POLL_MAX:
+        raise ImproperlyConfigured(
+            f"REDLOCK_BUSY_POLL must be between 0 (off) and {BUSY_POLL_MAX} seconds, got {value!r}."
+        )
+    return float(value)
+
+
 def redlock_settings() -> dict[str, Any]:
     """The raw ``REDLOCK`` setting, defaulting to one ``default`` alias on localhost."""
     raw = getattr(settings, "REDLOCK", None)

@@ -1,8 +1,8 @@
 """The ``locks`` registry: ``locks["default"]`` like ``django.core.cache.caches``.
 
 One :class:`~django_redlock.manager.LockManager` per alias and process (its connections are
-pooled per thread inside the engine); reset when ``REDLOCK`` or ``CACHES`` change, so
-``override_settings(REDLOCK=...)`` works in tests.
+pooled per thread inside the engine); reset when ``REDLOCK``, ``REDLOCK_BUSY_POLL`` or
+``CACHES`` change, so ``override_settings(REDLOCK=...)`` works in tests.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from . import connections
-from .conf import alias_config, redlock_settings
+from .conf import alias_config, busy_poll_setting, redlock_settings
 from .engine.core import Engine
 from .engine.plans import AliasState
 from .manager import UNSET, LockBlock, LockManager
@@ -56,6 +56,7 @@ class LockManagers:
             node_timeout=config.node_timeout,
             drift_factor=config.drift_factor,
             ttl=config.ttl,
+            busy_poll=busy_poll_setting(),
         )
         engine = Engine(
             state,
@@ -79,7 +80,7 @@ locks = LockManagers()
 
 @receiver(setting_changed)
 def _reset_on_setting_changed(*, setting: str, **kwargs: Any) -> None:
-    if setting in ("REDLOCK", "CACHES"):
+    if setting in ("REDLOCK", "REDLOCK_BUSY_POLL", "CACHES"):
         locks.reset()
 
 

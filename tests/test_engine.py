@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.test import override_settings
 
 from django_redlock import lock, locks, signals
 from django_redlock.exceptions import LockLost, LockNotAcquired, NodesUnavailable
@@ -116,11 +117,20 @@ def test_restarted_node_is_quarantined_while_a_holds(redis_node_factory, redlock
     assert a.release() is True
 
 
-def test_one_paused_node_costs_at_most_node_timeout(redis_node_factory, redlock_alias):
+@pytest.fixture
+def busy_poll(request: pytest.FixtureRequest) -> Any:
+    with override_settings(REDLOCK_BUSY_POLL=request.param):
+        yield request.param
+
+
+@pytest.mark.parametrize("busy_poll", [0.0, 0.0001], indirect=True)
+def test_one_paused_node_costs_at_most_node_timeout(busy_poll, redis_node_factory, redlock_alias):
     """With one of five nodes SIGSTOPped, every acquire+release pair succeeds and none takes
-    much longer than NODE_TIMEOUT; once it resumes it holds no lock key."""
+    much longer than NODE_TIMEOUT; once it resumes it holds no lock key. Both with busy
+    polling (the default) and without (REDLOCK_BUSY_POLL = 0: straight to poll())."""
     nodes = redis_node_factory(5)
     manager = redlock_alias(nodes, TTL=5, NODE_TIMEOUT=0.05)
+    assert manager.engine.state.busy_poll == busy_poll
     manager.acquire("warm", timeout=0).release()
     nodes[4].pause()
     slowest = 0.0

@@ -157,6 +157,34 @@ def test_nested_prefixes_on_shared_nodes_are_an_error() -> None:
         assert checks.check_settings() == []
 
 
+@pytest.mark.parametrize("value", [-0.001, 0.5, math.inf, "0.0001", True, None])
+def test_bad_busy_poll_is_reported_and_refused(value: object) -> None:
+    """REDLOCK_BUSY_POLL outside [0, 0.01] seconds (or not a number) is check E004 and stops
+    the registry from building a manager; 0 (off) and the default are fine."""
+    with override_settings(REDLOCK={"default": {}}, REDLOCK_BUSY_POLL=value):
+        assert _check_ids(checks.check_settings()) == ["django_redlock.E004"]
+        with pytest.raises(ImproperlyConfigured, match="REDLOCK_BUSY_POLL"):
+            locks["default"]
+    for good in (0, 0.0, 0.0001, 0.01):
+        with override_settings(REDLOCK={"default": {}}, REDLOCK_BUSY_POLL=good):
+            assert checks.check_settings() == []
+            assert locks["default"].engine.state.busy_poll == good
+
+
+def test_same_prefix_on_overlapping_node_sets_is_an_error() -> None:
+    """E005: one prefix on node sets that overlap without being equal (shared keys and fence
+    counters on the common node). The same node list twice, or disjoint lists, are fine."""
+    a, b, c = (f"redis://127.0.0.1:{p}/0" for p in (6391, 6392, 6393))
+    with override_settings(REDLOCK={"one": {"NODES": [a]}, "three": {"NODES": [a, b, c]}}):
+        assert _check_ids(checks.check_settings()) == ["django_redlock.E005"]
+    with override_settings(
+        REDLOCK={"x": {"NODES": [a, b, c]}, "y": {"NODES": [a, b, c], "NODE_TIMEOUT": 1.0}}
+    ):
+        assert checks.check_settings() == []
+    with override_settings(REDLOCK={"x": {"NODES": [a]}, "y": {"NODES": [b]}}):
+        assert checks.check_settings() == []
+
+
 def test_deploy_checks(redis_node_factory) -> None:
     """--deploy warns about even node counts, duplicates, plaintext remote hosts, evicting
     maxmemory policies and unreachable nodes; a healthy 1-node alias gets no warning."""

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import threading
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any
 
 from .alinks import AsyncChannel, AsyncConnectionFactory
@@ -50,37 +50,24 @@ class Engine:
         return len(self.labels)
 
     # -- sync ----------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def channel(self, pinned: Channel | None = None) -> Iterator[Channel]:
-        """A channel for one operation: ``pinned`` if given, else one from the pool."""
+    def run(self, make_plan: PlanMaker, pinned: Channel | None = None) -> tuple[Any, Channel]:
+        """Run a plan to its end on one channel; returns its result and the channel used."""
         if pinned is not None:
             with pinned.mutex:
-                yield pinned
-            return
+                return _drive(make_plan, pinned), pinned
+        # the pool checkout of :meth:`channel`, inlined: this is the hot path of every call
         with self._guard:
             channel = self._free.pop() if self._free else None
         if channel is None:
-            channel = Channel(self.labels, self._factories)
+            channel = Channel(self.labels, self._factories, self.state.busy_poll)
             with self._guard:
                 self._all.append(channel)
         try:
             with channel.mutex:
-                yield channel
+                return _drive(make_plan, channel), channel
         finally:
             with self._guard:
                 self._free.append(channel)
-
-    def run(self, make_plan: PlanMaker, pinned: Channel | None = None) -> tuple[Any, Channel]:
-        """Run a plan to its end on one channel; returns its result and the channel used."""
-        with self.channel(pinned) as channel:
-            channel.prepare()
-            plan = make_plan(channel.links)
-            try:
-                request = next(plan)
-                while True:
-                    request = plan.send(channel.execute(request))
-            except StopIteration as stop:
-                return stop.value, channel
 
     # -- async ---------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -140,6 +127,17 @@ class Engine:
         for channel in channels:
             with channel.mutex:
                 channel.close()
+
+
+def _drive(make_plan: PlanMaker, channel: Channel) -> Any:
+    channel.prepare()
+    plan = make_plan(channel.links)
+    try:
+        request = next(plan)
+        while True:
+            request = plan.send(channel.execute(request))
+    except StopIteration as stop:
+        return stop.value
 
 
 async def _close_at_loop_shutdown(

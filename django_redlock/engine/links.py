@@ -13,6 +13,7 @@ redis-py's per-call bookkeeping (health checks, ``can_read`` peeks) cost more th
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import ssl
@@ -252,11 +253,61 @@ def _parse_info(raw: Any) -> dict[str, str]:
     return fields
 
 
+class Spinner:
+    """How long a channel busy-polls for replies before it sleeps in ``poll()``.
+
+    Sleeping and being woken costs more than a fast node's whole answer on loopback or a
+    local network (on this project's 2-core VM, ~40 % of a single-node acquire+release).
+    So a call first spins on non-blocking reads for up to ``limit`` seconds, yielding the CPU
+    between reads. When replies keep arriving later than that (a remote or loaded node), the
+    spinning stopped paying and is skipped for the next :attr:`PAUSE` calls, then tried again.
+    """
+
+    #: Calls without spinning after :attr:`MISSES` calls in a row spun in vain.
+    PAUSE = 64
+    MISSES = 4
+
+    __slots__ = ("_limit", "_misses", "_skip")
+
+    def __init__(self, limit: float) -> None:
+        self._limit = limit
+        self._misses = 0
+        self._skip = 0
+
+    @property
+    def active(self) -> bool:
+        """True when the next call will spin."""
+        return self._limit > 0 and not self._skip
+
+    def budget(self) -> float:
+        """Seconds to spin on the next call (0: go straight to ``poll()``)."""
+        if self._skip:
+            self._skip -= 1
+            return 0.0
+        return self._limit
+
+    def settled(self, in_time: bool) -> None:
+        """Report whether the call spun with a budget settled before the budget ran out."""
+        if in_time:
+            self._misses = 0
+            return
+        self._misses += 1
+        if self._misses >= self.MISSES:
+            self._misses = 0
+            self._skip = self.PAUSE
+
+
 class Channel:
     """One connection per node, used by one thread at a time."""
 
-    def __init__(self, labels: Sequence[str], factories: Sequence[ConnectionFactory]) -> None:
+    def __init__(
+        self,
+        labels: Sequence[str],
+        factories: Sequence[ConnectionFactory],
+        busy_poll: float = 0.0,
+    ) -> None:
         self.links = [Link(label, f) for label, f in zip(labels, factories, strict=True)]
+        self.spinner = Spinner(busy_poll)
         self.mutex = threading.RLock()
         self._poller = select.poll()
         threads = [
@@ -324,15 +375,27 @@ class Channel:
     ) -> None:
         poller = self._poller
         links = self.links
+        budget = self.spinner.budget()
+        spin_until = time.monotonic() + budget
         while True:
             waiting = [links[i] for i, slot in enumerate(slots) if not slot.done]
             if not waiting or (settled is not None and settled(slots)):
+                if budget:
+                    self.spinner.settled(True)
                 return
             if any(link.has_buffered() for link in waiting):
                 for link in waiting:
                     link.drain(receive=False)
                 continue
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            if budget:
+                if now < spin_until:
+                    if not any([link.drain(receive=True) for link in waiting]):
+                        os.sched_yield()  # let the node (or anyone) run if it shares our CPU
+                    continue
+                self.spinner.settled(False)
+                budget = 0.0
+            remaining = deadline - now
             if remaining <= 0:
                 return
             by_fd = {fd: link for link in waiting if (fd := link.fileno()) is not None}

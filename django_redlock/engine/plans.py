@@ -73,6 +73,8 @@ class AliasState:
     node_timeout: float
     drift_factor: float
     ttl: float
+    #: how long a sync call may spin for replies before it sleeps in poll(), seconds
+    busy_poll: float = 0.0
     host: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
     longest_ttl_ms: int = 0

@@ -163,3 +163,27 @@ def test_dropped_set_nx_reply(
         lease.release()
     assert granted == 5, tokens
     assert wait_no_lock_keys(clients, prefix, 5.0) == []
+
+
+def test_busy_polling_backs_off_from_a_slow_node(
+    redis_node_factory: Nodes,
+    redlock_alias: Callable[..., LockManager],
+    proxies: Callable[[RedisNodes], list[Proxy]],
+) -> None:
+    """A node reached through a proxy that delays each direction by 2 ms answers long after
+    the 100 us busy-poll budget: after a few calls the channel stops spinning (and locks keep
+    working). The same node reached directly keeps the channel spinning: the control."""
+    nodes = redis_node_factory(1)
+    (px,) = proxies(nodes)
+    px.set("delay", delay_ms=2)
+    slow = redlock_alias([px.url], KEY_PREFIX="spin:", TTL=5.0, NODE_TIMEOUT=1.0)
+    fast = redlock_alias(nodes, KEY_PREFIX="spin:", TTL=5.0, NODE_TIMEOUT=1.0)
+    for manager in (slow, fast):
+        for i in range(6):
+            lease = manager.acquire(f"n{i}", timeout=0)
+            assert lease.release() is True
+    (slow_channel,) = slow.engine._free
+    (fast_channel,) = fast.engine._free
+    assert not slow_channel.spinner.active
+    assert fast_channel.spinner.active
+    assert px.counters.forwarded["up"] > 0  # the slow alias really went through the proxy
