@@ -313,8 +313,12 @@ def setup_django(url1: str, urls5: Sequence[str]) -> None:
     from django.conf import settings
 
     if not settings.configured:
+        extra: dict[str, Any] = {}
+        if "BENCH_BUSY_POLL" in os.environ:  # e.g. BENCH_BUSY_POLL=0 to compare without it
+            extra["REDLOCK_BUSY_POLL"] = float(os.environ["BENCH_BUSY_POLL"])
         settings.configure(
             INSTALLED_APPS=["django_redlock"],
+            **extra,
             REDLOCK={
                 "one": {"NODES": [url1]},
                 # the same node without busy polling (switched off below), for comparison
