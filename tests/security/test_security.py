@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterator
 from io import StringIO
 from typing import Any
@@ -207,6 +209,19 @@ def test_tls_fails_closed_on_wrong_ca_or_hostname(
     good = aliases("tls-good", [url(certs["ca"])], KEY_PREFIX="tls:")
     lease = good.acquire("x", timeout=0)
     assert lease.token > 0 and lease.release() is True
+    # waiting over TLS too: a waiter blocked in BLPOP is woken by the release, well before
+    # its backoff (RETRY_DELAY 5 s) could explain it
+    good.config = good.config.__class__(**{**good.config.__dict__, "retry_delay": 5.0})
+    holder = good.acquire("w", timeout=0)
+    woken: list[Any] = []
+    thread = threading.Thread(target=lambda: woken.append(good.acquire("w", timeout=10)))
+    thread.start()
+    time.sleep(0.5)  # the waiter has failed once and blocks
+    released = time.monotonic()
+    holder.release()
+    thread.join(10)
+    assert time.monotonic() - released < 1.0  # its first backoff alone would take 1.5 s more
+    assert woken and woken[0].token > holder.token and woken[0].release() is True
     wrong_ca = aliases("tls-wrong-ca", [url(certs["other_ca"])], KEY_PREFIX="tls:")
     with pytest.raises(NodesUnavailable):
         wrong_ca.acquire("x", timeout=0)
