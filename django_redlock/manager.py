@@ -18,6 +18,7 @@ from .engine.alinks import AsyncChannel
 from .engine.core import Engine
 from .engine.links import Channel
 from .engine.plans import (
+    HANDOFF_MS,
     AcquireFailure,
     LeaseState,
     acquire_plan,
@@ -130,6 +131,8 @@ class Lease:
         return self._after_release(bool(held))
 
     def _after_release(self, held: bool) -> bool:
+        if self._state.handed_off:
+            self._manager._handed_off(self.name)
         if not held:
             self._mark_lost("it had expired or was taken when it was released")
         signals.lock_released.send(
@@ -225,6 +228,8 @@ class _Renewer(threading.Thread):
 #: retries this often, this many times, while the name is reserved for it, before waiting again.
 HANDOFF_RETRY = 0.0005
 HANDOFF_RETRIES = 10
+#: At most this many recent hand-offs are remembered per alias (then forgotten at once).
+HANDOFFS_KEPT = 1024
 
 
 class _Patience:
@@ -237,6 +242,12 @@ class _Patience:
         self._deadline = None if timeout is None else time.monotonic() + timeout
         self._attempt = 0
         self._quick = 0
+
+    def first_wait(self) -> float:
+        """How long to wait in line before the first attempt (see :meth:`LockManager._skip`)."""
+        delay = backoff_delay(self._retry_delay, self._attempt)
+        self._attempt += 1
+        return delay if self._deadline is None else min(delay, self._deadline - time.monotonic())
 
     def next_wait(self, failure: AcquireFailure, woken: bool) -> tuple[float, bool] | None:
         """``(seconds, block)`` before the next attempt, or None when the timeout is used up.
@@ -262,6 +273,8 @@ class LockManager:
     def __init__(self, config: AliasConfig, engine: Engine) -> None:
         self.config = config
         self.engine = engine
+        #: name -> until when (monotonic) a release here reserved it for a woken waiter
+        self._handoffs: dict[str, float] = {}
 
     @property
     def alias(self) -> str:
@@ -280,6 +293,22 @@ class LockManager:
             check_timeout(self.config.timeout if timeout is UNSET else timeout),
             check_max_hold(max_hold),
         )
+
+    def _handed_off(self, name: str) -> None:
+        if len(self._handoffs) >= HANDOFFS_KEPT:
+            self._handoffs.clear()
+        self._handoffs[name] = time.monotonic() + HANDOFF_MS / 1000
+
+    def _skip(self, name: str, timeout: float | None) -> bool:
+        """True when a first attempt is bound to fail: this process has just released ``name``
+        to a waiter, and the name is reserved for it. Such a caller (typically the releaser
+        looping round) goes straight to the back of the line: it marks the name as wanted in
+        the same write as its ``BLPOP``, which saves a doomed acquire round trip per hand-off.
+        If the wake-up never comes, its wait (one backoff step) ends and it tries normally."""
+        if timeout == 0:
+            return False
+        until = self._handoffs.pop(name, None)
+        return until is not None and until > time.monotonic()
 
     def _won(self, state: LeaseState, channel: Channel | AsyncChannel) -> Lease:
         lease = Lease(self, state, channel)
@@ -340,10 +369,11 @@ class LockManager:
         Raises ``LockNotAcquired`` when busy and ``NodesUnavailable`` without a quorum.
         """
         name, ttl, timeout, max_hold = self._arguments(name, ttl, timeout, max_hold)
-        plan = self._attempt_plan(name, ttl, timeout)
-        result, channel = self.engine.run(plan)
+        patience, woken = _Patience(self.config.retry_delay, timeout), False
+        if self._skip(name, timeout):
+            woken = self.engine.wait_release(name, patience.first_wait(), mark=True)
+        result, channel = self.engine.run(self._attempt_plan(name, ttl, timeout, woken))
         if isinstance(result, AcquireFailure) and timeout != 0:
-            patience, woken = _Patience(self.config.retry_delay, timeout), False
             while isinstance(result, AcquireFailure):
                 step = patience.next_wait(result, woken)
                 if step is None:
@@ -396,10 +426,11 @@ class LockManager:
     ) -> Lease:
         """Asyncio twin of :meth:`acquire`."""
         name, ttl, timeout, max_hold = self._arguments(name, ttl, timeout, max_hold)
-        plan = self._attempt_plan(name, ttl, timeout)
-        result, channel = await self.engine.arun(plan)
+        patience, woken = _Patience(self.config.retry_delay, timeout), False
+        if self._skip(name, timeout):
+            woken = await self.engine.await_release(name, patience.first_wait(), mark=True)
+        result, channel = await self.engine.arun(self._attempt_plan(name, ttl, timeout, woken))
         if isinstance(result, AcquireFailure) and timeout != 0:
-            patience, woken = _Patience(self.config.retry_delay, timeout), False
             while isinstance(result, AcquireFailure):
                 step = patience.next_wait(result, woken)
                 if step is None:

@@ -433,6 +433,54 @@ def test_release_hands_off_to_a_waiter(unique_name: str) -> None:
     assert waiter_first >= 7
 
 
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_releaser_that_handed_off_waits_in_line_without_an_attempt(
+    redis_node_factory, redlock_alias, flavour: str
+) -> None:
+    """A holds, B waits; A releases (a hand-off to B) and asks again at once. A must not
+    spend a doomed acquire attempt on the reserved name: it marks the name and blocks in the
+    same write, B gets the lock, and B's release wakes A. Counted on the node: 7 script calls
+    in all (A acquire, B's failed attempt, A release, B acquire, B release, A acquire, A
+    release); an attempt by A right after its release would make 8."""
+    import threading
+
+    (node,) = nodes = redis_node_factory(1)
+    manager = redlock_alias(nodes, TTL=5, RETRY_DELAY=5.0)  # only wake-ups explain quick turns
+    manager.acquire("warm", timeout=0).release()
+    client = node.client()
+    client.config_resetstat()
+    first = manager.acquire("n", timeout=0)
+    tokens: dict[str, int] = {}
+
+    def b() -> None:
+        with manager.lock("n", timeout=10) as lease:
+            tokens["b"] = lease.token
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=b)
+    thread.start()
+    time.sleep(0.3)  # B has failed once and blocks
+    first.release()
+    started = time.monotonic()
+    if flavour == "sync":
+        again = manager.acquire("n", timeout=10)
+        again.release()
+    else:
+
+        async def a_again() -> Any:
+            lease = await manager.aacquire("n", timeout=10)
+            await lease.arelease()
+            return lease
+
+        again = asyncio.run(a_again())
+    thread.join(5)
+    assert first.token < tokens["b"] < again.token  # B went first, then A
+    assert time.monotonic() - started < 1.5  # woken by B's release, not by a 2 s backoff
+    stats = client.info("commandstats")
+    scripts = sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("evalsha", "eval"))
+    assert scripts == 7
+
+
 def test_uncontended_release_leaves_only_the_fence_hash(redis_node_factory, redlock_alias):
     """Without waiters, acquire+release leaves no key behind but the alias's fence hash (no
     waiting markers, no wake-up lists)."""

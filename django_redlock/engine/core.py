@@ -11,7 +11,7 @@ from typing import Any
 
 from .alinks import AsyncChannel, AsyncConnectionFactory
 from .links import Channel, ConnectionFactory
-from .plans import AliasState, NodeState, Plan
+from .plans import WAIT_MARK_MS, AliasState, NodeState, Plan
 from .waiting import ReleaseWaiter
 
 PlanMaker = Callable[[Sequence[NodeState]], Plan]
@@ -108,16 +108,23 @@ class Engine:
             except StopIteration as stop:
                 return stop.value, channel
 
-    async def await_release(self, name: str, seconds: float) -> bool:
-        """Wait up to ``seconds`` for a release of ``name`` to wake this task (True if so)."""
+    async def await_release(self, name: str, seconds: float, *, mark: bool = False) -> bool:
+        """Wait up to ``seconds`` for a release of ``name`` to wake this task (True if so);
+        ``mark``: first mark the name as wanted (when no failed attempt did)."""
         async with self.achannel():  # makes sure this loop's state (and its closer) exists
             pass
         idle = self._async_waiting[asyncio.get_running_loop()]
-        return await self.waiter.await_release(self.state.wake_key(name), name, seconds, idle)
+        return await self.waiter.await_release(
+            self.state.wake_key(name), name, seconds, idle, self._mark(name, mark)
+        )
 
-    def wait_release(self, name: str, seconds: float) -> bool:
-        """Wait up to ``seconds`` for a release of ``name`` to wake this thread (True if so)."""
-        return self.waiter.wait(self.state.wake_key(name), name, seconds)
+    def wait_release(self, name: str, seconds: float, *, mark: bool = False) -> bool:
+        """Wait up to ``seconds`` for a release of ``name`` to wake this thread (True if so);
+        ``mark``: first mark the name as wanted (when no failed attempt did)."""
+        return self.waiter.wait(self.state.wake_key(name), name, seconds, self._mark(name, mark))
+
+    def _mark(self, name: str, mark: bool) -> tuple[str, ...] | None:
+        return ("SET", self.state.wait_key(name), "1", "PX", str(WAIT_MARK_MS)) if mark else None
 
     def close(self) -> None:
         """Close every sync connection (asyncio ones are closed with their event loop)."""

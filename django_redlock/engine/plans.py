@@ -133,6 +133,8 @@ class LeaseState:
     released: bool = False
     #: per node: False when the acquire never reached it (so it cannot hold the key)
     reached: tuple[bool, ...] = ()
+    #: set by the release: it woke a waiter and reserved the name for it
+    handed_off: bool = False
 
     def validity(self) -> float:
         if self.lost or self.released:
@@ -327,6 +329,7 @@ def release_plan(state: AliasState, nodes: Sequence[NodeState], lease: LeaseStat
         return answered >= quorum or all(s.done for s, c in zip(slots, calls, strict=True) if c)
 
     replies = yield Request(calls, state.node_timeout, settled)
+    lease.handed_off = any(r == 2 for r in replies)
     refused = sum(1 for r in replies if r == 0)
     confirmed = any(r in (1, 2) for r in replies)
     return was_valid and not lease.lost and confirmed and refused <= total - quorum

@@ -61,16 +61,26 @@ class _BlockingConnection:
         self._poller = select.poll()
         self._poller.register(sock.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
 
-    def blpop(self, key: str, seconds: float, deadline: float) -> bool:
+    def blpop(
+        self, key: str, seconds: float, deadline: float, before: tuple[str, ...] | None
+    ) -> bool:
         """True if an element was popped; False when BLPOP timed out on the server. Raises
-        ``TimeoutError`` when no reply came by ``deadline`` (``time.monotonic()``)."""
-        self._sock.sendall(hiredis.pack_command(_blpop_args(key, seconds)))  # type: ignore[arg-type]
+        ``TimeoutError`` when no reply came by ``deadline`` (``time.monotonic()``).
+        ``before``: a command sent ahead of the BLPOP in the same write (marking the name)."""
+        commands = [before] if before else []
+        commands.append(_blpop_args(key, seconds))
+        self._sock.sendall(b"".join(hiredis.pack_command(c) for c in commands))  # type: ignore[arg-type]
+        for _ in commands[:-1]:
+            self._read(deadline)
+        return self._read(deadline) is not None
+
+    def _read(self, deadline: float) -> Any:
         while True:
             reply = self._reader.gets()
             if reply is not False:
                 if isinstance(reply, hiredis.ReplyError):
                     raise ResponseError(str(reply))
-                return reply is not None
+                return reply
             if not (isinstance(self._sock, ssl.SSLSocket) and self._sock.pending()):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not self._poller.poll(remaining * 1000):
@@ -101,8 +111,11 @@ class ReleaseWaiter:
         self._guard = threading.Lock()
 
     # -- sync ------------------------------------------------------------------------------
-    def wait(self, key: str, name: str, seconds: float) -> bool:
-        """Return True when a release woke us, False after ``seconds``."""
+    def wait(
+        self, key: str, name: str, seconds: float, before: tuple[str, ...] | None = None
+    ) -> bool:
+        """Return True when a release woke us, False after ``seconds``; ``before``: a command
+        to send ahead of the BLPOP (see :meth:`_BlockingConnection.blpop`)."""
         if seconds < MIN_BLOCK:
             time.sleep(max(seconds, 0.0))
             return False
@@ -113,7 +126,7 @@ class ReleaseWaiter:
         try:
             if conn is None:
                 conn = _BlockingConnection(self._factories[node]())
-            popped = conn.blpop(key, seconds, started + seconds + SLACK)
+            popped = conn.blpop(key, seconds, started + seconds + SLACK, before)
             with self._guard:
                 self._idle[node].append(conn)
             return popped
@@ -132,7 +145,12 @@ class ReleaseWaiter:
 
     # -- async -----------------------------------------------------------------------------
     async def await_release(
-        self, key: str, name: str, seconds: float, idle: list[list[Any]]
+        self,
+        key: str,
+        name: str,
+        seconds: float,
+        idle: list[list[Any]],
+        before: tuple[str, ...] | None = None,
     ) -> bool:
         """Asyncio twin of :meth:`wait`; ``idle`` holds this event loop's connections."""
         if seconds < MIN_BLOCK:
@@ -142,7 +160,11 @@ class ReleaseWaiter:
         node = wake_node(name, len(self._async_factories))
         conn = idle[node].pop() if idle[node] else self._async_factories[node]()
         try:
-            await conn.send_command(*_blpop_args(key, seconds), check_health=False)
+            commands = [before] if before else []
+            commands.append(_blpop_args(key, seconds))
+            await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+            for _ in commands[:-1]:
+                await conn.read_response(timeout=seconds + SLACK)
             popped = await conn.read_response(timeout=seconds + SLACK)
             idle[node].append(conn)
             return popped is not None
