@@ -376,7 +376,7 @@ class Channel:
         poller = self._poller
         links = self.links
         budget = self.spinner.budget()
-        spin_until = time.monotonic() + budget
+        spin_until = min(time.monotonic() + budget, deadline)
         while True:
             waiting = [links[i] for i, slot in enumerate(slots) if not slot.done]
             if not waiting or (settled is not None and settled(slots)):

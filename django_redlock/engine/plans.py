@@ -234,7 +234,9 @@ def acquire_plan(
             for i in behind:
                 run_id = nodes[i].run_id
                 if run_id is not None:
-                    raise_calls[i] = Call(scripts.RAISE, (state.fence_key,), (token, run_id))
+                    raise_calls[i] = Call(
+                        scripts.RAISE, (state.fence_key, key), (token, run_id, owner)
+                    )
             needed = quorum - confirmed
             raised = yield Request(
                 raise_calls,

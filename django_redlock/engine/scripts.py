@@ -137,9 +137,11 @@ return 0
 """,
 )
 
-# KEYS: fence. ARGV: token, run_id.
-# Token write-back: raise the counter to ARGV[1] if it is lower ("set if greater").
-# Returns 1, or -1 when the node is not trusted.
+# KEYS: fence, lock. ARGV: token, run_id, owner.
+# Token write-back: raise the counter to ARGV[1] if it is lower ("set if greater"). Returns 1
+# when the caller still holds the lock here, 0 when it does not (force-released or expired
+# since its acquire: someone else may have taken this node and read the old counter, so it
+# must not count towards the quorum that hands out this token), -1 when the node is not trusted.
 RAISE = Script(
     "raise",
     """
@@ -150,7 +152,11 @@ local counter = tonumber(redis.call('HGET', KEYS[1], 'token')) or 0
 if counter < tonumber(ARGV[1]) then
   redis.call('HSET', KEYS[1], 'token', ARGV[1])
 end
-return 1
+local value = redis.call('GET', KEYS[2])
+if value and string.sub(value, 1, #ARGV[3] + 1) == ARGV[3] .. '|' then
+  return 1
+end
+return 0
 """,
 )
 

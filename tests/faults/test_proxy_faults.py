@@ -8,8 +8,10 @@ and asserts from the nodes or the proxy's counters that the fault really happene
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from django.db import transaction
@@ -187,3 +189,57 @@ def test_busy_polling_backs_off_from_a_slow_node(
     assert not slow_channel.spinner.active
     assert fast_channel.spinner.active
     assert px.counters.forwarded["up"] > 0  # the slow alias really went through the proxy
+
+
+def test_force_release_between_acquire_and_token_write_back(
+    redis_node_factory: Nodes,
+    redlock_alias: Callable[..., LockManager],
+    proxies: Callable[[RedisNodes], list[Proxy]],
+) -> None:
+    """The race the long force-release workload once hit (two leases with one token). A wins
+    nodes 0 and 2, where node 2's counter is behind, so A must write its token back to node 2
+    before it may use it; that node is 200 ms away for A. Meanwhile an operator force-releases
+    the name and B takes nodes 1 and 2: node 1's counter equals node 0's, so B's token is A's
+    token. A's write-back must then fail (it no longer holds node 2), so A gets no lease: two
+    holders may never share a token. Without the ownership check A got B's token."""
+    nodes = redis_node_factory(3)
+    px = proxies(nodes)
+    prefix = "raise:"
+    admin = redlock_alias(nodes, KEY_PREFIX=prefix, NODE_TIMEOUT=0.5, TTL=30.0)
+    admin.acquire("k", timeout=0).release()  # bootstraps the three counters
+    fence = f"{prefix}__fence__"
+    high = int(nodes[0].client().hget(fence, "token")) + 100
+    for node in nodes[:2]:
+        node.client().hset(fence, "token", high)  # node 2 is now far behind nodes 0 and 1
+    px[2].set("delay", delay_ms=200)
+    for p in px[:2]:
+        p.set("reset")  # A never reaches node 1; B never reaches node 0
+    a = redlock_alias([nodes[0].url, px[1].url, px[2].url], KEY_PREFIX=prefix,
+                      NODE_TIMEOUT=1.5, TTL=30.0)  # fmt: skip
+    b = redlock_alias([px[0].url, nodes[1].url, nodes[2].url], KEY_PREFIX=prefix,
+                      NODE_TIMEOUT=0.3, TTL=30.0)  # fmt: skip
+    outcome: dict[str, Any] = {}
+
+    def take() -> None:
+        try:
+            outcome["a"] = a.acquire("k", timeout=0)
+        except (LockNotAcquired, NodesUnavailable) as exc:
+            outcome["a"] = exc
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    node2 = nodes[2].client()
+    deadline = time.monotonic() + 5
+    while not node2.exists(f"{prefix}k") and time.monotonic() < deadline:
+        time.sleep(0.002)  # A's acquire has run on node 2; its reply is 200 ms away
+    assert node2.exists(f"{prefix}k"), "A's acquire never reached node 2"
+    assert admin.force_release("k") == 2  # nodes 0 and 2 held A's key
+    held_b = b.acquire("k", timeout=0)
+    assert held_b.token == high + 1  # B's token came from node 1: equal to A's
+    thread.join(10)
+    a_result = outcome["a"]
+    assert not hasattr(a_result, "token") or a_result.token != held_b.token, (
+        "two leases share a fencing token"
+    )
+    assert isinstance(a_result, LockNotAcquired | NodesUnavailable), a_result
+    assert held_b.release() is True
