@@ -481,6 +481,53 @@ def test_releaser_that_handed_off_waits_in_line_without_an_attempt(
     assert scripts == 7
 
 
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_waiter_gets_past_a_stale_pooled_wait_connection(
+    redis_node_factory, redlock_alias, flavour: str
+) -> None:
+    """The BLPOP connection a waiter left in the pool is killed by the server (as an idle
+    timeout or CLIENT KILL would): the next waiter notices at once, blocks on a fresh
+    connection and is still woken by the release, instead of sleeping a whole backoff step
+    (RETRY_DELAY 5 s: 2 s). The async waiter keeps its pool on one event loop throughout."""
+    import threading
+
+    nodes = redis_node_factory(1)
+    manager = redlock_alias(nodes, TTL=5, RETRY_DELAY=5.0)
+    loop = asyncio.new_event_loop()
+    loop_thread = threading.Thread(target=loop.run_forever, daemon=True)
+    loop_thread.start()
+
+    def wait_for(name: str) -> Any:
+        if flavour == "sync":
+            return manager.acquire(name, timeout=10)
+        future = asyncio.run_coroutine_threadsafe(manager.aacquire(name, timeout=10), loop)
+        return future.result(15)
+
+    def handed_over(name: str) -> float:
+        holder = manager.acquire(name, timeout=0)
+        got: list[Any] = []
+        thread = threading.Thread(target=lambda: got.append(wait_for(name)))
+        thread.start()
+        time.sleep(0.3)  # the waiter failed once and blocks in BLPOP
+        released = time.monotonic()
+        holder.release()
+        thread.join(10)
+        assert got and got[0].token > holder.token
+        got[0].release()
+        return time.monotonic() - released
+
+    try:
+        assert handed_over("a") < 1.0  # leaves one BLPOP connection in the pool
+        killed = nodes[0].client().client_kill_filter(_type="normal", skipme=True)
+        assert killed >= 2  # the pooled BLPOP connection and the lock channel's
+        assert handed_over("b") < 1.0
+    finally:
+        asyncio.run_coroutine_threadsafe(loop.shutdown_asyncgens(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        loop_thread.join(5)
+        loop.close()
+
+
 def test_uncontended_release_leaves_only_the_fence_hash(redis_node_factory, redlock_alias):
     """Without waiters, acquire+release leaves no key behind but the alias's fence hash (no
     waiting markers, no wake-up lists)."""

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import hiredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
 from .plans import wake_node
@@ -123,16 +124,27 @@ class ReleaseWaiter:
         node = wake_node(name, len(self._factories))
         with self._guard:
             conn = self._idle[node].pop() if self._idle[node] else None
-        try:
-            if conn is None:
-                conn = _BlockingConnection(self._factories[node]())
-            popped = conn.blpop(key, seconds, started + seconds + SLACK, before)
-            with self._guard:
-                self._idle[node].append(conn)
-            return popped
-        except (RedisError, OSError, hiredis.ProtocolError, TimeoutError):
-            if conn is not None:  # no answer in time: a late reply must never be misread
-                conn.close()
+        for _ in range(2):
+            pooled = conn is not None
+            try:
+                if conn is None:
+                    conn = _BlockingConnection(self._factories[node]())
+                left = seconds - (time.monotonic() - started)
+                popped = conn.blpop(key, left, started + seconds + SLACK, before)
+                with self._guard:
+                    self._idle[node].append(conn)
+                return popped
+            except TimeoutError:  # no answer in time: a late reply must never be misread
+                if conn is not None:
+                    conn.close()
+                break
+            except (RedisError, OSError, hiredis.ProtocolError):
+                if conn is not None:
+                    conn.close()
+                if not pooled:
+                    break
+                conn = None  # the pooled connection had gone stale (idle timeout, CLIENT
+                # KILL, restart): one more try on a fresh one, not a whole wait asleep
         time.sleep(max(0.0, seconds - (time.monotonic() - started)))
         return False
 
@@ -158,19 +170,27 @@ class ReleaseWaiter:
             return False
         started = time.monotonic()
         node = wake_node(name, len(self._async_factories))
-        conn = idle[node].pop() if idle[node] else self._async_factories[node]()
-        try:
-            commands = [before] if before else []
-            commands.append(_blpop_args(key, seconds))
-            await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
-            for _ in commands[:-1]:
-                await conn.read_response(timeout=seconds + SLACK)
-            popped = await conn.read_response(timeout=seconds + SLACK)
-            idle[node].append(conn)
-            return popped is not None
-        except (RedisError, OSError, TimeoutError):
-            with contextlib.suppress(Exception):
-                await conn.disconnect(nowait=True)
+        pooled = bool(idle[node])
+        conn = idle[node].pop() if pooled else self._async_factories[node]()
+        for _ in range(2):
+            try:
+                left = seconds - (time.monotonic() - started)
+                commands = [before] if before else []
+                commands.append(_blpop_args(key, left))
+                await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+                for _ in commands[:-1]:
+                    await conn.read_response(timeout=left + SLACK)
+                popped = await conn.read_response(timeout=left + SLACK)
+                idle[node].append(conn)
+                return popped is not None
+            except (RedisError, OSError, TimeoutError) as exc:
+                with contextlib.suppress(Exception):
+                    await conn.disconnect(nowait=True)
+                stale = isinstance(exc, RedisConnectionError | ConnectionError)
+                if not (pooled and stale):
+                    break
+                # the pooled connection had gone stale: one more try on a fresh one
+                pooled, conn = False, self._async_factories[node]()
         await asyncio.sleep(max(0.0, seconds - (time.monotonic() - started)))
         return False
 
