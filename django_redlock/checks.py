@@ -62,55 +62,51 @@ def check_settings(
         busy_poll_setting()
     except ImproperlyConfigured as exc:
         errors.append(checks.Error(str(exc), id="django_redlock.E004"))
-    return errors + _nested_prefixes(configs) + _overlapping_clusters(configs)
+    return errors + _shared_node_prefixes(configs)
 
 
 def _node_ids(config: AliasConfig) -> set[str]:
     return {node.address or f"cache:{node.cache}" for node in config.nodes}
 
 
-def _nested_prefixes(configs: list[AliasConfig]) -> list[checks.CheckMessage]:
-    """Aliases on a shared node whose prefixes nest would list and clear each other's keys."""
-    messages: list[checks.CheckMessage] = []
-    for outer in configs:
-        for inner in configs:
-            if (
-                outer.alias != inner.alias
-                and inner.key_prefix != outer.key_prefix
-                and inner.key_prefix.startswith(outer.key_prefix)
-                and _node_ids(outer) & _node_ids(inner)
-            ):
-                messages.append(
-                    checks.Error(
-                        f"REDLOCK[{outer.alias!r}]['KEY_PREFIX'] {outer.key_prefix!r} is a prefix "
-                        f"of REDLOCK[{inner.alias!r}]['KEY_PREFIX'] {inner.key_prefix!r} on a "
-                        "shared node: the first alias would list and clear the second's locks.",
-                        hint="Give aliases that share nodes prefixes that do not start with "
-                        "each other, e.g. 'app:' and 'jobs:'.",
-                        id="django_redlock.E003",
-                    )
-                )
-    return messages
-
-
-def _overlapping_clusters(configs: list[AliasConfig]) -> list[checks.CheckMessage]:
-    """Same prefix on the same node set is one cluster seen twice (e.g. with other timeouts);
-    on node sets that only overlap, the aliases would share lock keys and fence counters on
-    the common nodes, and one's fence markers would quarantine the other's fresh nodes."""
+def _shared_node_prefixes(configs: list[AliasConfig]) -> list[checks.CheckMessage]:
+    """Aliases that share a node: nested prefixes would list and clear each other's keys
+    (E003). The same prefix on the same node set is one cluster seen twice (e.g. with other
+    timeouts); on node sets that only overlap, the aliases would share lock keys and fence
+    counters on the common nodes, and one's fence markers would quarantine the other's fresh
+    nodes (E005)."""
     messages: list[checks.CheckMessage] = []
     for i, first in enumerate(configs):
         for second in configs[i + 1 :]:
             ids_a, ids_b = _node_ids(first), _node_ids(second)
-            if first.key_prefix == second.key_prefix and ids_a & ids_b and ids_a != ids_b:
-                messages.append(
-                    checks.Error(
-                        f"REDLOCK[{first.alias!r}] and REDLOCK[{second.alias!r}] share "
-                        f"KEY_PREFIX {first.key_prefix!r} and some, but not all, nodes: they "
-                        "would share lock keys and fencing counters on the common nodes.",
-                        hint="Give each alias its own KEY_PREFIX, or the same node list.",
-                        id="django_redlock.E005",
+            if not ids_a & ids_b:
+                continue
+            if first.key_prefix == second.key_prefix:
+                if ids_a != ids_b:
+                    messages.append(
+                        checks.Error(
+                            f"REDLOCK[{first.alias!r}] and REDLOCK[{second.alias!r}] share "
+                            f"KEY_PREFIX {first.key_prefix!r} and some, but not all, nodes: "
+                            "they would share lock keys and fencing counters on the common "
+                            "nodes.",
+                            hint="Give each alias its own KEY_PREFIX, or the same node list.",
+                            id="django_redlock.E005",
+                        )
                     )
-                )
+                continue
+            for outer, inner in ((first, second), (second, first)):
+                if inner.key_prefix.startswith(outer.key_prefix):
+                    messages.append(
+                        checks.Error(
+                            f"REDLOCK[{outer.alias!r}]['KEY_PREFIX'] {outer.key_prefix!r} is a "
+                            f"prefix of REDLOCK[{inner.alias!r}]['KEY_PREFIX'] "
+                            f"{inner.key_prefix!r} on a shared node: the first alias would "
+                            "list and clear the second's locks.",
+                            hint="Give aliases that share nodes prefixes that do not start "
+                            "with each other, e.g. 'app:' and 'jobs:'.",
+                            id="django_redlock.E003",
+                        )
+                    )
     return messages
 
 

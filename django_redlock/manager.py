@@ -243,10 +243,14 @@ class _Patience:
         self._attempt = 0
         self._quick = 0
 
-    def first_wait(self) -> float:
-        """How long to wait in line before the first attempt (see :meth:`LockManager._skip`)."""
+    def _backoff(self) -> float:
         delay = backoff_delay(self._retry_delay, self._attempt)
         self._attempt += 1
+        return delay
+
+    def first_wait(self) -> float:
+        """How long to wait in line before the first attempt (see :meth:`LockManager._skip`)."""
+        delay = self._backoff()
         return delay if self._deadline is None else min(delay, self._deadline - time.monotonic())
 
     def next_wait(self, failure: AcquireFailure, woken: bool) -> tuple[float, bool] | None:
@@ -260,8 +264,7 @@ class _Patience:
             self._quick += 1
             return HANDOFF_RETRY if remaining is None else min(HANDOFF_RETRY, remaining), False
         self._quick = 0
-        delay = backoff_delay(self._retry_delay, self._attempt)
-        self._attempt += 1
+        delay = self._backoff()
         if failure.retry_after is not None:
             delay = min(delay, failure.retry_after + 0.001)
         return (delay if remaining is None else min(delay, remaining)), True

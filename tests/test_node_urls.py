@@ -9,12 +9,26 @@ from django.test import override_settings
 
 from django_redlock import locks
 from django_redlock.exceptions import NodesUnavailable
+from django_redlock.testing import RedisNodes
 
 #: The commands an ACL user of django-redlock needs (docs/algorithm.md repeats this list).
 ACL_COMMANDS = (
     "+@connection +info +evalsha +eval +script|load +scan +blpop +rpush "
     "+get +set +del +exists +pttl +pexpire +hget +hmget +hset +hincrby +hexists"
 )
+
+
+def acl_user_urls(
+    nodes: RedisNodes, user: str, password: str, prefix: str, commands: str = ACL_COMMANDS
+) -> list[str]:
+    """Create ``user`` on every node, confined to keys under ``prefix``, no pub/sub channels
+    and ``commands``; returns the nodes' URLs with its credentials."""
+    for node in nodes:
+        node.client().execute_command(
+            "ACL", "SETUSER", user, "on", f">{password}", f"~{prefix}*", "resetchannels",
+            *commands.split(),
+        )  # fmt: skip
+    return [url.replace("redis://", f"redis://{user}:{password}@") for url in nodes.urls]
 
 
 def _round_trip(alias: str = "default") -> int:
@@ -52,13 +66,8 @@ def test_cache_alias_node(redis_node) -> None:
 def test_acl_user_with_password(redis_node) -> None:
     """An ACL user limited to the key prefix and the commands the engine needs can lock;
     a wrong password fails with NodesUnavailable and the password never shows."""
-    admin = redis_node.client()
-    admin.execute_command(
-        "ACL", "SETUSER", "locker", "on", ">pa55word", "~app:*", "resetchannels",
-        *ACL_COMMANDS.split(),
-    )  # fmt: skip
+    (good,) = acl_user_urls(RedisNodes([redis_node]), "locker", "pa55word", "app:")
     port = redis_node.port
-    good = f"redis://locker:pa55word@127.0.0.1:{port}/0"
     with override_settings(REDLOCK={"default": {"NODES": [good], "KEY_PREFIX": "app:"}}):
         assert _round_trip() > 0
     bad = f"redis://locker:wrong-secret@127.0.0.1:{port}/0"

@@ -11,7 +11,7 @@ from typing import Any
 
 from .alinks import AsyncChannel, AsyncConnectionFactory
 from .links import Channel, ConnectionFactory
-from .plans import WAIT_MARK_MS, AliasState, NodeState, Plan
+from .plans import AliasState, NodeState, Plan
 from .waiting import ReleaseWaiter
 
 PlanMaker = Callable[[Sequence[NodeState]], Plan]
@@ -55,7 +55,7 @@ class Engine:
         if pinned is not None:
             with pinned.mutex:
                 return _drive(make_plan, pinned), pinned
-        # the pool checkout of :meth:`channel`, inlined: this is the hot path of every call
+        # pool checkout inline (no context manager): this is the hot path of every call
         with self._guard:
             channel = self._free.pop() if self._free else None
         if channel is None:
@@ -124,7 +124,7 @@ class Engine:
         return self.waiter.wait(self.state.wake_key(name), name, seconds, self._mark(name, mark))
 
     def _mark(self, name: str, mark: bool) -> tuple[str, ...] | None:
-        return ("SET", self.state.wait_key(name), "1", "PX", str(WAIT_MARK_MS)) if mark else None
+        return self.state.mark_command(name) if mark else None
 
     def close(self) -> None:
         """Close every sync connection (asyncio ones are closed with their event loop)."""

@@ -110,6 +110,11 @@ class AliasState:
             (owner, WAKE_TTL_MS, HANDOFF_MS, "1" if wakes else "0", mark_ms),
         )
 
+    def mark_command(self, name: str) -> tuple[str, ...]:
+        """A plain command marking ``name`` as wanted, for a caller that queues without a
+        failed attempt (which marks it otherwise); it lives longer than any single wait."""
+        return ("SET", self.wait_key(name), "1", "PX", str(WAIT_MARK_MS))
+
     def drift(self, ttl: float) -> float:
         return ttl * self.drift_factor + 0.002
 

@@ -22,7 +22,17 @@ from django.db import connection
 
 from django_redlock.testing import RedisNodes
 from tests.faults.proxy import Proxy
-from tests.faults.workload import SHOP_ALIAS, History, WorkerPool
+from tests.faults.workload import (
+    SHOP_ALIAS,
+    History,
+    WorkerPool,
+    conservation_anomalies,
+    errors_of,
+    overlap_anomalies,
+    purchase_log_anomalies,
+    token_anomalies,
+    wait_no_lock_keys,
+)
 
 LONG = os.environ.get("REDLOCK_LONG") == "1"
 #: seconds one workload run lasts
@@ -46,6 +56,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords and here in Path(str(item.fspath)).parents:
             item.add_marker(skip)
+
+
+def assert_data_oracles(run: Run) -> None:
+    """No raw error, stock conserved, the purchase log in token order."""
+    assert errors_of(run.history) == []
+    assert conservation_anomalies(run.initial, run.history) == []
+    assert purchase_log_anomalies(run.initial) == []
+
+
+def assert_all_oracles(run: Run, nodes: RedisNodes, prefix: str, key_wait: float) -> None:
+    """The data oracles, plus tokens in real-time order, no overlapping critical sections,
+    something sold, and no lock key left ``key_wait`` seconds on while every node keeps its
+    fence counter."""
+    assert_data_oracles(run)
+    history = run.history
+    assert token_anomalies(history) == []
+    assert overlap_anomalies(history) == []
+    assert sum(1 for e in history.of("ok") if e.get("sold")) > 0  # throughput: not asserted
+    clients = [node.client() for node in nodes]
+    assert wait_no_lock_keys(clients, prefix, key_wait) == []
+    assert all(c.hget(f"{prefix}__fence__", "token") for c in clients)
 
 
 def is_postgres() -> bool:

@@ -22,25 +22,17 @@ import redis
 from django_redlock import locks
 from django_redlock.exceptions import LockNotAcquired, NodesUnavailable
 from django_redlock.testing import RedisNodes, server_version
-from tests.faults.conftest import DURATION, SEEDS, TTL, Shop
+from tests.faults.conftest import DURATION, SEEDS, TTL, Shop, assert_data_oracles
 from tests.faults.workload import (
     SHOP_ALIAS,
     WorkerPool,
     conservation_anomalies,
-    errors_of,
     overlap_anomalies,
-    purchase_log_anomalies,
     token_anomalies,
     wait_no_lock_keys,
 )
 
 Nodes = Callable[..., RedisNodes]
-
-
-def data_oracles(run: Any) -> None:
-    assert errors_of(run.history) == []
-    assert conservation_anomalies(run.initial, run.history) == []
-    assert purchase_log_anomalies(run.initial) == []
 
 
 def every(interval: float, action: Callable[[], Any], seconds: float = DURATION) -> list[Any]:
@@ -103,7 +95,7 @@ def test_one_or_two_of_five_nodes_paused_at_random(
     run = shop.run(shop.settings(nodes), stock=20, seed=seed, during=chaos)
     report("1-2 of 5 paused", run, pause_rounds=len(pauses))
     assert len(pauses) >= 3
-    data_oracles(run)
+    assert_data_oracles(run)
     assert token_anomalies(run.history) == []
     assert overlap_anomalies(run.history) == []
     assert sum(1 for e in run.history.of("ok") if e.get("sold")) > 0
@@ -228,7 +220,7 @@ def test_aof_everysec_kill_and_restart_with_data(
     run = shop.run(shop.settings(nodes), stock=20, during=crash)
     report("AOF kill -9 + restart", run)
     assert run_ids[0] != run_ids[1]  # a new incarnation: the fault happened
-    data_oracles(run)
+    assert_data_oracles(run)
     assert token_anomalies(run.history) == []
     assert overlap_anomalies(run.history) == []
     assert wait_no_lock_keys([n.client() for n in nodes], shop.prefix, TTL + 1.5) == []
@@ -257,7 +249,7 @@ def test_forward_clock_jump_breaks_exclusion_not_data(
     overlaps = overlap_anomalies(run.history)
     report("clock jump, fenced", run, expired=sum(jumps), overlaps=len(overlaps))
     assert sum(jumps) > 0
-    data_oracles(run)
+    assert_data_oracles(run)
     jumps.clear()
     control = shop.run(shop.settings(nodes), mode="unfenced", oracle=False,
                        during=clock_jump, **kwargs)  # fmt: skip
@@ -287,7 +279,7 @@ def test_client_kill_during_acquire_and_release(
     run = shop.run(shop.settings(nodes), stock=20, during=kill)
     report("CLIENT KILL", run, killed=sum(killed))
     assert sum(killed) > 8
-    data_oracles(run)
+    assert_data_oracles(run)
     assert token_anomalies(run.history) == []
     assert sum(1 for e in run.history.of("ok") if e.get("sold")) > 0
     assert wait_no_lock_keys(admins, shop.prefix, TTL + 1.5) == []
@@ -308,7 +300,7 @@ def test_script_flush_mid_workload(
     evals = sum(a.info("commandstats").get("cmdstat_eval", {}).get("calls", 0) for a in admins)
     report("SCRIPT FLUSH", run, evals=evals)
     assert evals > 0  # the fallback ran: the flushes hit the workload
-    data_oracles(run)
+    assert_data_oracles(run)
     assert token_anomalies(run.history) == []
     assert overlap_anomalies(run.history) == []
     assert run.history.of("ok")
@@ -336,7 +328,7 @@ def test_force_release_during_workload(
     run = shop.run(shop.settings(nodes), stock=50, items=3, think=(0.01, 0.04), during=evict)
     report("force-release", run, force_released=sum(1 for r in released if r))
     assert sum(1 for r in released if r) > 0
-    data_oracles(run)
+    assert_data_oracles(run)
     assert token_anomalies(run.history) == []
 
 

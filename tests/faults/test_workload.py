@@ -11,14 +11,9 @@ from collections.abc import Callable
 import pytest
 
 from django_redlock.testing import RedisNodes
-from tests.faults.conftest import SEEDS, TTL, Shop
+from tests.faults.conftest import SEEDS, TTL, Shop, assert_all_oracles
 from tests.faults.workload import (
     conservation_anomalies,
-    errors_of,
-    overlap_anomalies,
-    purchase_log_anomalies,
-    token_anomalies,
-    wait_no_lock_keys,
 )
 
 
@@ -36,16 +31,7 @@ def test_fault_free_workload_keeps_every_invariant(
     nodes = redis_node_factory(node_count)
     run = shop.run(shop.settings(nodes), stock=5)
     report(f"{node_count} node(s)", run)
-    history = run.history
-    assert errors_of(history) == []
-    assert conservation_anomalies(run.initial, history) == []
-    assert purchase_log_anomalies(run.initial) == []
-    assert token_anomalies(history) == []
-    assert overlap_anomalies(history) == []
-    assert sum(1 for e in history.of("ok") if e.get("sold")) > 0  # throughput: not asserted
-    clients = [node.client() for node in nodes]
-    assert wait_no_lock_keys(clients, shop.prefix, TTL + 1.0) == []
-    assert all(c.hget(f"{shop.prefix}__fence__", "token") for c in clients)
+    assert_all_oracles(run, nodes, shop.prefix, TTL + 1.0)
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -24,9 +24,10 @@ from django_redlock.exceptions import LockNotAcquired, NodesUnavailable
 from django_redlock.inspect import list_locks
 from django_redlock.manager import LockManager
 from django_redlock.testing import RedisNodes
-from tests.faults.conftest import DURATION, LONG, SEEDS, TTL, WORKERS, Run, Shop
+from tests.faults.conftest import DURATION, LONG, SEEDS, TTL, WORKERS, Shop, assert_all_oracles
 from tests.faults.proxy import Proxy
 from tests.faults.test_more_faults import stale_rejections
+from tests.faults.test_proxy_faults import healed_leases
 from tests.faults.workload import (
     conservation_anomalies,
     errors_of,
@@ -35,28 +36,12 @@ from tests.faults.workload import (
     token_anomalies,
     wait_no_lock_keys,
 )
-from tests.test_node_urls import ACL_COMMANDS
+from tests.test_node_urls import acl_user_urls
 
 Nodes = Callable[..., RedisNodes]
 Alias = Callable[..., LockManager]
 
 USER, PASSWORD = "shopper", "Sh0p-pa55"
-
-
-def assert_all_oracles(shop: Shop, run: Run, nodes: RedisNodes) -> None:
-    """The usual oracles of a run without client pauses: no raw error, conservation, the
-    purchase log in token order, tokens in real-time order, no overlapping critical sections,
-    no lock key left after the TTL while every node keeps its fence counter."""
-    history = run.history
-    assert errors_of(history) == []
-    assert conservation_anomalies(run.initial, history) == []
-    assert purchase_log_anomalies(run.initial) == []
-    assert token_anomalies(history) == []
-    assert overlap_anomalies(history) == []
-    assert sum(1 for e in history.of("ok") if e.get("sold")) > 0
-    clients = [node.client() for node in nodes]
-    assert wait_no_lock_keys(clients, shop.prefix, TTL + 2.0) == []
-    assert all(c.hget(f"{shop.prefix}__fence__", "token") for c in clients)
 
 
 # -- 1. least privilege ----------------------------------------------------------------------
@@ -75,12 +60,7 @@ def test_acl_user_limited_to_prefix_runs_the_whole_workload(
     in this process during and after the run, answers without errors: inspection uses SCAN.
     A control shows the user really is confined (a key outside the prefix is denied)."""
     nodes = redis_node_factory(3)
-    for node in nodes:
-        node.client().execute_command(
-            "ACL", "SETUSER", USER, "on", f">{PASSWORD}", f"~{shop.prefix}*", "resetchannels",
-            *ACL_COMMANDS.split(),
-        )  # fmt: skip
-    urls = [u.replace("redis://", f"redis://{USER}:{PASSWORD}@") for u in nodes.urls]
+    urls = acl_user_urls(nodes, USER, PASSWORD, shop.prefix)
     user = redis.Redis(host="127.0.0.1", port=nodes[0].port, username=USER, password=PASSWORD)
     with pytest.raises(redis.exceptions.NoPermissionError):
         user.get("other:secret")  # control: the ACL confines this user
@@ -104,7 +84,7 @@ def test_acl_user_limited_to_prefix_runs_the_whole_workload(
     report("ACL user", run, inspections=len(pages), listed=listed, connections=len(as_user))
     failures = [e["error"] for e in run.history.of("fail")]
     assert not [f for f in failures if "NOPERM" in f or "NoPermission" in f], failures[:3]
-    assert_all_oracles(shop, run, nodes)
+    assert_all_oracles(run, nodes, shop.prefix, TTL + 2.0)
     assert len(as_user) > WORKERS // 2, as_user  # the workers really connected as the user
     assert [a.execute_command("ACL", "LOG") for a in admins] == [[], [], []]  # nothing denied
     assert pages and not [page.errors for page in pages if page.errors]
@@ -155,7 +135,7 @@ def test_workload_through_proxies_with_delay_and_a_healed_blackhole(
     assert seen["delayed"] > 0, "nothing went through the delayed proxy"
     assert seen["blackholed"] > 0, "the blackhole swallowed nothing: the fault never bit"
     assert all(p.counters.forwarded["up"] > 0 for p in px)
-    assert_all_oracles(shop, run, nodes)
+    assert_all_oracles(run, nodes, shop.prefix, TTL + 2.0)
 
 
 # -- 3. long profile variants --------------------------------------------------------------
@@ -259,18 +239,5 @@ def test_long_dropped_set_nx_replies_many_rounds(
                 a.acquire("k", timeout=0)
         for p in px:
             p.set("pass")
-        deadline = time.monotonic() + 20
-        granted = 0
-        while granted < 2 and time.monotonic() < deadline:
-            try:
-                lease = a.acquire("k", timeout=2)
-            except (LockNotAcquired, NodesUnavailable):
-                continue
-            granted += 1
-            assert lease.token > last, (lease.token, last, round_)
-            last = lease.token
-            with pytest.raises(LockNotAcquired):
-                b.acquire("k", timeout=0)
-            lease.release()
-        assert granted == 2, round_
+        last = healed_leases(a, b, clients, "k", after=last, count=2)
     assert wait_no_lock_keys(clients, prefix, 5.0) == []

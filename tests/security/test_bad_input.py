@@ -28,7 +28,7 @@ from django_redlock.inspect import get_lock, list_locks
 from django_redlock.manager import LockManager
 from django_redlock.testing import RedisNodes, server_version
 from tests.faults.workload import lock_keys
-from tests.test_node_urls import ACL_COMMANDS
+from tests.test_node_urls import ACL_COMMANDS, acl_user_urls
 
 Nodes = Callable[..., RedisNodes]
 Alias = Callable[..., LockManager]
@@ -314,12 +314,8 @@ def test_noperm_reply(redis_node_factory: Nodes, redlock_alias: Alias) -> None:
     """An ACL user without ``HINCRBY`` (which the acquire script needs): the script fails with
     NOPERM on every node, a typed error names it, and no lock key is left."""
     nodes = redis_node_factory(3)
-    for node in nodes:
-        node.client().execute_command(
-            "ACL", "SETUSER", "weak", "on", ">pw", "~app:*", "resetchannels",
-            *[c for c in ACL_COMMANDS.split() if c != "+hincrby"],
-        )  # fmt: skip
-    urls = [u.replace("redis://", "redis://weak:pw@") for u in nodes.urls]
+    without_hincrby = " ".join(c for c in ACL_COMMANDS.split() if c != "+hincrby")
+    urls = acl_user_urls(nodes, "weak", "pw", "app:", without_hincrby)
     manager = redlock_alias(urls, KEY_PREFIX="app:", TTL=5.0, NODE_TIMEOUT=0.5)
     exc = _typed_failure(manager, "perm")
     denied = [e for e in exc.errors.values() if "NOPERM" in e or "can't run this command" in e]

@@ -23,7 +23,7 @@ from django_redlock.exceptions import LockNotAcquired, NodesUnavailable
 from django_redlock.inspect import get_lock, list_locks
 from django_redlock.manager import LockManager
 from django_redlock.testing import RedisNodes
-from tests.test_node_urls import ACL_COMMANDS
+from tests.test_node_urls import acl_user_urls
 
 PASSWORD = "Sup3r-Secret-pw"
 
@@ -77,12 +77,7 @@ def test_acl_user_limited_to_prefix_runs_the_api_and_cannot_keys(
     releases, force-releases and lists locks (inspection works, so it uses SCAN), while
     KEYS and keys outside the prefix are denied to it."""
     nodes = redis_node_factory(3)
-    for node in nodes:
-        node.client().execute_command(
-            "ACL", "SETUSER", "locker", "on", ">pa55word", "~app:*", "resetchannels",
-            *ACL_COMMANDS.split(),
-        )  # fmt: skip
-    urls = [u.replace("redis://", "redis://locker:pa55word@") for u in nodes.urls]
+    urls = acl_user_urls(nodes, "locker", "pa55word", "app:")
     manager = aliases("acl", urls, KEY_PREFIX="app:")
     with manager.lock("order:1", ttl=5, timeout=0) as lease:
         lease.extend()
