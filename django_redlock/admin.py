@@ -1,57 +1,84 @@
 """The "Locks" admin page: held locks of every alias, node health, and force release.
 
-Reads Redis only through :mod:`django_redlock.inspect`. Force release is a POST (CSRF-checked)
-to a confirmation page and then a second POST; it needs ``django_redlock.delete_lock``. Each
-row carries the lease's token and public fingerprint (``lease_id``), never its owner: the server
-re-reads the lock and releases it only if that same lease still holds it.
+Reads Redis only through :mod:`django_redlock.inspection`. Force release is a Django admin action
+(``actions``, the ``_selected_action`` checkboxes, ``actions.js``) posted to the changelist: a
+confirmation page, then a second POST; it needs ``django_redlock.delete_lock``. The locks are not a
+queryset, so the changelist renders the action form itself and hands Django's
+``response_action`` a :class:`LockSelection` of the posted leases. Each row carries the lease's
+token and public fingerprint (``lease_id``), never its owner: the server re-reads the lock and
+releases it only if that same lease still holds it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.contenttypes.models import ContentType
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import ImproperlyConfigured, PermissionDenied
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.http import urlencode
+from django.utils.translation import gettext, ngettext
 
-from . import inspect
+from . import inspection
 from .models import Lock
+from .validation import check_name
 
 if TYPE_CHECKING:
     _LockAdminBase = admin.ModelAdmin[Lock]
 else:
     _LockAdminBase = admin.ModelAdmin
 
-logger = logging.getLogger("django_redlock")
+logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name (records carry .module)
 
 #: A lease picked on the list page: (alias, name, token, lease_id).
 Target = tuple[str, str, int, str]
 
 
-def encode_target(info: inspect.LockInfo) -> str:
+def encode_target(info: inspection.LockInfo) -> str:
     """The checkbox value naming one listed lease."""
     return json.dumps([info.alias, info.name, info.token, info.lease_id])
 
 
 def decode_targets(values: list[str]) -> list[Target]:
-    """Parse checkbox values; malformed ones are dropped."""
+    """Parse checkbox values; malformed ones (or ones naming no valid lock name) are dropped."""
     targets: list[Target] = []
     for value in values:
         try:
             alias, name, token, lease = json.loads(value)
-        except (ValueError, TypeError):
+            check_name(name)
+            for text in (alias, name, lease):
+                text.encode("utf-8")  # not a str, or a lone surrogate: malformed
+        except (AttributeError, TypeError, ValueError):
             continue
-        strings = all(isinstance(v, str) for v in (alias, name, lease))
-        if strings and type(token) is int:
+        if type(token) is int:
             targets.append((alias, name, token, lease))
     return targets
+
+
+class LockSelection(list[Target]):
+    """The leases ticked on the list page, standing in for the queryset of Django's action
+    machinery: ``response_action`` narrows it with ``filter(pk__in=<ticked values>)``, which
+    it already is."""
+
+    def filter(self, **lookups: Any) -> LockSelection:
+        return self
+
+
+def _refusal(alias: str) -> str:
+    """Why ``alias`` (from a posted form) cannot be used: unknown, or invalid settings."""
+    try:
+        known = alias in inspection.aliases()
+    except ImproperlyConfigured:
+        known = False
+    return f"alias {alias!r} has invalid settings" if known else f"unknown alias {alias!r}"
 
 
 @admin.register(Lock)
@@ -59,6 +86,7 @@ class LockAdmin(_LockAdminBase):
     """Lists locks from Redis instead of a table; only the list and release views exist."""
 
     list_per_page = 50
+    actions = ["force_release"]
     change_list_template = "admin/django_redlock/lock/change_list.html"
     release_template = "admin/django_redlock/lock/release_confirmation.html"
 
@@ -80,6 +108,12 @@ class LockAdmin(_LockAdminBase):
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return self.has_view_permission(request)
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        """Only :meth:`force_release`: the site-wide "delete selected" needs a queryset."""
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
 
     # -- urls ------------------------------------------------------------------------------
     def get_urls(self) -> list[URLPattern]:
@@ -109,7 +143,12 @@ class LockAdmin(_LockAdminBase):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        """Held locks of every alias (a page of them) and the node panel. Read-only."""
+        """Held locks of every alias (a page of them), the node panel and the action form; a
+        POST runs the chosen action on the ticked leases."""
+        if request.method == "POST" and (
+            ACTION_CHECKBOX_NAME in request.POST or "index" in request.POST
+        ):  # needs delete_lock (and view_lock); a refusal is logged
+            return self._run_action(request, request.POST.getlist(ACTION_CHECKBOX_NAME))
         if not self.has_view_permission(request):
             raise PermissionDenied
         if request.method not in ("GET", "HEAD"):
@@ -120,11 +159,13 @@ class LockAdmin(_LockAdminBase):
         except ValueError:
             page = 1
         per_page = self.list_per_page
-        result = inspect.list_locks(prefix=query, offset=(page - 1) * per_page, limit=per_page)
-        nodes = inspect.node_health()
+        result = inspection.list_locks(prefix=query, offset=(page - 1) * per_page, limit=per_page)
+        nodes = inspection.node_health()
+        rows = [(info, encode_target(info)) for info in result.locks]
         context = {
             **self._context(request, "Locks"),
-            "rows": [(info, encode_target(info)) for info in result.locks],
+            **self._action_context(request, len(rows)),
+            "rows": rows,
             "errors": result.errors,
             "nodes": nodes,
             "nodes_down": sum(1 for node in nodes if not node.up),
@@ -134,18 +175,55 @@ class LockAdmin(_LockAdminBase):
             if page > 1
             else None,
             "next_url": self._changelist_url(q=query, p=page + 1) if result.has_more else None,
-            "can_release": self.has_delete_permission(request),
-            "release_url": reverse(f"{self.admin_site.name}:django_redlock_lock_release"),
             **(extra_context or {}),
         }
         return TemplateResponse(request, self.change_list_template, context)
 
+    def _action_context(self, request: HttpRequest, count: int) -> dict[str, Any]:
+        """What Django's ``admin/actions.html`` needs (as ``ModelAdmin.changelist_view`` sets
+        it), with ``cl`` reduced to the page's rows: there is no total count to select across."""
+        choices = self.get_action_choices(request)
+        action_form = None
+        media = self.media
+        if len(choices) > 1:
+            action_form = self.action_form(auto_id=None)
+            action_form.fields["action"].choices = choices
+            media += action_form.media
+        return {
+            "action_form": action_form,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            "actions_selection_counter": self.actions_selection_counter,
+            "cl": {"result_count": count, "result_list": range(count)},
+            "selection_note": gettext("0 of %(cnt)s selected") % {"cnt": count},
+            "selection_note_all": ngettext(
+                "%(total_count)s selected", "All %(total_count)s selected", count
+            )
+            % {"total_count": count},
+            "module_name": str(self.model._meta.verbose_name_plural),
+            "media": media,
+        }
+
+    def _run_action(self, request: HttpRequest, values: list[str]) -> HttpResponse:
+        """Django's ``response_action`` on the posted leases (the same form, index and
+        messages); then back to the page the form was on."""
+        selection = LockSelection(decode_targets(values))
+        self._require_delete(request, selection)
+        # response_action only narrows the "queryset" with filter(): a LockSelection does that
+        response = self.response_action(request, cast("QuerySet[Lock]", selection))
+        return response or HttpResponseRedirect(request.get_full_path())
+
     def release_view(self, request: HttpRequest) -> HttpResponse:
-        """POST with ``selected`` leases: a confirmation page; with ``post=yes`` as well: the
-        force release. Anything but POST is refused, so a GET never changes state."""
+        """The force release at its own URL (kept for forms posting ``selected``): POST only,
+        so a GET never changes state; ``post=yes`` confirms."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
-        targets = decode_targets(request.POST.getlist("selected"))
+        values = request.POST.getlist("selected") or request.POST.getlist(ACTION_CHECKBOX_NAME)
+        selection = LockSelection(decode_targets(values))
+        self._require_delete(request, selection)
+        response = self.force_release(request, selection)
+        return response or HttpResponseRedirect(self._changelist_url())
+
+    def _require_delete(self, request: HttpRequest, targets: list[Target]) -> None:
         if not self.has_delete_permission(request):
             logger.warning(
                 "Force release denied: user %r lacks django_redlock.delete_lock (locks: %s)",
@@ -153,25 +231,35 @@ class LockAdmin(_LockAdminBase):
                 ", ".join(f"{alias}:{name}" for alias, name, _, _ in targets) or "none",
             )
             raise PermissionDenied
-        if not targets:
+
+    @admin.action(description="Force release selected locks", permissions=["delete"])
+    def force_release(self, request: HttpRequest, selection: LockSelection) -> HttpResponse | None:
+        """The action: a confirmation page, or with ``post=yes`` the release of each lease."""
+        if not selection:
             messages.warning(request, "No locks were selected.")
-            return HttpResponseRedirect(self._changelist_url())
+            return None
         if request.POST.get("post") != "yes":
-            return self._confirmation(request, targets)
-        for target in targets:
+            return self._confirmation(request, selection)
+        for target in selection:
             self._release_one(request, *target)
-        return HttpResponseRedirect(self._changelist_url())
+        return None
 
     def _confirmation(self, request: HttpRequest, targets: list[Target]) -> HttpResponse:
         rows = []
         for alias, name, token, lease in targets:
-            info, _ = inspect.get_lock(alias, name)
-            same = info is not None and info.lease_id == lease
-            rows.append({"alias": alias, "name": name, "token": token, "info": info, "same": same})
+            row: dict[str, Any] = {"alias": alias, "name": name, "token": token, "info": None}
+            try:
+                row["info"], _ = inspection.get_lock(alias, name)
+            except ImproperlyConfigured:
+                row["refusal"] = _refusal(alias)
+            row["same"] = row["info"] is not None and row["info"].lease_id == lease
+            rows.append(row)
         context = {
             **self._context(request, "Force release locks?"),
             "rows": rows,
-            "selected": request.POST.getlist("selected"),
+            "selected": [json.dumps(list(target)) for target in targets],
+            "action": "force_release",
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
         }
         return TemplateResponse(request, self.release_template, context)
 
@@ -180,10 +268,11 @@ class LockAdmin(_LockAdminBase):
     ) -> None:
         user = request.user.get_username()
         try:
-            deleted, info = inspect.force_release(alias, name, token, lease)
-        except inspect.InspectionError as exc:
-            logger.warning("Force release by %r refused: %s", user, exc)
-            messages.error(request, f"Not released: {exc}.")
+            deleted, info = inspection.force_release(alias, name, token, lease)
+        except (inspection.InspectionError, ImproperlyConfigured) as exc:
+            why = str(exc) if isinstance(exc, inspection.InspectionError) else _refusal(alias)
+            logger.warning("Force release by %r refused: %s", user, why)
+            messages.error(request, f"Not released: {why}.")
             return
         summary = (
             f"Force-released lock {name!r} on alias {alias!r} (token {token}, owner "

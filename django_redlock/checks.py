@@ -1,6 +1,9 @@
 """System checks for ``REDLOCK``. Network checks run only under ``manage.py check --deploy``.
 
-Every id is listed in ``docs/checks.md``; ``tests/test_checks.py`` keeps the ids unique.
+``conf`` reads and validates the settings; these checks only attach ids to its errors, and
+add the checks that span aliases or need the network. ``apps.ready()`` registers them under
+the tag :data:`TAG`. Every id is listed in ``docs/checks.md``; ``tests/test_checks.py`` keeps
+the ids unique.
 """
 
 from __future__ import annotations
@@ -11,11 +14,24 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+import redis
 from django.apps import AppConfig
+from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
-from .conf import AliasConfig, busy_poll_setting, parse_alias, redlock_settings
+from .conf import (
+    AliasConfig,
+    NodeSpec,
+    busy_poll_setting,
+    mask_secrets,
+    parse_alias,
+    redlock_settings,
+    url_identity,
+)
+
+#: ``manage.py check --tag django_redlock`` runs only these checks (and the request-lock ones).
+TAG = "django_redlock"
 
 CHECK_IDS = {
     "E001": "REDLOCK is not a dict of aliases.",
@@ -28,6 +44,7 @@ CHECK_IDS = {
     "W003": "Plaintext redis:// to a host that is not loopback (deploy).",
     "W004": "A node's maxmemory-policy can evict lock keys (deploy).",
     "W005": "A node cannot be reached (deploy).",
+    "W006": "A node answered but its maxmemory-policy could not be read (deploy).",
 }
 
 
@@ -53,7 +70,6 @@ def valid_aliases() -> tuple[list[AliasConfig], list[checks.CheckMessage]]:
     return configs, errors
 
 
-@checks.register(checks.Tags.caches)
 def check_settings(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
@@ -65,8 +81,29 @@ def check_settings(
     return errors + _shared_node_prefixes(configs)
 
 
+def _node_id(node: NodeSpec) -> str:
+    """The key space a node writes to: server and db (see ``conf.url_identity``), so one server
+    named ``localhost`` and ``127.0.0.1`` is one node and two dbs of it are two. A CACHE node
+    is the django-redis primary its ``LOCATION`` names (first of a list or comma list)."""
+    url = node.url
+    if url is None:
+        cache = getattr(settings, "CACHES", {}).get(node.cache)
+        location = cache.get("LOCATION") if isinstance(cache, dict) else None
+        if isinstance(location, str):
+            location = location.split(",")
+        if isinstance(location, list | tuple) and location and isinstance(location[0], str):
+            url = location[0].strip()
+    if url is None or not url.startswith(("redis://", "rediss://", "unix://")):
+        return f"cache:{node.cache}"
+    try:
+        server, db = url_identity(url)
+    except ValueError:  # a malformed cache LOCATION: django-redis will say so
+        return f"cache:{node.cache}"
+    return f"{server}/{db}"
+
+
 def _node_ids(config: AliasConfig) -> set[str]:
-    return {node.address or f"cache:{node.cache}" for node in config.nodes}
+    return {_node_id(node) for node in config.nodes}
 
 
 def _shared_node_prefixes(configs: list[AliasConfig]) -> list[checks.CheckMessage]:
@@ -110,7 +147,6 @@ def _shared_node_prefixes(configs: list[AliasConfig]) -> list[checks.CheckMessag
     return messages
 
 
-@checks.register(checks.Tags.caches, deploy=True)
 def check_deployment(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
@@ -170,33 +206,59 @@ def _topology(config: AliasConfig) -> list[checks.CheckMessage]:
     return messages
 
 
-def _nodes_health(config: AliasConfig) -> list[checks.CheckMessage]:
+def _eviction_policy(node: NodeSpec, config: AliasConfig) -> str | None:
+    """The node's ``maxmemory-policy``: from ``INFO memory``, which the ACL user of
+    docs/algorithm.md may run, else from ``CONFIG GET`` (often denied, or disabled by managed
+    services). A ``ResponseError`` (NOPERM, unknown command) means the node answered."""
     from .connections import client_factory
+
+    client = client_factory(node, config)()
+    try:
+        try:
+            policy = client.info("memory").get("maxmemory_policy")
+        except redis.ResponseError:
+            policy = None
+        if policy is None:
+            policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
+        return None if policy is None else str(policy)
+    finally:
+        client.close()
+        client.connection_pool.disconnect()
+
+
+def _nodes_health(config: AliasConfig) -> list[checks.CheckMessage]:
+    from .engine import describe
 
     messages: list[checks.CheckMessage] = []
     for node in config.nodes:
-        client = client_factory(node, config)()
+        where = f"REDLOCK[{config.alias!r}] node {node.label}"
         try:
-            policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
-        except Exception as exc:
-            from .engine.links import describe
-
+            policy = _eviction_policy(node, config)
+        except redis.ResponseError as exc:
             messages.append(
                 checks.Warning(
-                    f"REDLOCK[{config.alias!r}] node {node.label} cannot be reached: "
-                    f"{describe(exc)}",
+                    f"{where} answered, but neither INFO memory nor CONFIG GET gave its "
+                    f"maxmemory-policy: {mask_secrets(describe(exc), node.url or '')}",
+                    hint="Grant the lock user +info (as docs/algorithm.md does), or make sure "
+                    "the node runs with maxmemory-policy noeviction.",
+                    id="django_redlock.W006",
+                )
+            )
+            continue
+        except Exception as exc:  # any failure of the probe is a warning, never a crash
+            messages.append(
+                checks.Warning(
+                    f"{where} cannot be reached: {mask_secrets(describe(exc), node.url or '')}",
                     hint="Start the node or fix its URL; locks need a quorum of nodes.",
                     id="django_redlock.W005",
                 )
             )
             continue
-        finally:
-            client.close()
         if policy not in (None, "noeviction"):
             messages.append(
                 checks.Warning(
-                    f"REDLOCK[{config.alias!r}] node {node.label} has maxmemory-policy "
-                    f"{policy!r}, which can evict lock keys and fence counters.",
+                    f"{where} has maxmemory-policy {policy!r}, which can evict lock keys and "
+                    "fence counters.",
                     hint="Set maxmemory-policy noeviction on lock nodes.",
                     id="django_redlock.W004",
                 )

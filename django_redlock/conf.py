@@ -1,19 +1,27 @@
 """Read and validate the ``REDLOCK`` setting into frozen dataclasses.
 
 Every error raises :class:`~django.core.exceptions.ImproperlyConfigured` naming the alias and
-the key, so ``manage.py check`` and the first lock call report the same message.
+the key, so ``manage.py check`` and the first lock call report the same message. Node URLs are
+shown only through :func:`mask_url`, the one function that hides passwords.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import os.path
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, unquote_plus, urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from redis.connection import parse_url
+
+from .connections import url_problem
+from .engine import GLOB_CHARACTERS, MAX_NAME_LENGTH, TOKEN_LIMIT, quorum
+from .validation import ttl_problem
 
 DEFAULT_NODE_URL = "redis://127.0.0.1:6379/0"
 DEFAULTS: dict[str, Any] = {
@@ -26,15 +34,34 @@ DEFAULTS: dict[str, Any] = {
     "TIMEOUT": 10.0,
 }
 URL_SCHEMES = ("redis", "rediss", "unix")
-MAX_NAME_LENGTH = 512
+#: Bounds no sane deployment reaches (docs/index.md): below 1 ms no node answers a call in time,
+#: and the socket timeouts derived from NODE_TIMEOUT must stay finite; a RETRY_DELAY below 1 ms
+#: makes each waiter retry thousands of times a second; a DRIFT_FACTOR above 0.5 spends more than
+#: half of every lease on the clock-drift allowance.
+NODE_TIMEOUT_RANGE = (0.001, 60.0)
+RETRY_DELAY_MIN = 0.001
+DRIFT_FACTOR_MAX = 0.5
+__all__ = [
+    "MAX_NAME_LENGTH",
+    "AliasConfig",
+    "NodeSpec",
+    "alias_config",
+    "mask_secrets",
+    "mask_url",
+    "parse_alias",
+    "url_identity",
+]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class NodeSpec:
     """One Redis node: a URL, or the alias of a django-redis cache whose pool is reused."""
 
     url: str | None = None
     cache: str | None = None
+
+    def __repr__(self) -> str:  # also in AliasConfig's repr: tracebacks show it
+        return f"NodeSpec({self.label!r})"
 
     @property
     def label(self) -> str:
@@ -45,13 +72,8 @@ class NodeSpec:
 
     @property
     def address(self) -> str | None:
-        """``host:port`` or the socket path, used to spot duplicate nodes (None for caches)."""
-        if self.url is None:
-            return None
-        parts = urlsplit(self.url)
-        if parts.scheme == "unix":
-            return parts.path
-        return f"{(parts.hostname or '').lower()}:{parts.port or 6379}"
+        """The server (see :func:`url_identity`), used to spot duplicate nodes (None for caches)."""
+        return None if self.url is None else url_identity(self.url)[0]
 
 
 @dataclass(frozen=True)
@@ -69,18 +91,74 @@ class AliasConfig:
 
     @property
     def quorum(self) -> int:
-        return len(self.nodes) // 2 + 1
+        return quorum(len(self.nodes))
+
+
+def _secret_spans(url: str) -> list[tuple[int, int]]:
+    """Where ``url`` carries a password: after the first ``:`` of the userinfo (``user:pw@``,
+    ``unix://:pw@``) and in the value of every query parameter named like one (``password``,
+    ``ssl_password``). Found by position, not by parsing, so malformed URLs are masked too."""
+    spans: list[tuple[int, int]] = []
+    start = url.find("://") + 3
+    if start < 3:
+        return spans
+    ends = [i for i in (url.find(m, start) for m in "/?#") if i >= 0]
+    at = url.rfind("@", start, min(ends, default=len(url)))
+    colon = url.find(":", start, at) if at >= 0 else -1
+    if colon >= 0:
+        spans.append((colon + 1, at))
+    query = url.find("?", start)
+    if query >= 0:
+        stop = url.find("#", query)
+        pos = query + 1
+        for part in url[pos : len(url) if stop < 0 else stop].split("&"):
+            name, eq, _ = part.partition("=")
+            if eq and unquote_plus(name).lower().endswith("password"):
+                spans.append((pos + len(name) + 1, pos + len(part)))
+            pos += len(part) + 1
+    return spans
 
 
 def mask_url(url: str) -> str:
-    """Return ``url`` with its password replaced by ``***``."""
+    """Return ``url`` with every password (userinfo and ``?password=``) replaced by ``***``."""
+    for begin, end in reversed(_secret_spans(url)):
+        url = f"{url[:begin]}***{url[end:]}"
+    return url
+
+
+def mask_secrets(text: str, url: str) -> str:
+    """``text`` (say, a redis-py error about ``url``) without ``url``'s passwords."""
+    for begin, end in _secret_spans(url):
+        for secret in {url[begin:end], unquote(url[begin:end])} - {""}:
+            text = text.replace(secret, "***")
+    return text
+
+
+def url_identity(url: str) -> tuple[str, int]:
+    """``(server, db)`` of a node URL as redis-py reads it: the server is ``host:port``, with
+    every loopback name (``localhost``, ``127.0.0.1``, ``::1``) spelled ``localhost``, or the
+    normalised socket path; the db is redis-py's (``?db=`` wins over the path; default 0)."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = unquote(parts.username or "")
-    host = parts.netloc.rsplit("@", 1)[1]
-    netloc = f"{user}:***@{host}" if user else f":***@{host}"
-    return parts._replace(netloc=netloc).geturl()
+    try:
+        db = int(parse_url(url).get("db", 0))
+    except ValueError:
+        db = 0
+    if parts.scheme == "unix":
+        return os.path.normpath(unquote(parts.path)), db
+    return f"{_server_host(parts.hostname or '')}:{parts.port or 6379}", db
+
+
+def _server_host(host: str) -> str:
+    """``localhost`` for the names a local server answers on by default (``localhost``,
+    ``127.0.0.1``, ``::1``); other hosts lowercased, IPs in their canonical form."""
+    try:
+        ip: Any = ipaddress.ip_address(host)
+    except ValueError:
+        return host.lower().rstrip(".")
+    ip = getattr(ip, "ipv4_mapped", None) or ip
+    if str(ip) in ("127.0.0.1", "::1"):
+        return "localhost"
+    return f"[{ip}]" if ip.version == 6 else str(ip)
 
 
 def _error(alias: str, key: str, message: str) -> ImproperlyConfigured:
@@ -96,32 +174,62 @@ def _number(alias: str, key: str, value: Any, *, allow_zero: bool = False) -> fl
     return float(value)
 
 
-def _ttl(alias: str, raw: Any) -> float:
+def _ttl(alias: str, raw: Any, drift_factor: float) -> float:
     ttl = _number(alias, "TTL", raw)
-    if ttl * 1000 >= 2**53:
+    if ttl * 1000 >= TOKEN_LIMIT:
         raise _error(alias, "TTL", f"{raw!r} seconds is too large for a lease.")
+    problem = ttl_problem(ttl, drift_factor)
+    if problem is not None:
+        raise _error(alias, "TTL", problem)
     return ttl
+
+
+def _within(alias: str, key: str, raw: Any, low: float, high: float | None, why: str) -> float:
+    """A number of seconds from ``low`` to ``high`` (None: no upper bound), both included."""
+    value = _number(alias, key, raw)
+    if value < low or (high is not None and value > high):
+        span = f"at least {low:g}" if high is None else f"from {low:g} to {high:g}"
+        raise _error(alias, key, f"must be {span} seconds ({why}), got {raw!r}.")
+    return value
+
+
+def _drift_factor(alias: str, raw: Any) -> float:
+    drift = _number(alias, "DRIFT_FACTOR", raw, allow_zero=True)
+    if drift > DRIFT_FACTOR_MAX:
+        raise _error(
+            alias,
+            "DRIFT_FACTOR",
+            f"must be from 0 to {DRIFT_FACTOR_MAX}, got {drift!r}: the clock-drift allowance "
+            "takes TTL * DRIFT_FACTOR + 2 ms of every lease (Redlock's usual factor is 0.01).",
+        )
+    return drift
 
 
 def _node(alias: str, index: int, raw: Any) -> NodeSpec:
     key = f"NODES[{index}]"
     if isinstance(raw, str):
-        parts = urlsplit(raw)
+        shown = repr(mask_url(raw))
+        try:
+            parts = urlsplit(raw)
+        except ValueError as exc:
+            raise _error(alias, key, f"{shown} is not a valid URL ({exc}).") from exc
         if parts.scheme not in URL_SCHEMES:
-            raise _error(
-                alias,
-                key,
-                f"{mask_url(raw)!r} is not a redis://, rediss:// or unix:// URL.",
-            )
+            raise _error(alias, key, f"{shown} is not a redis://, rediss:// or unix:// URL.")
         try:
             port = parts.port
         except ValueError as exc:
-            raise _error(alias, key, f"{mask_url(raw)!r} has a bad port.") from exc
+            raise _error(alias, key, f"{shown} has a bad port.") from exc
+        if port == 0 and parts.scheme != "unix":
+            raise _error(
+                alias, key, f"{shown} has port 0: redis-py would silently use port 6379 instead."
+            )
         if parts.scheme == "unix" and not parts.path:
-            raise _error(alias, key, f"{raw!r} names no socket path.")
+            raise _error(alias, key, f"{shown} names no socket path.")
         if parts.scheme != "unix" and not parts.hostname:
-            raise _error(alias, key, f"{mask_url(raw)!r} names no host.")
-        del port
+            raise _error(alias, key, f"{shown} names no host.")
+        problem = url_problem(raw)
+        if problem is not None:
+            raise _error(alias, key, f"{shown} {mask_secrets(problem, raw)}")
         return NodeSpec(url=raw)
     if isinstance(raw, Mapping):
         if set(raw) != {"CACHE"} or not isinstance(raw["CACHE"], str):
@@ -150,19 +258,32 @@ def parse_alias(alias: str, raw: Any) -> AliasConfig:
     prefix = merged["KEY_PREFIX"]
     if not isinstance(prefix, str):
         raise _error(alias, "KEY_PREFIX", f"must be a str, not {type(prefix).__name__}.")
-    if any(ch in prefix for ch in "*?[]\\"):
-        raise _error(alias, "KEY_PREFIX", "must not contain glob characters (* ? [ ] \\).")
+    if any(ch in prefix for ch in GLOB_CHARACTERS):
+        raise _error(
+            alias, "KEY_PREFIX", f"must not contain glob characters ({' '.join(GLOB_CHARACTERS)})."
+        )
     timeout = merged["TIMEOUT"]
-    drift = _number(alias, "DRIFT_FACTOR", merged["DRIFT_FACTOR"], allow_zero=True)
-    if drift >= 1:
-        raise _error(alias, "DRIFT_FACTOR", f"must be below 1, got {drift!r}.")
+    drift = _drift_factor(alias, merged["DRIFT_FACTOR"])
     return AliasConfig(
         alias=alias,
         nodes=nodes,
-        ttl=_ttl(alias, merged["TTL"]),
+        ttl=_ttl(alias, merged["TTL"], drift),
         key_prefix=prefix,
-        node_timeout=_number(alias, "NODE_TIMEOUT", merged["NODE_TIMEOUT"]),
-        retry_delay=_number(alias, "RETRY_DELAY", merged["RETRY_DELAY"]),
+        node_timeout=_within(
+            alias,
+            "NODE_TIMEOUT",
+            merged["NODE_TIMEOUT"],
+            *NODE_TIMEOUT_RANGE,
+            "below 1 ms calls fail on scheduling jitter alone; above 60 s callers hang",
+        ),
+        retry_delay=_within(
+            alias,
+            "RETRY_DELAY",
+            merged["RETRY_DELAY"],
+            RETRY_DELAY_MIN,
+            None,
+            "less would make every waiter retry thousands of times a second",
+        ),
         drift_factor=drift,
         timeout=None if timeout is None else _number(alias, "TIMEOUT", timeout, allow_zero=True),
     )
@@ -207,3 +328,32 @@ def alias_config(alias: str) -> AliasConfig:
             f"REDLOCK has no alias {alias!r} (configured: {known}). Add it to settings.REDLOCK."
         )
     return parse_alias(alias, raw[alias])
+
+
+# -- per-request locks: REDLOCK_BUSY_STATUS, REDLOCK_REQUEST_LOCKS ---------------------------
+# Read here only; django_redlock.request_locks turns them into responses and rules, and its
+# system checks attach ids (E016, E010) to these errors.
+
+#: Default of ``REDLOCK_BUSY_STATUS``: the status of a request whose lock is busy.
+DEFAULT_BUSY_STATUS = 409
+
+
+def busy_status_setting() -> int:
+    """``REDLOCK_BUSY_STATUS``: an int from 400 to 599, default 409."""
+    status = getattr(settings, "REDLOCK_BUSY_STATUS", DEFAULT_BUSY_STATUS)
+    if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
+        raise ImproperlyConfigured(
+            f"REDLOCK_BUSY_STATUS must be an int from 400 to 599, got {status!r}."
+        )
+    return status
+
+
+def request_locks_setting() -> list[Any]:
+    """The raw entries of ``REDLOCK_REQUEST_LOCKS`` (default none); each is parsed by
+    ``django_redlock.request_locks.rules.parse_rule``."""
+    raw = getattr(settings, "REDLOCK_REQUEST_LOCKS", [])
+    if not isinstance(raw, list | tuple):
+        raise ImproperlyConfigured(
+            f"REDLOCK_REQUEST_LOCKS must be a list of dicts, not {type(raw).__name__}."
+        )
+    return list(raw)

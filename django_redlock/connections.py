@@ -7,16 +7,19 @@ the same server, credentials, TLS options and connection class.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from .conf import AliasConfig, NodeSpec
+if TYPE_CHECKING:  # conf imports this module to validate node URLs
+    from .conf import AliasConfig, NodeSpec
 
 _pools: dict[tuple[str, float], redis.ConnectionPool] = {}
 _pools_guard = threading.Lock()
@@ -69,24 +72,60 @@ def _kwargs(pool: redis.ConnectionPool, timeout: float) -> dict[str, Any]:
     return kwargs
 
 
+def _sync_parts(pool: redis.ConnectionPool, timeout: float) -> tuple[type[Any], dict[str, Any]]:
+    kwargs = _kwargs(pool, timeout)
+    kwargs["retry"] = Retry(NoBackoff(), 0)
+    return pool.connection_class, kwargs
+
+
+def _async_parts(pool: redis.ConnectionPool, timeout: float) -> tuple[type[Any], dict[str, Any]]:
+    kwargs = {k: v for k, v in _kwargs(pool, timeout).items() if k not in _SYNC_ONLY_KWARGS}
+    kwargs["retry"] = redis.asyncio.retry.Retry(NoBackoff(), 0)
+    return _ASYNC_CLASSES.get(pool.connection_class.__name__, redis.asyncio.Connection), kwargs
+
+
 def sync_factory(spec: NodeSpec, config: AliasConfig) -> Callable[[], redis.connection.Connection]:
     """A callable that opens a new, retry-free connection to the node."""
     timeout = socket_timeout(config)
-    pool = _pool_for(spec, timeout)
-    kwargs = _kwargs(pool, timeout)
-    kwargs["retry"] = Retry(NoBackoff(), 0)
-    cls = pool.connection_class
+    cls, kwargs = _sync_parts(_pool_for(spec, timeout), timeout)
     return lambda: cls(**kwargs)
 
 
 def async_factory(spec: NodeSpec, config: AliasConfig) -> Callable[[], Any]:
     """The asyncio twin of :func:`sync_factory`."""
     timeout = socket_timeout(config)
-    pool = _pool_for(spec, timeout)
-    kwargs = {k: v for k, v in _kwargs(pool, timeout).items() if k not in _SYNC_ONLY_KWARGS}
-    kwargs["retry"] = redis.asyncio.retry.Retry(NoBackoff(), 0)
-    cls = _ASYNC_CLASSES.get(pool.connection_class.__name__, redis.asyncio.Connection)
+    cls, kwargs = _async_parts(_pool_for(spec, timeout), timeout)
     return lambda: cls(**kwargs)
+
+
+@functools.lru_cache(maxsize=256)
+def url_problem(url: str) -> str | None:
+    """How redis-py would refuse or misread a node URL (None: it reads it as written).
+
+    redis-py itself is asked rather than its rules re-implemented: ``ConnectionPool.from_url``
+    parses the URL (no connection is made), then the sync and the asyncio connection objects
+    the factories above make are built from it, so a malformed or unknown query parameter, a
+    bad ``ssl_cert_reqs`` or ``protocol`` fails here, at parse time. What redis-py accepts but
+    reads differently from the URL is checked against its result: a db path that is not a
+    number (``/O`` is silently db 0) and a negative db. (Port 0, silently 6379, is ``conf``'s.)
+    """
+    try:
+        pool = redis.ConnectionPool.from_url(url)
+        for cls, kwargs in (_sync_parts(pool, 0.2), _async_parts(pool, 0.2)):
+            cls(**kwargs)  # builds the object only: connecting is lazy
+    except Exception as exc:  # whatever redis-py raises for it: TypeError, ValueError, RedisError
+        return f"is refused by redis-py: {type(exc).__name__}: {exc}"
+    parts = urlsplit(url)
+    path = unquote(parts.path)[1:]
+    if parts.scheme != "unix" and path and not (path.isascii() and path.isdigit()):
+        return (
+            f"has db path {path!r}, which is not a database number such as /0: redis-py would "
+            "silently use another db."
+        )
+    db = pool.connection_kwargs.get("db", 0)
+    if db < 0:
+        return f"names db {db}: database numbers start at 0."
+    return None
 
 
 def client_factory(spec: NodeSpec, config: AliasConfig) -> Callable[[], redis.Redis]:

@@ -10,12 +10,12 @@ from asgiref.sync import iscoroutinefunction
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
-from .request_guard import LockSpec, aguard, guard
+from .request_locks.holding import ahold_for_request, hold_for_request
+from .request_locks.rules import SPECS_ATTR, LockSpec, view_specs
+
+__all__ = ["SPECS_ATTR", "request_lock"]
 
 V = TypeVar("V", bound=Callable[..., Any])
-
-SPECS_ATTR = "redlock_request_locks"
-"""Attribute on a decorated view: the tuple of its :class:`LockSpec`, read by system checks."""
 
 
 def request_lock(
@@ -23,6 +23,8 @@ def request_lock(
     using: str = "default",
     ttl: float | None = None,
     timeout: float | None = 0,
+    *,
+    until_commit: bool = True,
 ) -> Callable[[V], V]:
     """Hold the lock ``key`` (filled from URL kwargs and ``user``) while the view runs.
 
@@ -30,28 +32,30 @@ def request_lock(
     ``Retry-After`` when another request holds the lock, 503 when too few Redis nodes answer.
     ``request.lease`` is the lease while the view runs; FencedModel saves use its token. The lock
     is released once the response is built (a streaming response: once it is closed), also when
-    the view raises. ``timeout`` is how long to wait for the lock (0: one attempt).
+    the view raises. ``timeout`` is how long to wait for the lock (0: one attempt). Under
+    ``ATOMIC_REQUESTS`` (or any open transaction) the release waits for the commit, unless
+    ``until_commit=False``.
     """
-    spec = LockSpec.build(key, using, ttl, timeout, where=f"request_lock({key!r})")
+    spec = LockSpec.build(
+        key, using, ttl, timeout, where=f"request_lock({key!r})", until_commit=until_commit
+    )
 
     def decorator(view: V) -> V:
-        if iscoroutinefunction(view):
+        # Two wrappers so an async view stays a coroutine function; both only hand the view on.
+        @functools.wraps(view)
+        def sync_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            return hold_for_request(spec, request, kwargs, lambda: view(request, *args, **kwargs))
 
-            @functools.wraps(view)
-            async def async_wrapper(
-                request: HttpRequest, *args: Any, **kwargs: Any
-            ) -> HttpResponseBase:
-                return await aguard(spec, request, kwargs, lambda: view(request, *args, **kwargs))
+        @functools.wraps(view)
+        async def async_wrapper(
+            request: HttpRequest, *args: Any, **kwargs: Any
+        ) -> HttpResponseBase:
+            return await ahold_for_request(
+                spec, request, kwargs, lambda: view(request, *args, **kwargs)
+            )
 
-            wrapper: Callable[..., Any] = async_wrapper
-        else:
-
-            @functools.wraps(view)
-            def sync_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-                return guard(spec, request, kwargs, lambda: view(request, *args, **kwargs))
-
-            wrapper = sync_wrapper
-        setattr(wrapper, SPECS_ATTR, (*getattr(view, SPECS_ATTR, ()), spec))
+        wrapper = async_wrapper if iscoroutinefunction(view) else sync_wrapper
+        setattr(wrapper, SPECS_ATTR, (*view_specs(view), spec))
         return cast(V, wrapper)
 
     return decorator

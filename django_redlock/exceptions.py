@@ -72,8 +72,8 @@ class NodesUnavailable(LockError):
         super().__init__(
             f"Lock {name!r}: only {answered} of {total} Redis nodes could vote, {quorum} needed"
             + (f" ({detail})" if detail else "")
-            + ". Check the nodes with `manage.py redlock nodes`; a restarted node votes again "
-            "one lease TTL after its restart."
+            + ". Check the nodes with `manage.py redlock nodes`; a restarted, wiped or evicted "
+            "node (one that lost its keys: see check W004) votes again one lease TTL later."
         )
 
 

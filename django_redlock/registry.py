@@ -15,10 +15,11 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from . import connections
+from .block import BlockOptions, LockBlock
 from .conf import alias_config, busy_poll_setting, redlock_settings
-from .engine.core import Engine
-from .engine.plans import AliasState
-from .manager import UNSET, LockBlock, LockManager
+from .engine import AliasState, Engine
+from .manager import LockManager
+from .validation import UNSET
 
 
 class LockManagers:
@@ -26,13 +27,13 @@ class LockManagers:
 
     def __init__(self) -> None:
         self._managers: dict[str, LockManager] = {}
-        self._guard = threading.Lock()
+        self._mutex = threading.Lock()
 
     def __getitem__(self, alias: str) -> LockManager:
         manager = self._managers.get(alias)
         if manager is not None:
             return manager
-        with self._guard:
+        with self._mutex:
             manager = self._managers.get(alias)
             if manager is None:
                 manager = self._create(alias)
@@ -56,6 +57,7 @@ class LockManagers:
             node_timeout=config.node_timeout,
             drift_factor=config.drift_factor,
             ttl=config.ttl,
+            retry_delay=config.retry_delay,
             busy_poll=busy_poll_setting(),
         )
         engine = Engine(
@@ -68,7 +70,7 @@ class LockManagers:
 
     def reset(self) -> None:
         """Close every engine and forget the managers."""
-        with self._guard:
+        with self._mutex:
             managers, self._managers = self._managers, {}
         for manager in managers.values():
             manager.engine.close()
@@ -92,6 +94,8 @@ def lock(
     *,
     auto_extend: bool = False,
     max_hold: float | None = None,
+    reentrant: bool = True,
+    until_commit: bool = True,
 ) -> LockBlock:
     """Hold ``name`` on alias ``using`` for a ``with`` block, or decorate a function with it.
 
@@ -100,4 +104,5 @@ def lock(
         @lock("report:{0}", ttl=60)
         def build_report(day): ...
     """
-    return LockBlock(lambda: locks[using], name, ttl, timeout, auto_extend, max_hold)
+    options = BlockOptions(ttl, timeout, auto_extend, max_hold, reentrant, until_commit)
+    return LockBlock(lambda: locks[using], name, options)

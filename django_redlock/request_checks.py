@@ -1,182 +1,19 @@
-"""System checks for per-request locks (``REDLOCK_REQUEST_LOCKS``, ``@request_lock`` views).
-
-Every id is listed in ``docs/middleware.md``. The URLconf is walked once per check run, so a key
-template field that a URL does not provide is reported at startup instead of on a request.
-"""
+"""Moved to django_redlock.request_locks.checks; kept so old imports work."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any
+from .request_locks.checks import (
+    AUTH_MIDDLEWARE,
+    CHECK_IDS,
+    MIDDLEWARE_PATH,
+    check_request_locks,
+    iter_url_patterns,
+)
 
-from django.apps import AppConfig
-from django.conf import settings
-from django.core import checks
-from django.core.exceptions import ImproperlyConfigured
-from django.urls import URLPattern, URLResolver, get_resolver
-
-from .conf import redlock_settings
-from .decorators import SPECS_ATTR
-from .middleware import SETTING, LockRule, RuleError, parse_rule
-from .request_guard import DEFAULT_BUSY_STATUS, LockSpec
-
-CHECK_IDS = {
-    "E010": "A REDLOCK_REQUEST_LOCKS entry is malformed (not a dict, unknown key, bad type).",
-    "E011": "A lock KEY template is not a valid template.",
-    "E012": "A rule's PATH is not a valid regular expression.",
-    "E013": "A rule's URL_NAME matches no URL pattern.",
-    "E014": "A KEY template field is not provided by the URL (kwargs, regex groups, user).",
-    "E015": "A rule or @request_lock view uses an alias that is not in REDLOCK.",
-    "E016": "REDLOCK_BUSY_STATUS is not an int from 400 to 599.",
-    "E017": "A KEY uses {user} but AuthenticationMiddleware does not run before it.",
-    "W010": "REDLOCK_REQUEST_LOCKS has rules but RequestLockMiddleware is not in MIDDLEWARE.",
-}
-MIDDLEWARE_PATH = "django_redlock.middleware.RequestLockMiddleware"
-AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
-DOCS_HINT = "See docs/middleware.md."
-
-
-def _error(message: str, check_id: str, hint: str = DOCS_HINT) -> checks.CheckMessage:
-    return checks.Error(message, hint=hint, id=f"django_redlock.{check_id}")
-
-
-def iter_url_patterns(
-    patterns: Sequence[Any],
-    inherited: frozenset[str] = frozenset(),
-    namespaces: tuple[str, ...] = (),
-) -> Iterator[tuple[URLPattern, frozenset[str], str | None]]:
-    """Every URL pattern with the keyword arguments it passes and its namespaced view name."""
-    for entry in patterns:
-        names = inherited | frozenset(entry.pattern.regex.groupindex)
-        if isinstance(entry, URLResolver):
-            names |= frozenset(entry.default_kwargs)
-            spaces = (*namespaces, entry.namespace) if entry.namespace else namespaces
-            yield from iter_url_patterns(entry.url_patterns, names, spaces)
-        elif isinstance(entry, URLPattern):
-            names |= frozenset(entry.default_args)
-            view_name = ":".join((*namespaces, entry.name)) if entry.name else None
-            yield entry, names, view_name
-
-
-def _url_patterns() -> list[tuple[URLPattern, frozenset[str], str | None]]:
-    try:
-        return list(iter_url_patterns(get_resolver().url_patterns))
-    except Exception:  # Django's own URL checks report a broken URLconf
-        return []
-
-
-def _parsed_rules() -> tuple[list[LockRule], list[checks.CheckMessage]]:
-    raw = getattr(settings, SETTING, [])
-    if not isinstance(raw, list | tuple):
-        return [], [_error(f"{SETTING} must be a list of dicts, not {type(raw).__name__}.", "E010")]
-    rules: list[LockRule] = []
-    errors: list[checks.CheckMessage] = []
-    for index, entry in enumerate(raw):
-        try:
-            rules.append(parse_rule(index, entry))
-        except RuleError as exc:
-            errors.append(_error(str(exc), exc.check_id))
-        except Exception as exc:  # LockSpec.build: ImproperlyConfigured for USING/TTL/TIMEOUT
-            errors.append(_error(str(exc), "E010"))
-    return rules, errors
-
-
-def _alias_exists(alias: str) -> bool:
-    try:
-        return alias in redlock_settings()
-    except ImproperlyConfigured:  # reported as django_redlock.E001
-        return True
-
-
-def _auth_before(position: int | None) -> bool:
-    middleware = list(settings.MIDDLEWARE)
-    if AUTH_MIDDLEWARE not in middleware:
-        return False
-    return position is None or middleware.index(AUTH_MIDDLEWARE) < position
-
-
-def _spec_messages(spec: LockSpec, where: str, middleware_position: int | None) -> list[Any]:
-    messages: list[checks.CheckMessage] = []
-    if not _alias_exists(spec.using):
-        messages.append(
-            _error(f"{where} uses REDLOCK alias {spec.using!r}, which is not configured.", "E015")
-        )
-    if spec.key.uses_user and not _auth_before(middleware_position):
-        messages.append(
-            _error(
-                f"{where}: key {spec.key.template!r} uses {{user}}, but {AUTH_MIDDLEWARE} "
-                "does not run before it.",
-                "E017",
-                hint=f"Add {AUTH_MIDDLEWARE} to MIDDLEWARE, before {MIDDLEWARE_PATH}.",
-            )
-        )
-    return messages
-
-
-def _missing_fields(spec: LockSpec, where: str, url: str, provided: frozenset[str]) -> list[Any]:
-    missing = spec.key.missing(provided)
-    if not missing:
-        return []
-    return [
-        _error(
-            f"{where}: key {spec.key.template!r} needs {', '.join(missing)}, but URL {url!r} "
-            f"passes only {sorted(provided) or 'no keyword arguments'}.",
-            "E014",
-            hint="Name the template fields after the URL's converters (or use {user...}).",
-        )
-    ]
-
-
-def _rule_messages(rule: LockRule, patterns: list[Any], position: int | None) -> list[Any]:
-    where = f"{SETTING}[{rule.index}]"
-    messages = _spec_messages(rule.spec, where, position)
-    if rule.path is not None:
-        messages += _missing_fields(
-            rule.spec, where, rule.path.pattern, frozenset(rule.path.groupindex)
-        )
-        return messages
-    matching = [(p, names) for p, names, view_name in patterns if view_name == rule.url_name]
-    if not matching:
-        messages.append(
-            _error(f"{where}: URL_NAME {rule.url_name!r} matches no URL pattern.", "E013")
-        )
-    for pattern, names in matching:
-        messages += _missing_fields(rule.spec, where, str(pattern.pattern), names)
-    return messages
-
-
-@checks.register(checks.Tags.urls)
-def check_request_locks(
-    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
-) -> list[checks.CheckMessage]:
-    """Validate ``REDLOCK_REQUEST_LOCKS``, ``REDLOCK_BUSY_STATUS`` and ``@request_lock`` views."""
-    messages: list[checks.CheckMessage] = []
-    status = getattr(settings, "REDLOCK_BUSY_STATUS", DEFAULT_BUSY_STATUS)
-    if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
-        messages.append(
-            _error(f"REDLOCK_BUSY_STATUS must be an int from 400 to 599, got {status!r}.", "E016")
-        )
-    rules, errors = _parsed_rules()
-    messages += errors
-    middleware = list(settings.MIDDLEWARE)
-    position = middleware.index(MIDDLEWARE_PATH) if MIDDLEWARE_PATH in middleware else None
-    if rules and position is None:
-        messages.append(
-            checks.Warning(
-                f"{SETTING} has rules, but {MIDDLEWARE_PATH} is not in MIDDLEWARE: they do "
-                "nothing.",
-                hint=f"Add {MIDDLEWARE_PATH} to MIDDLEWARE, after {AUTH_MIDDLEWARE}.",
-                id="django_redlock.W010",
-            )
-        )
-    patterns = _url_patterns()
-    for rule in rules:
-        messages += _rule_messages(rule, patterns, position)
-    for pattern, names, view_name in patterns:
-        specs: tuple[LockSpec, ...] = getattr(pattern.callback, SPECS_ATTR, ())
-        label = view_name or getattr(pattern.callback, "__qualname__", repr(pattern.callback))
-        for spec in specs:
-            where = f"@request_lock({spec.key.template!r}) on view {label!r}"
-            messages += _spec_messages(spec, where, None)
-            messages += _missing_fields(spec, where, str(pattern.pattern), names)
-    return messages
+__all__ = [
+    "AUTH_MIDDLEWARE",
+    "CHECK_IDS",
+    "MIDDLEWARE_PATH",
+    "check_request_locks",
+    "iter_url_patterns",
+]

@@ -5,7 +5,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .conf import MAX_NAME_LENGTH
+from .engine import MAX_NAME_LENGTH, RESERVED_MARK, TOKEN_LIMIT
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+#: ``timeout`` not given: the alias's ``TIMEOUT`` applies.
+UNSET: Any = _Unset()
 
 
 def check_name(name: Any) -> str:
@@ -14,26 +23,57 @@ def check_name(name: Any) -> str:
         raise TypeError(f"Lock name must be a str, not {type(name).__name__}.")
     if not name:
         raise ValueError("Lock name must not be empty.")
-    if name.startswith("__"):
+    if name.startswith(RESERVED_MARK):
         raise ValueError(
-            f"Lock name {name[:40]!r} starts with '__', which is reserved for django-redlock's "
-            "own keys; choose another name."
+            f"Lock name {name[:40]!r} starts with {RESERVED_MARK!r}, which is reserved for "
+            "django-redlock's own keys; choose another name."
         )
     if len(name) > MAX_NAME_LENGTH:
         raise ValueError(
             f"Lock name is {len(name)} characters long; the limit is {MAX_NAME_LENGTH}."
         )
+    if not name.isascii():
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                f"Lock name contains a lone surrogate ({name[exc.start]!r} at position "
+                f"{exc.start}); names must be encodable as UTF-8."
+            ) from None
     return name
 
 
-def check_ttl(ttl: Any) -> float:
-    """A lease TTL in seconds: a finite number > 0."""
+#: The fixed part of the clock-drift allowance, seconds (``AliasState.drift``).
+DRIFT_ALLOWANCE = 0.002
+#: ``DRIFT_FACTOR``'s default; ``check_ttl`` uses it unless told the alias's own.
+DEFAULT_DRIFT_FACTOR = 0.01
+
+
+def ttl_problem(ttl: float, drift_factor: float) -> str | None:
+    """Why a lease of ``ttl`` seconds can never be valid (None if it can): the engine counts
+    a lease valid for ``TTL - (TTL * DRIFT_FACTOR + 2 ms)`` minus the round trip."""
+    if ttl - (ttl * drift_factor + DRIFT_ALLOWANCE) > 0:
+        return None
+    shortest = DRIFT_ALLOWANCE / (1 - drift_factor)
+    return (
+        f"{ttl!r} s leaves no validity: a lease is valid for TTL - (TTL * DRIFT_FACTOR + 2 ms) "
+        f"minus the round trip, so with DRIFT_FACTOR {drift_factor!r} it must be above "
+        f"{shortest:.6g} s."
+    )
+
+
+def check_ttl(ttl: Any, drift_factor: float = DEFAULT_DRIFT_FACTOR) -> float:
+    """A lease TTL in seconds: a finite number > 0 that leaves some validity after the
+    alias's clock-drift allowance (see :func:`ttl_problem`)."""
     if isinstance(ttl, bool) or not isinstance(ttl, int | float):
         raise TypeError(f"ttl must be a number of seconds, not {type(ttl).__name__}.")
     if not math.isfinite(ttl) or ttl <= 0:
         raise ValueError(f"ttl must be a finite number of seconds > 0, got {ttl!r}.")
-    if ttl * 1000 >= 2**53:
+    if ttl * 1000 >= TOKEN_LIMIT:
         raise ValueError(f"ttl {ttl!r} is too large.")
+    problem = ttl_problem(ttl, drift_factor)
+    if problem is not None:
+        raise ValueError(f"ttl {problem}")
     return float(ttl)
 
 
@@ -51,6 +91,7 @@ def check_timeout(timeout: Any) -> float | None:
 
 
 def check_max_hold(max_hold: Any) -> float | None:
+    """How long auto-extend may keep renewing: ``None`` (no limit) or a number > 0."""
     if max_hold is None:
         return None
     if isinstance(max_hold, bool) or not isinstance(max_hold, int | float):

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from django_redlock import locks
+from django_redlock import context, locks
 from django_redlock.manager import LockManager
 from django_redlock.testing import RedisNodes
 
@@ -44,6 +44,15 @@ def _session_redlock(session_nodes: RedisNodes) -> Iterator[None]:
     yield
     locks.reset()
     settings.REDLOCK = old
+
+
+@pytest.fixture(autouse=True)
+def _no_active_leases() -> Iterator[None]:
+    """Each test starts with no active lease in this thread: a lease from acquire() that an
+    earlier test never released would otherwise keep guarding FencedModel writes here."""
+    context.clear()
+    yield
+    context.clear()
 
 
 @pytest.fixture

@@ -9,11 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.auth.models import Permission
 from django.db import transaction
 from django.test import Client
 from django.urls import reverse
+from django.utils.html import escape
 
 from django_redlock import inspect, locks
 from django_redlock.manager import LockManager
@@ -26,7 +28,7 @@ RELEASE = "admin:django_redlock_lock_release"
 
 
 def owner_of(lease: object) -> str:
-    owner: str = lease._state.owner  # type: ignore[attr-defined]
+    owner: str = lease._record.owner  # type: ignore[attr-defined]
     return owner
 
 
@@ -87,7 +89,8 @@ def test_viewer_lists_but_cannot_release(
     response = client.get(reverse(CHANGELIST), {"q": held.name})
     assert response.status_code == 200
     html = response.content.decode()
-    assert held.name in html and 'name="selected"' not in html
+    assert held.name in html and 'name="_selected_action"' not in html
+    assert 'name="action"' not in html
     with caplog.at_level(logging.WARNING, logger="django_redlock"):
         response = client.post(
             reverse(RELEASE), {"selected": selected("multi", held.name), "post": "yes"}
@@ -240,3 +243,71 @@ def test_force_release_fences_the_evicted_holder(admin_client: Client, unique_na
         assert old.release() is False
     finally:
         new.release()
+
+
+def test_force_release_is_a_django_admin_action(admin_client: Client, held: Any) -> None:
+    """Django's action machinery: the ``_selected_action`` checkboxes, the select-all box and
+    the counter of ``actions.js``, the action form posted to the changelist, the same
+    confirmation page and LogEntry."""
+    html = admin_client.get(reverse(CHANGELIST), {"q": held.name}).content.decode()
+    value = selected("multi", held.name)
+    assert f'name="{ACTION_CHECKBOX_NAME}" value="{escape(value)}" class="action-select"' in html
+    assert 'id="action-toggle"' in html and 'class="action-counter"' in html
+    assert "0 of 1 selected" in html and "admin/js/actions" in html
+    assert re.findall(r'<option value="(\w*)"', html) == ["", "force_release"]
+    assert 'name="select_across"' in html and 'name="index"' in html
+    assert 'action="/' not in html.split('id="changelist-form"')[1].split(">")[0]
+    url = reverse(CHANGELIST) + f"?q={held.name}"
+    page = admin_client.post(
+        url, {"action": "force_release", "index": "0", ACTION_CHECKBOX_NAME: value}
+    )
+    assert page.status_code == 200 and "Yes, release" in page.content.decode()
+    assert 'name="action" value="force_release"' in page.content.decode()
+    assert inspect.get_lock("multi", held.name)[0] is not None  # not yet
+    done = admin_client.post(
+        url, {"action": "force_release", ACTION_CHECKBOX_NAME: value, "post": "yes"}
+    )
+    assert done.status_code == 302 and done["Location"] == url
+    assert inspect.get_lock("multi", held.name) == (None, [])
+    entry = LogEntry.objects.get()
+    assert entry.action_flag == DELETION and entry.object_id == f"multi:{held.name}"
+
+
+def test_action_needs_a_choice_and_a_selection(admin_client: Client, held: Any) -> None:
+    """Go without an action, or without ticked locks: Django's warnings, nothing released."""
+    value = selected("multi", held.name)
+    for data, warning in (
+        ({"action": "", "index": "0", ACTION_CHECKBOX_NAME: value}, "No action selected"),
+        ({"action": "force_release", "index": "0"}, "Items must be selected"),
+        ({"action": "delete_selected", "index": "0", ACTION_CHECKBOX_NAME: value}, "No action"),
+    ):
+        done = admin_client.post(reverse(CHANGELIST), data, follow=True)
+        assert warning in done.content.decode()
+    assert inspect.get_lock("multi", held.name)[0] is not None
+    assert not LogEntry.objects.exists()
+
+
+@pytest.mark.parametrize("via", ["release-url", "action"])
+def test_tampered_values_never_give_500(admin_client: Client, held: Any, via: str) -> None:
+    """L8: an unknown alias is refused with a message on both POSTs; malformed values (not
+    JSON, wrong shape, reserved or invalid names) are dropped: never a 500."""
+
+    def post(values: list[str], **extra: str) -> Any:
+        if via == "release-url":
+            return admin_client.post(reverse(RELEASE), {"selected": values, **extra})
+        data = {ACTION_CHECKBOX_NAME: values, "action": "force_release", **extra}
+        return admin_client.post(reverse(CHANGELIST), data)
+
+    unknown = json.dumps(["nope", "order:1", 1, "0" * 16])
+    page = post([unknown])
+    assert page.status_code == 200 and "unknown alias &#x27;nope&#x27;" in page.content.decode()
+    done = post([unknown], post="yes")
+    assert done.status_code == 302
+    text = admin_client.get(done["Location"]).content.decode()
+    assert "Not released: unknown alias &#x27;nope&#x27;." in text
+    malformed = ["not json", "[1, 2]", json.dumps(["multi", held.name, "1", "x"])]
+    malformed += [json.dumps(["multi", name, 1, "x"]) for name in ("__fence__", "", "\ud800")]
+    for extra in ({}, {"post": "yes"}):
+        assert post(malformed, **extra).status_code == 302
+    assert inspect.get_lock("multi", held.name)[0] is not None
+    assert not LogEntry.objects.exists()

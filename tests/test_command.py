@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from io import StringIO
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -29,7 +30,7 @@ def run(*args: str) -> str:
 
 
 def owner_of(lease: object) -> str:
-    owner: str = lease._state.owner  # type: ignore[attr-defined]
+    owner: str = lease._record.owner  # type: ignore[attr-defined]
     return owner
 
 
@@ -151,7 +152,7 @@ def test_real_subprocess(
     env = {
         **os.environ,
         "REDLOCK_JSON": json.dumps({manager.alias: settings.REDLOCK[manager.alias]}),
-        "DJANGO_SETTINGS_MODULE": "tests.settings_subprocess",
+        "DJANGO_SETTINGS_MODULE": "tests.support.subprocess_settings",
         "PYTHONPATH": str(ROOT),
     }
     command = [sys.executable, "-m", "django", "redlock", "list", "--json"]
@@ -166,3 +167,68 @@ def test_real_subprocess(
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "unreachable" in lines[0], done.stderr
     assert json.loads(done.stdout)[0]["nodes_held"] == 2
+
+
+def failing(*args: str) -> tuple[str, CommandError]:
+    """Run a command that must fail: its stdout and its one-line error."""
+    out = StringIO()
+    with pytest.raises(CommandError) as excinfo:
+        call_command("redlock", *args, stdout=out, stderr=StringIO())
+    assert "\n" not in str(excinfo.value)
+    return out.getvalue(), excinfo.value
+
+
+def test_broken_alias_is_one_line_after_the_others(unique_name: str, settings: Any) -> None:
+    """An alias with invalid settings is an error line (no traceback); the other aliases are
+    still listed first, and ``--using`` that alias gives the JSON error document."""
+    settings.REDLOCK = {**settings.REDLOCK, "broken": {**settings.REDLOCK["default"], "TTL": -1}}
+    with locks["default"].lock(unique_name, ttl=30, timeout=0):
+        out, error = failing("list", "--prefix", unique_name, "--json")
+        assert "alias 'broken': invalid settings" in str(error) and "TTL" in str(error)
+        assert [row["name"] for row in json.loads(out)] == [unique_name]
+        for args in (("list",), ("show", unique_name), ("nodes",)):
+            out, error = failing(*args, "--using", "broken", "--json")
+            assert json.loads(out) == {"error": str(error), "code": "bad_settings"}
+        out, error = failing("nodes")
+        assert "broken" in str(error) and out.count(" up ") == 9
+
+
+def test_json_errors_print_an_error_document(unique_name: str) -> None:
+    """With ``--json`` an error that comes before the result prints ``{"error", "code"}``."""
+    out, error = failing("show", unique_name, "--json")
+    assert json.loads(out) == {"error": str(error), "code": "not_held"}
+    out, error = failing("list", "--using", "nope", "--json")
+    assert json.loads(out) == {"error": str(error), "code": "unknown_alias"}
+
+
+def test_release_on_unreachable_nodes_says_unreachable(
+    redis_nodes: RedisNodes, redlock_alias: Callable[..., LockManager]
+) -> None:
+    """With no node answering, ``release`` (and ``show``) say the nodes are unreachable, not
+    that the lock is not held."""
+    manager = redlock_alias(redis_nodes)
+    for node in redis_nodes:
+        node.kill()
+    _, error = failing("release", "anything", "--using", manager.alias)
+    assert "unreachable" in str(error) and "not held on alias" not in str(error)
+    assert "nothing was released" in str(error)
+    out, error = failing("show", "anything", "--using", manager.alias, "--json")
+    assert json.loads(out)["code"] == "unreachable" and "unreachable" in str(error)
+
+
+def test_broken_settings_in_a_subprocess(redis_nodes: RedisNodes) -> None:
+    """The L7 reproduction: ``redlock list`` with TTL -1 prints one stderr line, exit 1."""
+    broken = {"default": {"NODES": redis_nodes.urls[:1], "TTL": -1}}
+    env = {
+        **os.environ,
+        "REDLOCK_JSON": json.dumps(broken),
+        "DJANGO_SETTINGS_MODULE": "tests.support.subprocess_settings",
+        "PYTHONPATH": str(ROOT),
+    }
+    for args, stdout in ((["list"], ""), (["list", "--using", "default", "--json"], "{")):
+        command = [sys.executable, "-m", "django", "redlock", *args]
+        done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True)
+        assert done.returncode == 1
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "invalid settings" in lines[0], done.stderr
+        assert done.stdout.startswith(stdout)

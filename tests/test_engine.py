@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import multiprocessing
+import threading
 import time
 from typing import Any
 
@@ -15,14 +16,26 @@ from django.test import override_settings
 from django_redlock import lock, locks, signals
 from django_redlock.exceptions import LockLost, LockNotAcquired, NodesUnavailable
 from django_redlock.testing import RedisNodes
-
-from . import workers
+from tests.support import engine_workers as workers
 
 SPAWN = multiprocessing.get_context("spawn")
 
 
 def _keys(nodes: RedisNodes, pattern: str) -> list[list[bytes]]:
     return [list(node.client().scan_iter(match=pattern)) for node in nodes]
+
+
+@pytest.mark.parametrize("alias", ["default", "multi", "five"])
+def test_lock_excludes_second_holder(alias: str, unique_name: str) -> None:
+    """While one lease holds a name, a second acquire with timeout=0 is refused."""
+    manager = locks[alias]
+    with manager.lock(unique_name, ttl=5) as lease:
+        assert lease.token > 0
+        with pytest.raises(LockNotAcquired):
+            manager.acquire(unique_name, timeout=0)
+    again = manager.acquire(unique_name, timeout=0)
+    assert again.token > lease.token
+    assert again.release() is True
 
 
 def test_processes_lose_no_increment_on_five_nodes(session_nodes: RedisNodes, unique_name: str):
@@ -249,17 +262,17 @@ def test_waiter_is_woken_by_release(unique_name: str):
 
     import threading
 
-    manager.config = manager.config.__class__(**{**manager.config.__dict__, "retry_delay": 5.0})
+    manager.engine.state.retry_delay = 5.0  # each wait is the 0.8 s cap unless a release wakes
     try:
         thread = threading.Thread(target=wait)
         thread.start()
-        time.sleep(0.5)  # the waiter has failed once and is waiting
+        time.sleep(0.15)  # the waiter has failed once and is waiting
         released = time.monotonic()
         holder.release()
         thread.join(10)
     finally:
         locks.reset()
-    assert got and got[0] - released < 1.0
+    assert got and got[0] - released < 0.5  # its first backoff (0.8 s) would end 0.65 s later
 
 
 def test_timeout_zero_and_none(unique_name: str):
@@ -438,10 +451,11 @@ def test_releaser_that_handed_off_waits_in_line_without_an_attempt(
     redis_node_factory, redlock_alias, flavour: str
 ) -> None:
     """A holds, B waits; A releases (a hand-off to B) and asks again at once. A must not
-    spend a doomed acquire attempt on the reserved name: it marks the name and blocks in the
-    same write, B gets the lock, and B's release wakes A. Counted on the node: 7 script calls
-    in all (A acquire, B's failed attempt, A release, B acquire, B release, A acquire, A
-    release); an attempt by A right after its release would make 8."""
+    spend a doomed acquire attempt on the reserved name: it registers as a waiter and blocks in
+    the same write, B gets the lock, and B's release wakes A. Counted on the node: 7 lock script
+    calls (EVALSHA: A acquire, B's failed attempt, A release, B acquire, B release, A acquire,
+    A release) and A's registration (one EVAL, sent with its BLPOP); an attempt by A right
+    after its release would make 8 EVALSHA."""
     import threading
 
     (node,) = nodes = redis_node_factory(1)
@@ -475,10 +489,10 @@ def test_releaser_that_handed_off_waits_in_line_without_an_attempt(
         again = asyncio.run(a_again())
     thread.join(5)
     assert first.token < tokens["b"] < again.token  # B went first, then A
-    assert time.monotonic() - started < 1.5  # woken by B's release, not by a 2 s backoff
+    assert time.monotonic() - started < 0.7  # woken by B's release, not by a 0.8 s backoff
     stats = client.info("commandstats")
-    scripts = sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("evalsha", "eval"))
-    assert scripts == 7
+    calls = {c: stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("evalsha", "eval")}
+    assert calls == {"evalsha": 7, "eval": 1}
 
 
 @pytest.mark.parametrize("flavour", ["sync", "async"])
@@ -488,7 +502,7 @@ def test_waiter_gets_past_a_stale_pooled_wait_connection(
     """The BLPOP connection a waiter left in the pool is killed by the server (as an idle
     timeout or CLIENT KILL would): the next waiter notices at once, blocks on a fresh
     connection and is still woken by the release, instead of sleeping a whole backoff step
-    (RETRY_DELAY 5 s: 2 s). The async waiter keeps its pool on one event loop throughout."""
+    (RETRY_DELAY 5 s: 0.8 s). The async waiter keeps its pool on one event loop throughout."""
     import threading
 
     nodes = redis_node_factory(1)
@@ -508,7 +522,7 @@ def test_waiter_gets_past_a_stale_pooled_wait_connection(
         got: list[Any] = []
         thread = threading.Thread(target=lambda: got.append(wait_for(name)))
         thread.start()
-        time.sleep(0.3)  # the waiter failed once and blocks in BLPOP
+        time.sleep(0.15)  # the waiter failed once and blocks in BLPOP
         released = time.monotonic()
         holder.release()
         thread.join(10)
@@ -517,10 +531,11 @@ def test_waiter_gets_past_a_stale_pooled_wait_connection(
         return time.monotonic() - released
 
     try:
-        assert handed_over("a") < 1.0  # leaves one BLPOP connection in the pool
+        # a waiter not woken would get it at the end of its backoff, 0.65 s after the release
+        assert handed_over("a") < 0.45  # leaves one BLPOP connection in the pool
         killed = nodes[0].client().client_kill_filter(_type="normal", skipme=True)
         assert killed >= 2  # the pooled BLPOP connection and the lock channel's
-        assert handed_over("b") < 1.0
+        assert handed_over("b") < 0.45
     finally:
         asyncio.run_coroutine_threadsafe(loop.shutdown_asyncgens(), loop).result(5)
         loop.call_soon_threadsafe(loop.stop)
@@ -562,3 +577,231 @@ def test_node_wiped_without_restart_is_quarantined(redis_node_factory, redlock_a
         manager.acquire("q", ttl=1.0, timeout=0)
     assert a.validity > 0  # B was refused while A still held the lock
     a.release()
+
+
+def test_a_node_whose_connection_factory_raises_is_down_with_its_reason() -> None:
+    """A connection factory that raises (an invalid TLS option, a timeout that overflows) makes
+    the node "down" with that reason, with backoff: no thread dies with a traceback per call
+    (pytest turns one into an error) and the reason reaches the failure's errors (L1)."""
+    from django_redlock.engine import AcquireFailure, AliasState, Engine
+
+    def factory() -> Any:
+        raise ValueError("Invalid SSL Certificate Requirements Flag: bogus")
+
+    engine = Engine(AliasState("l1:", 0.05, 0.01, 5.0), ["bad"], [factory], [factory])
+    try:
+        for _ in range(20):
+            outcome = engine.acquire("x", 5.0, 0)
+            assert isinstance(outcome, AcquireFailure) and outcome.reason == "unavailable"
+        assert "Invalid SSL Certificate" in outcome.errors["bad"]
+        threads = [t for t in threading.enumerate() if t.name.startswith("redlock-connect")]
+        assert len(threads) <= 1  # backoff: not one reconnect thread per call
+    finally:
+        engine.close()
+
+
+# -- who waits (SPEC 10 "Waiting") ---------------------------------------------------------
+
+
+def _waiters(alias: str, name: str) -> int:
+    from django_redlock import inspection
+
+    info, errors = inspection.get_lock(alias, name)
+    assert info is not None and not errors
+    return info.waiters
+
+
+def _until(test: Any, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not test():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+@pytest.mark.parametrize("holds", [0.0, 0.05], ids=["releases-at-once", "holds-a-while"])
+@pytest.mark.parametrize("alias", ["default", "multi"])
+def test_timeout_zero_succeeds_after_the_woken_waiter_released(
+    alias: str, holds: float, flavour: str, unique_name: str
+) -> None:
+    """F5: A holds, B waits; A's release wakes B, B takes the name and releases it. Nobody
+    holds or waits for it now, so C's acquire(timeout=0) right after must succeed: B stopped
+    counting as a waiter when it won (its registration must not make B's release reserve the
+    name for nobody)."""
+    manager = locks[alias]
+    holder = manager.acquire(unique_name, ttl=10, timeout=0)
+    tokens: list[int] = []
+
+    async def take_async() -> None:
+        lease = await manager.aacquire(unique_name, timeout=10)
+        tokens.append(lease.token)
+        await asyncio.sleep(holds)
+        await lease.arelease()
+
+    def take() -> None:
+        if flavour == "async":
+            asyncio.run(take_async())
+            return
+        lease = manager.acquire(unique_name, timeout=10)
+        tokens.append(lease.token)
+        time.sleep(holds)
+        lease.release()
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    time.sleep(0.2)  # B has failed once and blocks
+    holder.release()
+    thread.join(10)
+    assert tokens and tokens[0] > holder.token  # B was woken and took it
+    again = manager.acquire(unique_name, timeout=0)  # C, right after B's release
+    assert again.token > tokens[0]
+    assert again.release() is True
+
+
+@pytest.mark.parametrize("alias", ["default", "multi"])
+def test_waiters_counts_live_waiters(alias: str, unique_name: str) -> None:
+    """Three threads waiting for a held name: inspection reports waiters == 3 (show and list,
+    also in as_dict() for --json); once each has had its turn, waiters == 0 and a new holder
+    takes the name with timeout=0."""
+    from django_redlock import inspection
+
+    manager = locks[alias]
+    holder = manager.acquire(unique_name, ttl=10, timeout=0)
+    turns: list[int] = []
+
+    def wait() -> None:
+        with manager.lock(unique_name, timeout=10) as lease:
+            turns.append(lease.token)
+            time.sleep(0.01)
+
+    threads = [threading.Thread(target=wait) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    _until(lambda: _waiters(alias, unique_name) == 3)
+    page = inspection.list_locks(using=[alias], prefix=unique_name)
+    assert [info.as_dict()["waiters"] for info in page.locks] == [3]
+    holder.release()
+    for thread in threads:
+        thread.join(10)
+    assert len(turns) == 3
+    again = manager.acquire(unique_name, ttl=10, timeout=0)
+    try:
+        assert _waiters(alias, unique_name) == 0
+    finally:
+        again.release()
+
+
+@pytest.mark.parametrize("alias", ["default", "multi"])
+def test_waiter_that_gave_up_stops_counting(alias: str, unique_name: str) -> None:
+    """A waiter whose timeout ran out no longer waits: at once it counts 0, and the holder's
+    release reserves nothing for it (acquire(timeout=0) right after succeeds)."""
+    manager = locks[alias]
+    holder = manager.acquire(unique_name, ttl=10, timeout=0)
+    with pytest.raises(LockNotAcquired):
+        manager.acquire(unique_name, timeout=0.3)
+    assert holder.release() is True
+    again = manager.acquire(unique_name, timeout=0)
+    try:
+        assert _waiters(alias, unique_name) == 0
+    finally:
+        again.release()
+
+
+@pytest.mark.parametrize("alias", ["default", "multi"])
+def test_waiter_killed_while_waiting_stops_counting_within_a_second(
+    alias: str, unique_name: str, session_nodes: RedisNodes
+) -> None:
+    """A waiter process SIGKILLed while it waits stops counting within 1 s: a release 1 s after
+    the kill reserves the name for nobody, so a third caller's acquire(timeout=0) right after it
+    succeeds, and inspection counts no waiter."""
+    manager = locks[alias]
+    nodes = list(session_nodes)[: len(manager.config.nodes)]
+    holder = manager.acquire(unique_name, ttl=10, timeout=0)
+    proc = SPAWN.Process(
+        target=workers.wait_for_lock, args=(settings.REDLOCK, alias, unique_name, 60)
+    )
+    proc.start()
+
+    def blocked() -> bool:  # the waiter failed its attempt and blocks in BLPOP
+        clients = [c for node in nodes for c in node.client().client_list()]
+        return any(c["cmd"] == "blpop" and "b" in c["flags"] for c in clients)
+
+    try:
+        _until(blocked, 60)
+    finally:
+        proc.kill()  # SIGKILL: no goodbye of any kind
+        proc.join(10)
+    time.sleep(1.02)  # its last registration was made before the kill and lives <= 1 s
+    assert holder.release() is True
+    reservation = f"{manager.config.key_prefix}__handoff__:{unique_name}"
+    assert not any(node.client().exists(reservation) for node in nodes)  # for nobody
+    again = manager.acquire(unique_name, timeout=0)  # right after the release
+    try:
+        assert _waiters(alias, unique_name) == 0
+    finally:
+        again.release()
+
+
+def test_acl_user_without_the_waiter_commands_still_locks_and_waits(
+    redis_node_factory, redlock_alias
+) -> None:
+    """An ACL user set up before the waiter sets existed (no TIME, ZADD, ZREM,
+    ZREMRANGEBYSCORE, ZCOUNT) keeps locking: waiter bookkeeping is never needed for safety.
+    Its waiters are not registered, so a release wakes nobody and the waiter gets the name
+    after its backoff instead."""
+    from tests.support.redis_acl import ACL_COMMANDS, acl_user_urls
+
+    waiter_commands = {"+time", "+zadd", "+zrem", "+zremrangebyscore", "+zcount"}
+    old = " ".join(c for c in ACL_COMMANDS.split() if c not in waiter_commands)
+    nodes = redis_node_factory(3)
+    urls = acl_user_urls(nodes, "old", "pw", "acl:", old)
+    manager = redlock_alias(urls, KEY_PREFIX="acl:", RETRY_DELAY=0.05)
+    holder = manager.acquire("n", ttl=5, timeout=0)
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(manager.acquire("n", timeout=5)))
+    thread.start()
+    time.sleep(0.2)  # the waiter failed and waits
+    assert not any(node.client().exists("acl:__waiters__:n") for node in nodes)  # refused
+    assert holder.release() is True
+    thread.join(10)
+    assert got and got[0].token > holder.token
+    assert got[0].release() is True
+    assert manager.acquire("n", timeout=0).release() is True
+
+
+def test_releaser_queueing_first_is_registered_on_every_node(redis_node_factory, redlock_alias):
+    """On 3 nodes, A releases to B (a hand-off) and asks again at once: A queues without an
+    attempt, so it registers itself on every node (the wake-up node with its BLPOP, the others
+    from a lock connection). While B holds, each node counts exactly one waiter (A; B stopped
+    counting when it won), so B's release reserves the name on every node for A."""
+    nodes = redis_node_factory(3)
+    manager = redlock_alias(nodes, TTL=5, RETRY_DELAY=5.0)
+    key = f"{manager.config.key_prefix}__waiters__:n"
+    first = manager.acquire("n", timeout=0)
+    tokens: dict[str, int] = {}
+    b_holds = threading.Event()
+
+    def b() -> None:
+        with manager.lock("n", timeout=10) as lease:
+            tokens["b"] = lease.token
+            b_holds.set()
+            time.sleep(0.3)
+
+    def live(node: Any) -> int:
+        client = node.client()
+        seconds, micros = client.time()
+        return int(client.zcount(key, f"({seconds * 1000 + micros // 1000}", "+inf"))
+
+    thread = threading.Thread(target=b)
+    thread.start()
+    time.sleep(0.15)  # B has failed once and blocks
+    first.release()
+    again: list[Any] = []
+    a = threading.Thread(target=lambda: again.append(manager.acquire("n", timeout=10)))
+    a.start()
+    assert b_holds.wait(5)
+    _until(lambda: [live(node) for node in nodes] == [1, 1, 1], 0.25)
+    thread.join(5)
+    a.join(5)
+    assert again and first.token < tokens["b"] < again[0].token
+    again[0].release()

@@ -1,4 +1,5 @@
-"""FencedModel: the database rejects stale lock holders (SPEC 5), on SQLite and PostgreSQL.
+"""FencedModel (docs/fencedmodel.md): the database rejects stale lock holders, on SQLite and
+PostgreSQL.
 
 Leases are real ones from the session's Redis nodes. Where a scenario needs an *older* lease
 next to a newer one, it takes two real leases in order and uses their tokens explicitly.
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 from django.core import checks
-from django.db import IntegrityError, models, transaction
+from django.db import IntegrityError, connection, models, transaction
 from django.db.models import F
 from django.db.transaction import TransactionManagementError
 from django.db.utils import DatabaseError
@@ -22,10 +23,10 @@ from django.test.utils import isolate_apps
 
 from django_redlock import locks
 from django_redlock.exceptions import LockLost, StaleTokenError
-from django_redlock.fencing import MAX_TOKEN
+from django_redlock.fencing import MAX_TOKEN, FencedQuerySet
 from django_redlock.models import FencedModel
 from testproject.inventory.models import Order, Product
-from tests.fenced_support import fence_oracle, is_postgres
+from tests.support.fencing import fence_oracle, is_postgres
 
 pytestmark = pytest.mark.usefixtures("fence_oracle")
 __all__ = ["fence_oracle"]
@@ -35,6 +36,16 @@ class StrictProduct(Product):
     """Test-only proxy: every write needs a token."""
 
     fence_required = True
+
+    class Meta:
+        proxy = True
+        app_label = "inventory"
+
+
+class DefaultAliasProduct(Product):
+    """Test-only proxy: fenced by leases of the ``default`` alias only."""
+
+    fence_alias = "default"
 
     class Meta:
         proxy = True
@@ -332,8 +343,11 @@ def test_bad_tokens_are_refused_before_any_sql(
 
 
 def test_check_constraint_refuses_negative_tokens(db: None):
-    with pytest.raises(IntegrityError), transaction.atomic():  # an unguarded, raw insert
-        Product.objects.bulk_create([Product(name="x", stock=1, fence_token=-1)])
+    table = Product._meta.db_table
+    with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(  # a raw insert: the model refuses -1 before any SQL
+            f"INSERT INTO {table} (name, stock, fence_token) VALUES (%s, %s, %s)", ["x", 1, -1]
+        )
 
 
 @isolate_apps("testproject.inventory")
@@ -464,6 +478,223 @@ def test_async_stale_save_and_delete_are_rejected(product: Product, unique_name:
     with rejected():
         async_to_sync(delete)(stale)
     assert row(product.pk) == {"name": "widget", "stock": 1, "fence_token": new}
+
+
+# -- upserts (FINDINGS H1) ---------------------------------------------------------------------
+
+UPSERT: dict[str, Any] = {
+    "update_conflicts": True,
+    "unique_fields": ["id"],
+    "update_fields": ["stock", "fence_token"],
+}
+
+
+def test_upsert_under_a_token_is_refused_before_any_sql(
+    product: Product, unique_name: str, django_assert_num_queries
+):
+    old, new = two_tokens(unique_name)
+    Product.objects.fenced(new).filter(pk=product.pk).update(stock=7)
+    zombie = [Product(pk=product.pk, name="zombie", stock=1)]
+    with django_assert_num_queries(0):
+        with pytest.raises(ValueError, match=r"update_conflicts=True.*claim\(\)"):
+            Product.objects.fenced(old).bulk_create(zombie, **UPSERT)
+        with locks["default"].lock(unique_name), pytest.raises(ValueError, match="fenced"):
+            Product.objects.bulk_create(zombie, **UPSERT)  # the active lease's token
+        with pytest.raises(StaleTokenError, match="requires a fencing token"):
+            StrictProduct.objects.bulk_create(zombie, **UPSERT)
+    assert row(product.pk) == {"name": "widget", "stock": 7, "fence_token": new}
+    fresh = Product(name="fresh", stock=2)  # ignore_conflicts never updates a row: allowed
+    Product.objects.fenced(old).bulk_create([*zombie, fresh], ignore_conflicts=True)
+    assert row(product.pk) == {"name": "widget", "stock": 7, "fence_token": new}
+    assert Product.objects.get(name="fresh").fence_token == old
+
+
+def test_unguarded_upsert_never_writes_the_token(product: Product, unique_name: str):
+    _, new = two_tokens(unique_name)
+    Product.objects.fenced(new).filter(pk=product.pk).update(stock=7)
+    Product.objects.bulk_create([Product(pk=product.pk, name="x", stock=3)], **UPSERT)
+    assert row(product.pk) == {"name": "widget", "stock": 3, "fence_token": new}
+    with pytest.raises(ValueError, match="never writes fence_token"):
+        Product.objects.bulk_create(
+            [Product(pk=product.pk, name="x", stock=3)],
+            **{**UPSERT, "update_fields": ["fence_token"]},
+        )
+
+
+# -- the base manager (FINDINGS L2) -------------------------------------------------------------
+
+
+def test_base_manager_writes_are_fenced(
+    product: Product, unique_name: str, django_assert_num_queries
+):
+    assert issubclass(Product._base_manager._queryset_class, FencedQuerySet)
+    assert Product._base_manager is not Product._default_manager  # never a filtering manager
+    with django_assert_num_queries(0), pytest.raises(StaleTokenError, match="requires a fencing"):
+        StrictProduct._base_manager.filter(pk=product.pk).update(stock=0)
+    order = Order.objects.create(product=product)
+    other = Product.objects.create(name="other", stock=1)
+    with locks["default"].lock(unique_name):  # older than `newer`, whose token the rows hold
+        newer = locks["default"].acquire(f"{unique_name}:newer", ttl=5)
+        newer.release()
+        Product.objects.fenced(newer.token).filter(pk=product.pk).update(stock=7)
+        Order.objects.fenced(newer.token).filter(pk=order.pk).update(quantity=2)
+        assert Product._base_manager.filter(pk=product.pk).update(stock=0) == 0
+        other.orders.add(order)  # Django moves it with Order._base_manager...update()
+    order.refresh_from_db()
+    assert (order.product_id, order.fence_token) == (product.pk, newer.token)
+    with locks["default"].lock(unique_name) as lease:
+        assert Product._base_manager.filter(pk=product.pk).update(stock=6) == 1
+    assert row(product.pk) == {"name": "widget", "stock": 6, "fence_token": lease.token}
+
+
+# -- no-op saves (FINDINGS M7) -------------------------------------------------------------------
+
+
+def test_empty_update_fields_leaves_the_loaded_token_alone(product: Product, unique_name: str):
+    with locks["default"].lock(unique_name) as lease:
+        loaded = Product.objects.get(pk=product.pk)
+        loaded.save(update_fields=[])  # "nothing changed": nothing is written
+        assert loaded.fence_token == 0
+        loaded.stock = 9
+        loaded.save(update_fields=["stock"])  # nobody else wrote: must not be rejected
+    assert row(product.pk) == {"name": "widget", "stock": 9, "fence_token": lease.token}
+
+
+# -- nested leases and aliases (FINDINGS L3) -----------------------------------------------------
+
+
+def test_nested_lease_write_rejects_the_outer_lease_and_says_why(
+    product: Product, unique_name: str
+):
+    with locks["default"].lock(unique_name) as outer:
+        claimed = Product.objects.claim(pk=product.pk)
+        with locks["default"].lock(f"{unique_name}:audit") as inner:  # a helper's own lock
+            Product.objects.filter(pk=product.pk).update(stock=9)
+        claimed.refresh_from_db()
+        claimed.stock = 8
+        with rejected() as caught:
+            claimed.save()
+    assert (caught.value.token, caught.value.row_token) == (outer.token, inner.token)
+    message = str(caught.value)
+    assert "expired or was taken over" not in message
+    assert "still holds its lock" in message and "nested" in message, message
+    assert "fenced(lease.token)" in message
+    assert row(product.pk)["stock"] == 9
+    with locks["default"].lock(unique_name) as outer:  # the way out: one lease's token
+        claimed = Product.objects.claim(pk=product.pk)
+        with locks["default"].lock(f"{unique_name}:audit"):
+            Product.objects.fenced(outer.token).filter(pk=product.pk).update(stock=7)
+        claimed.refresh_from_db()
+        claimed.stock -= 1
+        claimed.save()
+    assert row(product.pk) == {"name": "widget", "stock": 6, "fence_token": outer.token}
+
+
+def test_valid_lease_of_another_alias_is_not_called_stale(product: Product, unique_name: str):
+    probes = {alias: locks[alias].acquire(unique_name, ttl=5) for alias in ("default", "multi")}
+    for probe in probes.values():
+        probe.release()
+    high, low = sorted(probes, key=lambda alias: probes[alias].token, reverse=True)
+    with locks[high].lock(unique_name):  # the alias whose counter is ahead writes the row
+        Product.objects.claim(pk=product.pk)
+    with locks[low].lock(unique_name) as lease:
+        assert lease.token < row(product.pk)["fence_token"]  # per-alias counters: incomparable
+        with rejected() as caught:
+            Product.objects.claim(pk=product.pk)
+    message = str(caught.value)
+    assert "expired or was taken over" not in message
+    assert f"alias {low!r}" in message and "another alias" in message, message
+
+
+def test_fence_alias_refuses_leases_of_another_alias_before_any_sql(
+    product: Product, unique_name: str, django_assert_num_queries
+):
+    loaded = DefaultAliasProduct.objects.get(pk=product.pk)
+    writes = [
+        loaded.save,
+        loaded.delete,
+        lambda: DefaultAliasProduct.objects.filter(pk=product.pk).update(stock=0),
+        lambda: DefaultAliasProduct.objects.claim(pk=product.pk),
+        lambda: DefaultAliasProduct.objects.bulk_create([DefaultAliasProduct(name="n")]),
+    ]
+    with locks["multi"].lock(unique_name) as other, django_assert_num_queries(0):
+        for write in writes:
+            with pytest.raises(StaleTokenError, match="fenced by alias 'default'") as caught:
+                write()
+            assert (caught.value.token, caught.value.row_token) == (other.token, None)
+    with locks["default"].lock(unique_name) as lease:
+        claimed = DefaultAliasProduct.objects.claim(pk=product.pk)
+        claimed.stock = 4
+        claimed.save()
+    assert row(product.pk) == {"name": "widget", "stock": 4, "fence_token": lease.token}
+
+
+# -- multi-table inheritance (FINDINGS L4) -------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_multi_table_child_passes_checks_and_is_fenced(unique_name: str):
+    with isolate_apps("testproject.inventory") as registry:
+
+        class Item(FencedModel):  # the recipe of docs/fencedmodel.md
+            __module__ = Product.__module__
+            stock = models.IntegerField(default=0)
+
+            class Meta(FencedModel.Meta):
+                pass
+
+        class Special(Item):  # a multi-table child without a Meta of its own
+            __module__ = Product.__module__
+            extra = models.IntegerField(default=0)
+
+        app = registry.get_app_config("inventory")
+        found = checks.run_checks([app], tags=[checks.Tags.models], databases=["default"])
+        assert [(m.id, str(m.obj)) for m in found if m.level >= checks.WARNING] == []
+        assert [c.name for c in Item._meta.constraints] == ["inventory_item_fence_token_gte_0"]
+        assert Special._meta.constraints == []
+        with connection.schema_editor() as editor:
+            editor.create_model(Item)
+            editor.create_model(Special)
+        try:
+            with locks["default"].lock(unique_name) as first:
+                special = Special.objects.create(stock=3, extra=1)
+            with locks["default"].lock(unique_name) as second:
+                fresh = Special.objects.claim(pk=special.pk)
+                fresh.extra = 2
+                fresh.save()
+            special.stock = 0
+            with rejected("newer lease"):
+                special.save(fence_token=first.token)
+            stored = Special.objects.values_list("stock", "extra", "fence_token").get()
+            assert stored == (3, 2, second.token)
+        finally:
+            with connection.schema_editor() as editor:
+                editor.delete_model(Special)
+                editor.delete_model(Item)
+
+
+# -- tokens stored by unguarded inserts (FINDINGS L6) --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [(2**60, ValueError), (MAX_TOKEN, ValueError), (-1, ValueError), ("5", TypeError)],
+)
+def test_unguarded_writes_refuse_bad_tokens_before_any_sql(
+    db: None, value: Any, error: type[Exception], django_assert_num_queries
+):
+    with django_assert_num_queries(0):
+        with pytest.raises(error):
+            Product.objects.create(name="x", stock=1, fence_token=value)
+        with pytest.raises(error):
+            Product(pk=10**6, name="x", stock=1, fence_token=value).save()
+        with pytest.raises(error):
+            Product.objects.bulk_create([Product(name="x", stock=1, fence_token=value)])
+        with pytest.raises(error):
+            Product.objects.filter(name="x").update(fence_token=value)
+    assert not Product.objects.exists()
+    copied = Product.objects.create(name="copied", stock=1, fence_token=41)  # in range: kept
+    assert row(copied.pk)["fence_token"] == 41
 
 
 # -- the PostgreSQL oracle ----------------------------------------------------------------------

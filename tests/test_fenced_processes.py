@@ -1,6 +1,6 @@
 """FencedModel races between real processes ("spawn"), each with its own DB connection.
 
-The workers live in ``tests/fenced_support.py`` and connect to this session's *test* database
+The workers live in ``tests/support/fencing.py`` and connect to this session's *test* database
 (hence ``transaction=True``: their writes must be visible across connections).
 """
 
@@ -16,8 +16,8 @@ import pytest
 from django_redlock import locks
 from django_redlock.exceptions import StaleTokenError
 from testproject.inventory.models import Order, Product
-from tests import fenced_support
-from tests.fenced_support import fence_oracle, is_postgres, worker_config
+from tests.support import fencing
+from tests.support.fencing import fence_oracle, is_postgres, worker_config
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fence_oracle")]
 __all__ = ["fence_oracle"]
@@ -48,7 +48,7 @@ def _run_shop(use_lock: bool) -> dict[str, Any]:
     config = worker_config()
     processes = [
         SPAWN.Process(
-            target=fenced_support.buy_worker,
+            target=fencing.buy_worker,
             args=(config, product.pk, ATTEMPTS, use_lock, barrier, results),
         )
         for _ in range(WORKERS)
@@ -96,7 +96,7 @@ def test_zombie_process_write_is_rejected(unique_name: str):
     product = Product.objects.create(name="zombie", stock=10)
     go, results = SPAWN.Event(), SPAWN.Queue()
     worker = SPAWN.Process(
-        target=fenced_support.zombie_worker,
+        target=fencing.zombie_worker,
         args=(worker_config(), product.pk, unique_name, 0.5, go, results),
     )
     worker.start()
@@ -132,7 +132,7 @@ def test_token_rejects_older_tokens_across_processes(unique_name: str):
     for token, stock in ((newer.token, 5), (older.token, 1)):
         results = SPAWN.Queue()
         worker = SPAWN.Process(
-            target=fenced_support.write_worker,
+            target=fencing.write_worker,
             args=(worker_config(), product.pk, token, stock, results),
         )
         worker.start()

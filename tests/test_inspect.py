@@ -16,7 +16,7 @@ from django_redlock.testing import RedisNode, RedisNodes
 
 
 def owner_of(lease: object) -> str:
-    owner: str = lease._state.owner  # type: ignore[attr-defined]
+    owner: str = lease._record.owner  # type: ignore[attr-defined]
     return owner
 
 
@@ -193,3 +193,41 @@ def test_force_release_with_per_node_tokens(
     deleted, _ = inspect.force_release(manager.alias, "split", lease.token)
     assert deleted == 3
     assert all(node.client().exists(key) == 0 for node in redis_nodes)
+
+
+def test_waiters_counts_registrations_still_ahead_over_the_nodes(
+    redis_nodes: RedisNodes, redlock_alias: Callable[..., LockManager]
+) -> None:
+    """``waiters`` is, per node, how many registrations in the name's waiter set have a
+    deadline still ahead on that node's clock, and the largest count over the nodes: lapsed
+    registrations and a key that is not a sorted set count nothing. A page of locks reads it
+    in its one round trip per node (one EVAL for the whole page)."""
+    manager = redlock_alias(redis_nodes)
+    prefix = manager.config.key_prefix
+    leases = [manager.acquire(name, ttl=30, timeout=0) for name in ("w", "x")]
+    clients = [node.client() for node in redis_nodes]
+
+    def ahead(client: object, ms: int) -> int:
+        seconds, micros = client.time()  # type: ignore[attr-defined]
+        return int(seconds) * 1000 + int(micros) // 1000 + ms
+
+    first, second, third = clients
+    first.zadd(f"{prefix}__waiters__:w", {"a": ahead(first, 60_000), "b": ahead(first, 60_000)})
+    first.zadd(f"{prefix}__waiters__:w", {"lapsed": ahead(first, -1)})
+    second.zadd(f"{prefix}__waiters__:w", {"a": ahead(second, 60_000), "c": ahead(second, -5)})
+    third.set(f"{prefix}__waiters__:w", "not a sorted set")
+    third.zadd(f"{prefix}__waiters__:x", {"lapsed": ahead(third, -1)})
+    try:
+        for client in clients:
+            client.config_resetstat()
+        page = inspect.list_locks([manager.alias])
+        assert sorted((i.name, i.waiters) for i in page.locks) == [("w", 2), ("x", 0)]
+        for client in clients:
+            stats = client.info("commandstats")
+            assert (stats["cmdstat_eval"]["calls"], stats["cmdstat_get"]["calls"]) == (1, 2)
+        info, errors = inspect.get_lock(manager.alias, "w")
+        assert info is not None and not errors
+        assert json.loads(json.dumps(info.as_dict()))["waiters"] == 2
+    finally:
+        for lease in leases:
+            lease.release()

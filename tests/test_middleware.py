@@ -4,10 +4,13 @@ clients (sync and ``AsyncClient``) against real Redis nodes."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -16,11 +19,9 @@ from django.test import AsyncClient, Client
 from django_redlock import locks
 from django_redlock.conf import MAX_NAME_LENGTH
 from django_redlock.manager import Lease
-from django_redlock.middleware import parse_rule, request_rules
-from django_redlock.request_guard import KeyTemplate
-from tests.urls_requestlock import SEEN
+from tests.support.request_lock_urls import SEEN
 
-pytestmark = pytest.mark.urls("tests.urls_requestlock")
+pytestmark = pytest.mark.urls("tests.support.request_lock_urls")
 MIDDLEWARE_PATH = "django_redlock.middleware.RequestLockMiddleware"
 JSON = {"Accept": "application/json"}
 HTML = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
@@ -66,17 +67,19 @@ def is_free(name: str, using: str = "default") -> bool:
 
 @pytest.fixture
 def hold() -> Iterator[Callable[..., Lease]]:
-    """``hold(name)``: take a lock for the test, released at teardown."""
+    """``hold(name)``: take a lock for the test, released at teardown. Taken and released in
+    another thread, as another request would: the test's own requests never re-enter it."""
     held: list[Lease] = []
+    with ThreadPoolExecutor(1) as other:
 
-    def take(name: str, using: str = "default") -> Lease:
-        lease = locks[using].acquire(name, ttl=3, timeout=0)
-        held.append(lease)
-        return lease
+        def take(name: str, using: str = "default") -> Lease:
+            lease = other.submit(locks[using].acquire, name, ttl=3, timeout=0).result()
+            held.append(lease)
+            return lease
 
-    yield take
-    for lease in held:
-        lease.release()
+        yield take
+        for lease in held:
+            other.submit(lease.release).result()
 
 
 # -- the decorator, sync -------------------------------------------------------------------
@@ -333,43 +336,63 @@ def test_invalid_rules_fail_when_the_middleware_loads(
         client.post("/orders/1/pay/")
 
 
-# -- templates and rules ---------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("template", "message"),
-    [
-        ("order:{", "not a valid format string"),
-        ("order:{}", "positional"),
-        ("order:{0}", "positional"),
-        ("order:{id:{width}}", "nests"),
-        ("", "non-empty"),
-    ],
-)
-def test_bad_templates_are_rejected(template: str, message: str) -> None:
-    """Broken templates are rejected when built, with a message saying why."""
-    with pytest.raises(ImproperlyConfigured, match=message):
-        KeyTemplate(template, "here")
+# -- key templates: any URL value gives a valid, distinct name (M1, L5) ------------------------
+TRICKY = ["__fence__", "__x", "_", "_a", "{slug}", "%", "%25", "%-", "a:b", "a%3Ab", "x" * 600]
 
 
-def test_long_keys_are_hashed_within_the_name_limit() -> None:
-    """A key longer than 512 characters keeps a prefix and a SHA-256 tail (no ValueError)."""
-    template = KeyTemplate("doc:{slug}", "here")
-    name = template.fill({"slug": "x" * 2000})
-    other = template.fill({"slug": "x" * 1999 + "y"})
-    assert len(name) == MAX_NAME_LENGTH and name.startswith("doc:xxx")
-    assert name != other
+@pytest.fixture(params=["wsgi", "asgi"])
+def post(request: Any, client: Client, async_client: AsyncClient) -> Callable[[str], Any]:
+    """``post("/bare/x/")`` through WSGI, or through ASGI to the async view ``/abare/x/``."""
+    if request.param == "asgi":
+        return lambda path: run(async_client.post(f"/a{path[1:]}"))
+    return client.post
 
 
-def test_rule_defaults_and_normalisation() -> None:
-    """METHODS default to the unsafe methods and are upper-cased; TIMEOUT defaults to 0."""
-    rule = parse_rule(0, {"URL_NAME": "x", "KEY": "k"})
-    assert rule.methods == {"POST", "PUT", "PATCH", "DELETE"}
-    assert rule.spec.timeout == 0 and rule.spec.using == "default"
-    assert parse_rule(0, {"PATH": "^/", "KEY": "k", "METHODS": ["get"]}).methods == {"GET"}
+def lock_name(response: Any) -> str:
+    """The request's lock name, checked to be a valid name outside the reserved ``__`` keys."""
+    assert response.status_code == 200, response.content[:300]
+    name: str = response.json()["name"]
+    assert name and not name.startswith("__") and len(name) <= MAX_NAME_LENGTH
+    assert name.encode("utf-8")  # no lone surrogates
+    return name
 
 
-def test_rules_cache_follows_setting_changes(settings: Any) -> None:
-    """request_rules() is re-read when REDLOCK_REQUEST_LOCKS changes."""
-    settings.REDLOCK_REQUEST_LOCKS = [{"URL_NAME": "a", "KEY": "a"}]
-    assert [r.url_name for r in request_rules()] == ["a"]
-    settings.REDLOCK_REQUEST_LOCKS = [{"URL_NAME": "b", "KEY": "b"}]
-    assert [r.url_name for r in request_rules()] == ["b"]
+def test_template_starting_with_a_field_takes_any_value(
+    post: Callable[[str], Any], with_middleware: Callable[..., None]
+) -> None:
+    """``"{slug}"`` (decorator) and a ``PATH`` rule ``"{number}"``: values starting with ``__``,
+    empty, over-long or looking like a template all answer 200 with distinct valid names."""
+    with_middleware({"PATH": r"^/a?rule/(?P<number>[^/]*)/$", "KEY": "{number}"})
+    bare = {value: lock_name(post(f"/bare/{quote(value, safe='')}/")) for value in TRICKY}
+    rule = {v: lock_name(post(f"/rule/{quote(v, safe='')}/")) for v in [*TRICKY, "", "{number}"]}
+    assert len(set(bare.values())) == len(bare) and len(set(rule.values())) == len(rule)
+    assert rule[""] != "{number}"  # an empty value does not give the template itself
+    assert bare["a:b"] == "a:b" and bare["_a"] != "_a"  # readable unless ambiguous
+    surrogates = lock_name(post("/rawbare/%ED%A0%80/"))  # the view gets lone surrogates
+    assert surrogates not in bare.values()
+
+
+def test_crafted_values_do_not_take_another_values_lock(
+    post: Callable[[str], Any],
+    client: Client,
+    async_client: AsyncClient,
+    django_user_model: Any,
+    hold: Any,
+) -> None:
+    """L5: neither the hashed name of a long value (nor its old ``name[:447] + "#" + sha256``
+    form), nor a value holding the template's separator, gives another request's lock name:
+    holding one does not make the other busy."""
+    victim = f"{uuid.uuid4().hex}{'x' * 600}"
+    name = lock_name(post(f"/bare/{victim}/"))
+    hold(name)
+    old_style = victim[:447] + "#" + hashlib.sha256(victim.encode()).hexdigest()
+    for crafted in (name, old_style, name[: MAX_NAME_LENGTH - 1]):
+        assert lock_name(post(f"/bare/{quote(crafted, safe='')}/")) != name
+    slug = uuid.uuid4().hex
+    for username, path in ((f"c{slug}", f"/doc/{slug}:b/"), (f"b:c{slug}", f"/doc/{slug}/")):
+        user = django_user_model.objects.create_user(username, password="x")
+        client.force_login(user)
+        async_client.force_login(user)
+        name = lock_name(post(path))  # both were "doc:<slug>:b:c<slug>" before the fix
+        hold(name)
+    assert name.startswith(f"doc:{slug}:")

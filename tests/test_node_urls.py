@@ -5,30 +5,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from django_redlock import locks
+from django_redlock.conf import parse_alias
 from django_redlock.exceptions import NodesUnavailable
 from django_redlock.testing import RedisNodes
-
-#: The commands an ACL user of django-redlock needs (docs/algorithm.md repeats this list).
-ACL_COMMANDS = (
-    "+@connection +info +evalsha +eval +script|load +scan +blpop +rpush "
-    "+get +set +del +exists +pttl +pexpire +hget +hmget +hset +hincrby +hexists"
-)
-
-
-def acl_user_urls(
-    nodes: RedisNodes, user: str, password: str, prefix: str, commands: str = ACL_COMMANDS
-) -> list[str]:
-    """Create ``user`` on every node, confined to keys under ``prefix``, no pub/sub channels
-    and ``commands``; returns the nodes' URLs with its credentials."""
-    for node in nodes:
-        node.client().execute_command(
-            "ACL", "SETUSER", user, "on", f">{password}", f"~{prefix}*", "resetchannels",
-            *commands.split(),
-        )  # fmt: skip
-    return [url.replace("redis://", f"redis://{user}:{password}@") for url in nodes.urls]
+from tests.support.redis_acl import acl_user_urls
 
 
 def _round_trip(alias: str = "default") -> int:
@@ -76,3 +60,48 @@ def test_acl_user_with_password(redis_node) -> None:
             locks["default"].acquire("x", timeout=0)
         assert "wrong-secret" not in str(info.value)
         assert "wrong-secret" not in repr(info.value.errors)
+
+
+MISREAD_URLS = {
+    "port-0": ("redis://10.0.0.5:0/0?password=s3cret", "port 0"),
+    "db-not-a-number": ("redis://10.0.0.5:6380/O?password=s3cret", "'O'"),
+    "db-negative-path": ("redis://10.0.0.5:6380/-1", "'-1'"),
+    "db-two-segments": ("redis://10.0.0.5:6380/0/1", "'0/1'"),
+    "db-negative-query": ("unix:///run/redis.sock?db=-2&password=s3cret", "db -2"),
+    "db-query-not-a-number": ("unix:///run/redis.sock?db=O", "'db'"),
+    "socket-timeout-abc": ("redis://127.0.0.1:7301/0?socket_timeout=abc", "'socket_timeout'"),
+    "unknown-key": ("redis://127.0.0.1:7301/0?sockettimeout=1", "'sockettimeout'"),
+    "ssl-key-on-plain": ("redis://127.0.0.1:7301/0?ssl_cert_reqs=none", "'ssl_cert_reqs'"),
+    "ssl-cert-reqs-bogus": ("rediss://127.0.0.1:7306/0?ssl_cert_reqs=bogus", "bogus"),
+    "protocol-4": ("redis://127.0.0.1:7301/0?protocol=4", "protocol"),
+}
+
+
+@pytest.mark.parametrize(("url", "says"), list(MISREAD_URLS.values()), ids=list(MISREAD_URLS))
+def test_urls_redis_py_would_misread_or_reject_are_refused(url: str, says: str) -> None:
+    """M6: a URL that redis-py would silently rewrite (port 0 -> 6379, a db path that is not a
+    number -> db 0) or reject later (bad or unknown query parameters) is ImproperlyConfigured
+    at parse time, naming the alias, ``NODES[i]`` and the problem, never the password."""
+    with pytest.raises(ImproperlyConfigured) as info:
+        parse_alias("x", {"NODES": ["redis://127.0.0.1:6379/0", url]})
+    message = str(info.value)
+    assert message.startswith("REDLOCK['x']['NODES[1]']: ") and says in message, message
+    assert "s3cret" not in message
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://h",
+        "redis://h/",
+        "redis://h:6379/15",
+        "redis://[::1]:6379/0",
+        "redis://u:p%40ss@h/0?socket_keepalive=true&health_check_interval=5",
+        "rediss://h/0?ssl_cert_reqs=none&ssl_check_hostname=false",
+        "unix:///run/redis.sock?db=2&password=pw",
+        "unix://user:pw@/run/redis.sock",
+    ],
+)
+def test_urls_redis_py_reads_as_written_are_accepted(url: str) -> None:
+    """M6: the forms redis-py documents (and reads as written) still parse."""
+    assert parse_alias("x", {"NODES": [url]}).nodes[0].url == url

@@ -24,7 +24,7 @@ from django_redlock.testing import (
     RedisServerNotFound,
     find_redis_server,
 )
-from django_redlock.testing import nodes as nodes_module
+from django_redlock.testing import node as nodes_module
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -200,9 +200,9 @@ def test_port_clash_at_first_start_retries_on_new_port(monkeypatch: pytest.Monke
         squatter.listen()
         busy = squatter.getsockname()[1]
         ports = iter([busy])
-        real_free_port = nodes_module._free_port
+        real_free_port = nodes_module.free_port
         monkeypatch.setattr(
-            nodes_module, "_free_port", lambda: next(ports, None) or real_free_port()
+            nodes_module, "free_port", lambda: next(ports, None) or real_free_port()
         )
         with RedisNode() as node:
             assert node.port != busy

@@ -1,0 +1,66 @@
+"""The lock engine: Redlock, fencing tokens and waiting, with no Django in it.
+
+Layers, each importing only the ones below it::
+
+    core.Engine          the facade: acquire / extend / release / force_release (+ asyncio)
+    policy               when to try again and when to renew (I/O-free generators)
+    plans, trust         the algorithm: one attempt, release, renewal, rejoining nodes
+                         (I/O-free generators of requests; tests/test_plans.py drives them)
+    state, keyspace,     what plans know; key names, limits and the lock value format;
+    scripts, replies     the Lua scripts with their reply codes; requests and replies
+    transport/           pipelined calls to the nodes: sync, asyncio, BLPOP wake-ups, and the
+                         one module that touches redis-py's internals
+
+The Django layer (``django_redlock.manager`` and the modules that use it) imports only what
+this module exports.
+"""
+
+from __future__ import annotations
+
+from .core import Engine, Outcome
+from .keyspace import (
+    GLOB_CHARACTERS,
+    MAX_NAME_LENGTH,
+    RESERVED_MARK,
+    TOKEN_LIMIT,
+    Keyspace,
+    LockValue,
+    as_text,
+    escape_glob,
+    quorum,
+)
+from .policy import Pause, Renew, Stepper, renewal_policy
+from .scripts import WAITING
+from .state import LOST, RENEWED, UNCONFIRMED, AcquireFailure, AliasState, LeaseRecord, Renewal
+from .transport.aio import AsyncConnectionFactory
+from .transport.base import describe
+from .transport.sync import ConnectionFactory
+
+__all__ = [
+    "GLOB_CHARACTERS",
+    "LOST",
+    "MAX_NAME_LENGTH",
+    "RENEWED",
+    "RESERVED_MARK",
+    "TOKEN_LIMIT",
+    "UNCONFIRMED",
+    "WAITING",
+    "AcquireFailure",
+    "AliasState",
+    "AsyncConnectionFactory",
+    "ConnectionFactory",
+    "Engine",
+    "Keyspace",
+    "LeaseRecord",
+    "LockValue",
+    "Outcome",
+    "Pause",
+    "Renew",
+    "Renewal",
+    "Stepper",
+    "as_text",
+    "describe",
+    "escape_glob",
+    "quorum",
+    "renewal_policy",
+]

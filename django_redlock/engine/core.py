@@ -1,24 +1,46 @@
-"""The engine of one alias: channels to its nodes, and the sync and async plan drivers."""
+"""The engine of one alias: pools of channels to its nodes, and the drivers that run the plans
+and policies on them, blocking or asyncio."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
+import time
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Sequence
+from typing import Any, TypeVar
 
-from .alinks import AsyncChannel, AsyncConnectionFactory
-from .links import Channel, ConnectionFactory
-from .plans import AliasState, NodeState, Plan
-from .waiting import ReleaseWaiter
+from . import forks
+from .keyspace import new_waiter
+from .plans import acquire_plan, extend_plan, force_release_plan, register_plan, release_plan
+from .policy import AcquireStep, Attempt, AwaitRelease, Stepper, acquire_policy, registration_ms
+from .replies import Request
+from .state import (
+    HANDOFF_MS,
+    Abandoned,
+    AcquireFailure,
+    AliasState,
+    LeaseRecord,
+    NodeView,
+    Plan,
+    Renewal,
+)
+from .transport.aio import AsyncChannel, AsyncConnectionFactory
+from .transport.blpop import ReleaseWaiter
+from .transport.sync import Channel, ConnectionFactory
 
-PlanMaker = Callable[[Sequence[NodeState]], Plan]
+T = TypeVar("T")
+PlanMaker = Callable[[Sequence[NodeView]], Plan[T]]
+Outcome = LeaseRecord | AcquireFailure
+
+#: At most this many recent hand-offs are remembered per alias (then forgotten at once).
+HANDOFFS_KEPT = 1024
 
 
 class Engine:
-    """Runs lock plans against the nodes of one alias. Thread-safe; knows nothing of Django."""
+    """Acquires, renews and releases the locks of one alias. Thread-safe; knows no Django."""
 
     def __init__(
         self,
@@ -31,49 +53,203 @@ class Engine:
         self.labels = list(labels)
         self._factories = list(factories)
         self._async_factories = list(async_factories)
+        self._start_afresh()
+
+    def _start_afresh(self) -> None:
+        """New pools and bookkeeping: at creation, and in a child process after a fork (the
+        parent's connections are dropped unused; closing their file descriptors here sends
+        nothing and leaves the parent's connections working)."""
+        self.generation = forks.generation()
+        self.state.pid = os.getpid()
         self._free: list[Channel] = []
         self._all: list[Channel] = []
-        self._guard = threading.Lock()
+        self._mutex = threading.Lock()
         self._async_free: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, list[AsyncChannel]
         ] = weakref.WeakKeyDictionary()
         self._closers: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, AsyncGenerator[None, None]
         ] = weakref.WeakKeyDictionary()
-        self.waiter = ReleaseWaiter(factories, async_factories)
+        self.waiter = ReleaseWaiter(self._factories, self._async_factories)
         self._async_waiting: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, list[list[Any]]
         ] = weakref.WeakKeyDictionary()
+        #: name -> until when (monotonic) a release here reserved it for a woken waiter
+        self._handoffs: dict[str, float] = {}
 
     @property
     def node_count(self) -> int:
         return len(self.labels)
 
-    # -- sync ----------------------------------------------------------------------------
-    def run(self, make_plan: PlanMaker, pinned: Channel | None = None) -> tuple[Any, Channel]:
-        """Run a plan to its end on one channel; returns its result and the channel used."""
-        if pinned is not None:
+    # -- the facade: blocking ------------------------------------------------------------
+    def acquire(self, name: str, ttl: float, timeout: float | None) -> Outcome:
+        """Attempts until one wins or ``timeout`` runs out (0: one attempt; None: forever)."""
+        self._check_fork()
+        started, queue_first = time.monotonic(), self._queue_first(name, timeout)
+        waiting = _Waiting.of(started, timeout)
+        first = None
+        if not queue_first:  # the common case: one attempt, no policy needed if it wins
+            first = _pin(*self._run(self._attempt(name, ttl, waiting, False)))
+            if isinstance(first, LeaseRecord) or timeout == 0:
+                return first
+        run = Stepper(self._policy(timeout, queue_first, first, started))
+        while run.step is not None:
+            if isinstance(run.step, Attempt):
+                run.send(_pin(*self._run(self._attempt(name, ttl, waiting, run.step.woken))))
+            elif isinstance(run.step, AwaitRelease):
+                mark = waiting if run.step.mark else None
+                run.send(self.wait_release(name, run.step.seconds, mark=mark))
+            else:
+                time.sleep(run.step.seconds)
+                run.send(None)
+        assert run.result is not None
+        return run.result
+
+    def extend(self, lease: LeaseRecord, ttl: float) -> Renewal:
+        """Renew ``lease`` to ``ttl`` (renewed, lost, or unconfirmed: see ``extend_plan``)."""
+        return self._run(lambda nodes: extend_plan(self.state, nodes, lease, ttl), lease.pinned)[0]
+
+    def release(self, lease: LeaseRecord) -> bool:
+        """Release ``lease``; True if it was still held."""
+        held = self._run(lambda nodes: release_plan(self.state, nodes, lease), lease.pinned)[0]
+        return self._released(lease, held)
+
+    def force_release(self, name: str, expected: str = "") -> int:
+        """Delete ``name`` on every node (only a value equal to ``expected``, if given),
+        advancing the fence counter; returns how many nodes deleted it."""
+        return self._run(lambda nodes: force_release_plan(self.state, nodes, name, expected))[0]
+
+    # -- the facade: asyncio -------------------------------------------------------------
+    async def aacquire(self, name: str, ttl: float, timeout: float | None) -> Outcome:
+        """Asyncio twin of :meth:`acquire`."""
+        self._check_fork()
+        started, queue_first = time.monotonic(), self._queue_first(name, timeout)
+        waiting = _Waiting.of(started, timeout)
+        first = None
+        if not queue_first:
+            first = _pin(*await self._arun(self._attempt(name, ttl, waiting, False)))
+            if isinstance(first, LeaseRecord) or timeout == 0:
+                return first
+        run = Stepper(self._policy(timeout, queue_first, first, started))
+        while run.step is not None:
+            if isinstance(run.step, Attempt):
+                attempt = self._attempt(name, ttl, waiting, run.step.woken)
+                run.send(_pin(*await self._arun(attempt)))
+            elif isinstance(run.step, AwaitRelease):
+                mark = waiting if run.step.mark else None
+                run.send(await self.await_release(name, run.step.seconds, mark=mark))
+            else:
+                await asyncio.sleep(run.step.seconds)
+                run.send(None)
+        assert run.result is not None
+        return run.result
+
+    async def aextend(self, lease: LeaseRecord, ttl: float) -> Renewal:
+        """Asyncio twin of :meth:`extend`."""
+        plan = lambda nodes: extend_plan(self.state, nodes, lease, ttl)  # noqa: E731
+        return (await self._arun(plan, lease.pinned))[0]
+
+    async def arelease(self, lease: LeaseRecord) -> bool:
+        """Asyncio twin of :meth:`release`."""
+        plan = lambda nodes: release_plan(self.state, nodes, lease)  # noqa: E731
+        return self._released(lease, (await self._arun(plan, lease.pinned))[0])
+
+    async def aforce_release(self, name: str, expected: str = "") -> int:
+        """Asyncio twin of :meth:`force_release`."""
+        plan = lambda nodes: force_release_plan(self.state, nodes, name, expected)  # noqa: E731
+        return (await self._arun(plan))[0]
+
+    def _check_fork(self) -> None:
+        if self.generation != forks.generation():
+            self._start_afresh()
+
+    def owns(self, lease: LeaseRecord) -> bool:
+        """False for a lease this process's parent acquired before a fork."""
+        return lease.generation == forks.generation()
+
+    # -- policy helpers ------------------------------------------------------------------
+    def _queue_first(self, name: str, timeout: float | None) -> bool:
+        return timeout != 0 and self._handed_off_here(name)
+
+    def _policy(
+        self,
+        timeout: float | None,
+        queue_first: bool,
+        first: Outcome | None,
+        started: float,
+    ) -> Generator[AcquireStep, Any, Outcome]:
+        failure = first if isinstance(first, AcquireFailure) else None
+        return acquire_policy(
+            self.state.retry_delay, timeout, queue_first=queue_first, first=failure, started=started
+        )
+
+    def _attempt(
+        self, name: str, ttl: float, waiting: _Waiting | None, woken: bool
+    ) -> PlanMaker[Outcome]:
+        state = self.state
+        if waiting is None:  # timeout=0: never registers as a waiter
+            return lambda nodes: acquire_plan(state, nodes, name, ttl, woken=woken)
+        waiter, deadline = waiting.waiter, waiting.deadline
+        return lambda nodes: acquire_plan(
+            state, nodes, name, ttl, waiter=waiter, mark_ms=registration_ms(deadline), woken=woken
+        )
+
+    def _released(self, lease: LeaseRecord, held: bool) -> bool:
+        if lease.handed_off:
+            if len(self._handoffs) >= HANDOFFS_KEPT:
+                self._handoffs.clear()
+            self._handoffs[lease.name] = time.monotonic() + HANDOFF_MS / 1000
+        return held
+
+    def _handed_off_here(self, name: str) -> bool:
+        """True while a release in this process has just reserved ``name`` for a woken
+        waiter: a first attempt would fail, so the caller queues at once instead."""
+        until = self._handoffs.pop(name, None)
+        return until is not None and until > time.monotonic()
+
+    # -- blocking driver -----------------------------------------------------------------
+    def _run(self, make_plan: PlanMaker[T], pinned: Any = None) -> tuple[T, Channel]:
+        """Run a plan to its end on one channel (``pinned`` if it is a blocking one)."""
+        self._check_fork()
+        if isinstance(pinned, Channel) and pinned in self._all:
             with pinned.mutex:
                 return _drive(make_plan, pinned), pinned
         # pool checkout inline (no context manager): this is the hot path of every call
-        with self._guard:
+        with self._mutex:
             channel = self._free.pop() if self._free else None
         if channel is None:
             channel = Channel(self.labels, self._factories, self.state.busy_poll)
-            with self._guard:
+            with self._mutex:
                 self._all.append(channel)
         try:
             with channel.mutex:
                 return _drive(make_plan, channel), channel
         finally:
-            with self._guard:
+            with self._mutex:
                 self._free.append(channel)
 
-    # -- async ---------------------------------------------------------------------------
+    def wait_release(self, name: str, seconds: float, *, mark: _Waiting | None = None) -> bool:
+        """Wait up to ``seconds`` for a release of ``name`` to wake this thread (True if so);
+        ``mark``: first register this waiter (when no failed attempt did)."""
+        mark_ms = 0 if mark is None else registration_ms(mark.deadline)
+        before = None
+        if mark is not None and mark_ms > 0:
+            if self.node_count > 1:
+                self._run(self._register_elsewhere(name, mark.waiter, mark_ms))
+            before = self.state.mark_command(name, mark.waiter, mark_ms)
+        return self.waiter.wait(self.state.keys.wake(name), name, seconds, before)
+
+    def _register_elsewhere(self, name: str, waiter: str, mark_ms: int) -> PlanMaker[None]:
+        """Register ``waiter`` on the nodes other than the wake-up node (fire-and-forget); the
+        wake-up node gets it with the ``BLPOP``."""
+        state = self.state
+        return lambda nodes: register_plan(state, nodes, name, waiter, mark_ms)
+
+    # -- asyncio driver ------------------------------------------------------------------
     @contextlib.asynccontextmanager
-    async def achannel(self, pinned: AsyncChannel | None = None) -> AsyncIterator[AsyncChannel]:
+    async def achannel(self, pinned: Any = None) -> AsyncIterator[AsyncChannel]:
         loop = asyncio.get_running_loop()
-        if pinned is not None and pinned in self._async_free.get(loop, ()):
+        if isinstance(pinned, AsyncChannel) and pinned in self._async_free.get(loop, ()):
             async with pinned.mutex:
                 yield pinned
             return
@@ -92,59 +268,113 @@ class Engine:
         channel = AsyncChannel(self.labels, self._async_factories, self.state.node_timeout)
         async with channel.mutex:  # held while connecting so no other task uses it half-made
             pool.append(channel)
-            await channel.connect()
+            try:
+                await channel.connect()
+            except BaseException:  # cancelled while connecting: never leave it half-made
+                pool.remove(channel)
+                await asyncio.shield(channel.close())
+                raise
             yield channel
 
-    async def arun(
-        self, make_plan: PlanMaker, pinned: AsyncChannel | None = None
-    ) -> tuple[Any, AsyncChannel]:
+    async def _arun(self, make_plan: PlanMaker[T], pinned: Any = None) -> tuple[T, AsyncChannel]:
+        self._check_fork()
         async with self.achannel(pinned) as channel:
             await channel.prepare()
             plan = make_plan(channel.links)
             try:
                 request = next(plan)
                 while True:
-                    request = plan.send(await channel.execute(request))
-            except StopIteration as stop:
-                return stop.value, channel
+                    try:
+                        replies = await channel.execute(request)
+                    except BaseException:  # cancelled (task.cancel, wait_for, timeout) mid-call
+                        _abandon(plan, channel.send_now)
+                        raise
+                    request = plan.send(replies)
+            except StopIteration as done:
+                return done.value, channel
 
-    async def await_release(self, name: str, seconds: float, *, mark: bool = False) -> bool:
-        """Wait up to ``seconds`` for a release of ``name`` to wake this task (True if so);
-        ``mark``: first mark the name as wanted (when no failed attempt did)."""
-        async with self.achannel():  # makes sure this loop's state (and its closer) exists
-            pass
+    async def await_release(
+        self, name: str, seconds: float, *, mark: _Waiting | None = None
+    ) -> bool:
+        """Asyncio twin of :meth:`wait_release`."""
+        mark_ms = 0 if mark is None else registration_ms(mark.deadline)
+        before = None
+        if mark is not None and mark_ms > 0 and self.node_count > 1:
+            await self._arun(self._register_elsewhere(name, mark.waiter, mark_ms))
+        else:
+            async with self.achannel():  # makes sure this loop's state (and its closer) exists
+                pass
+        if mark is not None and mark_ms > 0:
+            before = self.state.mark_command(name, mark.waiter, mark_ms)
         idle = self._async_waiting[asyncio.get_running_loop()]
         return await self.waiter.await_release(
-            self.state.wake_key(name), name, seconds, idle, self._mark(name, mark)
+            self.state.keys.wake(name), name, seconds, idle, before
         )
 
-    def wait_release(self, name: str, seconds: float, *, mark: bool = False) -> bool:
-        """Wait up to ``seconds`` for a release of ``name`` to wake this thread (True if so);
-        ``mark``: first mark the name as wanted (when no failed attempt did)."""
-        return self.waiter.wait(self.state.wake_key(name), name, seconds, self._mark(name, mark))
-
-    def _mark(self, name: str, mark: bool) -> tuple[str, ...] | None:
-        return self.state.mark_command(name) if mark else None
-
     def close(self) -> None:
-        """Close every sync connection (asyncio ones are closed with their event loop)."""
+        """Close every blocking connection (asyncio ones are closed with their event loop)."""
         self.waiter.close()
-        with self._guard:
+        with self._mutex:
             channels, self._all, self._free = self._all, [], []
         for channel in channels:
             with channel.mutex:
                 channel.close()
 
 
-def _drive(make_plan: PlanMaker, channel: Channel) -> Any:
+class _Waiting:
+    """One ``acquire()`` call that waits: its waiter id (one per call, registered on the nodes
+    by its failed attempts) and its deadline (``time.monotonic()``; None: no timeout)."""
+
+    __slots__ = ("deadline", "waiter")
+
+    def __init__(self, waiter: str, deadline: float | None) -> None:
+        self.waiter = waiter
+        self.deadline = deadline
+
+    @classmethod
+    def of(cls, started: float, timeout: float | None) -> _Waiting | None:
+        """None for ``timeout=0`` (one attempt, never registered)."""
+        if timeout == 0:
+            return None
+        return cls(new_waiter(), None if timeout is None else started + timeout)
+
+
+def _pin(result: Outcome, channel: Channel | AsyncChannel) -> Outcome:
+    """Remember the channel a won lease was acquired on (its renewals and release follow it)
+    and the process generation it belongs to."""
+    if isinstance(result, LeaseRecord):
+        result.pinned = channel
+        result.generation = forks.generation()
+    return result
+
+
+def _drive(make_plan: PlanMaker[T], channel: Channel) -> T:
+    # the generator protocol by hand, not a Stepper: this loop runs for every lock call
     channel.prepare()
     plan = make_plan(channel.links)
     try:
         request = next(plan)
         while True:
-            request = plan.send(channel.execute(request))
-    except StopIteration as stop:
-        return stop.value
+            try:
+                replies = channel.execute(request)
+            except BaseException:  # an interrupt (KeyboardInterrupt, a worker timeout) mid-call
+                _abandon(plan, channel.execute)
+                raise
+            request = plan.send(replies)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+def _abandon(plan: Plan[Any], send_now: Callable[[Request], Any]) -> None:
+    """The caller gave up while a request was in flight: let the plan undo what it may have
+    done (fire-and-forget requests, sent at once), whatever it was."""
+    try:
+        request = plan.throw(Abandoned())
+        while True:
+            send_now(request)
+            request = plan.send([None] * len(request.calls))
+    except (Abandoned, StopIteration):
+        pass
 
 
 async def _close_at_loop_shutdown(

@@ -1,7 +1,9 @@
-"""What a node answered to one call, shared by the sync and async links."""
+"""What plans ask of the nodes and what the nodes answered: the vocabulary between the plans
+and the transport (sync and asyncio alike)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +23,15 @@ class Call:
         return (*head, len(self.keys), *self.keys, *self.args)
 
 
+#: The reason of a call whose node did not answer by the request's deadline.
+TIMED_OUT = "timed out"
+#: The reason of a call still unanswered when the request was settled early (its outcome was
+#: already decided by the other replies): the node may be healthy, it was just not waited for.
+NOT_AWAITED = "not awaited (the attempt was decided without its reply)"
+#: Reasons that say nothing against the node: it may answer (and have run the call) later.
+SILENT = (TIMED_OUT, NOT_AWAITED)
+
+
 @dataclass(frozen=True, slots=True)
 class NodeFailure:
     """A call that got no usable answer: the node is down, timed out, or replied an error.
@@ -36,25 +47,51 @@ class NodeFailure:
 
 
 class Slot:
-    """The reply to one call, filled when the node answers (or fails)."""
+    """The reply to one call, filled when the node answers (or fails); ``notify`` (asyncio)
+    is called after each fill, so a waiting request wakes once it is settled."""
 
-    __slots__ = ("call", "done", "value")
+    __slots__ = ("call", "done", "notify", "value")
 
-    def __init__(self, call: Call | None) -> None:
+    def __init__(self, call: Call | None, notify: Callable[[], None] | None = None) -> None:
         self.call = call
         self.done = False
         self.value: Any = None
+        self.notify = notify
 
     def fill(self, value: Any) -> None:
         self.value = value
         self.done = True
+        if self.notify is not None:
+            self.notify()
 
-    def result(self) -> Any:
-        """The reply, or a :class:`NodeFailure` when none arrived (yet)."""
-        return self.value if self.done else NodeFailure("timed out")
+    def result(self, *, expired: bool = True) -> Any:
+        """The reply, or a :class:`NodeFailure` when none arrived: ``timed out`` once the
+        request's deadline has passed (``expired``), else ``not awaited``."""
+        if self.done:
+            return self.value
+        return NodeFailure(TIMED_OUT if expired else NOT_AWAITED)
+
+
+def failed_slot(call: Call | None, reason: str) -> Slot:
+    """A slot for a call that never left this process (so it cannot have taken effect)."""
+    slot = Slot(call)
+    slot.fill(NodeFailure(reason, sent=False))
+    return slot
 
 
 def is_noscript(value: Any) -> bool:
     return isinstance(value, NodeFailure) and (
         value.reason.startswith("NoScriptError") or "NOSCRIPT" in value.reason
     )
+
+
+@dataclass
+class Request:
+    """Send ``calls`` (index = node) and collect replies until ``settled`` or ``timeout``.
+
+    ``wait`` False: fire and forget (the replies are read later, in order, and dropped)."""
+
+    calls: list[Call | None]
+    timeout: float
+    settled: Callable[[list[Slot]], bool] | None = None
+    wait: bool = True

@@ -1,21 +1,20 @@
 """Lua scripts run on every node, as commented module constants.
 
-Keys an alias writes (all start with its ``KEY_PREFIX``):
+The keys they touch are named in :mod:`.keyspace`. Each script's reply codes are named
+constants right after it; the plans compare replies with those names, never bare numbers.
 
-* ``<prefix><name>``: one lock; a string ``<owner>|<token>|<acquired_ms>|<host>|<pid>`` with a
-  TTL. ``<owner>`` is a 32-character secret; only its holder can extend or delete the key.
-* ``<prefix>__wait__:<name>``: set by every failed attempt that will wait, for longer than the
-  holder's lease and than any single wait; while it exists, each release wakes one waiter.
-* ``<prefix>__wake__:<name>``: a one-element list pushed by that release on the node the
-  name's waiters block on; a waiter blocked in ``BLPOP`` on it wakes (exactly one per
-  release). Short TTL.
-* ``<prefix>__handoff__:<name>``: set by that release for a few milliseconds: only a woken
+* ``<prefix>__waiters__:<name>`` is a sorted set of the callers waiting for the name: each
+  failed attempt of a caller that will wait adds (or refreshes) its waiter id, scored with the
+  moment its registration lapses (``TIME`` of that node + at most 1 s); a caller that wins
+  removes itself. A release wakes one waiter only while a registration is still ahead, so a
+  waiter that won, gave up or died stops counting (at once, at its deadline, within 1 s).
+* ``<prefix>__wake__:<name>`` is a one-element list pushed by that release on the node the
+  name's waiters block on; a waiter blocked in ``BLPOP`` on it wakes (exactly one per release).
+* ``<prefix>__handoff__:<name>`` is set by that release for a few milliseconds: only a woken
   waiter may take the name meanwhile, so the lock changes hands instead of going straight
   back to the releaser.
-* ``<prefix>__fence__``: one permanent hash per alias with the fencing counter (``token``), the
-  ``run_id`` of the node incarnation last made consistent, and the longest TTL handed out
-  (``max_ttl``). It is never deleted by release, clear or force-release, so Redis memory stays
-  flat however many names are locked.
+* ``<prefix>__fence__`` is never deleted by release, clear or force-release, so Redis memory
+  stays flat however many names are locked.
 
 A node whose ``run_id`` field differs from the ``run_id`` the client read from ``INFO`` on
 connect has restarted (or is new): it votes for nothing until :data:`REJOIN` marks it again.
@@ -39,16 +38,56 @@ class Script:
         object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
 
 
-# KEYS: lock, fence, waiting marker, hand-off reservation.
-# ARGV: owner, ttl_ms, run_id, value suffix ("|acquired_ms|host|pid"), how long the waiting
-# marker lives at least (ms; 0 = the caller will not wait, do not mark), "1" if this caller
-# was woken by a release (else "0").
-# Returns {1, token, 0} when acquired (token = the node's counter after the increment),
-# {0, counter, pttl} when the name is busy or reserved for a woken waiter (and marks that
-# someone waits for it, if the caller will), {-1, counter, 0} when this node is not trusted.
+# Lua shared by the scripts that keep the waiter sets. ``now_ms()`` is this node's clock in ms
+# (nil if it cannot be read). ``register(key, waiter, ms, prune)`` adds (or refreshes)
+# ``waiter`` in the waiter set ``key`` until ``ms`` from now, lets the set expire with its last
+# registration and, with ``prune``, drops the registrations that have lapsed (a failed attempt
+# prunes: a long hold sees no release that would).
+# * ``TIME`` before a write needs scripts replicated by their effects: the default since
+#   Redis 5 and the only mode since Redis 7 (a replica gets the ZADD with its score).
+# * Waiter sets only make waiting fair and quick, never the lock safe, so their commands go
+#   through ``redis.pcall``: an ACL user set up before they existed (no ZADD, TIME...) keeps
+#   locking; its waiters are simply not registered and retry after their backoff.
+_NOW = """
+local function now_ms()
+  local clock = redis.pcall('TIME')
+  if clock.err then
+    return nil
+  end
+  return clock[1] * 1000 + math.floor(clock[2] / 1000)
+end
+"""
+_REGISTER = (
+    _NOW
+    + """
+local function register(key, waiter, ms, prune)
+  local now = now_ms()
+  if not now then
+    return
+  end
+  if prune then
+    redis.pcall('ZREMRANGEBYSCORE', key, '-inf', now)
+  end
+  redis.pcall('ZADD', key, now + ms, waiter)
+  if redis.call('PTTL', key) < ms then
+    redis.call('PEXPIRE', key, ms)
+  end
+end
+"""
+)
+
+# KEYS: lock, fence, waiter set, hand-off reservation.
+# ARGV: owner, ttl_ms, run_id, value suffix ("|acquired_ms|host|pid"), how long the caller's
+# registration as a waiter lives (ms; 0 = the caller will not wait, do not register), "1" if
+# this caller was woken by a release (else "0"), the caller's waiter id ('' when it never waits).
+# Returns {1, token, 0} when acquired (token = the node's counter after the increment; the
+# caller no longer counts as a waiter), {0, counter, pttl} when the name is busy or reserved for
+# a woken waiter (and registers the caller as a waiter, if it will wait), {-1, counter, 0} when
+# this node is not trusted.
 ACQUIRE = Script(
     "acquire",
-    """
+    _REGISTER
+    + """
 local meta = redis.call('HMGET', KEYS[2], 'run_id', 'token', 'max_ttl')
 local counter = tonumber(meta[2]) or 0
 if meta[1] ~= ARGV[3] then
@@ -60,12 +99,14 @@ if pttl == -2 and ARGV[6] ~= '1' then
 end
 if pttl ~= -2 then
   if tonumber(ARGV[5]) > 0 then
-    -- the caller will wait: outlive both the holder and the longest single wait
-    redis.call('SET', KEYS[3], '1', 'PX', math.max(pttl, tonumber(ARGV[5])))
+    register(KEYS[3], ARGV[7], tonumber(ARGV[5]), true)
   end
   return {0, counter, pttl}
 end
 redis.call('DEL', KEYS[4])
+if ARGV[7] ~= '' then
+  redis.pcall('ZREM', KEYS[3], ARGV[7])  -- the winner stops waiting the moment it wins
+end
 local token = redis.call('HINCRBY', KEYS[2], 'token', 1)
 -- string.format: plain concatenation would print a large token as 1.8e+15
 redis.call('SET', KEYS[1], ARGV[1] .. '|' .. string.format('%d', token) .. ARGV[4], 'PX', ARGV[2])
@@ -75,28 +116,31 @@ end
 return {1, token, 0}
 """,
 )
+#: ACQUIRE reply statuses (the first element of its reply).
+GRANTED, BUSY, UNTRUSTED = 1, 0, -1
 
-# KEYS: lock, waiting marker, wake-up list, hand-off reservation.
+# KEYS: lock, waiter set, wake-up list, hand-off reservation.
 # ARGV: owner, wake-up TTL in ms, reservation TTL in ms, "1" on the node waiters block on,
-# waiting-marker TTL in ms (0 for a lease's release; > 0 when a failed attempt that will wait
-# takes back what it got on this node).
-# Compare-and-delete: deletes only a key whose owner part equals ARGV[1]. While the name is
-# marked as wanted, it reserves the name briefly for the waiter it wakes (so the releaser,
-# which needs no wake-up, cannot take it straight back) and, on the node waiters block on,
-# leaves one wake-up that exactly one blocked waiter (BLPOP) takes. The marker is left to
-# expire: waiters still blocked stay covered for the next release.
+# registration TTL in ms (0 for a lease's release; > 0 when a failed attempt that will wait
+# takes back what it got on this node: it registers as a waiter, like ACQUIRE), waiter id.
+# Compare-and-delete: deletes only a key whose owner part equals ARGV[1]. While a registration
+# in the waiter set is still ahead, it reserves the name briefly for the waiter it wakes (so the
+# releaser, which needs no wake-up, cannot take it straight back) and, on the node waiters block
+# on, leaves one wake-up that exactly one blocked waiter (BLPOP) takes. Lapsed registrations are
+# dropped; live ones stay: waiters still blocked stay covered for the next release.
 # Returns 2 when deleted and someone was waiting, 1 when deleted, 0 when the key is gone or
 # owned by someone else.
 RELEASE = Script(
     "release",
-    """
+    _REGISTER
+    + """
 local value = redis.call('GET', KEYS[1])
 local mine = value and string.sub(value, 1, #ARGV[1] + 1) == ARGV[1] .. '|'
 if tonumber(ARGV[5]) > 0 then
   if mine then
     redis.call('DEL', KEYS[1])
   end
-  redis.call('SET', KEYS[2], '1', 'PX', ARGV[5])
+  register(KEYS[2], ARGV[6], tonumber(ARGV[5]), true)
   return mine and 1 or 0
 end
 if not mine then
@@ -104,7 +148,15 @@ if not mine then
 end
 redis.call('DEL', KEYS[1])
 if redis.call('EXISTS', KEYS[2]) == 0 then
-  return 1
+  return 1  -- the common case: nobody waits, no clock read
+end
+local now = now_ms()
+local lapsed = now and redis.pcall('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+if type(lapsed) ~= 'number' then
+  return 1  -- unreadable (not a sorted set; an ACL without TIME): treated as nobody waiting
+end
+if lapsed > 0 and redis.call('EXISTS', KEYS[2]) == 0 then
+  return 1  -- every registration had lapsed (an empty set is deleted)
 end
 redis.call('SET', KEYS[4], '1', 'PX', ARGV[3])
 if ARGV[4] == '1' then
@@ -115,6 +167,8 @@ end
 return 2
 """,
 )
+#: RELEASE replies.
+NOT_HELD, RELEASED, HANDED_OFF = 0, 1, 2
 
 # KEYS: lock, fence. ARGV: owner, ttl_ms, run_id.
 # Compare-and-pexpire on a trusted node. Returns 1 when renewed, 0 when not held, -1 untrusted.
@@ -136,6 +190,8 @@ end
 return 0
 """,
 )
+#: EXTEND replies: RENEWED, NOT_HELD (above) or UNTRUSTED (above).
+RENEWED = 1
 
 # KEYS: fence, lock. ARGV: token, run_id, owner.
 # Token write-back: raise the counter to ARGV[1] if it is lower ("set if greater"). Returns 1
@@ -159,6 +215,8 @@ end
 return 0
 """,
 )
+#: RAISE replies: STILL_HELD, NOT_HELD (above) or UNTRUSTED (above).
+STILL_HELD = 1
 
 # KEYS: fence. ARGV: run_id, floor.
 # Make a restarted or new node trusted again: counter = max(counter, floor), run_id = ARGV[1].
@@ -206,5 +264,53 @@ redis.call('PEXPIRE', KEYS[3], ARGV[2])
 return 1
 """,
 )
+#: FORCE_RELEASE replies: DELETED, or NOT_HELD (above).
+DELETED = 1
 
-ALL_SCRIPTS = (ACQUIRE, RELEASE, EXTEND, RAISE, REJOIN, PROBE, FORCE_RELEASE)
+# KEYS: waiter set. ARGV: waiter id, registration TTL in ms.
+# Registers a caller that queues without a failed attempt (a process that has just handed the
+# name to a waiter): on the node waiters block on as EVAL, in the same write as its BLPOP (the
+# wake-up connections load no scripts), on the others from a lock connection. It does not
+# prune: such a caller has just released the name, and that release pruned. Returns 1.
+REGISTER = Script(
+    "register",
+    _REGISTER
+    + """
+register(KEYS[1], ARGV[1], tonumber(ARGV[2]), false)
+return 1
+""",
+)
+
+# KEYS: waiter set. ARGV: waiter id.
+# A caller that won the lock on a quorum is no longer waiting: the nodes that answered "busy"
+# registered it, so it withdraws there. Returns how many registrations were removed (0 or 1).
+WITHDRAW = Script(
+    "withdraw",
+    """
+local removed = redis.pcall('ZREM', KEYS[1], ARGV[1])
+return type(removed) == 'number' and removed or 0
+""",
+)
+
+# KEYS: waiter sets. Returns, per key, how many registrations are still ahead (a key that is
+# not a sorted set counts 0). Read-only; for inspection.
+WAITING = Script(
+    "waiting",
+    _NOW
+    + """
+local now = now_ms()
+if not now then
+  return redis.error_reply('cannot read the clock (TIME)')
+end
+local after = '(' .. string.format('%d', now)
+local counts = {}
+for i, key in ipairs(KEYS) do
+  local n = redis.pcall('ZCOUNT', key, after, '+inf')
+  counts[i] = type(n) == 'number' and n or 0
+end
+return counts
+""",
+)
+
+#: What lock connections load on connect (WAITING is sent as EVAL, by inspection only).
+ALL_SCRIPTS = (ACQUIRE, RELEASE, EXTEND, RAISE, REJOIN, PROBE, FORCE_RELEASE, WITHDRAW, REGISTER)

@@ -12,12 +12,8 @@ nodes running for a demo until it is interrupted.
 from __future__ import annotations
 
 from django_redlock.testing.nodes import RedisNode, RedisNodeError, RedisNodes
-from django_redlock.testing.processes import (
-    RedisServerNotFound,
-    find_redis_server,
-    server_version,
-    stop_all,
-)
+from django_redlock.testing.processes import stop_all
+from django_redlock.testing.server import RedisServerNotFound, find_redis_server, server_version
 
 __all__ = [
     "RedisNode",

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 from django_redlock.testing.nodes import RedisNodeError, RedisNodes
-from django_redlock.testing.processes import RedisServerNotFound
+from django_redlock.testing.server import RedisServerNotFound
 
 
 def _parse_ports(text: str) -> list[int]:

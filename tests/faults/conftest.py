@@ -20,19 +20,22 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from django_redlock import signals
+from django_redlock.manager import LockManager
 from django_redlock.testing import RedisNodes
-from tests.faults.proxy import Proxy
-from tests.faults.workload import (
+from tests.support.shop_workload import (
     SHOP_ALIAS,
     History,
     WorkerPool,
     conservation_anomalies,
     errors_of,
+    lock_keys,
     overlap_anomalies,
     purchase_log_anomalies,
     token_anomalies,
     wait_no_lock_keys,
 )
+from tests.support.tcp_proxy import Proxy
 
 LONG = os.environ.get("REDLOCK_LONG") == "1"
 #: seconds one workload run lasts
@@ -81,6 +84,10 @@ def assert_all_oracles(run: Run, nodes: RedisNodes, prefix: str, key_wait: float
 
 def is_postgres() -> bool:
     return connection.vendor == "postgresql"
+
+
+def keys_of(manager: LockManager, nodes: RedisNodes) -> list[str]:
+    return lock_keys([n.client() for n in nodes], manager.config.key_prefix)
 
 
 @pytest.fixture(scope="session")
@@ -167,7 +174,7 @@ class Run:
 
 @dataclass
 class Shop:
-    """Runs the workload against a set of nodes; see ``tests/faults/workload.py``."""
+    """Runs the workload against a set of nodes; see ``tests/support/shop_workload.py``."""
 
     pool: WorkerPool
     tmp: Path
@@ -262,7 +269,7 @@ def report(
 
 @pytest.fixture
 def proxies() -> Iterator[Callable[[RedisNodes], list[Proxy]]]:
-    """``proxies(nodes)``: one started TCP proxy per node (tests/faults/proxy.py), closed after
+    """``proxies(nodes)``: one started TCP proxy per node (tests/support/tcp_proxy.py), closed after
     the test."""
     started: list[Proxy] = []
 
@@ -274,3 +281,15 @@ def proxies() -> Iterator[Callable[[RedisNodes], list[Proxy]]]:
     yield make
     for proxy in started:
         proxy.close()
+
+
+@pytest.fixture
+def lost_signals() -> Iterator[list[dict[str, Any]]]:
+    received: list[dict[str, Any]] = []
+
+    def on_lost(sender: Any, **kwargs: Any) -> None:
+        received.append(kwargs)
+
+    signals.lock_lost.connect(on_lost)
+    yield received
+    signals.lock_lost.disconnect(on_lost)

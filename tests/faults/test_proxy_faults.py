@@ -1,8 +1,12 @@
-"""Per-client network faults through a TCP proxy (``tests/faults/proxy.py``): one client sees
+"""Per-client network faults through a TCP proxy (``tests/support/tcp_proxy.py``): one client sees
 delayed, swallowed or reset traffic while another client reaches the same nodes directly.
 
 Each test first shows that the proxy path works (the negative control: no fault, lock granted)
 and asserts from the nodes or the proxy's counters that the fault really happened.
+
+Under the shop workload, the worker processes reach the nodes only through one proxy per node
+(one delayed, another blackholed mid-run and healed). The long profile (``slow``) repeats the
+dropped ``SET NX`` reply scenario for many rounds.
 """
 
 from __future__ import annotations
@@ -16,13 +20,16 @@ from typing import Any
 import pytest
 from django.db import transaction
 
+from django_redlock.engine.plans import HANDOFF_MS
 from django_redlock.exceptions import LockNotAcquired, NodesUnavailable, StaleTokenError
 from django_redlock.manager import LockManager
 from django_redlock.testing import RedisNodes
-from tests.faults.proxy import Proxy
-from tests.faults.workload import wait_no_lock_keys
+from tests.faults.conftest import DURATION, LONG, SEEDS, TTL, Shop, assert_all_oracles
+from tests.support.shop_workload import wait_no_lock_keys
+from tests.support.tcp_proxy import Proxy
 
 Nodes = Callable[..., RedisNodes]
+Alias = Callable[..., LockManager]
 
 
 def counters(nodes: RedisNodes, prefix: str) -> list[int]:
@@ -252,3 +259,91 @@ def test_force_release_between_acquire_and_token_write_back(
     )
     assert isinstance(a_result, LockNotAcquired | NodesUnavailable), a_result
     assert held_b.release() is True
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_workload_through_proxies_with_delay_and_a_healed_blackhole(
+    shop: Shop,
+    redis_node_factory: Nodes,
+    proxies: Callable[[RedisNodes], list[Proxy]],
+    report: Callable[..., None],
+    seed: int,
+) -> None:
+    """The workers reach 3 nodes only through proxies (one per node, in this process). Node 0
+    is delayed by 20-50 ms each way (by seed; 30 ms for seed 1) for the whole run; node 1 is
+    blackholed after a third of the run and healed after two thirds (held-back traffic is
+    then delivered late, in order). Every oracle holds: a slow and a lost node cost latency
+    or failed attempts, never data, token order or exclusion. The proxies' counters show the
+    faults bit: traffic was delayed through node 0, swallowed on node 1 while blackholed,
+    and forwarded through all of them."""
+    nodes = redis_node_factory(3)
+    px = proxies(nodes)
+    delay_ms = (30, 20, 50, 40, 25)[(seed - 1) % 5]
+    px[0].set("delay", delay_ms=delay_ms)
+    seen: dict[str, int] = {}
+
+    def faults(pool: Any) -> None:
+        time.sleep(DURATION / 3)
+        before = px[1].counters.swallowed["up"]
+        px[1].set("blackhole")
+        time.sleep(DURATION / 3)
+        px[1].set("pass")
+        seen["blackholed"] = px[1].counters.swallowed["up"] - before
+
+    run = shop.run(shop.settings([p.url for p in px]), seed=seed, during=faults)
+    seen["delayed"] = px[0].counters.forwarded["up"]  # delay mode for the whole run
+    report(f"proxies: {delay_ms} ms delay + blackhole", run, **seen)
+    assert seen["delayed"] > 0, "nothing went through the delayed proxy"
+    assert seen["blackholed"] > 0, "the blackhole swallowed nothing: the fault never bit"
+    assert all(p.counters.forwarded["up"] > 0 for p in px)
+    assert_all_oracles(run, nodes, shop.prefix, TTL + 2.0)
+
+
+@pytest.mark.slow
+def test_long_dropped_set_nx_replies_many_rounds(
+    redis_node_factory: Nodes,
+    redlock_alias: Alias,
+    proxies: Callable[[RedisNodes], list[Proxy]],
+) -> None:
+    """Long profile of ``test_dropped_set_nx_reply``: many rounds, each with a different pair
+    of proxies swallowing the replies of client A's acquire script. Every round: A's attempt
+    fails typed, the scripts did run (fence counters moved) and the proxies swallowed replies,
+    the keys set are deleted (TTL 30 s: released, not expired), B (direct) gets a larger token
+    and is sole holder; after healing, A's reused connections pair replies correctly: its
+    tokens keep increasing and B is refused while A holds."""
+    nodes = redis_node_factory(3)
+    px = proxies(nodes)
+    prefix = "droplong:"
+    a = redlock_alias([p.url for p in px], KEY_PREFIX=prefix, NODE_TIMEOUT=0.3, TTL=30.0)
+    b = redlock_alias(nodes, KEY_PREFIX=prefix, NODE_TIMEOUT=0.3, TTL=30.0)
+    clients = [n.client() for n in nodes]
+    first = a.acquire("k", timeout=0)
+    assert first.release() is True
+    last = first.token
+    pairs = [(0, 1), (1, 2), (0, 2)]
+    rounds = 30 if LONG else 3
+    for round_ in range(rounds):
+        dropping = [px[i] for i in pairs[round_ % 3]]
+        # A waited in the last round, so its mark on the name outlives that wait and its own
+        # release reserved the name for a woken waiter (HANDOFF_MS): an attempt inside that
+        # window is refused as busy before the script's counter moves. Let it pass first.
+        time.sleep(2 * HANDOFF_MS / 1000)
+        before = counters(nodes, prefix)
+        swallowed = sum(p.counters.swallowed["down"] for p in dropping)
+        for p in dropping:
+            p.set("drop-replies")
+        with pytest.raises((NodesUnavailable, LockNotAcquired)):
+            a.acquire("k", timeout=0)
+        after = counters(nodes, prefix)
+        assert sum(1 for x, y in zip(before, after, strict=True) if y > x) >= 2, (before, after)
+        assert sum(p.counters.swallowed["down"] for p in dropping) > swallowed
+        assert wait_no_lock_keys(clients, prefix, 5.0) == [], round_
+        with b.lock("k", timeout=5) as held:
+            assert held.token > max(after) and held.token > last
+            last = held.token
+            with pytest.raises((LockNotAcquired, NodesUnavailable)):
+                a.acquire("k", timeout=0)
+        for p in px:
+            p.set("pass")
+        last = healed_leases(a, b, clients, "k", after=last, count=2)
+    assert wait_no_lock_keys(clients, prefix, 5.0) == []

@@ -14,10 +14,12 @@ import logging
 from typing import Any
 
 import pytest
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
+from django.utils.http import urlencode
 
 from django_redlock import inspect, locks
 
@@ -58,14 +60,24 @@ def held(unique_name: str) -> Any:
     lease.release()
 
 
+def confirmed(via: str, value: str, token: str) -> tuple[str, dict[str, str]]:
+    """URL and form of a confirmed force release: the admin action posted to the changelist,
+    or the release view (kept for forms posting ``selected``)."""
+    if via == "action":
+        data = {ACTION_CHECKBOX_NAME: value, "action": "force_release", "post": "yes"}
+        return reverse(CHANGELIST), {**data, "csrfmiddlewaretoken": token}
+    return reverse(RELEASE), {"selected": value, "post": "yes", "csrfmiddlewaretoken": token}
+
+
+@pytest.mark.parametrize("via", ["action", "release-url"])
 @pytest.mark.parametrize("kind", list(USERS))
 def test_force_release_matrix(
-    kind: str, django_user_model: Any, held: Any, caplog: pytest.LogCaptureFixture
+    kind: str, via: str, django_user_model: Any, held: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Each kind of user POSTs a confirmed force release (with a valid CSRF token): only
-    staff with view+delete releases it (and a LogEntry records it); the others get 403 or
-    the login redirect, the lock stays held, no LogEntry is written, and staff refusals are
-    logged as ``Force release denied``."""
+    """Each kind of user POSTs a confirmed force release (with a valid CSRF token), as the
+    admin action or to the release view: only staff with view+delete releases it (and a
+    LogEntry records it); the others get 403 or the login redirect, the lock stays held, no
+    LogEntry is written, and staff refusals are logged as ``Force release denied``."""
     user = make_user(django_user_model, kind)
     client = Client(enforce_csrf_checks=True)
     client.force_login(user)
@@ -73,11 +85,9 @@ def test_force_release_matrix(
     if "csrftoken" not in client.cookies:  # a non-staff user is shown the login form
         client.get(reverse("admin:login"))
     token = client.cookies["csrftoken"].value
-    value = selected(held.name)
+    url, data = confirmed(via, selected(held.name), token)
     with caplog.at_level(logging.WARNING, logger="django_redlock"):
-        response = client.post(
-            reverse(RELEASE), {"selected": value, "post": "yes", "csrfmiddlewaretoken": token}
-        )
+        response = client.post(url, data)
     records = [r for r in caplog.records if r.name == "django_redlock"]
     if kind == "staff-both":
         assert response.status_code == 302
@@ -99,25 +109,31 @@ def test_force_release_matrix(
 @pytest.mark.parametrize("method", ["get", "head", "put", "delete", "options"])
 def test_only_post_can_release(method: str, admin_client: Client, held: Any) -> None:
     """Any method but POST on the release view (even with ``post=yes``) is refused with 405,
-    and a POST to the list page is refused too: the lock stays held, nothing is audited."""
+    a POST to the list page that is not an action too, and the action's fields in the list
+    page's query string do nothing: the lock stays held, nothing is audited."""
     value = selected(held.name)
     response = getattr(admin_client, method)(
         reverse(RELEASE) + f"?post=yes&selected={value}", {"selected": value, "post": "yes"}
     )
     assert response.status_code == 405
     response = admin_client.post(reverse(CHANGELIST), {"selected": value, "post": "yes"})
-    assert response.status_code == 405
+    assert response.status_code == 405  # not an action: no _selected_action nor index
+    action = {ACTION_CHECKBOX_NAME: value, "action": "force_release", "post": "yes"}
+    response = getattr(admin_client, method)(reverse(CHANGELIST) + "?" + urlencode(action))
+    assert response.status_code == (200 if method in ("get", "head") else 405)
     assert inspect.get_lock("multi", held.name)[0] is not None
     assert not LogEntry.objects.exists()
 
 
 def test_csrf_also_guards_the_confirmation_step(admin_user: Any, held: Any) -> None:
-    """Without a CSRF token even the confirmation page (the first POST) is refused; the
-    lock stays held and nothing is audited."""
+    """Without a CSRF token even the confirmation page (the first POST) is refused, as an
+    action or at the release view; the lock stays held and nothing is audited."""
     client = Client(enforce_csrf_checks=True)
     client.force_login(admin_user)
     response = client.post(reverse(RELEASE), {"selected": selected(held.name)})
     assert response.status_code == 403
+    action = {ACTION_CHECKBOX_NAME: selected(held.name), "action": "force_release", "index": 0}
+    assert client.post(reverse(CHANGELIST), action).status_code == 403
     assert inspect.get_lock("multi", held.name)[0] is not None
     assert not LogEntry.objects.exists()
 

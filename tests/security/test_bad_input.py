@@ -27,8 +27,8 @@ from django_redlock.exceptions import LockLost, LockNotAcquired, NodesUnavailabl
 from django_redlock.inspect import get_lock, list_locks
 from django_redlock.manager import LockManager
 from django_redlock.testing import RedisNodes, server_version
-from tests.faults.workload import lock_keys
-from tests.test_node_urls import ACL_COMMANDS, acl_user_urls
+from tests.support.redis_acl import ACL_COMMANDS, acl_user_urls
+from tests.support.shop_workload import lock_keys
 
 Nodes = Callable[..., RedisNodes]
 Alias = Callable[..., LockManager]
@@ -53,6 +53,14 @@ BAD_SETTINGS = {
     "unknown-key": {"NODES": [URL], "TTLS": 5},
     "prefix-glob": {"NODES": [URL], "KEY_PREFIX": "app*:"},
     "drift-1": {"NODES": [URL], "DRIFT_FACTOR": 1.0},
+    "node-port-0": {"NODES": ["redis://127.0.0.1:0/0"]},
+    "node-db-not-a-number": {"NODES": ["redis://127.0.0.1:6399/O"]},
+    "node-bad-query": {"NODES": ["redis://127.0.0.1:6399/0?socket_timeout=abc"]},
+    "ttl-no-validity": {"NODES": [URL], "TTL": 0.002},
+    "drift-over-half": {"NODES": [URL], "DRIFT_FACTOR": 0.9999},
+    "node-timeout-tiny": {"NODES": [URL], "NODE_TIMEOUT": 1e-9},
+    "node-timeout-huge": {"NODES": [URL], "NODE_TIMEOUT": 1e300},
+    "retry-delay-tiny": {"NODES": [URL], "RETRY_DELAY": 1e-12},
 }
 
 
@@ -90,19 +98,21 @@ def test_huge_ttl_setting_is_refused_before_any_write(
 
 @pytest.mark.parametrize(
     ("urls", "check_id"),
-    [([URL, URL.replace("127.0.0.1", "localhost") + "?x=1", URL], "W002"),
+    [([URL, URL.replace("127.0.0.1", "localhost") + "?db=1", URL], "W002"),
      ([URL, "redis://127.0.0.1:6398/0"], "W001")],
     ids=["duplicate-nodes", "even-count"],
 )  # fmt: skip
 def test_duplicate_or_even_nodes_are_deploy_warnings(urls: list[str], check_id: str) -> None:
-    """Duplicate nodes (the same host:port twice) and an even node count are not refused at
-    runtime but reported by ``manage.py check --deploy`` (W002, W001)."""
+    """Duplicate nodes (the same host:port twice, whatever the loopback name or db) and an
+    even node count are not refused at runtime but reported by ``manage.py check --deploy``
+    (W002, W001)."""
     config = parse_alias("topo", {"NODES": urls})
     ids = [m.id for m in _topology(config)]
-    if check_id == "W002":  # localhost and 127.0.0.1 are different strings, same address?
-        assert f"django_redlock.{check_id}" in ids or len(urls) == 3
-    else:
-        assert f"django_redlock.{check_id}" in ids
+    assert f"django_redlock.{check_id}" in ids
+    if check_id == "W002":  # one server named three ways: one warning, all three counted
+        assert [m.msg for m in _topology(config) if m.id == "django_redlock.W002"] == [
+            "REDLOCK['topo'] lists localhost:6399 3 times: its votes are not independent."
+        ]
 
 
 # -- lock arguments -----------------------------------------------------------------------------
@@ -136,6 +146,27 @@ def test_bad_names_are_refused_before_any_write(
     assert sorted(lock_keys(clients, "t3:")) == before
 
 
+def test_lone_surrogate_name_is_a_clear_value_error(session_nodes: RedisNodes) -> None:
+    """L9: a name with a lone surrogate (a JSON body can carry ``\\ud800``) cannot be encoded
+    as UTF-8: a plain ValueError saying so, counting positions in the name (not a
+    UnicodeEncodeError whose position counts the key prefix), before any write."""
+    manager = locks["multi"]
+    clients = [n.client() for n in session_nodes[:3]]
+    before = sorted(lock_keys(clients, "t3:"))
+    calls: list[Callable[[], Any]] = [
+        lambda: manager.acquire("ok\ud800", timeout=0),
+        lambda: manager.force_release("ok\ud800"),
+        lambda: manager.lock("ok\ud800", timeout=0).__enter__(),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError) as info:
+            call()
+        assert type(info.value) is ValueError, repr(info.value)
+        assert "lone surrogate" in str(info.value) and "position 2" in str(info.value)
+        assert "encodable as UTF-8" in str(info.value)
+    assert sorted(lock_keys(clients, "t3:")) == before
+
+
 BAD_ARGS: dict[str, tuple[dict[str, Any], type[Exception]]] = {
     "ttl-zero": ({"ttl": 0}, ValueError),
     "ttl-negative": ({"ttl": -1}, ValueError),
@@ -144,6 +175,7 @@ BAD_ARGS: dict[str, tuple[dict[str, Any], type[Exception]]] = {
     "ttl-huge": ({"ttl": 1e300}, ValueError),
     "ttl-string": ({"ttl": "5"}, TypeError),
     "ttl-bool": ({"ttl": True}, TypeError),
+    "ttl-2ms": ({"ttl": 0.002}, ValueError),
     "timeout-negative": ({"timeout": -1}, ValueError),
     "timeout-nan": ({"timeout": math.nan}, ValueError),
     "timeout-string": ({"timeout": "1"}, TypeError),

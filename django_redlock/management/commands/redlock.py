@@ -1,7 +1,9 @@
 """``manage.py redlock list|show|release|clear|nodes``: inspect and clear held locks.
 
-Reads Redis only through :mod:`django_redlock.inspect`. The result is printed first; then, if a
-node could not be reached or the name is not held, a one-line error and exit status 1.
+Reads Redis only through :mod:`django_redlock.inspection`. The result is printed first; then, if a
+node could not be reached, an alias's settings are broken or the name is not held, a one-line
+error on stderr and exit status 1. With ``--json``, an error that comes before the result prints
+``{"error": "<that line>", "code": "<kind>"}`` on stdout instead of the result.
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ... import inspect
-from ...inspect import LockInfo, NodeError, NodeHealth
+from ... import inspection
+from ...inspection import LockInfo, NodeError, NodeHealth
+from ...registry import locks
 
 #: ``clear`` lists and releases locks in batches of this many names.
 CLEAR_BATCH = 500
@@ -40,10 +44,47 @@ def _lock_row(info: LockInfo) -> list[object]:
         info.owner,
         info.acquired_at.strftime("%Y-%m-%d %H:%M:%S") if info.acquired_at else "",
         f"{info.host} ({info.pid})" if info.pid else info.host,
+        info.waiters,
     ]
 
 
-LOCK_HEADERS = ("ALIAS", "NAME", "NODES", "TTL", "TOKEN", "OWNER", "ACQUIRED (UTC)", "HOLDER")
+LOCK_HEADERS = (
+    "ALIAS",
+    "NAME",
+    "NODES",
+    "TTL",
+    "TOKEN",
+    "OWNER",
+    "ACQUIRED (UTC)",
+    "HOLDER",
+    "WAITERS",
+)
+
+#: ``code`` of the ``--json`` error document for each refusal of ``inspection.force_release``.
+RELEASE_CODES = {
+    inspection.NotHeld: "not_held",
+    inspection.HolderChanged: "holder_changed",
+    inspection.Unreachable: "unreachable",
+}
+
+
+class Failure(CommandError):
+    """A one-line error; ``code`` names its kind in the ``--json`` error document:
+    ``unknown_alias``, ``bad_settings``, ``unreachable``, ``not_held``, ``holder_changed`` or
+    ``usage``."""
+
+    def __init__(self, message: object, code: str) -> None:
+        super().__init__(" ".join(str(message).split()))
+        self.code = code
+
+
+def _failure(problems: Sequence[NodeError | Failure]) -> Failure | None:
+    """The first problem as one line (``(and N more)``), or None."""
+    if not problems:
+        return None
+    first = problems[0]
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return Failure(f"{first}{more}", first.code if isinstance(first, Failure) else "unreachable")
 
 
 class Command(BaseCommand):
@@ -89,34 +130,71 @@ class Command(BaseCommand):
             "clear": self.clear,
             "nodes": self.nodes,
         }
-        commands[options["subcommand"]](options)
+        self._printed = False
+        try:
+            commands[options["subcommand"]](options)
+        except Failure as exc:
+            if options.get("json") and not self._printed:
+                self._json({"error": str(exc), "code": exc.code})
+            raise CommandError(str(exc)) from exc  # stderr: "CommandError: <one line>"
 
     # -- helpers ---------------------------------------------------------------------------
     def _aliases(self, using: str | None) -> list[str]:
-        if using is not None and using not in inspect.aliases():
-            raise CommandError(f"REDLOCK has no alias {using!r}.")
-        return inspect.aliases(using)
+        try:
+            names = inspection.aliases()
+        except ImproperlyConfigured as exc:  # REDLOCK itself is not a dict of aliases
+            raise Failure(exc, "bad_settings") from exc
+        if using is not None and using not in names:
+            raise Failure(f"REDLOCK has no alias {using!r}.", "unknown_alias")
+        return names if using is None else [using]
+
+    @staticmethod
+    def _broken(alias: str) -> Failure | None:
+        """Why ``alias`` cannot be used (its settings are invalid), or None."""
+        try:
+            locks[alias]  # builds the alias's manager, validating its settings
+        except (ImproperlyConfigured, TypeError, ValueError) as exc:
+            return Failure(f"alias {alias!r}: invalid settings: {exc}", "bad_settings")
+        return None
+
+    def _one_alias(self, using: str) -> str:
+        return self._usable(using, [])[0]
+
+    def _usable(self, using: str | None, problems: list[NodeError | Failure]) -> list[str]:
+        """The aliases to read whose settings are valid; the others are added to ``problems``
+        (raised at once if ``using`` names one alias: nothing could be read)."""
+        usable: list[str] = []
+        for alias in self._aliases(using):
+            broken = self._broken(alias)
+            if broken is None:
+                usable.append(alias)
+            elif using is not None:
+                raise broken
+            else:
+                problems.append(broken)
+        return usable
 
     def _json(self, document: object) -> None:
+        self._printed = True
         self.stdout.write(json.dumps(document, indent=2, ensure_ascii=False))
 
     @staticmethod
-    def _fail_unreachable(errors: Sequence[NodeError]) -> None:
-        if errors:
-            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-            raise CommandError(f"{errors[0]}{more}")
+    def _fail(problems: Sequence[NodeError | Failure]) -> None:
+        failure = _failure(problems)
+        if failure is not None:
+            raise failure
 
     # -- subcommands -----------------------------------------------------------------------
     def list_locks(self, options: dict[str, Any]) -> None:
         """Every held lock (no page limit; SCAN cost grows with the locks there are)."""
         found: list[LockInfo] = []
-        errors: list[NodeError] = []
-        for alias in self._aliases(options["using"]):
+        problems: list[NodeError | Failure] = []
+        for alias in self._usable(options["using"], problems):
             offset = 0
             while True:
-                page = inspect.list_locks([alias], options["prefix"], offset, CLEAR_BATCH)
+                page = inspection.list_locks([alias], options["prefix"], offset, CLEAR_BATCH)
                 found.extend(page.locks)
-                errors.extend(e for e in page.errors if e not in errors)
+                problems.extend(e for e in page.errors if e not in problems)
                 if not page.has_more:
                     break
                 offset += CLEAR_BATCH
@@ -126,14 +204,14 @@ class Command(BaseCommand):
             self.stdout.write(table(LOCK_HEADERS, [_lock_row(info) for info in found]))
         else:
             self.stdout.write("No locks are held.")
-        self._fail_unreachable(errors)
+        self._fail(problems)
 
     def show(self, options: dict[str, Any]) -> None:
-        alias = self._aliases(options["using"])[0]
-        info, errors = inspect.get_lock(alias, options["name"])
+        alias = self._one_alias(options["using"])
+        info, errors = inspection.get_lock(alias, options["name"])
         if info is None:
-            self._fail_unreachable(errors)
-            raise CommandError(f"Lock {options['name']!r} is not held on alias {alias!r}.")
+            self._fail(errors)
+            raise Failure(f"Lock {options['name']!r} is not held on alias {alias!r}.", "not_held")
         if options["json"]:
             self._json(info.as_dict())
         else:
@@ -141,14 +219,14 @@ class Command(BaseCommand):
             width = max(len(h) for h in LOCK_HEADERS)
             for header, value in zip(LOCK_HEADERS, row, strict=True):
                 self.stdout.write(f"{header.ljust(width)}  {value}")
-        self._fail_unreachable(errors)
+        self._fail(errors)
 
     def release(self, options: dict[str, Any]) -> None:
-        alias = self._aliases(options["using"])[0]
+        alias = self._one_alias(options["using"])
         try:
-            deleted, info = inspect.force_release(alias, options["name"], options["token"])
-        except inspect.InspectionError as exc:
-            raise CommandError(f"{exc}.") from exc
+            deleted, info = inspection.force_release(alias, options["name"], options["token"])
+        except inspection.InspectionError as exc:
+            raise Failure(f"{exc}.", RELEASE_CODES.get(type(exc), "not_held")) from exc
         self.stdout.write(
             self.style.SUCCESS(
                 f"Released {info.name!r} on alias {alias!r} (token {info.token}) "
@@ -158,19 +236,19 @@ class Command(BaseCommand):
 
     def clear(self, options: dict[str, Any]) -> None:
         if not options["yes"]:
-            raise CommandError("clear force-releases every matching lock; add --yes to do it.")
+            raise Failure("clear force-releases every matching lock; add --yes to do it.", "usage")
         released = 0
-        errors: list[NodeError] = []
-        for alias in self._aliases(options["using"]):
+        problems: list[NodeError | Failure] = []
+        for alias in self._usable(options["using"], problems):
             skipped = 0  # names left in place stay ahead of the next batch in SCAN order
             while True:
-                page = inspect.list_locks([alias], options["prefix"], skipped, CLEAR_BATCH)
-                errors.extend(e for e in page.errors if e not in errors)
+                page = inspection.list_locks([alias], options["prefix"], skipped, CLEAR_BATCH)
+                problems.extend(e for e in page.errors if e not in problems)
                 batch = 0
                 for info in page.locks:
                     try:
-                        inspect.force_release(alias, info.name, info.token, info.lease_id)
-                    except inspect.InspectionError:
+                        inspection.force_release(alias, info.name, info.token, info.lease_id)
+                    except inspection.InspectionError:
                         skipped += 1  # expired or re-acquired meanwhile: not ours to clear
                         continue
                     batch += 1
@@ -178,16 +256,19 @@ class Command(BaseCommand):
                 if not page.has_more or not batch:
                     break
         self.stdout.write(self.style.SUCCESS(f"Released {released} lock(s)."))
-        self._fail_unreachable(errors)
+        self._fail(problems)
 
     def nodes(self, options: dict[str, Any]) -> None:
-        report = inspect.node_health(self._aliases(options["using"]))
+        report: list[NodeHealth] = []
+        problems: list[NodeError | Failure] = []
+        for alias in self._usable(options["using"], problems):
+            report.extend(inspection.node_health([alias]))
         if options["json"]:
             self._json([node.as_dict() for node in report])
         else:
             self.stdout.write(table(NODE_HEADERS, [_node_row(node) for node in report]))
-        down = [n for n in report if not n.up]
-        self._fail_unreachable([NodeError(n.alias, n.node, n.error) for n in down])
+        problems += [NodeError(n.alias, n.node, n.error) for n in report if not n.up]
+        self._fail(problems)
 
 
 NODE_HEADERS = ("ALIAS", "NODE", "STATUS", "LATENCY", "RUN_ID", "UPTIME", "POLICY", "MEMORY")

@@ -10,9 +10,7 @@ progress bar and the summary.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import queue
-import sys
 import time
 from argparse import ArgumentParser
 from collections import Counter
@@ -21,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connection, connections
+from django.db import connection
+
+from testproject.inventory.demo_run import SPAWN, WorkerProcesses, console_for, recreate_product
 
 PRODUCT_NAME = "Limited edition (oversell demo)"
 SOLD, BUSY, OUT_OF_STOCK, ERROR, DONE = "sold", "busy", "out_of_stock", "error", "done"
@@ -46,13 +46,10 @@ def worker(
     start: Any,
     reports: Any,
 ) -> None:
-    """A worker process: set Django up, wait for the start, buy until the budget is spent.
+    """A worker process: wait for the start, buy until the budget is spent.
 
     Puts ``(outcome, lock_wait_seconds_or_None, error_or_None)`` per attempt, then ``DONE``.
     """
-    import django
-
-    django.setup()  # DJANGO_SETTINGS_MODULE and the rest of the environment are inherited
     from django_redlock.exceptions import LockNotAcquired
     from testproject.inventory.purchase import buy
 
@@ -153,8 +150,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from rich.console import Console
-
         from testproject.inventory import purchase
 
         workers, attempts, stock = options["workers"], options["attempts"], options["stock"]
@@ -164,8 +159,8 @@ class Command(BaseCommand):
         lock_timeout = options["lock_timeout"]
         if lock_timeout is None:
             lock_timeout = purchase.LOCK_TIMEOUT
-        console = Console(file=getattr(self.stdout, "_out", sys.stdout), highlight=False)
-        product_id = self.reset_product(stock)
+        console = console_for(self)
+        product_id = int(recreate_product(PRODUCT_NAME, stock).pk)
         mode = "with the lock" if use_lock else "WITHOUT the lock (--no-lock)"
         console.print(
             f"[bold]oversell {mode}[/]: {stock} in stock, {attempts} buy attempts from "
@@ -194,13 +189,6 @@ class Command(BaseCommand):
         if not summary.ok:
             raise CommandError("invariant failed: " + "; ".join(summary.problems()))
 
-    def reset_product(self, stock: int) -> int:
-        """Replace the demo product (and its orders) with a fresh row holding ``stock``."""
-        from testproject.inventory.models import Product
-
-        Product.objects.filter(name=PRODUCT_NAME).delete()  # its orders go with it
-        return int(Product.objects.create(name=PRODUCT_NAME, stock=stock).pk)
-
     def run_workers(
         self,
         console: Any,
@@ -217,31 +205,24 @@ class Command(BaseCommand):
         """
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-        spawn = multiprocessing.get_context("spawn")
-        remaining = spawn.Value("i", attempts)
-        start = spawn.Barrier(workers + 1)
-        reports = spawn.Queue()
-        connections.close_all()  # the workers open their own; ours reopens when needed
-        processes = [
-            spawn.Process(
-                target=worker,
-                args=(product_id, use_lock, lock_timeout, remaining, start, reports),
-                daemon=True,
-            )
-            for _ in range(workers)
-        ]
+        remaining = SPAWN.Value("i", attempts)
+        start = SPAWN.Barrier(workers + 1)
+        reports = SPAWN.Queue()
+        processes = WorkerProcesses()
+        for _ in range(workers):
+            args = (product_id, use_lock, lock_timeout, remaining, start, reports)
+            processes.add(worker, *args, daemon=True)
         counts: Counter[str] = Counter()
         waits: list[float] = []
         errors: list[str] = []
         columns = ("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=console) as progress:
             task = progress.add_task(f"starting {workers} processes", total=attempts)
-            for process in processes:
-                process.start()
+            processes.start()
             try:
                 start.wait(START_TIMEOUT)
             except Exception as exc:
-                self.stop(processes)
+                processes.stop()
                 raise CommandError(f"the worker processes did not start: {exc!r}") from exc
             began = time.monotonic()
             last_sale = None
@@ -250,7 +231,7 @@ class Command(BaseCommand):
                 try:
                     outcome, wait, error = reports.get(timeout=IDLE_TIMEOUT)
                 except queue.Empty:
-                    self.stop(processes)
+                    processes.stop()
                     raise CommandError(f"no progress for {IDLE_TIMEOUT:g} s; stopped") from None
                 if outcome == DONE:
                     finished += 1
@@ -269,18 +250,8 @@ class Command(BaseCommand):
                     f"out of stock {counts[OUT_OF_STOCK]:>5}",
                 )
             seconds = time.monotonic() - began
-        for process in processes:
-            process.join(10)
-        self.stop(processes)
+        processes.stop(grace=10)
         return counts, waits, errors, seconds, last_sale
-
-    @staticmethod
-    def stop(processes: list[Any]) -> None:
-        """Terminate the workers still running (only ours)."""
-        for process in processes:
-            if process.is_alive():
-                process.terminate()
-                process.join(5)
 
     def summarise(
         self,

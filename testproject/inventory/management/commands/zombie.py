@@ -20,10 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
-import os
-import signal
-import sys
 import threading
 import time
 from argparse import ArgumentParser
@@ -31,14 +27,20 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connections
+
+from testproject.inventory.demo_run import (
+    CAN_FREEZE,
+    SPAWN,
+    WorkerProcesses,
+    console_for,
+    recreate_product,
+)
 
 PRODUCT_NAME = "Zombie demo"
 INITIAL_STOCK = 10
 RESTOCK = 50  # what B writes in the zombie variant
 B_TTL = 10.0
 STEP_TIMEOUT = 60.0  # seconds any one step may take before the demo gives up
-CAN_FREEZE = hasattr(signal, "SIGSTOP")
 
 
 class Events:
@@ -69,9 +71,6 @@ class Events:
 
 def worker_a(conn: Connection, product_id: int, lock_name: str, ttl: float, variant: str) -> None:
     """Process A: lock, read the row, wait for the "payment reply", then write a sale."""
-    import django
-
-    django.setup()
     from django.db import transaction
 
     from django_redlock import locks
@@ -120,9 +119,6 @@ def worker_a(conn: Connection, product_id: int, lock_name: str, ttl: float, vari
 
 def worker_b(conn: Connection, product_id: int, lock_name: str, variant: str) -> None:
     """Process B: wait for the lock, then restock (zombie) or sell one unit (race)."""
-    import django
-
-    django.setup()
     from django.db import transaction
 
     from django_redlock import locks
@@ -194,51 +190,40 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from rich.console import Console
-
         from testproject.inventory.models import Order, Product
         from testproject.inventory.purchase import lock_name
 
         ttl, variant = options["ttl"], options["variant"]
         if not 0 < ttl <= 30:
             raise CommandError("--ttl must be in (0, 30] seconds.")
-        self.console = Console(file=getattr(self.stdout, "_out", sys.stdout), highlight=False)
-        Product.objects.filter(name=PRODUCT_NAME).delete()
-        product = Product.objects.create(name=PRODUCT_NAME, stock=INITIAL_STOCK)
+        self.console = console_for(self)
+        product = recreate_product(PRODUCT_NAME, INITIAL_STOCK)
         name = lock_name(product.pk)
         self.console.print(
             f"[bold]zombie --variant {variant}[/]: product {product.pk}, stock={INITIAL_STOCK}, "
             f"lock {name}; A's lease is {ttl:g} s"
         )
         self.console.print(f"{'elapsed':>9}  {'who':<6} {'token':>16}  event")
-        connections.close_all()
         self.began = time.monotonic()
         self.outcome: dict[str, Any] = {"variant": variant, "ttl": ttl}
-        spawn = multiprocessing.get_context("spawn")
-        a_conn, a_child = spawn.Pipe()
-        b_conn, b_child = spawn.Pipe()
-        a = spawn.Process(target=worker_a, args=(a_child, product.pk, name, ttl, variant))
-        b = spawn.Process(target=worker_b, args=(b_child, product.pk, name, variant))
-        frozen = False
+        a_conn, a_child = SPAWN.Pipe()
+        b_conn, b_child = SPAWN.Pipe()
+        processes = WorkerProcesses()
+        a = processes.add(worker_a, a_child, product.pk, name, ttl, variant)
+        b = processes.add(worker_b, b_child, product.pk, name, variant)
         try:
-            a.start()
+            processes.start(a)
             self.until(a_conn, "waiting")
-            if CAN_FREEZE:
-                assert a.pid is not None
-                os.kill(a.pid, signal.SIGSTOP)
-                frozen = True
+            if processes.freeze(a):
                 self.line(
                     "demo", None, "SIGSTOP A: the whole process freezes, its renewal thread too"
                 )
-            b.start()
+            processes.start(b)
             if variant == "zombie":
                 self.until(b_conn, "done")
             else:
                 self.until(b_conn, "waiting")
-            if frozen:
-                assert a.pid is not None
-                os.kill(a.pid, signal.SIGCONT)
-                frozen = False
+            if processes.thaw(a):
                 self.line("demo", None, "SIGCONT A: it carries on, unaware it was frozen")
             a_conn.send("payment ok")
             self.until(a_conn, "done")
@@ -246,14 +231,7 @@ class Command(BaseCommand):
                 b_conn.send("go")
                 self.until(b_conn, "done")
         finally:
-            if frozen and a.pid is not None:
-                os.kill(a.pid, signal.SIGCONT)
-            for process in (a, b):
-                if process.pid is not None:
-                    process.join(10)
-                    if process.is_alive():
-                        process.terminate()
-                        process.join(5)
+            processes.stop(grace=10)
         final = Product.objects.get(pk=product.pk)
         orders = Order.objects.filter(product=final).count()
         self.outcome.update(final_stock=final.stock, final_token=final.fence_token, orders=orders)

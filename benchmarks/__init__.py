@@ -1,0 +1,1 @@
+"""The django-redlock benchmark; ``benchmarks/bench.py`` is its entry point."""

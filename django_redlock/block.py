@@ -1,0 +1,230 @@
+"""The lock block: ``with lock(...)``, ``async with manager.alock(...)`` and ``@lock(...)``.
+
+A block re-enters a lease of the same alias and name that is already active in this thread or
+task (it does not wait for itself; only the outermost exit releases), and, inside a
+transaction on the default database, releases after the commit (SPEC 10).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from . import context
+from .exceptions import LockLost
+from .transactions import in_transaction, release_after_commit
+from .validation import UNSET
+
+if TYPE_CHECKING:
+    from .lease import Lease
+    from .manager import LockManager
+
+F = TypeVar("F", bound=Callable[..., Any])
+ON_LOST_CHOICES = (None, "cancel")
+
+
+@dataclass(frozen=True)
+class BlockOptions:
+    """How a block acquires and lets go of its lease (checked when the block is made)."""
+
+    ttl: float | None = None
+    timeout: float | None = UNSET
+    auto_extend: bool = False
+    max_hold: float | None = None
+    #: re-enter a lease of the same name already active in this thread or task
+    reentrant: bool = True
+    #: inside a transaction, release after it commits (at once on rollback)
+    until_commit: bool = True
+    #: ``"cancel"``: cancel the task running an ``alock()`` block when the lease is lost
+    on_lost: str | None = None
+
+    def __post_init__(self) -> None:
+        for flag in ("auto_extend", "reentrant", "until_commit"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(f"{flag} must be True or False, not {getattr(self, flag)!r}.")
+        if self.on_lost not in ON_LOST_CHOICES:
+            raise ValueError(f"on_lost must be None or 'cancel', not {self.on_lost!r}.")
+
+    def acquire_kwargs(self) -> dict[str, Any]:
+        return {
+            "ttl": self.ttl,
+            "timeout": self.timeout,
+            "auto_extend": self.auto_extend,
+            "max_hold": self.max_hold,
+        }
+
+
+@dataclass
+class _Entered:
+    """One entry of a block: its lease, whether it re-entered an outer one, and the task an
+    ``on_lost="cancel"`` block cancels when the lease is lost."""
+
+    lease: Lease
+    reentered: bool
+    task: asyncio.Task[Any] | None = None
+
+
+class LockBlock:
+    """Holds one lock for a ``with`` (or ``async with``) block, or around each call of the
+    function it decorates (sync or coroutine function).
+
+    As a decorator, ``name`` is a template formatted with the call's arguments
+    (``"report:{0}"``, ``"user:{user_id}"``).
+    """
+
+    def __init__(
+        self, get_manager: Callable[[], LockManager], name: str, options: BlockOptions
+    ) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"Lock name must be a str, not {type(name).__name__}.")
+        if options.on_lost is not None and not isinstance(self, AsyncLockBlock):
+            raise ValueError("on_lost='cancel' cancels an asyncio task: use it with alock().")
+        self._get_manager = get_manager
+        self._name = name
+        self._options = options
+        self._entries: list[_Entered] = []
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} name={self._name!r}>"
+
+    # -- entering and leaving (blocking and asyncio share everything but the call) ----------
+    def __enter__(self) -> Lease:
+        manager = self._get_manager()
+        held = self._reentrant_lease(manager)
+        if held is not None:
+            return self._entered(held, reentered=True)
+        return self._entered(manager.acquire(self._name, **self._options.acquire_kwargs()))
+
+    def __exit__(self, *exc_info: object) -> None:
+        entry = self._entries.pop()
+        if not self._kept(entry, exc_info[0]):
+            _check_held(entry.lease, entry.lease.release(), exc_info[0])
+
+    async def __aenter__(self) -> Lease:
+        manager = self._get_manager()
+        held = self._reentrant_lease(manager)
+        if held is not None:
+            return self._entered(held, reentered=True)
+        lease = await manager.aacquire(self._name, **self._options.acquire_kwargs())
+        return self._entered(lease)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        entry = self._entries.pop()
+        if not self._kept(entry, exc_info[0]):
+            held = await entry.lease.arelease()
+            _raise_if_cancelled_by_loss(entry, exc_info[1])
+            _check_held(entry.lease, held, exc_info[0])
+
+    def _reentrant_lease(self, manager: LockManager) -> Lease | None:
+        if not self._options.reentrant:
+            return None
+        return cast("Lease | None", context.find(manager.alias, self._name))
+
+    def _entered(self, lease: Lease, *, reentered: bool = False) -> Lease:
+        entry = _Entered(lease, reentered)
+        if not reentered:
+            context.push(lease)  # re-enterable by this thread or task
+            if self._options.on_lost == "cancel":
+                entry.task = _cancel_on_loss(lease)
+        self._entries.append(entry)
+        return lease
+
+    def _kept(self, entry: _Entered, exc_type: object) -> bool:
+        """True when this exit does not release now: an inner (re-entered) block, or a block
+        that ends inside a transaction (released after the commit)."""
+        if entry.reentered:
+            _check_lost(entry.lease, exc_type)
+            return True
+        context.pop(entry.lease)
+        if self._options.until_commit and in_transaction():
+            context.deactivate(entry.lease)  # guards no writes after its block
+            release_after_commit(entry.lease, self._options.max_hold)
+            _check_lost(entry.lease, exc_type)
+            return True
+        return False
+
+    # -- decorator -------------------------------------------------------------------------
+    def _for_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LockBlock:
+        try:
+            name = self._name.format(*args, **kwargs)
+        except (IndexError, KeyError, AttributeError) as exc:
+            raise ValueError(
+                f"Lock name template {self._name!r} cannot be filled from the call's "
+                f"arguments: {exc!r}."
+            ) from exc
+        return type(self)(self._get_manager, name, self._options)
+
+    def __call__(self, func: F) -> F:
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                async with self._for_call(args, kwargs):
+                    return await func(*args, **kwargs)
+
+            return cast(F, async_wrapper)
+        self._sync_allowed(f"decorate {getattr(func, '__qualname__', func)!r}")
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self._for_call(args, kwargs):
+                return func(*args, **kwargs)
+
+        return cast(F, wrapper)
+
+    def _sync_allowed(self, what: str) -> None:
+        """Blocking use is allowed (see :class:`AsyncLockBlock`)."""
+
+
+class AsyncLockBlock(LockBlock):
+    """What ``alock()`` returns: the same block for ``async with`` and coroutine functions
+    only, so blocking use inside async code fails loudly instead of stalling the event loop."""
+
+    def __enter__(self) -> Lease:
+        self._sync_allowed("enter it with a plain `with`")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _sync_allowed(self, what: str) -> None:
+        raise TypeError(
+            f"alock({self._name!r}) cannot {what}: it is for `async with` and coroutine "
+            "functions. Use lock() in synchronous code."
+        )
+
+
+def _cancel_on_loss(lease: Lease) -> asyncio.Task[Any] | None:
+    """Make the loss of ``lease`` cancel the current task (from any thread)."""
+    task = asyncio.current_task()
+    if task is None:
+        return None
+    loop = task.get_loop()
+
+    def cancel() -> None:
+        loop.call_soon_threadsafe(task.cancel)
+
+    lease.on_lost = cancel
+    return task
+
+
+def _raise_if_cancelled_by_loss(entry: _Entered, exc: object) -> None:
+    """An ``on_lost="cancel"`` block whose task was cancelled because the lease was lost:
+    leaving it raises ``LockLost`` instead of the cancellation."""
+    entry.lease.on_lost = None
+    if entry.task is not None and isinstance(exc, asyncio.CancelledError) and entry.lease.lost:
+        entry.task.uncancel()
+        raise LockLost(entry.lease.name, "it was lost and the block was cancelled") from exc
+
+
+def _check_lost(lease: Lease, exc_type: object) -> None:
+    """Leaving a block whose lease is lost raises ``LockLost`` (unless the block raised)."""
+    if exc_type is None:
+        lease.check()
+
+
+def _check_held(lease: Lease, held: bool, exc_type: object) -> None:
+    """Leaving a block whose lease was lost raises ``LockLost`` (unless the block raised)."""
+    if exc_type is None and not held:
+        raise LockLost(lease.name, "its lease ran out or was taken while the block ran")

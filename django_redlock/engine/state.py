@@ -1,0 +1,161 @@
+"""What the plans know and keep: one alias's settings and learned facts, one lease's record,
+one failed attempt, and the view of a node's connection that plans may read."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from . import scripts
+from .keyspace import Keyspace
+from .replies import Call, Request
+
+T_co = TypeVar("T_co", covariant=True)
+
+#: A plan: yields :class:`~.replies.Request` objects, receives one reply per node for each,
+#: and returns its result (``T_co``).
+Plan = Generator[Request, list[Any], T_co]
+
+#: How long a wake-up left by a release waits for a waiter to take it, in ms.
+WAKE_TTL_MS = 2000
+#: A failed attempt of a caller that will wait registers it as a waiter for this long (ms), or
+#: until the caller's timeout if that comes sooner; each later attempt renews it. Longer than
+#: the longest single wait (``policy.MAX_BACKOFF``), so a blocked waiter is always covered, and
+#: at most 1 s, so a waiter that died stops counting within 1 s (SPEC 10).
+WAIT_MARK_MS = 1000
+#: After a release that woke a waiter, only a woken waiter may take the name for this long
+#: (ms); if it never comes (it died, or its timeout ran out) anyone may take it afterwards.
+HANDOFF_MS = 10
+
+
+class NodeView(Protocol):
+    """What a plan may know about one node's connection."""
+
+    label: str
+
+    @property
+    def run_id(self) -> str | None: ...
+
+    def uptime(self) -> float | None: ...
+
+    @property
+    def last_error(self) -> str: ...
+
+
+@dataclass
+class AliasState:
+    """One alias's settings, and what its plans learn and share across calls."""
+
+    prefix: str
+    node_timeout: float
+    drift_factor: float
+    ttl: float
+    #: base of the backoff between attempts, seconds
+    retry_delay: float = 0.2
+    #: how long a sync call may spin for replies before it sleeps in poll(), seconds
+    busy_poll: float = 0.0
+    host: str = field(default_factory=socket.gethostname)
+    pid: int = field(default_factory=os.getpid)
+    longest_ttl_ms: int = 0
+    next_rejoin_check: float = 0.0
+    #: (node label, run_id) -> when this process first saw that incarnation untrusted
+    untrusted_seen: dict[tuple[str, str], float] = field(default_factory=dict)
+    keys: Keyspace = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.keys = Keyspace(self.prefix)
+        self.longest_ttl_ms = max(self.longest_ttl_ms, math.ceil(self.ttl * 1000))
+
+    def release_call(
+        self, name: str, owner: str, *, wakes: bool, mark_ms: int = 0, waiter: str = ""
+    ) -> Call:
+        """Compare-and-delete ``name`` for ``owner``; ``wakes`` on the node waiters block on;
+        ``mark_ms`` > 0 for a failed attempt that will wait: it registers ``waiter`` for that
+        long, as its ACQUIRE would have."""
+        keys = self.keys
+        return Call(
+            scripts.RELEASE,
+            (keys.lock(name), keys.waiters(name), keys.wake(name), keys.handoff(name)),
+            (
+                owner,
+                WAKE_TTL_MS,
+                HANDOFF_MS,
+                "1" if wakes else "0",
+                mark_ms,
+                waiter if mark_ms else "",
+            ),
+        )
+
+    def mark_command(self, name: str, waiter: str, mark_ms: int) -> tuple[str | int, ...]:
+        """The command registering ``waiter`` for ``mark_ms``, for a caller that queues
+        without a failed attempt (which registers it otherwise). Sent with the ``BLPOP`` on the
+        wake-up connection, which loads no scripts: hence ``EVAL``, cached by the server."""
+        return ("EVAL", scripts.REGISTER.source, 1, self.keys.waiters(name), waiter, mark_ms)
+
+    def drift(self, ttl: float) -> float:
+        return ttl * self.drift_factor + 0.002
+
+
+@dataclass
+class LeaseRecord:
+    """What the engine needs to renew or release one lease."""
+
+    name: str
+    key: str
+    owner: str = field(repr=False)
+    token: int = 0
+    ttl: float = 0.0
+    deadline: float = 0.0
+    lost: bool = False
+    released: bool = False
+    #: per node: False when the acquire never reached it (so it cannot hold the key)
+    reached: tuple[bool, ...] = ()
+    #: set by the release: it woke a waiter and reserved the name for it
+    handed_off: bool = False
+    #: the connection the acquire ran on (set by the driver, opaque to plans): renewals and
+    #: the release follow on it, so on a paused node they queue behind the acquire
+    pinned: Any = field(default=None, repr=False, compare=False)
+    #: the process generation (``forks.generation()``) that acquired it
+    generation: int = 0
+
+    def validity(self) -> float:
+        if self.lost or self.released:
+            return 0.0
+        return max(0.0, self.deadline - time.monotonic())
+
+
+class Abandoned(Exception):
+    """Thrown into a plan by its driver when the caller gave up while a request was in flight
+    (an asyncio task cancelled, an interrupt): the plan yields what undoes its effects (fire and
+    forget), then lets this exception propagate."""
+
+
+#: What a renewal found: renewed (a quorum extended it in time), lost (validity gone, or a
+#: quorum can no longer hold it because nodes said "not yours"), or unconfirmed (too few answers
+#: in time; the lease keeps the validity it had and its keys are left alone).
+RENEWED, LOST, UNCONFIRMED = "renewed", "lost", "unconfirmed"
+
+
+@dataclass
+class Renewal:
+    """The outcome of one renewal: :data:`RENEWED`, :data:`LOST` or :data:`UNCONFIRMED`."""
+
+    status: str
+    answered: int = 0
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class AcquireFailure:
+    """Why one attempt failed: ``busy`` (someone holds it) or ``unavailable`` (no quorum)."""
+
+    reason: str
+    votes: int
+    answered: int
+    errors: dict[str, str]
+    retry_after: float | None = None

@@ -1,0 +1,205 @@
+"""The asyncio transport: pipelined calls, one deadline, replies read in order.
+
+After redis-py's handshake the transport is handed to a small :class:`asyncio.Protocol` that
+feeds a ``hiredis`` reader and fills the waiting calls in order as bytes arrive. No task per
+read, nothing to cancel half-read: a reply that comes after its deadline is consumed in order
+like any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from redis.asyncio.connection import AbstractConnection
+
+from ..replies import Call, Request, Slot
+from . import redis_py
+from .base import HANDSHAKE, LinkBase, describe, request_slots, resend_unknown_scripts
+
+AsyncConnectionFactory = Callable[[], AbstractConnection]
+
+
+class _Replies(asyncio.Protocol):
+    """Receives the bytes of one link's transport once the handshake is done."""
+
+    def __init__(self, link: AsyncLink) -> None:
+        self._link = link
+
+    def data_received(self, data: bytes) -> None:
+        self._link.received(data)
+
+    def eof_received(self) -> bool:
+        return False  # close the transport; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._link.lost(exc)
+
+
+class AsyncLink(LinkBase):
+    """One asyncio connection to one node."""
+
+    def __init__(self, label: str, factory: AsyncConnectionFactory, timeout: float) -> None:
+        super().__init__(label)
+        self._factory = factory
+        self._timeout = timeout
+        self._conn: AbstractConnection | None = None
+        self._transport: asyncio.WriteTransport | None = None
+        self._connecting: asyncio.Task[bool] | None = None
+
+    async def connect(self) -> bool:
+        conn = None
+        try:
+            conn = self._factory()
+            replies = await asyncio.wait_for(
+                redis_py.ahandshake(conn, HANDSHAKE), max(self._timeout * 4, 0.2)
+            )
+            transport = redis_py.take_transport(conn)
+        except Exception as exc:  # also a factory that raises (bad TLS option, overflow)
+            if conn is not None:
+                await conn.disconnect(nowait=True)
+            self._down(describe(exc))
+            return False
+        self._learn(replies[0])
+        if self._transport is not None:  # another connect won the race; keep that one
+            await conn.disconnect(nowait=True)
+            return True
+        self._ready()
+        transport.set_protocol(_Replies(self))
+        self._conn = conn
+        self._transport = transport
+        self._output = transport.write
+        self.connected = True
+        return True
+
+    def needs_revive(self) -> bool:
+        return self._transport is None and self._fresh_failure and self._connecting is None
+
+    async def revive(self) -> None:
+        """Reconnect inline a connection that was healthy until it just broke."""
+        if self.needs_revive():
+            self._fresh_failure = False
+            await self.connect()
+
+    def usable(self) -> bool:
+        if self._transport is not None:
+            return True
+        if self._retry_due() and self._connecting is None:
+            self._connecting = asyncio.get_running_loop().create_task(self._connect_later())
+        return False
+
+    async def _connect_later(self) -> bool:
+        try:
+            return await self.connect()
+        finally:
+            self._connecting = None
+
+    def _drop(self) -> None:
+        self.connected, self._output = False, None
+        transport, self._transport = self._transport, None
+        conn, self._conn = self._conn, None
+        if transport is not None:
+            transport.close()
+        if conn is not None:
+            redis_py.forget_stream(conn)
+
+    def received(self, data: bytes) -> None:
+        self._reader.feed(data)
+        self._read_replies()
+
+    def lost(self, exc: Exception | None) -> None:
+        if self._transport is not None:
+            self.fail(describe(exc) if exc else "ConnectionError: connection closed by the server")
+
+
+class _Gather:
+    """The slots of one request: wakes the waiting task once, when they are settled (or all
+    done), instead of on every reply; no task or event per wait."""
+
+    __slots__ = ("_future", "_settled", "slots")
+
+    def __init__(self, settled: Callable[[list[Slot]], bool] | None) -> None:
+        self.slots: list[Slot] = []
+        self._settled = settled
+        self._future: asyncio.Future[None] | None = None
+
+    def _ready(self) -> bool:
+        slots = self.slots
+        return all(s.done for s in slots) or (self._settled is not None and self._settled(slots))
+
+    def check(self) -> None:
+        """Called by a slot after it was filled."""
+        future = self._future
+        if future is not None and not future.done() and self._ready():
+            future.set_result(None)
+
+    def send(self, link: AsyncLink, call: Call) -> Slot:
+        return link.send(call, notify=self.check)
+
+    async def wait(self, deadline: float) -> None:
+        """Until the slots are settled or ``deadline`` (``time.monotonic()``) passes."""
+        if self._ready():
+            return
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        future = self._future = loop.create_future()
+        timer = loop.call_later(remaining, _finish, future)
+        try:
+            await future
+        finally:
+            timer.cancel()
+            self._future = None
+
+
+def _send(link: AsyncLink, call: Call) -> Slot:
+    return link.send(call)
+
+
+def _finish(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class AsyncChannel:
+    """One asyncio connection per node, used by one task at a time (hold :attr:`mutex`)."""
+
+    def __init__(
+        self, labels: Sequence[str], factories: Sequence[AsyncConnectionFactory], timeout: float
+    ) -> None:
+        self.links = [AsyncLink(lb, f, timeout) for lb, f in zip(labels, factories, strict=True)]
+        self.mutex = asyncio.Lock()
+
+    async def connect(self) -> None:
+        await asyncio.gather(*(link.connect() for link in self.links))
+
+    async def prepare(self) -> None:
+        """Before a plan reads the links: reconnect those the server just closed (the event
+        loop already noticed, through ``connection_lost``)."""
+        for link in self.links:
+            if link.needs_revive():
+                await link.revive()
+
+    def send_now(self, request: Request) -> None:
+        """Send a fire-and-forget request at once, without awaiting anything."""
+        request_slots(self.links, request, _send)
+
+    async def execute(self, request: Request) -> list[Any]:
+        """Run one plan request and return one reply (or NodeFailure) per node."""
+        gather = _Gather(request.settled)
+        gather.slots = slots = request_slots(self.links, request, gather.send)
+        if not request.wait:
+            return [None] * len(slots)
+        deadline = time.monotonic() + request.timeout
+        await gather.wait(deadline)
+        if resend_unknown_scripts(self.links, slots, gather.check):
+            await gather.wait(deadline)
+        expired = time.monotonic() >= deadline
+        return [s.result(expired=expired) for s in slots]
+
+    async def close(self) -> None:
+        for link in self.links:
+            link.close_link()

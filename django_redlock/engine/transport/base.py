@@ -1,0 +1,191 @@
+"""What the sync and the asyncio transport share: one link's reconnection backoff, its queue
+of calls whose replies are unread, reading replies in order, and a request's per-node slots.
+
+Replies are read in order on each connection: a reply that arrives after its call's deadline
+is read and dropped later, which is also why a release sent after a timed-out acquire can
+never overtake it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import hiredis
+
+from ..replies import Call, NodeFailure, Request, Slot, failed_slot, is_noscript
+from ..scripts import ALL_SCRIPTS, RELEASE
+
+#: A node with this many unanswered calls gets no new acquisitions until it catches up. Kept
+#: small so the calls in flight (a few hundred bytes each) always fit in the kernel's socket
+#: buffers: a paused node must receive every release whole, never a truncated one.
+MAX_UNREAD = 64
+#: First and longest pause between reconnection attempts to a node that is down, seconds.
+RECONNECT_MIN = 0.05
+RECONNECT_MAX = 2.0
+#: Sent on every new connection in one write: learn the node's incarnation, load the scripts.
+HANDSHAKE: list[tuple[str, ...]] = [("INFO", "server")] + [
+    ("SCRIPT", "LOAD", script.source) for script in ALL_SCRIPTS
+]
+
+
+def describe(exc: BaseException) -> str:
+    """A short reason for ``exc``; never includes a URL (and so never a password)."""
+    text = str(exc).split("\n", 1)[0]
+    return f"{type(exc).__name__}: {text}"[:200]
+
+
+def parse_info(raw: Any) -> dict[str, str]:
+    """The fields of an ``INFO`` reply (a dict from RESP3, text from RESP2)."""
+    if isinstance(raw, dict):
+        return {str(k): str(v) for k, v in raw.items()}
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if ":" in line and not line.startswith("#"):
+            k, _, v = line.partition(":")
+            fields[k] = v.strip()
+    return fields
+
+
+class LinkBase:
+    """One connection to one node: its state as plans see it (:class:`~..state.NodeView`),
+    the calls whose replies are still unread, and when to try reconnecting."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        #: True while a connection is up (a plain attribute: read on every call)
+        self.connected = False
+        #: writes bytes to the connection (``socket.sendall`` or ``transport.write``) while up
+        self._output: Callable[[bytes], object] | None = None
+        self._unread: deque[Slot] = deque()
+        self._reader: Any = None
+        self._run_id: str | None = None
+        self._node_started: float | None = None
+        self._backoff = RECONNECT_MIN
+        self._retry_at = 0.0
+        self._fresh_failure = False
+        self.last_error = ""
+
+    # -- what the transport implements ---------------------------------------------------
+    def _drop(self) -> None:
+        """Close the connection (if any) without touching the unread calls."""
+        raise NotImplementedError
+
+    # -- state seen by plans -------------------------------------------------------------
+    @property
+    def run_id(self) -> str | None:
+        return self._run_id if self.connected else None
+
+    def uptime(self) -> float | None:
+        if self._node_started is None:
+            return None
+        return time.monotonic() - self._node_started
+
+    # -- connecting ----------------------------------------------------------------------
+    def _learn(self, info: Any) -> None:
+        """Remember the node's incarnation from its ``INFO server`` reply."""
+        fields = parse_info(info)
+        self._run_id = fields.get("run_id", "")
+        self._node_started = time.monotonic() - float(fields.get("uptime_in_seconds", "0"))
+
+    def _ready(self) -> None:
+        """A new connection is up: nothing unread, a fresh reader, no backoff."""
+        self._unread.clear()
+        self._reader = hiredis.Reader()
+        self._backoff = RECONNECT_MIN
+        self.last_error = ""
+
+    def _down(self, reason: str) -> None:
+        self.last_error = reason
+        self._retry_at = time.monotonic() + self._backoff
+        self._backoff = min(RECONNECT_MAX, self._backoff * 2)
+
+    def _retry_due(self) -> bool:
+        return time.monotonic() >= self._retry_at
+
+    def fail(self, reason: str) -> None:
+        """Drop the connection; every unread call fails with ``reason``."""
+        self._fresh_failure = self.connected and self._backoff == RECONNECT_MIN
+        self._drop()
+        while self._unread:
+            self._unread.popleft().fill(NodeFailure(reason))
+        self._down(reason)
+
+    def close_link(self) -> None:
+        self._drop()
+        self._unread.clear()
+
+    # -- calls ---------------------------------------------------------------------------
+    def send(
+        self, call: Call, *, by_sha: bool = True, notify: Callable[[], None] | None = None
+    ) -> Slot:
+        """Write ``call``; its slot is filled when the reply is read (or the link fails)."""
+        if not self.connected:
+            return failed_slot(call, f"down: {self.last_error or 'not connected'}")
+        # A node this far behind (paused, or partitioned) gets no new calls until it catches
+        # up, but the connection is kept: closing it would make the node drop, unprocessed, the
+        # releases queued behind its late acquires. Releases are always sent, so it runs each
+        # one right after the acquire it undoes.
+        if len(self._unread) >= MAX_UNREAD and call.script is not RELEASE:
+            return failed_slot(call, f"not answering ({len(self._unread)} calls queued)")
+        slot = Slot(call, notify)
+        assert self._output is not None
+        try:
+            self._output(hiredis.pack_command(call.packed_args(by_sha=by_sha)))  # type: ignore[arg-type]
+        except OSError as exc:  # includes a full send buffer on a non-blocking socket
+            self.fail(describe(exc))
+            slot.fill(NodeFailure(f"down: {describe(exc)}"))
+            return slot
+        self._unread.append(slot)
+        return slot
+
+    def _read_replies(self) -> bool:
+        """Fill unread slots, in order, from what the reader has parsed; True if any was
+        filled (or the link failed on a protocol error)."""
+        progressed = False
+        while self._unread:
+            try:
+                reply = self._reader.gets()
+            except hiredis.ProtocolError as exc:
+                self.fail(describe(exc))
+                return True
+            if reply is False:
+                break
+            if isinstance(reply, hiredis.ReplyError):
+                reply = NodeFailure(f"ResponseError: {reply}")
+            self._unread.popleft().fill(reply)
+            progressed = True
+        return progressed
+
+
+def request_slots(
+    links: Sequence[Any], request: Request, send: Callable[[Any, Call], Slot]
+) -> list[Slot]:
+    """Send each node's call of ``request`` with ``send(link, call)``; a node that is down
+    (or has no call) gets a failed slot, and its reconnection is started."""
+    slots: list[Slot] = []
+    for link, call in zip(links, request.calls, strict=True):
+        if call is None:
+            link.usable()  # a node that is down gets its reconnection started
+            slots.append(failed_slot(None, f"down: {link.last_error or 'not connected'}"))
+        elif not link.usable():
+            slots.append(failed_slot(call, f"down: {link.last_error or 'reconnecting'}"))
+        else:
+            slots.append(send(link, call))
+    return slots
+
+
+def resend_unknown_scripts(
+    links: Sequence[LinkBase], slots: list[Slot], notify: Callable[[], None] | None = None
+) -> bool:
+    """After ``SCRIPT FLUSH`` on a node: send the calls it refused again with ``EVAL`` (which
+    caches the script again); True if any was."""
+    retry = [i for i, s in enumerate(slots) if s.done and is_noscript(s.value)]
+    for i in retry:
+        call = slots[i].call
+        assert call is not None
+        slots[i] = links[i].send(call, by_sha=False, notify=notify)
+    return bool(retry)

@@ -1,0 +1,195 @@
+"""Wake one waiter when a lock is released, instead of polling or waking everybody.
+
+A release that finds a live waiter registered for the name pushes one element onto
+``<prefix>__wake__:<name>`` on one node picked by the name's hash (:func:`..keyspace.wake_node`);
+every waiter of the name blocks in ``BLPOP`` on that list, so each release wakes exactly one of
+them; the others sleep on. A release that happens between a failed attempt and the ``BLPOP`` is
+not lost: its element is still in the list. When the node is down or slow, waiting falls back
+to a plain sleep of the same length, so a lost wake-up costs latency (bounded by the backoff),
+never correctness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import select
+import ssl
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import hiredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+from ..keyspace import wake_node
+from . import redis_py
+
+#: Waits shorter than this just sleep: a BLPOP round trip would cost more than it saves.
+MIN_BLOCK = 0.003
+#: Extra time a node gets to answer a BLPOP after its own timeout, seconds.
+SLACK = 0.05
+
+
+def _blpop_args(key: str, seconds: float) -> tuple[str, str, str]:
+    return ("BLPOP", key, f"{max(seconds, 0.001):.3f}")
+
+
+class _BlockingConnection:
+    """One connection for ``BLPOP``: redis-py connects it (TLS, AUTH, SELECT), then the call
+    is written to the socket and its reply read with a ``hiredis`` reader after one ``poll``,
+    like the lock calls (:mod:`.sync`): less work between a release and the woken waiter's
+    acquire than redis-py's generic read path."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self._sock = sock = redis_py.open_socket(conn)
+        self._reader = hiredis.Reader()
+        self._poller = select.poll()
+        self._poller.register(sock.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
+
+    def blpop(
+        self, key: str, seconds: float, deadline: float, before: tuple[str | int, ...] | None
+    ) -> bool:
+        """True if an element was popped; False when BLPOP timed out on the server. Raises
+        ``TimeoutError`` when no reply came by ``deadline`` (``time.monotonic()``).
+        ``before``: a command sent ahead of the BLPOP in the same write (registering the
+        waiter)."""
+        commands = [before] if before else []
+        commands.append(_blpop_args(key, seconds))
+        self._sock.sendall(b"".join(hiredis.pack_command(c) for c in commands))  # type: ignore[arg-type]
+        for _ in commands[:-1]:
+            self._read(deadline)
+        return self._read(deadline) is not None
+
+    def _read(self, deadline: float) -> Any:
+        while True:
+            reply = self._reader.gets()
+            if reply is not False:
+                if isinstance(reply, hiredis.ReplyError):
+                    raise ResponseError(str(reply))
+                return reply
+            if not (isinstance(self._sock, ssl.SSLSocket) and self._sock.pending()):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._poller.poll(remaining * 1000):
+                    raise TimeoutError("no BLPOP reply in time")
+            try:
+                data = self._sock.recv(65536)
+            except (BlockingIOError, ssl.SSLWantReadError):
+                continue
+            if not data:
+                raise ConnectionError("connection closed by the server")
+            self._reader.feed(data)
+
+    def close(self) -> None:
+        self._conn.disconnect()
+
+
+class ReleaseWaiter:
+    """Blocks waiters on the wake-up list of a name (sync and asyncio)."""
+
+    def __init__(
+        self,
+        factories: Sequence[Callable[[], Any]],
+        async_factories: Sequence[Callable[[], Any]],
+    ) -> None:
+        self._factories = list(factories)
+        self._async_factories = list(async_factories)
+        self._idle: list[list[Any]] = [[] for _ in self._factories]
+        self._mutex = threading.Lock()
+
+    # -- sync ------------------------------------------------------------------------------
+    def wait(
+        self, key: str, name: str, seconds: float, before: tuple[str | int, ...] | None = None
+    ) -> bool:
+        """Return True when a release woke us, False after ``seconds``; ``before``: a command
+        to send ahead of the BLPOP (see :meth:`_BlockingConnection.blpop`)."""
+        if seconds < MIN_BLOCK:
+            time.sleep(max(seconds, 0.0))
+            return False
+        started = time.monotonic()
+        node = wake_node(name, len(self._factories))
+        with self._mutex:
+            conn = self._idle[node].pop() if self._idle[node] else None
+        for _ in range(2):
+            pooled = conn is not None
+            try:
+                if conn is None:
+                    conn = _BlockingConnection(self._factories[node]())
+                left = seconds - (time.monotonic() - started)
+                popped = conn.blpop(key, left, started + seconds + SLACK, before)
+                with self._mutex:
+                    self._idle[node].append(conn)
+                return popped
+            except TimeoutError:  # no answer in time: a late reply must never be misread
+                if conn is not None:
+                    conn.close()
+                break
+            except Exception:  # RedisError, OSError, a protocol error, a factory that raises
+                if conn is not None:
+                    conn.close()
+                if not pooled:
+                    break
+                conn = None  # the pooled connection had gone stale (idle timeout, CLIENT
+                # KILL, restart): one more try on a fresh one, not a whole wait asleep
+        time.sleep(max(0.0, seconds - (time.monotonic() - started)))
+        return False
+
+    def close(self) -> None:
+        with self._mutex:
+            idle, self._idle = self._idle, [[] for _ in self._factories]
+        for conns in idle:
+            for conn in conns:
+                conn.close()
+
+    # -- async -----------------------------------------------------------------------------
+    async def await_release(
+        self,
+        key: str,
+        name: str,
+        seconds: float,
+        idle: list[list[Any]],
+        before: tuple[str | int, ...] | None = None,
+    ) -> bool:
+        """Asyncio twin of :meth:`wait`; ``idle`` holds this event loop's connections."""
+        if seconds < MIN_BLOCK:
+            await asyncio.sleep(max(seconds, 0.0))
+            return False
+        started = time.monotonic()
+        node = wake_node(name, len(self._async_factories))
+        pooled = bool(idle[node])
+        conn: Any = idle[node].pop() if pooled else None
+        for _ in range(2):
+            try:
+                if conn is None:
+                    conn = self._async_factories[node]()
+                left = seconds - (time.monotonic() - started)
+                commands = [before] if before else []
+                commands.append(_blpop_args(key, left))
+                await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+                for _ in commands[:-1]:
+                    await conn.read_response(timeout=left + SLACK)
+                popped = await conn.read_response(timeout=left + SLACK)
+                idle[node].append(conn)
+                return popped is not None
+            except asyncio.CancelledError:  # mid-BLPOP: a late reply must never be misread
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(conn.disconnect(nowait=True))
+                raise
+            except Exception as exc:  # RedisError, OSError, TimeoutError, a raising factory
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.disconnect(nowait=True)
+                stale = isinstance(exc, RedisConnectionError | ConnectionError)
+                if not (pooled and stale):
+                    break
+                # the pooled connection had gone stale: one more try on a fresh one
+                pooled, conn = False, None
+        await asyncio.sleep(max(0.0, seconds - (time.monotonic() - started)))
+        return False
+
+    def new_idle(self) -> list[list[Any]]:
+        return [[] for _ in self._async_factories]

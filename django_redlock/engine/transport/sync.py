@@ -1,0 +1,291 @@
+"""The blocking transport: pipelined calls on non-blocking sockets and one deadline for all.
+
+One :class:`Channel` holds one connection per node. A call is written to every node's socket
+first, then the replies are read as they arrive (``poll``) against a single deadline, so N nodes
+cost one round trip and a paused node costs nothing once a quorum has answered. The calls use
+the socket directly with a ``hiredis`` reader (see :mod:`.redis_py`).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from redis.connection import AbstractConnection
+
+from ..replies import Request, Slot
+from . import redis_py
+from .base import HANDSHAKE, LinkBase, describe, request_slots
+from .base import resend_unknown_scripts as _resend
+
+ConnectionFactory = Callable[[], AbstractConnection]
+
+_POLL_EVENTS = select.POLLIN | select.POLLERR | select.POLLHUP
+_BUFFER_SIZE = 65536
+
+
+class Link(LinkBase):
+    """One blocking connection to one node."""
+
+    def __init__(self, label: str, factory: ConnectionFactory) -> None:
+        super().__init__(label)
+        self._factory = factory
+        self._conn: AbstractConnection | None = None
+        self._sock: socket.socket | None = None
+        self._buffer = bytearray(_BUFFER_SIZE)
+        self._reconnecting = False
+        #: held while (re)connecting, so two connects never race. Senders need no lock: a
+        #: connect runs only while the link is down, and publishes ``connected`` last
+        self.mutex = threading.Lock()
+
+    # -- connecting ----------------------------------------------------------------------
+    def connect(self) -> bool:
+        """Connect, load the scripts and learn the node's ``run_id``; False on failure."""
+        conn = None
+        try:
+            conn = self._factory()
+            info, *_ = redis_py.handshake(conn, HANDSHAKE)
+            sock = redis_py.connected_socket(conn)
+        except Exception as exc:  # also a factory that raises (bad TLS option, overflow)
+            if conn is not None:
+                conn.disconnect()
+            self._down(describe(exc))
+            return False
+        self._learn(info)
+        self._ready()
+        self._conn = conn
+        self._sock = sock
+        self._output = sock.sendall
+        self.connected = True  # last: a sender that sees it sees everything above
+        return True
+
+    def revive(self) -> None:
+        """Reconnect inline a connection that was healthy until it just broke (on loopback or
+        a LAN that costs less than a failed call); later attempts run in the background."""
+        if self._sock is None and self._fresh_failure and not self._reconnecting:
+            self._fresh_failure = False
+            self.connect_detached()
+
+    def usable(self) -> bool:
+        """True when connected; else start a background reconnect when its time has come."""
+        if self.connected:
+            return True
+        if self._retry_due() and not self._reconnecting:
+            self._reconnecting = True
+            threading.Thread(
+                target=self._reconnect, name=f"redlock-connect {self.label}", daemon=True
+            ).start()
+        return False
+
+    def _reconnect(self) -> None:
+        try:
+            self.connect_detached()
+        finally:
+            self._reconnecting = False
+
+    def connect_detached(self) -> bool:
+        """Connect without disturbing a caller that is using the channel right now."""
+        with self.mutex:
+            return self.connect()
+
+    def _drop(self) -> None:
+        self.connected, self._output = False, None
+        conn, self._conn, self._sock = self._conn, None, None
+        if conn is not None:
+            conn.disconnect()
+
+    # -- replies -------------------------------------------------------------------------
+    def is_idle(self) -> bool:
+        """Connected with no reply outstanding: if its socket is readable, the server closed
+        it (CLIENT KILL, idle timeout, restart)."""
+        return self.connected and not self._unread and not self.has_buffered()
+
+    def fileno(self) -> int | None:
+        sock = self._sock
+        return sock.fileno() if self.connected and sock is not None else None
+
+    def has_buffered(self) -> bool:
+        """True if bytes are already decrypted or parsed on our side (poll would miss them)."""
+        sock = self._sock
+        if sock is None:
+            return False
+        return bool(self._reader.has_data()) or (
+            isinstance(sock, ssl.SSLSocket) and sock.pending() > 0
+        )
+
+    def drain(self, *, receive: bool) -> bool:
+        """Fill slots from buffered replies; with ``receive`` read the socket once first.
+
+        Returns True if any slot was filled (or the link failed)."""
+        sock = self._sock
+        if sock is None:
+            return False
+        if receive:
+            try:
+                count = sock.recv_into(self._buffer)
+            except (BlockingIOError, ssl.SSLWantReadError):
+                count = -1
+            except OSError as exc:
+                self.fail(describe(exc))
+                return True
+            if count == 0:
+                self.fail("ConnectionError: connection closed by the server")
+                return True
+            if count < 0:  # nothing new (what the reader holds is drained with receive=False)
+                return False
+            self._reader.feed(self._buffer, 0, count)
+        return self._read_replies()
+
+
+class Spinner:
+    """How long a channel busy-polls for replies before it sleeps in ``poll()``.
+
+    Sleeping and being woken costs more than a fast node's whole answer on loopback or a
+    local network (on the 2-core VM of docs/benchmarks.md, ~40 % of a single-node
+    acquire+release). So a call first spins on non-blocking reads for up to ``limit``
+    seconds, yielding the CPU between reads. When replies keep arriving later than that (a
+    remote or loaded node), the spinning stopped paying and is skipped for the next
+    :attr:`PAUSE` calls, then tried again.
+    """
+
+    #: Calls without spinning after :attr:`MISSES` calls in a row spun in vain.
+    PAUSE = 64
+    MISSES = 4
+
+    __slots__ = ("_limit", "_misses", "_skip")
+
+    def __init__(self, limit: float) -> None:
+        self._limit = limit
+        self._misses = 0
+        self._skip = 0
+
+    @property
+    def active(self) -> bool:
+        """True when the next call will spin."""
+        return self._limit > 0 and not self._skip
+
+    def budget(self) -> float:
+        """Seconds to spin on the next call (0: go straight to ``poll()``)."""
+        if self._skip:
+            self._skip -= 1
+            return 0.0
+        return self._limit
+
+    def settled(self, in_time: bool) -> None:
+        """Report whether the call spun with a budget settled before the budget ran out."""
+        if in_time:
+            self._misses = 0
+            return
+        self._misses += 1
+        if self._misses >= self.MISSES:
+            self._misses = 0
+            self._skip = self.PAUSE
+
+
+class Channel:
+    """One connection per node, used by one thread at a time (hold :attr:`mutex`)."""
+
+    def __init__(
+        self,
+        labels: Sequence[str],
+        factories: Sequence[ConnectionFactory],
+        busy_poll: float = 0.0,
+    ) -> None:
+        self.links = [Link(label, f) for label, f in zip(labels, factories, strict=True)]
+        self.spinner = Spinner(busy_poll)
+        self.mutex = threading.RLock()
+        self._poller = select.poll()
+        threads = [
+            threading.Thread(target=link.connect_detached, daemon=True) for link in self.links
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    def prepare(self) -> None:
+        """Before a plan reads the links, one zero-timeout poll over all of them: read late
+        replies that arrived meanwhile (a resumed node catching up), drop connections the
+        server closed while idle, and reconnect those that just broke, so no call is lost."""
+        by_fd = {fd: link for link in self.links if (fd := link.fileno()) is not None}
+        for fd in by_fd:
+            self._poller.register(fd, _POLL_EVENTS)
+        try:
+            ready = self._poller.poll(0)
+        finally:
+            for fd in by_fd:
+                self._poller.unregister(fd)
+        for fd, _ in ready:
+            link = by_fd[fd]
+            if link.is_idle():  # nothing is expected from an idle link: the server closed it
+                link.fail("ConnectionError: connection closed by the server")
+            else:
+                link.drain(receive=True)
+        for link in self.links:
+            link.revive()
+
+    def execute(self, request: Request) -> list[Any]:
+        """Run one plan request and return one reply (or NodeFailure) per node."""
+        slots = request_slots(self.links, request, Link.send)
+        if not request.wait:
+            return [None] * len(slots)
+        deadline = time.monotonic() + request.timeout
+        self._collect(slots, deadline, request.settled)
+        if _resend(self.links, slots):
+            self._collect(slots, deadline, request.settled)
+        expired = time.monotonic() >= deadline
+        return [s.result(expired=expired) for s in slots]
+
+    def _collect(
+        self,
+        slots: list[Slot],
+        deadline: float,
+        settled: Callable[[list[Slot]], bool] | None,
+    ) -> None:
+        poller = self._poller
+        links = self.links
+        budget = self.spinner.budget()
+        spin_until = min(time.monotonic() + budget, deadline)
+        while True:
+            waiting = [links[i] for i, slot in enumerate(slots) if not slot.done]
+            if not waiting or (settled is not None and settled(slots)):
+                if budget:
+                    self.spinner.settled(True)
+                return
+            if any(link.has_buffered() for link in waiting):
+                for link in waiting:
+                    link.drain(receive=False)
+                continue
+            now = time.monotonic()
+            if budget:
+                if now < spin_until:
+                    if not any([link.drain(receive=True) for link in waiting]):
+                        os.sched_yield()  # let the node (or anyone) run if it shares our CPU
+                    continue
+                self.spinner.settled(False)
+                budget = 0.0
+            remaining = deadline - now
+            if remaining <= 0:
+                return
+            by_fd = {fd: link for link in waiting if (fd := link.fileno()) is not None}
+            if not by_fd:
+                return
+            for fd in by_fd:  # a poll object's registry lives in user space: no syscalls
+                poller.register(fd, _POLL_EVENTS)
+            try:
+                ready = poller.poll(remaining * 1000)
+            finally:
+                for fd in by_fd:
+                    poller.unregister(fd)
+            for fd, _ in ready:
+                by_fd[fd].drain(receive=True)
+
+    def close(self) -> None:
+        for link in self.links:
+            link.close_link()

@@ -1,0 +1,81 @@
+"""Which nodes may vote: restarted or new nodes rejoin only when that is safe (SPEC 4).
+
+A node whose fence hash does not carry the ``run_id`` of its current incarnation has restarted
+(or was wiped, or is new): its lock keys may be gone, so it votes neither for locks nor for
+tokens until the longest TTL has passed and its counter has been raised to what a majority of
+trusted nodes has seen.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from . import scripts
+from .keyspace import TOKEN_LIMIT, as_text, quorum
+from .replies import Call, NodeFailure, Request
+from .state import AliasState, NodeView, Plan
+
+#: On (re)initialisation a node's counter is raised to at least ``unix_ms * CLOCK_FLOOR``. No
+#: node can run 1,024 acquisitions per millisecond, so a cluster that lost every node's data
+#: still hands out tokens above all earlier ones (until the year 2248).
+CLOCK_FLOOR = 1024
+#: How often one engine re-examines untrusted nodes.
+REJOIN_INTERVAL = 0.5
+
+
+def rejoin_plan(state: AliasState, nodes: Sequence[NodeView]) -> Plan[bool]:
+    """Make restarted or new nodes trusted again when it is safe; returns True if any rejoined.
+
+    * A brand-new cluster (every node answers and none has a fence hash) is initialised at once.
+    * A restarted node waits until the longest TTL has passed since it started, then gets the
+      highest counter of a majority of trusted nodes (or, when fewer than a quorum are trusted,
+      the highest counter of all reachable nodes and the clock floor).
+    """
+    now = time.monotonic()
+    if now < state.next_rejoin_check:
+        return False
+    state.next_rejoin_check = now + REJOIN_INTERVAL
+    total = len(nodes)
+    needed = quorum(total)
+    fence = state.keys.fence
+    calls: list[Call | None] = [
+        None if node.run_id is None else Call(scripts.PROBE, (fence,), ()) for node in nodes
+    ]
+    probes = yield Request(calls, state.node_timeout * 2, None)
+    reachable = [i for i, p in enumerate(probes) if not isinstance(p, NodeFailure)]
+    if len(reachable) < needed:
+        return False
+    markers = {i: as_text(probes[i][0]) for i in reachable}
+    counters = {i: int(probes[i][1]) for i in reachable}
+    longest = max([state.longest_ttl_ms, *(int(probes[i][2]) for i in reachable)])
+    state.longest_ttl_ms = longest
+    trusted = [i for i in reachable if markers[i] == nodes[i].run_id]
+    untrusted = [i for i in reachable if i not in trusted]
+    floor = int(time.time() * 1000) * CLOCK_FLOOR
+    if len(reachable) == total and not any(int(probes[i][3]) for i in reachable):
+        targets, value = untrusted, max([floor, *counters.values()])
+    else:
+        targets = [i for i in untrusted if quarantine_over(state, nodes[i], now, longest)]
+        if len(trusted) >= needed:
+            value = max(counters[i] for i in trusted)
+        else:
+            value = max([floor, *counters.values()])
+    if not targets or value >= TOKEN_LIMIT:
+        return False
+    rejoin: list[Call | None] = [None] * total
+    for i in targets:
+        run_id = nodes[i].run_id
+        if run_id is not None:
+            rejoin[i] = Call(scripts.REJOIN, (fence,), (run_id, value))
+    replies = yield Request(rejoin, state.node_timeout * 2, None)
+    return any(not isinstance(replies[i], NodeFailure) for i in targets)
+
+
+def quarantine_over(state: AliasState, node: NodeView, now: float, longest_ms: int) -> bool:
+    """An untrusted node may rejoin once the longest TTL has passed since it started *and*
+    since this process first saw it without its marker: a node wiped without a restart
+    (``FLUSHALL``, ``REPLICAOF``) has a long uptime but lost its lock keys just now."""
+    first_seen = state.untrusted_seen.setdefault((node.label, node.run_id or ""), now)
+    uptime = node.uptime() or 0.0
+    return min(uptime, now - first_seen) * 1000 >= longest_ms

@@ -1,0 +1,141 @@
+"""Read held locks and node health from Redis; the only package the admin and command use.
+
+Locks are found with ``SCAN MATCH <prefix>*`` (never ``KEYS``), stopping as soon as enough names
+are known for the page asked for, so the cost grows with the locks shown, not the database size.
+The values and TTLs of one page are read with one pipelined ``GET``/``PTTL`` round trip per node
+(:mod:`.reader`); what comes back is described in :mod:`.records`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..engine import escape_glob
+from ..registry import locks
+from .reader import SCAN_COUNT, AliasInspector
+from .records import (
+    HolderChanged,
+    InspectionError,
+    LockInfo,
+    LockPage,
+    NodeError,
+    NodeHealth,
+    NotHeld,
+    Unreachable,
+    lease_id,
+    main_holder,
+    mask_owner,
+    merge,
+)
+
+__all__ = [
+    "SCAN_COUNT",
+    "AliasInspector",
+    "HolderChanged",
+    "InspectionError",
+    "LockInfo",
+    "LockPage",
+    "NodeError",
+    "NodeHealth",
+    "NotHeld",
+    "Unreachable",
+    "aliases",
+    "escape_glob",
+    "force_release",
+    "get_lock",
+    "lease_id",
+    "list_locks",
+    "mask_owner",
+    "node_health",
+]
+
+
+def aliases(using: str | None = None) -> list[str]:
+    """``[using]`` or every configured alias."""
+    return [using] if using is not None else list(locks)
+
+
+def list_locks(
+    using: Iterable[str] | None = None, prefix: str = "", offset: int = 0, limit: int = 50
+) -> LockPage:
+    """Locks ``offset``..``offset + limit`` over the aliases in order, names starting with
+    ``prefix``. Reads at most ``offset + limit + 1`` names per alias."""
+    wanted = offset + limit + 1
+    found: list[tuple[str, str]] = []
+    errors: list[NodeError] = []
+    inspectors: dict[str, AliasInspector] = {}
+    try:
+        for alias in aliases() if using is None else using:
+            if len(found) >= wanted:
+                break
+            inspector = inspectors[alias] = AliasInspector(locks[alias])
+            names = inspector.scan_names(prefix, wanted - len(found))
+            found.extend((alias, name) for name in names)
+        page = found[offset : offset + limit]
+        infos: list[LockInfo] = []
+        for alias, inspector in inspectors.items():
+            names = [name for a, name in page if a == alias]
+            if names:
+                infos.extend(inspector.lock_infos(names))
+            errors.extend(inspector.errors)
+    finally:
+        for inspector in inspectors.values():
+            inspector.close()
+    order = {key: i for i, key in enumerate(page)}
+    infos.sort(key=lambda info: order[(info.alias, info.name)])
+    return LockPage(infos, len(found) > offset + limit, errors)
+
+
+def get_lock(alias: str, name: str) -> tuple[LockInfo | None, list[NodeError]]:
+    """The merged state of one lock (None when no reachable node holds it)."""
+    with AliasInspector(locks[alias]) as inspector:
+        infos = inspector.lock_infos([name])
+        return (infos[0] if infos else None), inspector.errors
+
+
+def node_health(using: Iterable[str] | None = None) -> list[NodeHealth]:
+    """Health of every node of the aliases (all of them by default)."""
+    report: list[NodeHealth] = []
+    for alias in aliases() if using is None else using:
+        with AliasInspector(locks[alias]) as inspector:
+            report.extend(inspector.health())
+    return report
+
+
+def force_release(
+    alias: str, name: str, token: int | None = None, lease: str | None = None
+) -> tuple[int, LockInfo]:
+    """Delete ``name`` on every node, advancing the alias's fence counter; returns how many
+    nodes deleted it and what was released.
+
+    With ``token`` and/or ``lease`` (a :func:`lease_id`) only that lease is released: its
+    per-node values are re-read and each is passed as the engine's ``expected_value``, so a
+    lease acquired meanwhile is never touched (raises :class:`HolderChanged`). Without either,
+    whatever holds the name is deleted. Raises :class:`NotHeld` when nothing holds it, and
+    :class:`Unreachable` instead when a node that could hold it did not answer.
+    """
+    manager = locks[alias]
+    with AliasInspector(manager) as inspector:
+        per_node = inspector.read_values([name])[0]
+        errors = inspector.errors
+    info = merge(alias, name, len(manager.config.nodes), per_node)
+    if info is None and errors:
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise Unreachable(
+            f"{errors[0]}{more}; lock {name!r} is not held on the nodes that answered, "
+            "nothing was released"
+        )
+    if info is None:
+        raise NotHeld(f"lock {name!r} is not held on alias {alias!r}")
+    if token is None and lease is None:
+        return manager.force_release(name), info
+    if (token is not None and info.token != token) or (
+        lease is not None and info.lease_id != lease
+    ):
+        raise HolderChanged(
+            f"lock {name!r} on alias {alias!r} is now held by another lease (token {info.token}); "
+            "nothing was released"
+        )
+    raws = {value.raw for value, _ in main_holder([e for e in per_node if e is not None])}
+    deleted = sum(manager.force_release(name, expected_value=raw) for raw in sorted(raws))
+    return deleted, info

@@ -1,0 +1,243 @@
+"""Plain redis-py clients to one alias's nodes for one inspection: SCAN for names, one
+pipelined ``GET``/``PTTL`` (and waiter count) round trip per node for a page of values, and
+node health."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import redis
+
+from ..checks import valid_aliases
+from ..conf import AliasConfig
+from ..connections import client_factory
+from ..engine import WAITING, Keyspace, LockValue, as_text, escape_glob
+from ..manager import LockManager
+from .records import LockInfo, NodeError, NodeHealth, merge
+
+logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name (records carry .module)
+T = TypeVar("T")
+
+#: ``COUNT`` hint per ``SCAN`` call.
+SCAN_COUNT = 500
+
+
+class AliasInspector:
+    """Plain clients to one alias's nodes for one inspection; a node that fails once is
+    treated as down for the rest of it (no repeated timeouts)."""
+
+    def __init__(self, manager: LockManager) -> None:
+        self.config: AliasConfig = manager.config
+        self.manager = manager
+        self._factories = [client_factory(node, self.config) for node in self.config.nodes]
+        self._clients: dict[int, redis.Redis] = {}
+        self.failures: dict[int, str] = {}
+        self.keys = Keyspace(self.config.key_prefix)
+        # other aliases whose prefix extends ours: their keys match our SCAN, never list them
+        prefix = self.config.key_prefix
+        self._foreign = tuple(
+            other.key_prefix
+            for other in valid_aliases()[0]
+            if other.key_prefix != prefix and other.key_prefix.startswith(prefix)
+        )
+
+    @property
+    def alias(self) -> str:
+        return self.config.alias
+
+    @property
+    def total(self) -> int:
+        return len(self.config.nodes)
+
+    @property
+    def errors(self) -> list[NodeError]:
+        return [
+            NodeError(self.alias, self.config.nodes[i].label, message)
+            for i, message in sorted(self.failures.items())
+        ]
+
+    def __enter__(self) -> AliasInspector:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            client.close()
+            client.connection_pool.disconnect()
+
+    def _call(self, index: int, func: Callable[[redis.Redis], T]) -> T | None:
+        """``func(client)`` on node ``index``; None (and the node marked down) on failure."""
+        if index in self.failures:
+            return None
+        client = self._clients.get(index)
+        if client is None:
+            client = self._clients[index] = self._factories[index]()
+        try:
+            return func(client)
+        except (redis.RedisError, OSError) as exc:
+            self.failures[index] = _one_line(exc)
+            logger.info(
+                "Inspection of alias %r: node %s failed: %s",
+                self.alias,
+                self.config.nodes[index].label,
+                self.failures[index],
+            )
+            return None
+
+    # -- locks -----------------------------------------------------------------------------
+    def _lock_name(self, key: str) -> str | None:
+        """The lock name of ``key``; None for our own bookkeeping keys and for keys of an
+        alias whose prefix extends ours."""
+        return None if key.startswith(self._foreign) else self.keys.name_of(key)
+
+    def scan_names(self, name_prefix: str = "", need: int | None = None) -> list[str]:
+        """Lock names starting with ``name_prefix``, in SCAN order, until ``need`` are known.
+
+        Nodes are scanned one after the other; a later node is read only when the earlier ones
+        ran out, so names held only there (say, the first node is down) are still found.
+        """
+        match = escape_glob(self.keys.lock(name_prefix)) + "*"
+        found: dict[str, None] = {}
+
+        def scan(client: redis.Redis) -> None:
+            cursor = 0
+            while True:
+                cursor, keys = client.scan(cursor, match=match, count=SCAN_COUNT)
+                for raw in keys:
+                    name = self._lock_name(as_text(raw))
+                    if name is not None:
+                        found.setdefault(name, None)
+                if cursor == 0 or (need is not None and len(found) >= need):
+                    return
+
+        for index in range(self.total):
+            if need is not None and len(found) >= need:
+                break
+            self._call(index, scan)
+        names = list(found)
+        return names if need is None else names[:need]
+
+    def read_values(self, names: Sequence[str]) -> list[list[tuple[LockValue, int] | None]]:
+        """Per name, per node: the parsed value and PTTL, or None (not held or node down)."""
+        return self.read_page(names)[0]
+
+    def read_page(
+        self, names: Sequence[str]
+    ) -> tuple[list[list[tuple[LockValue, int] | None]], list[int]]:
+        """What :meth:`read_values` returns, and per name how many callers wait for it (the
+        largest count over the nodes), in the same round trip per node."""
+        keys = [self.keys.lock(name) for name in names]
+        result: list[list[tuple[LockValue, int] | None]] = [[None] * self.total for _ in names]
+        waiting = [0] * len(names)
+
+        def fetch(client: redis.Redis) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
+                pipe.get(key)
+                pipe.pttl(key)
+            # the waiter sets' registrations still ahead, on the node's own clock
+            pipe.eval(WAITING.source, len(names), *(self.keys.waiters(name) for name in names))
+            # a key of another alias whose prefix extends ours may be a hash (WRONGTYPE)
+            return pipe.execute(raise_on_error=False)
+
+        for index in range(self.total):
+            replies = self._call(index, fetch) if keys else []
+            if not replies:
+                continue
+            for i in range(len(keys)):
+                raw, pttl = replies[2 * i], replies[2 * i + 1]
+                if isinstance(raw, bytes | str) and isinstance(pttl, int) and pttl != -2:
+                    text = as_text(raw)
+                    if LockValue.looks_like_lock(text):  # skip anything that is not a lock
+                        result[i][index] = (LockValue.parse(text), int(pttl))
+            counts = replies[2 * len(keys)]
+            if isinstance(counts, list):  # not an error (say, an ACL user without EVAL)
+                waiting = [max(w, int(c)) for w, c in zip(waiting, counts, strict=True)]
+        return result, waiting
+
+    def lock_infos(self, names: Sequence[str]) -> list[LockInfo]:
+        """Merged :class:`LockInfo` of ``names`` that are still held, in the same order."""
+        infos = []
+        values, waiting = self.read_page(names)
+        for name, per_node, waiters in zip(names, values, waiting, strict=True):
+            info = merge(self.alias, name, self.total, per_node, waiters)
+            if info is not None:
+                infos.append(info)
+        return infos
+
+    # -- health ----------------------------------------------------------------------------
+    def health(self) -> list[NodeHealth]:
+        """PING latency, ``INFO`` and ``maxmemory-policy`` of every node."""
+        report = []
+        for index, node in enumerate(self.config.nodes):
+            started = time.perf_counter()
+            if self._call(index, lambda client: client.ping()) is None:
+                report.append(
+                    NodeHealth(self.alias, index, node.label, False, error=self.failures[index])
+                )
+                continue
+            latency = round((time.perf_counter() - started) * 1000, 3)
+            replies = self._call(index, _health_pipeline)
+            if replies is None:
+                report.append(
+                    NodeHealth(self.alias, index, node.label, False, error=self.failures[index])
+                )
+                continue
+            server, memory, policy = replies
+            report.append(
+                NodeHealth(
+                    self.alias,
+                    index,
+                    node.label,
+                    True,
+                    latency_ms=latency,
+                    run_id=str(server.get("run_id", "")) or None,
+                    uptime_s=_maybe_int(server.get("uptime_in_seconds")),
+                    maxmemory_policy=policy,
+                    used_memory=_maybe_int(memory.get("used_memory")),
+                    used_memory_human=str(memory.get("used_memory_human", "")) or None,
+                )
+            )
+        return report
+
+
+def _health_pipeline(client: redis.Redis) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """``INFO server``, ``INFO memory`` and ``CONFIG GET maxmemory-policy`` in one round trip;
+    the policy is ``"unknown"`` when an ACL denies ``CONFIG``."""
+    pipe = client.pipeline(transaction=False)
+    pipe.info("server")
+    pipe.info("memory")
+    pipe.config_get("maxmemory-policy")
+    server, memory, config = pipe.execute(raise_on_error=False)
+    for reply in (server, memory):
+        if isinstance(reply, Exception):
+            raise reply
+    policy = "unknown"
+    if isinstance(config, dict):
+        value = config.get("maxmemory-policy", config.get(b"maxmemory-policy"))
+        if value is not None:
+            policy = as_text(value)
+    return server, memory, policy
+
+
+def _maybe_int(value: Any) -> int | None:
+    if value is None or isinstance(value, int):
+        return value
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"
+
+
+# -- the API the admin and the command use -------------------------------------------------

@@ -1,0 +1,166 @@
+"""What inspection returns: held locks merged over an alias's nodes, node health, errors.
+
+Lock owners are secrets (whoever knows one can release or extend that lease): nothing here
+carries more than their first four hex characters, or a one-way fingerprint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..engine import LockValue, quorum
+
+
+class InspectionError(Exception):
+    """Base class of the errors an operator sees (one line, no secrets)."""
+
+
+class NotHeld(InspectionError):
+    """The lock name is not held on any reachable node."""
+
+
+class HolderChanged(InspectionError):
+    """The lock is now held by another lease than the one the operator saw."""
+
+
+class Unreachable(InspectionError):
+    """No reachable node holds the lock, but a node could not be read: it may hold it."""
+
+
+def mask_owner(owner: str) -> str:
+    """The first four characters of an owner and an ellipsis."""
+    return f"{owner[:4]}…" if owner else ""
+
+
+def lease_id(owner: str) -> str:
+    """A public fingerprint of one lease: 16 hex chars of the SHA-256 of its owner.
+
+    The owner is 128 random bits, so the fingerprint reveals nothing usable, yet it tells one
+    lease from the next even when their tokens print alike.
+    """
+    return hashlib.sha256(owner.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class NodeError:
+    """A node that could not be read."""
+
+    alias: str
+    node: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"alias {self.alias!r}: node {self.node} unreachable ({self.message})"
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """One held lock merged over the alias's nodes.
+
+    ``nodes_held`` counts the nodes holding the main holder's lease (the owner on most nodes);
+    ``nodes_other`` counts nodes holding a different owner's value (a stale minority copy).
+    ``ttl_ms`` is the smallest remaining TTL among the holding nodes, the moment the first copy
+    expires (-1: no expiry). ``token`` is the largest of the per-node tokens: the lease's token.
+    ``lease_id`` tells the lease apart from any later one (see :func:`lease_id`).
+    ``waiters`` counts the callers waiting for the name now (registrations still ahead on a
+    node's clock; the largest count over the nodes).
+    """
+
+    alias: str
+    name: str
+    nodes_held: int
+    nodes_total: int
+    ttl_ms: int
+    token: int
+    owner: str
+    acquired_at: datetime.datetime | None
+    host: str
+    pid: int | None
+    lease_id: str
+    nodes_other: int = 0
+    waiters: int = 0
+
+    @property
+    def quorum_held(self) -> bool:
+        return self.nodes_held >= quorum(self.nodes_total)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (``acquired_at`` as ISO 8601)."""
+        acquired = self.acquired_at.isoformat() if self.acquired_at else None
+        return {**dataclasses.asdict(self), "acquired_at": acquired}
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    """What one node says about itself; ``up`` False when it did not answer."""
+
+    alias: str
+    index: int
+    node: str
+    up: bool
+    latency_ms: float | None = None
+    run_id: str | None = None
+    uptime_s: int | None = None
+    maxmemory_policy: str | None = None
+    used_memory: int | None = None
+    used_memory_human: str | None = None
+    error: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class LockPage:
+    """One page of locks over one or more aliases and the nodes that could not be read."""
+
+    locks: list[LockInfo]
+    has_more: bool
+    errors: list[NodeError]
+
+
+def main_holder(held: Sequence[tuple[LockValue, int]]) -> list[tuple[LockValue, int]]:
+    """The entries of the owner on most nodes (ties: the highest token)."""
+    groups: dict[str, list[tuple[LockValue, int]]] = {}
+    for entry in held:
+        groups.setdefault(entry[0].owner, []).append(entry)
+    return max(groups.values(), key=lambda group: (len(group), max(v.token for v, _ in group)))
+
+
+def merge(
+    alias: str,
+    name: str,
+    total: int,
+    per_node: Sequence[tuple[LockValue, int] | None],
+    waiters: int = 0,
+) -> LockInfo | None:
+    held = [entry for entry in per_node if entry is not None]
+    if not held:
+        return None
+    main = main_holder(held)
+    values = [value for value, _ in main]
+    ttls = [pttl for _, pttl in main if pttl >= 0]
+    first = max(values, key=lambda v: v.token)
+    acquired = min((v.acquired_ms for v in values if v.acquired_ms is not None), default=None)
+    return LockInfo(
+        alias=alias,
+        name=name,
+        nodes_held=len(main),
+        nodes_total=total,
+        ttl_ms=min(ttls) if ttls else -1,
+        token=first.token,
+        owner=mask_owner(first.owner),
+        acquired_at=None
+        if acquired is None
+        else datetime.datetime.fromtimestamp(acquired / 1000, tz=datetime.UTC),
+        host=first.host,
+        pid=first.pid,
+        lease_id=lease_id(first.owner),
+        nodes_other=len(held) - len(main),
+        waiters=waiters,
+    )

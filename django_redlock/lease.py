@@ -1,0 +1,256 @@
+"""A held lock: :class:`Lease` (renew, release, learn that it was lost) and its auto-extend
+drivers, a daemon thread or an asyncio task running the engine's renewal policy."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from . import context, signals
+from .engine import (
+    LOST,
+    RENEWED,
+    UNCONFIRMED,
+    LeaseRecord,
+    Renew,
+    Renewal,
+    Stepper,
+    renewal_policy,
+)
+from .exceptions import LockError, LockLost, NodesUnavailable
+from .validation import check_ttl
+
+if TYPE_CHECKING:
+    from .manager import LockManager
+
+logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name (records carry .module)
+
+
+class Lease:
+    """A held lock. ``token`` is its fencing token; ``validity`` the seconds it has left."""
+
+    def __init__(self, manager: LockManager, record: LeaseRecord) -> None:
+        self._manager = manager
+        self._engine = manager.engine
+        self._record = record
+        self._lost_sent = False
+        self._signal_mutex = threading.Lock()
+        self._renewer: _RenewalThread | None = None
+        self._renewal_task: asyncio.Task[None] | None = None
+        #: called once when the lease is found lost (``alock(on_lost="cancel")``)
+        self.on_lost: Callable[[], None] | None = None
+
+    @property
+    def name(self) -> str:
+        return self._record.name
+
+    @property
+    def token(self) -> int:
+        return self._record.token
+
+    @property
+    def alias(self) -> str:
+        return self._manager.alias
+
+    @property
+    def ttl(self) -> float:
+        return self._record.ttl
+
+    @property
+    def validity(self) -> float:
+        """Seconds of validity left on a monotonic clock; 0 once lost, expired or released."""
+        return self._record.validity()
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease expired or a node said someone else owns it."""
+        record = self._record
+        return record.lost or (not record.released and record.validity() <= 0)
+
+    @property
+    def released(self) -> bool:
+        return self._record.released
+
+    @property
+    def foreign(self) -> bool:
+        """True in a child process for a lease its parent acquired before the fork."""
+        return not self._engine.owns(self._record)
+
+    def _ensure_own(self) -> None:
+        if self.foreign:
+            raise LockError(
+                f"Lock {self.name!r} (alias {self.alias!r}) was acquired by the parent process "
+                "before a fork; a child process cannot renew or release it (nothing was sent). "
+                "Acquire the lock in the child, or let the parent release it."
+            )
+
+    def __repr__(self) -> str:  # the owner value is secret and never shown
+        return (
+            f"<Lease alias={self.alias!r} name={self.name!r} token={self.token} "
+            f"validity={self.validity:.3f}>"
+        )
+
+    def check(self) -> None:
+        """Raise ``LockLost`` if the lease is lost (expired, or a node said someone else owns
+        it); call it before a step that must not run unprotected."""
+        if self.lost:
+            self._mark_lost("its validity ran out")
+            raise LockLost(self.name, "it was found lost by check()")
+
+    # -- renewing and releasing (blocking and asyncio twins share everything but the call) --
+    def extend(self, ttl: float | None = None) -> None:
+        """Renew the lease to ``ttl`` seconds (default: its TTL); raises ``LockLost``."""
+        self._ensure_own()
+        self._extended(self._engine.extend(self._record, self._ttl_for(ttl)), "extend()")
+
+    async def aextend(self, ttl: float | None = None) -> None:
+        """Asyncio twin of :meth:`extend`."""
+        self._ensure_own()
+        self._extended(await self._engine.aextend(self._record, self._ttl_for(ttl)), "aextend()")
+
+    def release(self) -> bool:
+        """Release the lock. True the first time if it was still held; never deletes a key
+        that someone else owns."""
+        if not self._releasing():
+            return False
+        return self._released(self._engine.release(self._record))
+
+    async def arelease(self) -> bool:
+        """Asyncio twin of :meth:`release`."""
+        if not self._releasing():
+            return False
+        return self._released(await self._engine.arelease(self._record))
+
+    def _ttl_for(self, ttl: float | None) -> float:
+        return (
+            self._record.ttl if ttl is None else check_ttl(ttl, self._manager.config.drift_factor)
+        )
+
+    def _extended(self, renewal: Renewal, how: str) -> None:
+        if renewal.status == RENEWED:
+            return
+        if renewal.status == UNCONFIRMED:  # still held, for the validity it had
+            config = self._manager.config
+            raise NodesUnavailable(
+                self.name,
+                answered=renewal.answered,
+                quorum=config.quorum,
+                total=len(config.nodes),
+                errors=renewal.errors,
+            )
+        self._mark_lost(f"{how} found it no longer held")
+        raise LockLost(self.name, f"it was no longer held when {how} ran")
+
+    def _releasing(self) -> bool:
+        """Stop renewing and stop guarding writes here; True if there is something to release."""
+        self._ensure_own()
+        self.stop_auto_extend()
+        context.deactivate(self)
+        return not self._record.released
+
+    def _released(self, held: bool) -> bool:
+        if not held:
+            self._mark_lost("it had expired or was taken when it was released")
+        signals.emit(
+            signals.lock_released, self._manager, alias=self.alias, name=self.name, lease=self
+        )
+        return held
+
+    def _mark_lost(self, reason: str) -> None:
+        self._record.lost = True
+        with self._signal_mutex:
+            if self._lost_sent:
+                return
+            self._lost_sent = True
+        logger.warning("Lock %r (alias %r) lost: %s", self.name, self.alias, reason)
+        signals.emit(signals.lock_lost, self._manager, alias=self.alias, name=self.name, lease=self)
+        if self.on_lost is not None:
+            self.on_lost()
+
+    # -- auto-extend -----------------------------------------------------------------------
+    def start_auto_extend(self, max_hold: float | None) -> None:
+        """Renew from a daemon thread every third of the TTL until release or ``max_hold``."""
+        self._renewer = _RenewalThread(self, max_hold)
+        self._renewer.start()
+
+    def astart_auto_extend(self, max_hold: float | None) -> None:
+        """Renew from an asyncio task every third of the TTL until release or ``max_hold``."""
+        loop = asyncio.get_running_loop()
+        self._renewal_task = loop.create_task(_renew_in_task(self, max_hold))
+
+    def keep_alive(self, max_hold: float | None) -> None:
+        """Renew from a daemon thread unless something renews the lease already."""
+        if self._renewer is None and self._renewal_task is None:
+            self.start_auto_extend(max_hold)
+
+    def stop_auto_extend(self) -> None:
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None:
+            renewer.stop()
+        task, self._renewal_task = self._renewal_task, None
+        if task is not None:
+            task.cancel()
+
+    def _renew_once(self) -> str:
+        return self._renewal_status(self._engine.extend(self._record, self.ttl))
+
+    async def _arenew_once(self) -> str:
+        return self._renewal_status(await self._engine.aextend(self._record, self.ttl))
+
+    def _renewal_status(self, renewal: Renewal) -> str:
+        if renewal.status == LOST:
+            self._mark_lost("a renewal found it no longer held")
+        elif renewal.status == UNCONFIRMED:
+            logger.info("Lock %r (alias %r): renewal unconfirmed, retrying", self.name, self.alias)
+        return renewal.status
+
+    def _renewals_ended(self, why: str | None) -> None:
+        """The renewals ended without a renewal finding the lease lost: it ran out."""
+        if why is not None and not self._record.released:
+            self._mark_lost(
+                "max_hold reached; the lease ran out"
+                if why == "max_hold"
+                else "no quorum confirmed a renewal before its validity ran out"
+            )
+
+
+class _RenewalThread(threading.Thread):
+    """Runs :func:`~.engine.policy.renewal_policy` for one lease until it ends or is stopped."""
+
+    def __init__(self, lease: Lease, max_hold: float | None) -> None:
+        super().__init__(name=f"redlock-renew {lease.name}", daemon=True)
+        self._lease = lease
+        self._max_hold = max_hold
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self is not threading.current_thread():
+            self.join()
+
+    def run(self) -> None:
+        lease = self._lease
+        run = Stepper(renewal_policy(lease._record, self._max_hold))
+        while run.step is not None:
+            if isinstance(run.step, Renew):
+                run.send(lease._renew_once())
+            elif self._stop_event.wait(run.step.seconds):
+                return
+            else:
+                run.send(None)
+        lease._renewals_ended(run.result)
+
+
+async def _renew_in_task(lease: Lease, max_hold: float | None) -> None:
+    """The asyncio driver of the renewal policy (cancelling the task stops it)."""
+    run = Stepper(renewal_policy(lease._record, max_hold))
+    while run.step is not None:
+        if isinstance(run.step, Renew):
+            run.send(await lease._arenew_once())
+        else:
+            await asyncio.sleep(run.step.seconds)
+            run.send(None)
+    lease._renewals_ended(run.result)

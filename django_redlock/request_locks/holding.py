@@ -1,0 +1,216 @@
+"""Holding one lease around one request, for sync and async views alike.
+
+While the view runs, ``request.lease`` is the lease and it is the innermost active lease
+(``django_redlock.context``), so FencedModel saves use its token. The lease is released once the
+response is built, when the view raises, or, for a streaming response, when the stream is closed.
+
+The hold is written once, as the coroutine :func:`_hold` over three I/O calls (load the user,
+acquire, release) and the view. :func:`ahold_for_request` awaits it with asyncio I/O;
+:func:`hold_for_request` gives it blocking I/O, whose awaits never suspend, so a single
+``send`` runs it to the end. The two paths differ only in those calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+
+from asgiref.sync import sync_to_async
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest
+from django.http.response import HttpResponseBase
+
+from .. import context
+from ..exceptions import LockNotAcquired, NodesUnavailable
+from ..registry import locks
+from ..transactions import in_transaction, release_after_commit
+from .responses import lock_error_response
+from .rules import LockSpec
+
+if TYPE_CHECKING:
+    from ..manager import Lease
+
+logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name (records carry .module)
+
+AcquireErrors = (LockNotAcquired, NodesUnavailable)
+"""Acquisition errors answered with a 409/503 response; the view does not run."""
+
+T = TypeVar("T")
+_HELD_ATTR = "_redlock_request_leases"
+_MISSING = object()
+
+
+# -- the hold, written once ----------------------------------------------------------------------
+class _IO(Protocol):
+    """The calls the hold awaits; the only part that differs between sync and async views."""
+
+    async def user(self, spec: LockSpec, request: HttpRequest) -> Any: ...
+
+    async def acquire(self, spec: LockSpec, name: str) -> Lease: ...
+
+    async def release(self, lease: Lease) -> None: ...
+
+
+async def _hold(
+    spec: LockSpec,
+    request: HttpRequest,
+    kwargs: Mapping[str, Any],
+    call: Callable[[], Awaitable[HttpResponseBase]],
+    io: _IO,
+) -> HttpResponseBase:
+    """Run ``call`` holding the lock for this request, or answer 409/503 without running it."""
+    user = await io.user(spec, request) if spec.key.uses_user else None
+    name = spec.key.fill(kwargs, user)
+    key = (spec.using, name)
+    if key in request.__dict__.get(_HELD_ATTR, {}) or context.find(*key) is not None:
+        return await call()  # re-entered: a rule and a decorator on one lock, or an outer lease
+    try:
+        lease = await io.acquire(spec, name)
+    except AcquireErrors as exc:
+        return lock_error_response(request, exc)
+    try:
+        with _attached(request, lease, key):
+            response = await call()
+    except BaseException:
+        await _release(io, lease, spec)
+        raise
+    if response.streaming:
+        # Django calls these from HttpResponseBase.close(), which every server calls once the
+        # stream is sent or abandoned (WSGI and ASGI alike); request_finished follows.
+        closers: list[Callable[[], None]] = response._resource_closers  # type: ignore[attr-defined]
+        closers.append(functools.partial(_release_at_close, lease))
+    else:
+        await _release(io, lease, spec)
+    return response
+
+
+@contextlib.contextmanager
+def _attached(request: HttpRequest, lease: Lease, key: tuple[str, str]) -> Iterator[None]:
+    """Within the block, ``request.lease`` is ``lease`` and it is the innermost active lease."""
+    previous = request.__dict__.get("lease", _MISSING)
+    held: dict[tuple[str, str], Lease] = request.__dict__.setdefault(_HELD_ATTR, {})
+    held[key] = lease
+    request.lease = lease  # type: ignore[attr-defined]
+    token = context.push(lease)
+    try:
+        yield
+    finally:
+        context.pop(token)
+        held.pop(key, None)
+        if previous is _MISSING:
+            request.__dict__.pop("lease", None)
+        else:
+            request.lease = previous  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def _release_failure_logged(lease: Lease) -> Iterator[None]:
+    """Log a failed release: the lease then runs out on its TTL, and the response stands."""
+    try:
+        yield
+    except Exception:
+        logger.warning("Could not release request lock %r", lease.name, exc_info=True)
+
+
+async def _release(io: _IO, lease: Lease, spec: LockSpec) -> None:
+    """Release now, or after the commit when the view ran in a transaction (SPEC 10: under
+    ``ATOMIC_REQUESTS`` Django wraps a decorated view in ``atomic()``)."""
+    if spec.until_commit and in_transaction():
+        context.deactivate(lease)
+        release_after_commit(lease, None)
+        return
+    with _release_failure_logged(lease):
+        await io.release(lease)
+
+
+def _release_at_close(lease: Lease) -> None:
+    """Release from a streaming response's ``close()``, which is sync under ASGI too."""
+    with _release_failure_logged(lease):
+        lease.release()
+
+
+# -- the I/O of sync and async views -------------------------------------------------------------
+def _request_user(spec: LockSpec, request: HttpRequest) -> Any:
+    if not hasattr(request, "user"):
+        raise ImproperlyConfigured(
+            f"{spec.key.where}: lock key template {spec.key.template!r} uses {{user}}, but the "
+            "request has no user. Add django.contrib.auth.middleware.AuthenticationMiddleware "
+            "before RequestLockMiddleware in MIDDLEWARE (see django_redlock.E017)."
+        )
+    return request.user
+
+
+def _evaluated(user: Any) -> Any:
+    """Force a lazy ``request.user`` in a worker thread (Django < 5.0 has no ``auser``)."""
+    getattr(user, "pk", None)
+    return user
+
+
+class _BlockingIO:
+    """Blocking calls: every await of the hold returns without suspending."""
+
+    async def user(self, spec: LockSpec, request: HttpRequest) -> Any:
+        return _request_user(spec, request)
+
+    async def acquire(self, spec: LockSpec, name: str) -> Lease:
+        return locks[spec.using].acquire(name, ttl=spec.ttl, timeout=spec.timeout)
+
+    async def release(self, lease: Lease) -> None:
+        lease.release()
+
+
+class _AsyncIO:
+    """asyncio calls; the user is loaded without a sync DB query in the event loop."""
+
+    async def user(self, spec: LockSpec, request: HttpRequest) -> Any:
+        auser = getattr(request, "auser", None)  # Django >= 5.0
+        if auser is not None:
+            return await auser()
+        return await sync_to_async(_evaluated)(_request_user(spec, request))
+
+    async def acquire(self, spec: LockSpec, name: str) -> Lease:
+        return await locks[spec.using].aacquire(name, ttl=spec.ttl, timeout=spec.timeout)
+
+    async def release(self, lease: Lease) -> None:
+        await lease.arelease()
+
+
+_BLOCKING = _BlockingIO()
+_ASYNC = _AsyncIO()
+
+
+def _run_to_end(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that never suspends (it awaits only blocking I/O) in this thread."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return cast(T, done.value)
+    coroutine.close()
+    raise RuntimeError("a blocking request-lock hold suspended")
+
+
+def hold_for_request(
+    spec: LockSpec,
+    request: HttpRequest,
+    kwargs: Mapping[str, Any],
+    call: Callable[[], HttpResponseBase],
+) -> HttpResponseBase:
+    """Run the sync ``call`` holding the lock for this request, or answer 409/503 without it."""
+
+    async def view() -> HttpResponseBase:
+        return call()
+
+    return _run_to_end(_hold(spec, request, kwargs, view, _BLOCKING))
+
+
+async def ahold_for_request(
+    spec: LockSpec,
+    request: HttpRequest,
+    kwargs: Mapping[str, Any],
+    call: Callable[[], Awaitable[HttpResponseBase]],
+) -> HttpResponseBase:
+    """:func:`hold_for_request` for an async ``call``."""
+    return await _hold(spec, request, kwargs, call, _ASYNC)

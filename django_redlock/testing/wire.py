@@ -1,0 +1,66 @@
+"""Loopback sockets without redis-py: free TCP ports, and one raw RESP command."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+HOST = "127.0.0.1"
+
+Address = str | tuple[str, int]  # a unix socket path, or (host, port)
+
+
+def free_port() -> int:
+    """A TCP port on :data:`HOST` that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_free(port: int) -> bool:
+    """True if ``port`` on :data:`HOST` can be bound now (with ``SO_REUSEADDR``)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+        return True
+
+
+def wait_port_free(port: int, timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for :func:`port_free`; return either way."""
+    deadline = time.monotonic() + timeout
+    while not port_free(port) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def reply_complete(reply: bytes) -> bool:
+    """True once ``reply`` holds a whole simple, error or bulk RESP reply."""
+    head, sep, rest = reply.partition(b"\r\n")
+    if not sep:
+        return False
+    if head[:1] != b"$":
+        return True
+    size = int(head[1:] or b"-1")
+    return size < 0 or len(rest) >= size + 2
+
+
+def raw_command(address: Address, *args: bytes, timeout: float) -> bytes:
+    """Send one command over a fresh socket; the raw reply, or b"" on any socket error."""
+    request = b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
+    family = socket.AF_UNIX if isinstance(address, str) else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(address)
+            sock.sendall(request)
+            reply = b""
+            while not reply_complete(reply):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                reply += chunk
+            return reply
+    except OSError:
+        return b""

@@ -1,0 +1,63 @@
+"""Releasing after the transaction commits (SPEC 10 "Transactions").
+
+A lock block, an ``@lock`` function or a request lock that ends inside ``transaction.atomic()``
+on the default database must not release its lease yet: the next holder would read rows this
+one wrote but has not committed. The release then runs from ``transaction.on_commit``, or at
+once when the transaction (or the savepoint the block ended in) rolls back. Django has no
+rollback hook; but a rollback discards the pending ``on_commit`` callback, and CPython frees
+it at that moment, so a ``weakref.finalize`` on the callback runs the release right then.
+
+Atomic blocks opened by Django's ``TestCase`` (they never commit) do not count, so users' own
+tests see locks released where they would be without them.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import TYPE_CHECKING
+
+from django.db import DEFAULT_DB_ALIAS, transaction
+
+if TYPE_CHECKING:
+    from .lease import Lease
+
+logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name (records carry .module)
+
+
+def in_transaction(using: str = DEFAULT_DB_ALIAS) -> bool:
+    """True inside an ``atomic()`` block that will commit (not only ``TestCase``'s own)."""
+    connection = transaction.get_connection(using)
+    if not connection.in_atomic_block:
+        return False
+    return any(not getattr(block, "_from_testcase", False) for block in connection.atomic_blocks)
+
+
+class _ReleaseAtCommit:
+    """The ``on_commit`` callback; its finalizer releases on rollback (callback discarded)."""
+
+    __slots__ = ("__weakref__", "lease")
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+
+    def __call__(self) -> None:
+        _release_quietly(self.lease)
+
+
+def _release_quietly(lease: Lease) -> None:
+    try:
+        lease.release()
+    except Exception:  # the lease then runs out on its TTL; the transaction's outcome stands
+        logger.warning("Could not release lock %r after its transaction", lease.name, exc_info=True)
+
+
+def release_after_commit(
+    lease: Lease, max_hold: float | None, using: str = DEFAULT_DB_ALIAS
+) -> None:
+    """Release ``lease`` once the transaction commits, or at once if it rolls back; renew it
+    meanwhile (within ``max_hold``) if nothing renews it yet."""
+    lease.keep_alive(max_hold)
+    callback = _ReleaseAtCommit(lease)
+    weakref.finalize(callback, _release_quietly, lease)  # on rollback: discarded, freed, released
+    transaction.on_commit(callback, using=using)

@@ -1,0 +1,104 @@
+"""What the demo commands (``oversell``, ``zombie``) share: a run's setup and its workers.
+
+:class:`WorkerProcesses` starts each worker with multiprocessing's "spawn" method (a fresh
+interpreter that runs ``django.setup()`` from the inherited environment, then the worker), and
+pauses, resumes and stops them by their PIDs only.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sys
+from collections.abc import Callable
+from multiprocessing.context import SpawnProcess
+from typing import TYPE_CHECKING, Any
+
+from django.core.management.base import BaseCommand
+from django.db import connections
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from testproject.inventory.models import Product
+
+SPAWN = multiprocessing.get_context("spawn")
+CAN_FREEZE = hasattr(signal, "SIGSTOP")  # not on Windows
+STOP_GRACE = 5.0  # seconds a terminated worker gets to exit
+
+
+def console_for(command: BaseCommand) -> Console:
+    """A rich console on ``command``'s output stream."""
+    from rich.console import Console
+
+    return Console(file=getattr(command.stdout, "_out", sys.stdout), highlight=False)
+
+
+def recreate_product(name: str, stock: int) -> Product:
+    """Replace the demo product ``name`` (and its orders) with a fresh row holding ``stock``."""
+    from testproject.inventory.models import Product
+
+    Product.objects.filter(name=name).delete()  # its orders go with it
+    return Product.objects.create(name=name, stock=stock)
+
+
+def _run_with_django(target: Callable[..., None], *args: Any) -> None:
+    """In the worker: set Django up (settings from the inherited environment), run the target."""
+    import django
+
+    django.setup()
+    target(*args)
+
+
+class WorkerProcesses:
+    """The worker processes of one run; signalled and stopped only by their own PIDs."""
+
+    def __init__(self) -> None:
+        self.processes: list[SpawnProcess] = []
+        self._frozen: set[int] = set()
+
+    def add(self, target: Callable[..., None], *args: Any, daemon: bool = False) -> SpawnProcess:
+        """A new worker (not started yet) that sets Django up and runs ``target(*args)``."""
+        process = SPAWN.Process(target=_run_with_django, args=(target, *args), daemon=daemon)
+        self.processes.append(process)
+        return process
+
+    def start(self, *processes: SpawnProcess) -> None:
+        """Start ``processes`` (default: all added), after closing our database connections.
+
+        The workers open their own connections; ours reopen when needed.
+        """
+        connections.close_all()
+        for process in processes or self.processes:
+            process.start()
+
+    def freeze(self, process: SpawnProcess) -> bool:
+        """SIGSTOP ``process``; False (and nothing sent) where the OS has no SIGSTOP."""
+        if not CAN_FREEZE:
+            return False
+        assert process.pid is not None
+        os.kill(process.pid, signal.SIGSTOP)
+        self._frozen.add(process.pid)
+        return True
+
+    def thaw(self, process: SpawnProcess) -> bool:
+        """SIGCONT ``process`` if :meth:`freeze` stopped it; True if it did."""
+        if process.pid not in self._frozen:
+            return False
+        self._frozen.discard(process.pid)
+        os.kill(process.pid, signal.SIGCONT)
+        return True
+
+    def stop(self, grace: float = 0.0) -> None:
+        """Thaw the frozen workers, give each ``grace`` seconds to exit, terminate the rest."""
+        for process in self.processes:
+            self.thaw(process)
+        for process in self.processes:
+            if process.pid is None:  # never started
+                continue
+            if grace:
+                process.join(grace)
+            if process.is_alive():
+                process.terminate()  # SIGTERM to its PID
+                process.join(STOP_GRACE)

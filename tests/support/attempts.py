@@ -1,0 +1,25 @@
+"""One acquisition attempt made from another thread (another caller, never a re-entry)."""
+
+from __future__ import annotations
+
+import threading
+
+from django_redlock import locks
+from django_redlock.exceptions import LockNotAcquired
+
+
+def free_elsewhere(name: str, alias: str = "default") -> bool:
+    """True if a caller in another thread can take ``name`` right now (one attempt)."""
+    outcome: list[bool] = []
+
+    def attempt() -> None:
+        try:
+            locks[alias].acquire(name, timeout=0).release()
+            outcome.append(True)
+        except LockNotAcquired:
+            outcome.append(False)
+
+    thread = threading.Thread(target=attempt)
+    thread.start()
+    thread.join()
+    return outcome[0]

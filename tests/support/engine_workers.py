@@ -1,0 +1,61 @@
+"""Code run in worker processes (``multiprocessing`` spawn) by the race tests of
+``tests/test_engine.py``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+def setup_django(redlock: dict[str, Any]) -> None:
+    """Configure a bare Django with the given ``REDLOCK`` in a fresh process."""
+    import django
+    from django.conf import settings
+
+    if not settings.configured:
+        settings.configure(
+            INSTALLED_APPS=["django_redlock"],
+            REDLOCK=redlock,
+            USE_TZ=True,
+            DATABASES={},
+        )
+        django.setup()
+
+
+def increment_under_lock(
+    redlock: dict[str, Any], alias: str, name: str, counter_url: str, counter_key: str, rounds: int
+) -> list[int]:
+    """Non-atomic read-modify-write of a Redis counter inside the lock; returns the tokens."""
+    setup_django(redlock)
+    import redis
+
+    from django_redlock import locks
+
+    counter = redis.Redis.from_url(counter_url)
+    tokens: list[int] = []
+    for _ in range(rounds):
+        with locks[alias].lock(name, ttl=5, timeout=30) as lease:
+            value = int(counter.get(counter_key) or 0)
+            time.sleep(0.0005)  # widen the race window
+            counter.set(counter_key, value + 1)
+            tokens.append(lease.token)
+            counter.rpush(f"{counter_key}:tokens", lease.token)
+    return tokens
+
+
+def hold_for(redlock: dict[str, Any], alias: str, name: str, seconds: float, ttl: float) -> int:
+    """Hold ``name`` with auto-extend for ``seconds``; returns the token."""
+    setup_django(redlock)
+    from django_redlock import locks
+
+    with locks[alias].lock(name, ttl=ttl, timeout=10, auto_extend=True) as lease:
+        time.sleep(seconds)
+        return lease.token
+
+
+def wait_for_lock(redlock: dict[str, Any], alias: str, name: str, timeout: float) -> None:
+    """Wait for ``name`` (held by the test) until killed; release it if it ever comes."""
+    setup_django(redlock)
+    from django_redlock import locks
+
+    locks[alias].acquire(name, timeout=timeout).release()

@@ -1,0 +1,225 @@
+"""A scripted driver for the I/O-free plans of ``django_redlock.engine.plans``, no Redis.
+
+``drive(plan, steps)`` runs a plan generator the way ``engine/core.py`` does, but answers each
+yielded :class:`Request` from a script: one :class:`Step` per request, saying which Lua script
+the calls must use, which nodes must get a call at all, and what every node answers. Every
+request is recorded on the returned :class:`Run`, so a test can assert on the calls sent.
+
+Conventions of a step's ``replies`` (one entry per node):
+
+* ``None``: the plan must send this node *no* call; like the real driver, it gets
+  ``NodeFailure("down: not connected", sent=False)``.
+* anything else (a reply value or a :class:`NodeFailure`): the node must get a call and
+  answers this.
+
+:func:`fire` builds a step for a fire-and-forget request (``wait=False``), answered with
+``None`` per node like ``Channel.execute`` does.
+"""
+
+from __future__ import annotations
+
+import sys
+import time as _time
+from collections.abc import Generator, Iterable, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from django_redlock.engine import plans
+from django_redlock.engine.replies import Call, NodeFailure, Slot
+from django_redlock.engine.scripts import Script
+
+NOT_CONNECTED = NodeFailure("down: not connected", sent=False)
+
+
+@dataclass
+class FakeNode:
+    """A node as a plan sees it (the ``NodeView`` protocol); ``run_id=None`` = not connected."""
+
+    label: str
+    run_id: str | None = None
+    up: float | None = 3600.0
+    last_error: str = ""
+
+    def uptime(self) -> float | None:
+        return self.up
+
+
+def fake_nodes(count: int, *, down: Iterable[int] = ()) -> list[FakeNode]:
+    """``count`` connected nodes ``n0..`` with run ids ``r0..``; those in ``down`` are not."""
+    off = set(down)
+    return [FakeNode(f"n{i}", None if i in off else f"r{i}") for i in range(count)]
+
+
+class Clock:
+    """Stands in for the ``time`` module of the plans: it moves only when told to."""
+
+    def __init__(self, monotonic: float = 1000.0, wall: float = 1_700_000_000.0) -> None:
+        self.now = monotonic
+        self.wall = wall
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.wall
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        self.wall += seconds
+
+    def modules(self) -> list[ModuleType]:
+        """The engine modules whose ``time`` the plans read: every module under
+        ``django_redlock.engine`` that a public name of ``plans`` comes from (plans.py itself,
+        and wherever its lease, state and rejoin code live)."""
+        found = {plans.__name__: plans}
+        for value in vars(plans).values():
+            module = sys.modules.get(getattr(value, "__module__", None) or "")
+            if module is not None and module.__name__.startswith("django_redlock.engine"):
+                found[module.__name__] = module
+        return [m for m in found.values() if getattr(m, "time", None) is _time]
+
+
+@dataclass(frozen=True)
+class Step:
+    """The expected request and its scripted answer."""
+
+    script: Script
+    replies: tuple[Any, ...] = ()
+    wait: bool = True
+    #: fire-and-forget steps: the nodes that must get a call
+    to: frozenset[int] = frozenset()
+    #: seconds the clock moves while this request runs
+    elapsed: float = 0.0
+    #: the order replies arrive in (node indexes); when given, ``settled`` is consulted after
+    #: each and the nodes still silent when it says yes get ``NodeFailure(NOT_AWAITED)``
+    order: tuple[int, ...] | None = None
+
+    def expected_targets(self, count: int) -> set[int]:
+        if not self.wait:
+            return set(self.to)
+        return {i for i in range(count) if self.replies[i] is not None}
+
+
+def answer(
+    script: Script, *replies: Any, elapsed: float = 0.0, order: Sequence[int] | None = None
+) -> Step:
+    """A request the plan waits on; ``replies``: one per node (``None`` = no call expected)."""
+    return Step(script, replies, elapsed=elapsed, order=None if order is None else tuple(order))
+
+
+def fire(script: Script, to: Iterable[int]) -> Step:
+    """A fire-and-forget request (``wait=False``) that must reach exactly the nodes ``to``."""
+    return Step(script, wait=False, to=frozenset(to))
+
+
+@dataclass
+class Run:
+    """What a plan did: its result, every request it yielded and the replies it got."""
+
+    result: Any
+    requests: list[plans.Request] = field(default_factory=list)
+    replies: list[list[Any]] = field(default_factory=list)
+    #: per request: how many replies had arrived when ``settled`` said yes (ordered steps)
+    settled_after: list[int | None] = field(default_factory=list)
+
+    def calls(self, index: int) -> list[Call | None]:
+        return self.requests[index].calls
+
+    def sent_to(self, index: int) -> list[int]:
+        """The nodes request ``index`` sent a call to."""
+        return [i for i, call in enumerate(self.calls(index)) if call is not None]
+
+    def scripts(self) -> list[str]:
+        """The script name of every request, in order."""
+        return [next(c.script.name for c in r.calls if c is not None) for r in self.requests]
+
+
+def describe(request: plans.Request) -> str:
+    calls = ", ".join("-" if c is None else c.script.name for c in request.calls)
+    return f"[{calls}] wait={request.wait} timeout={request.timeout}"
+
+
+def drive(
+    plan: Generator[plans.Request, list[Any], Any],
+    steps: Sequence[Step],
+    clock: Clock | None = None,
+) -> Run:
+    """Run ``plan`` to its end against ``steps``; fails on any request the script did not
+    foresee (wrong script, wrong nodes, wait flag) and on a plan that ends too early."""
+    run = Run(None)
+    try:
+        request = next(plan)
+        while True:
+            index = len(run.requests)
+            if index >= len(steps):
+                raise AssertionError(f"unexpected request #{index}: {describe(request)}")
+            if steps[index].elapsed and clock is None:
+                raise AssertionError(f"step #{index} has elapsed time but drive() got no clock")
+            run.requests.append(request)
+            replies, after = _answer(index, request, steps[index])
+            run.replies.append(replies)
+            run.settled_after.append(after)
+            if clock is not None and steps[index].elapsed:
+                clock.advance(steps[index].elapsed)
+            request = plan.send(replies)
+    except StopIteration as stop:
+        run.result = stop.value
+    if len(run.requests) != len(steps):
+        done = [describe(r) for r in run.requests]
+        raise AssertionError(f"plan ended after {len(done)} of {len(steps)} steps: {done}")
+    return run
+
+
+def _answer(index: int, request: plans.Request, step: Step) -> tuple[list[Any], int | None]:
+    count = len(request.calls)
+    where = f"request #{index} {describe(request)}"
+    if request.wait != step.wait:
+        raise AssertionError(f"{where}: expected wait={step.wait}")
+    if step.wait and len(step.replies) != count:
+        raise AssertionError(f"{where}: script has {len(step.replies)} replies for {count} nodes")
+    sent = {i for i, call in enumerate(request.calls) if call is not None}
+    expected = step.expected_targets(count)
+    if sent != expected:
+        raise AssertionError(f"{where}: calls went to {sorted(sent)}, expected {sorted(expected)}")
+    wrong = [i for i in sent if request.calls[i].script is not step.script]  # type: ignore[union-attr]
+    if wrong:
+        raise AssertionError(f"{where}: nodes {wrong} do not call {step.script.name}")
+    if not step.wait:
+        return [None] * count, None
+    slots = [Slot(call) for call in request.calls]
+    for i in range(count):
+        if request.calls[i] is None:
+            slots[i].fill(NOT_CONNECTED)
+    after: int | None = None
+    if step.order is None:
+        for i in sent:
+            slots[i].fill(step.replies[i])
+    else:
+        if set(step.order) != sent:
+            raise AssertionError(f"{where}: order {step.order} must list exactly {sorted(sent)}")
+        for arrived, i in enumerate(step.order, 1):
+            slots[i].fill(step.replies[i])
+            if request.settled is not None and request.settled(slots):
+                after = arrived
+                break
+    return [slot.result(expired=after is None) for slot in slots], after
+
+
+def slots(*values: Any) -> list[Slot]:
+    """Slots for a ``settled`` test: ``PENDING`` = no answer yet, anything else = answered."""
+    made = []
+    for value in values:
+        slot = Slot(None)
+        if value is not PENDING:
+            slot.fill(value)
+        made.append(slot)
+    return made
+
+
+class _Pending:
+    def __repr__(self) -> str:
+        return "PENDING"
+
+
+PENDING: Any = _Pending()

@@ -1,0 +1,911 @@
+"""The Redlock plans driven with scripted replies: no Redis, no database, milliseconds.
+
+Each test runs a plan generator through ``tests/support/scripted.py``: every request the plan
+yields is checked (which script each node's call uses, and which nodes get one) and answered
+with scripted per-node replies; the plans' clock is a fake that moves only when told to.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+
+from django_redlock.engine import plans, scripts
+from django_redlock.engine.replies import NOT_AWAITED, NodeFailure
+from tests.support.scripted import (
+    NOT_CONNECTED,
+    PENDING,
+    Clock,
+    answer,
+    drive,
+    fake_nodes,
+    fire,
+    slots,
+)
+
+ACQUIRE, RELEASE, EXTEND, RAISE = scripts.ACQUIRE, scripts.RELEASE, scripts.EXTEND, scripts.RAISE
+PROBE, REJOIN, FORCE_RELEASE = scripts.PROBE, scripts.REJOIN, scripts.FORCE_RELEASE
+# the rejoin constants live next to rejoin_plan (plans.py re-exports the plan itself)
+_trust = sys.modules[plans.rejoin_plan.__module__]
+CLOCK_FLOOR, REJOIN_INTERVAL = _trust.CLOCK_FLOOR, _trust.REJOIN_INTERVAL
+
+START = 1000.0  # the fake monotonic clock at the start of every test
+WALL = 1_700_000_000.0  # the fake wall clock (time.time) at the start of every test
+FLOOR = int(WALL * 1000) * CLOCK_FLOOR  # the clock floor rejoin computes at WALL
+NAME = "job"
+TIMED_OUT = NodeFailure("timed out")  # sent, no answer: it may have run on the node
+REFUSED = NodeFailure("down: Connection refused", sent=False)  # never left this process
+UNTRUSTED = [-1, 0, 0]
+
+
+def granted(token: int) -> list[int]:
+    return [1, token, 0]
+
+
+def busy(counter: int, pttl: int) -> list[int]:
+    return [0, counter, pttl]
+
+
+def probe(run_id: str, counter: int, max_ttl: int = 5000, exists: int = 1) -> list[Any]:
+    return [run_id, counter, max_ttl, exists]
+
+
+@pytest.fixture(scope="session")
+def _session_redlock() -> None:
+    """Replaces the suite's autouse fixture that starts redis-server: nothing here needs it."""
+
+
+@pytest.fixture(autouse=True)
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    clock = Clock(START, WALL)
+    for module in clock.modules():
+        monkeypatch.setattr(module, "time", clock)
+    return clock
+
+
+@pytest.fixture
+def state() -> plans.AliasState:
+    return plans.AliasState(
+        prefix="t:", node_timeout=0.05, drift_factor=0.01, ttl=5.0, host="h", pid=7
+    )
+
+
+def lease_for(
+    reached: tuple[bool, ...] = (True, True, True), valid: float = 4.0, ttl: float = 5.0
+) -> plans.LeaseRecord:
+    """A lease on NAME valid for ``valid`` more seconds of the fake clock."""
+    return plans.LeaseRecord(
+        NAME, "t:job", "a" * 32, token=12, ttl=ttl, deadline=START + valid, reached=reached
+    )
+
+
+def release_args(call: Any) -> tuple[Any, ...]:
+    """(owner, wakes, mark_ms) of a RELEASE call; a release that registers no waiter
+    (mark_ms 0) names none."""
+    owner, wake_ttl, handoff_ms, wakes, mark_ms, waiter = call.args
+    assert (wake_ttl, handoff_ms) == (plans.WAKE_TTL_MS, plans.HANDOFF_MS)
+    assert call.keys == ("t:job", "t:__waiters__:job", "t:__wake__:job", "t:__handoff__:job")
+    assert (waiter != "") == (mark_ms > 0)
+    return owner, wakes, mark_ms
+
+
+# -- acquire_plan ------------------------------------------------------------------------
+
+
+def test_acquire_quorum_of_grants_returns_lease(state: plans.AliasState) -> None:
+    """A quorum of grants gives a lease (token, reached, start+ttl-drift) from well-formed calls."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
+        [answer(ACQUIRE, granted(12), granted(12), busy(11, 700))],
+    )
+    lease = run.result
+    assert isinstance(lease, plans.LeaseRecord)
+    assert (lease.name, lease.key, lease.token, lease.ttl) == (NAME, "t:job", 12, 5.0)
+    assert lease.reached == (True, True, False)
+    assert lease.deadline == pytest.approx(START + 5.0 - (5.0 * 0.01 + 0.002))
+    assert 0 < lease.validity() <= 5.0 - state.drift(5.0)
+    assert run.requests[0].timeout == state.node_timeout
+    for i, call in enumerate(run.calls(0)):
+        assert call is not None
+        assert call.keys == ("t:job", "t:__fence__", "t:__waiters__:job", "t:__handoff__:job")
+        owner, ttl_ms, run_id, suffix, mark_ms, woken, waiter = call.args
+        assert owner == lease.owner and len(owner) == 32
+        assert (ttl_ms, run_id, mark_ms, woken, waiter) == (5000, f"r{i}", 0, "0", "")
+        assert suffix == f"|{int(WALL * 1000)}|h|7"
+
+
+def test_acquire_deadline_counts_time_from_before_the_request(
+    state: plans.AliasState, clock: Clock
+) -> None:
+    """The lease deadline is start + ttl - drift even when the replies took 0.3 s."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
+        [answer(ACQUIRE, granted(12), granted(12), granted(12), elapsed=0.3)],
+        clock,
+    )
+    assert run.result.deadline == pytest.approx(START + 5.0 - state.drift(5.0))
+    assert run.result.validity() == pytest.approx(5.0 - state.drift(5.0) - 0.3)
+
+
+def test_acquire_single_node(state: plans.AliasState) -> None:
+    """With one node, its grant alone is the quorum."""
+    run = drive(plans.acquire_plan(state, fake_nodes(1), NAME, 2.0), [answer(ACQUIRE, granted(5))])
+    assert run.result.token == 5
+    assert run.result.reached == (True,)
+    assert state.longest_ttl_ms == 5000  # the alias TTL stays the longest seen
+
+
+def test_acquire_busy_reports_retry_after(state: plans.AliasState) -> None:
+    """All nodes busy: "busy" with retry_after = longest PTTL, and no release sent."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
+        [answer(ACQUIRE, busy(12, 1500), busy(12, 800), busy(12, 1200))],
+    )
+    assert run.result == plans.AcquireFailure("busy", 0, 3, {}, 1.5)
+
+
+def test_acquire_busy_without_pttl_has_no_retry_after(state: plans.AliasState) -> None:
+    """Busy replies with PTTL -1 (a key without expiry) give retry_after None, not a negative."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
+        [answer(ACQUIRE, busy(12, -1), busy(12, -1), TIMED_OUT), fire(RELEASE, to=[2])],
+    )
+    assert run.result.reason == "busy"
+    assert run.result.retry_after is None
+
+
+def test_acquire_without_quorum_is_unavailable(state: plans.AliasState) -> None:
+    """One grant and two failures: "unavailable", errors per node, and the grant released."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
+        [answer(ACQUIRE, granted(12), REFUSED, TIMED_OUT), fire(RELEASE, to=[0, 2])],
+    )
+    assert run.result == plans.AcquireFailure(
+        "unavailable", 1, 1, {"n1": "down: Connection refused", "n2": "timed out"}, None
+    )
+
+
+def test_acquire_release_goes_to_granted_and_silent_nodes_only(state: plans.AliasState) -> None:
+    """A failed attempt releases where granted or sent unanswered, not where refused/unsent."""
+    nodes = fake_nodes(5, down=[4])
+    run = drive(
+        plans.acquire_plan(state, nodes, NAME, 5.0),
+        [
+            answer(ACQUIRE, granted(12), busy(12, 300), REFUSED, TIMED_OUT, None),
+            fire(RELEASE, to=[0, 3]),
+        ],
+    )
+    # busy: only the refused and the disconnected node count as failing (a silent one may be
+    # slow), so 3 of 5 could still answer
+    assert (run.result.reason, run.result.retry_after) == ("busy", 0.3)
+    assert run.result.errors == {
+        "n2": "down: Connection refused",
+        "n3": "timed out",
+        "n4": NOT_CONNECTED.reason,
+    }
+    owner = run.calls(0)[0].args[0]
+    waking = plans.wake_node(NAME, 5)
+    for i in (0, 3):
+        assert release_args(run.calls(1)[i]) == (owner, "1" if i == waking else "0", 0)
+    assert run.requests[1].wait is False
+
+
+def test_acquire_busy_when_a_quorum_answers(state: plans.AliasState) -> None:
+    """Grant + busy + node down: "busy" (2 of 3 could answer) and the lone grant released."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3, down=[2]), NAME, 5.0),
+        [answer(ACQUIRE, granted(12), busy(12, 300), None), fire(RELEASE, to=[0])],
+    )
+    assert run.result == plans.AcquireFailure("busy", 1, 2, {"n2": NOT_CONNECTED.reason}, 0.3)
+
+
+def test_acquire_token_is_max_of_winners_and_laggard_is_raised(state: plans.AliasState) -> None:
+    """A lagging winner is RAISEd to the max token; its "still held" (1) completes the quorum."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
+        [
+            answer(ACQUIRE, granted(10), granted(12), busy(12, 400)),
+            answer(RAISE, 1, None, None),
+        ],
+    )
+    lease = run.result
+    assert isinstance(lease, plans.LeaseRecord)
+    assert lease.token == 12
+    raise_call = run.calls(1)[0]
+    assert raise_call.keys == ("t:__fence__", "t:job")
+    assert raise_call.args == (12, "r0", lease.owner)
+    assert run.requests[1].timeout == state.node_timeout
+
+
+def test_acquire_raise_not_needed_for_quorum_is_still_sent(state: plans.AliasState) -> None:
+    """A laggard is RAISEd even with the quorum complete; that request settles at once."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
+        [
+            answer(ACQUIRE, granted(10), granted(12), granted(12)),
+            answer(RAISE, 1, None, None),
+        ],
+    )
+    assert run.result.token == 12
+    assert run.requests[1].settled(slots(PENDING, NOT_CONNECTED, NOT_CONNECTED))
+
+
+@pytest.mark.parametrize("raise_reply", [0, -1, TIMED_OUT], ids=["not-held", "untrusted", "silent"])
+def test_acquire_failed_write_back_does_not_count(
+    state: plans.AliasState, raise_reply: Any
+) -> None:
+    """A RAISE answered 0 (force-released meanwhile), -1 or not at all fails the attempt."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
+        [
+            answer(ACQUIRE, granted(10), granted(12), busy(12, 400)),
+            answer(RAISE, raise_reply, None, None),
+            fire(RELEASE, to=[0, 1]),
+        ],
+    )
+    assert isinstance(run.result, plans.AcquireFailure)
+    assert (run.result.reason, run.result.votes) == ("busy", 2)
+    owner = run.calls(0)[0].args[0]
+    assert {release_args(c)[0] for c in run.calls(2) if c} == {owner}
+
+
+def test_acquire_raise_settles_on_needed_confirmations(state: plans.AliasState) -> None:
+    """The RAISE request settles once enough laggards confirmed to complete the quorum."""
+    plan = plans.acquire_plan(state, fake_nodes(5), NAME, 5.0)
+    next(plan)
+    raise_request = plan.send([granted(9), granted(10), granted(12), busy(12, 1), busy(12, 1)])
+    assert raise_request.calls[0] is not None and raise_request.calls[1] is not None
+    settled = raise_request.settled
+    assert not settled(slots(1, PENDING, None, None, None))  # needs 2 more for quorum 3
+    assert not settled(slots(1, 0, None, None, None))
+    assert settled(slots(1, 1, None, None, None))
+    plan.close()
+
+
+@pytest.mark.parametrize(("elapsed", "won"), [(0.0965, True), (0.0975, False)])
+def test_acquire_validity_must_outlast_the_round_trip(
+    state: plans.AliasState, clock: Clock, elapsed: float, won: bool
+) -> None:
+    """Grants that took longer than ttl - drift are no lease: they are released ("busy")."""
+    steps = [answer(ACQUIRE, granted(5), granted(5), granted(5), elapsed=elapsed)]
+    if not won:
+        steps.append(fire(RELEASE, to=[0, 1, 2]))
+    run = drive(plans.acquire_plan(state, fake_nodes(3), NAME, 0.1), steps, clock)
+    if won:
+        assert run.result.token == 5
+    else:
+        assert run.result == plans.AcquireFailure("busy", 3, 3, {})
+
+
+def test_acquire_validity_counts_the_write_back(state: plans.AliasState, clock: Clock) -> None:
+    """Time spent in the RAISE write-back counts against validity too."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 1.0),
+        [
+            answer(ACQUIRE, granted(10), granted(12), busy(12, 400), elapsed=0.5),
+            answer(RAISE, 1, None, None, elapsed=0.5),
+            fire(RELEASE, to=[0, 1]),
+        ],
+        clock,
+    )
+    assert isinstance(run.result, plans.AcquireFailure)
+
+
+@pytest.mark.parametrize(
+    ("token", "won"), [(plans.TOKEN_LIMIT - 1, True), (plans.TOKEN_LIMIT, False)]
+)
+def test_acquire_refuses_token_at_limit(state: plans.AliasState, token: int, won: bool) -> None:
+    """A token of 2**53 or more is never handed out: the grants are released."""
+    steps = [answer(ACQUIRE, granted(token), granted(token), granted(token))]
+    if not won:
+        steps.append(fire(RELEASE, to=[0, 1, 2]))
+    run = drive(plans.acquire_plan(state, fake_nodes(3), NAME, 5.0), steps)
+    assert isinstance(run.result, plans.LeaseRecord) is won
+    if won:
+        assert run.result.token == token
+
+
+def test_acquire_does_not_write_back_a_token_over_limit(state: plans.AliasState) -> None:
+    """A laggard is not raised to a token at the limit (no RAISE request at all)."""
+    limit = plans.TOKEN_LIMIT
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
+        [answer(ACQUIRE, granted(10), granted(limit), granted(limit)), fire(RELEASE, to=[0, 1, 2])],
+    )
+    assert run.result.reason == "busy"
+
+
+def test_acquire_of_a_waiter_registers_it_on_failure(state: plans.AliasState) -> None:
+    """A caller that will wait: every ACQUIRE and the release of the failed attempt (where a
+    node granted it) carry its waiter id and how long it stays registered."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, waiter="w1", mark_ms=700),
+        [answer(ACQUIRE, granted(12), busy(12, 900), busy(12, 900)), fire(RELEASE, to=[0])],
+    )
+    assert run.result.retry_after == 0.9
+    assert {(c.args[4], c.args[6]) for c in run.calls(0) if c} == {(700, "w1")}
+    release = run.calls(1)[0]
+    assert release_args(release)[2] == 700 and release.args[5] == "w1"
+
+
+def test_acquire_registers_for_wait_mark_ms_by_default(state: plans.AliasState) -> None:
+    """Without mark_ms a waiter is registered for WAIT_MARK_MS (1 s: a dead waiter stops
+    counting within 1 s), longer than any single wait."""
+    from django_redlock.engine import policy
+
+    assert plans.WAIT_MARK_MS <= 1000
+    assert policy.MAX_BACKOFF * 1000 < plans.WAIT_MARK_MS
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(1), NAME, 5.0, waiter="w1"),
+        [answer(ACQUIRE, busy(12, 900))],
+    )
+    assert run.calls(0)[0].args[4] == plans.WAIT_MARK_MS
+
+
+@pytest.mark.parametrize(("waiter", "mark_ms"), [("", 1000), ("w1", 0), ("w1", -5)])
+def test_acquire_that_will_not_wait_registers_nothing(
+    state: plans.AliasState, waiter: str, mark_ms: int
+) -> None:
+    """No waiter id (timeout=0), or no time left before the caller's deadline: mark_ms 0, so
+    the nodes register nothing and the failed attempt's release neither."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, waiter=waiter, mark_ms=mark_ms),
+        [answer(ACQUIRE, granted(12), busy(12, 900), busy(12, 900)), fire(RELEASE, to=[0])],
+    )
+    assert {c.args[4] for c in run.calls(0) if c} == {0}
+    assert release_args(run.calls(1)[0])[2] == 0
+
+
+def test_acquire_won_by_a_waiter_withdraws_it_where_busy(state: plans.AliasState) -> None:
+    """A waiter that wins on a quorum stops counting everywhere: the granting nodes removed it
+    in ACQUIRE, the node that said busy (and registered it again) gets a WITHDRAW."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, waiter="w1"),
+        [answer(ACQUIRE, granted(12), busy(12, 900), granted(12)), fire(scripts.WITHDRAW, to=[1])],
+    )
+    assert isinstance(run.result, plans.LeaseRecord)
+    withdraw = run.calls(1)[1]
+    assert (withdraw.keys, withdraw.args) == (("t:__waiters__:job",), ("w1",))
+
+
+def test_acquire_won_everywhere_sends_no_withdraw(state: plans.AliasState) -> None:
+    """Every node granted: nothing more is sent (the hot path stays one round trip)."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, waiter="w1"),
+        [answer(ACQUIRE, granted(12), granted(12), granted(12))],
+    )
+    assert isinstance(run.result, plans.LeaseRecord) and len(run.requests) == 1
+
+
+def test_acquire_woken_flag_is_passed(state: plans.AliasState) -> None:
+    """woken=True tells every node this caller may take a name reserved for a hand-off."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, woken=True),
+        [answer(ACQUIRE, granted(3), granted(3), granted(3))],
+    )
+    assert [c.args[5] for c in run.calls(0) if c] == ["1", "1", "1"]
+    assert run.result.token == 3
+
+
+def test_acquire_not_connected_node_gets_no_call(state: plans.AliasState) -> None:
+    """A node without a connection gets no ACQUIRE, and its reached flag is False."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3, down=[1]), NAME, 5.0),
+        [answer(ACQUIRE, granted(4), None, granted(4))],
+    )
+    assert run.result.reached == (True, False, True)
+
+
+def test_acquire_early_settle_leaves_silent_node_reached(state: plans.AliasState) -> None:
+    """Settled on two grants, the still-silent third node counts as reached (may hold the key)."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
+        [answer(ACQUIRE, granted(4), granted(4), granted(4), order=[0, 1, 2])],
+    )
+    assert run.settled_after == [2]
+    assert run.replies[0][2] == NodeFailure(NOT_AWAITED)
+    assert run.result.reached == (True, True, True)
+
+
+def test_acquire_decided_early_does_not_blame_the_node_not_awaited(
+    state: plans.AliasState,
+) -> None:
+    """Two busy answers settle a 3-node attempt; the healthy third node was only not waited
+    for: it is neither reported as timed out nor counted as failing (L13)."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
+        [
+            answer(ACQUIRE, busy(4, 700), busy(4, 700), busy(4, 700), order=[0, 1, 2]),
+            fire(RELEASE, to=[2]),  # it may yet grant: released in case
+        ],
+    )
+    assert run.settled_after == [2, None]
+    assert run.replies[0][2] == NodeFailure(NOT_AWAITED)
+    assert run.result == plans.AcquireFailure("busy", 0, 2, {}, 0.7)
+
+
+def test_acquire_sent_false_failure_is_not_reached(state: plans.AliasState) -> None:
+    """reached is False for a call that never left (sent=False), True for one sent unanswered."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(4), NAME, 5.0),
+        [answer(ACQUIRE, granted(4), granted(4), granted(4), REFUSED)],
+    )
+    assert run.result.reached == (True, True, True, False)
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(4), NAME, 5.0),
+        [answer(ACQUIRE, granted(4), granted(4), granted(4), TIMED_OUT)],
+    )
+    assert run.result.reached == (True, True, True, True)
+
+
+@pytest.mark.parametrize(
+    ("replies", "settled"),
+    [
+        ((granted(1), granted(1), PENDING), True),
+        ((granted(1), PENDING, PENDING), False),
+        ((busy(1, 5), busy(1, 5), PENDING), True),
+        ((granted(1), busy(1, 5), PENDING), False),
+        ((UNTRUSTED, granted(1), PENDING), False),
+        ((UNTRUSTED, TIMED_OUT, PENDING), True),
+        ((granted(1), TIMED_OUT, busy(1, 5)), True),
+    ],
+    ids=["two-wins", "one-win", "two-busy", "win-busy", "untrusted-win", "two-failures", "all"],
+)
+def test_acquire_settled(state: plans.AliasState, replies: tuple[Any, ...], settled: bool) -> None:
+    """ACQUIRE settles on a quorum of grants or once a quorum can no longer be reached."""
+    request = next(plans.acquire_plan(state, fake_nodes(3), NAME, 5.0))
+    assert request.settled(slots(*replies)) is settled
+
+
+# -- quarantine and rejoin ----------------------------------------------------------------
+
+
+def test_acquire_on_brand_new_cluster_initialises_it(state: plans.AliasState) -> None:
+    """A brand-new cluster is rejoined at once at the clock floor; the retry uses a new owner."""
+    nodes = fake_nodes(3)
+    fresh = [probe("", 0, 0, 0)] * 3
+    run = drive(
+        plans.acquire_plan(state, nodes, NAME, 5.0),
+        [
+            answer(ACQUIRE, UNTRUSTED, UNTRUSTED, UNTRUSTED),
+            answer(PROBE, *fresh),
+            answer(REJOIN, FLOOR, FLOOR, FLOOR),
+            answer(ACQUIRE, granted(FLOOR + 1), granted(FLOOR + 1), granted(FLOOR + 1)),
+        ],
+    )
+    assert run.result.token == FLOOR + 1
+    assert [c.keys for c in run.calls(1) if c] == [("t:__fence__",)] * 3
+    assert [c.args for c in run.calls(2) if c] == [(f"r{i}", FLOOR) for i in range(3)]
+    assert run.requests[1].timeout == run.requests[2].timeout == 2 * state.node_timeout
+    first, second = run.calls(0)[0].args[0], run.calls(3)[0].args[0]
+    assert first != second == run.result.owner
+
+
+def test_acquire_rejoin_releases_first_attempt_and_retries(state: plans.AliasState) -> None:
+    """After a rejoin, the first attempt's grants are released with its owner, then it retries."""
+    nodes = fake_nodes(3)
+    for i in (1, 2):
+        state.untrusted_seen[(f"n{i}", f"r{i}")] = START - 60  # quarantine long over
+    run = drive(
+        plans.acquire_plan(state, nodes, NAME, 5.0),
+        [
+            answer(ACQUIRE, granted(12), UNTRUSTED, UNTRUSTED),
+            answer(PROBE, probe("r0", 12), probe("old", 9), probe("old", 9)),
+            answer(REJOIN, None, FLOOR, FLOOR),
+            fire(RELEASE, to=[0]),
+            answer(ACQUIRE, granted(13), granted(FLOOR + 1), granted(FLOOR + 1)),
+            answer(RAISE, 1, None, None),
+        ],
+    )
+    first_owner = run.calls(0)[0].args[0]
+    assert release_args(run.calls(3)[0])[0] == first_owner
+    assert run.result.owner != first_owner
+    assert run.result.token == FLOOR + 1
+    assert [c.args for c in run.calls(2) if c] == [("r1", FLOOR), ("r2", FLOOR)]
+
+
+def test_acquire_keeps_quarantined_node_out(state: plans.AliasState) -> None:
+    """A node restarted 1 s ago (longest TTL 5 s) is not rejoined: "unavailable", quarantined."""
+    nodes = fake_nodes(3)
+    nodes[2].up = 1.0
+    run = drive(
+        plans.acquire_plan(state, nodes, NAME, 5.0),
+        [
+            answer(ACQUIRE, granted(12), TIMED_OUT, UNTRUSTED),
+            answer(PROBE, probe("r0", 12), probe("r1", 12), probe("", 0, 0, 0)),
+            fire(RELEASE, to=[0, 1]),
+        ],
+    )
+    assert run.result == plans.AcquireFailure(
+        "unavailable",
+        1,
+        1,
+        {"n1": "timed out", "n2": plans.QUARANTINED},
+        None,
+    )
+    assert state.untrusted_seen == {("n2", "r2"): START}
+
+
+def test_acquire_does_not_probe_when_quorum_won(state: plans.AliasState) -> None:
+    """An untrusted node does not trigger a rejoin when a quorum granted anyway."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
+        [answer(ACQUIRE, granted(12), granted(12), UNTRUSTED)],
+    )
+    assert run.result.token == 12
+    assert run.result.reached == (True, True, False)
+
+
+def test_acquire_rejoins_at_most_once(state: plans.AliasState, clock: Clock) -> None:
+    """If nodes are still untrusted after a rejoin, the attempt fails instead of looping."""
+    fresh = [probe("", 0, 0, 0)] * 3
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
+        [
+            answer(ACQUIRE, UNTRUSTED, UNTRUSTED, UNTRUSTED),
+            answer(PROBE, *fresh),
+            answer(REJOIN, FLOOR, FLOOR, FLOOR, elapsed=1.0),
+            answer(ACQUIRE, UNTRUSTED, UNTRUSTED, UNTRUSTED),
+        ],
+        clock,
+    )
+    assert run.result.reason == "unavailable"
+    assert run.scripts() == ["acquire", "probe", "rejoin", "acquire"]
+
+
+def test_acquire_rejoin_is_rate_limited(state: plans.AliasState) -> None:
+    """Within REJOIN_INTERVAL of the last probe, an untrusted reply does not probe again."""
+    state.next_rejoin_check = START + 0.1
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
+        [answer(ACQUIRE, UNTRUSTED, UNTRUSTED, UNTRUSTED)],
+    )
+    assert run.result.reason == "unavailable"
+
+
+def test_rejoin_rate_limit(state: plans.AliasState, clock: Clock) -> None:
+    """rejoin_plan probes at most once per REJOIN_INTERVAL; in between it returns False."""
+    nodes = fake_nodes(3)
+    trusted = [probe(f"r{i}", 5) for i in range(3)]
+    first = drive(plans.rejoin_plan(state, nodes), [answer(PROBE, *trusted)])
+    assert first.result is False  # nothing to rejoin
+    assert state.next_rejoin_check == START + REJOIN_INTERVAL
+    clock.advance(REJOIN_INTERVAL - 0.01)
+    assert drive(plans.rejoin_plan(state, nodes), []).result is False
+    clock.advance(0.01)
+    drive(plans.rejoin_plan(state, nodes), [answer(PROBE, *trusted)])
+
+
+def test_rejoin_uses_max_counter_of_trusted_majority(state: plans.AliasState, clock: Clock) -> None:
+    """A wiped node waits the longest TTL from first sight, then gets the trusted max counter."""
+    nodes = fake_nodes(3)
+    probes = [probe("r0", 12), probe("r1", 15, 7000), probe("", 40, 0, 0)]
+    assert drive(plans.rejoin_plan(state, nodes), [answer(PROBE, *probes)]).result is False
+    assert state.longest_ttl_ms == 7000  # learned from the probes
+    clock.advance(6.9)
+    assert drive(plans.rejoin_plan(state, nodes), [answer(PROBE, *probes)]).result is False
+    clock.advance(REJOIN_INTERVAL)  # 7.4 s since first seen, also past the rate limit
+    run = drive(
+        plans.rejoin_plan(state, nodes), [answer(PROBE, *probes), answer(REJOIN, None, None, 15)]
+    )
+    assert run.result is True
+    assert run.calls(1)[2].args == ("r2", 15)
+
+
+def test_rejoin_takes_reachable_counter_above_floor(state: plans.AliasState) -> None:
+    """Without a trusted quorum, a reachable counter above the clock floor is the rejoin value."""
+    nodes = fake_nodes(3)
+    for i in (1, 2):
+        state.untrusted_seen[(f"n{i}", f"r{i}")] = START - 60
+    probes = [probe("r0", 12), probe("old", FLOOR + 50), probe("old", 20)]
+    run = drive(
+        plans.rejoin_plan(state, nodes),
+        [answer(PROBE, *probes), answer(REJOIN, None, FLOOR + 50, NodeFailure("timed out"))],
+    )
+    assert run.result is True
+    assert [c.args for c in run.calls(1) if c] == [("r1", FLOOR + 50), ("r2", FLOOR + 50)]
+
+
+def test_rejoin_clock_floor(state: plans.AliasState) -> None:
+    """Without a trusted quorum and with counters below it, the clock floor is the value."""
+    nodes = fake_nodes(3)
+    for i in (1, 2):
+        state.untrusted_seen[(f"n{i}", f"r{i}")] = START - 60
+    run = drive(
+        plans.rejoin_plan(state, nodes),
+        [
+            answer(PROBE, probe("r0", 12), probe("old", 99), probe("old", 20)),
+            answer(REJOIN, None, FLOOR, FLOOR),
+        ],
+    )
+    assert [c.args for c in run.calls(1) if c] == [("r1", FLOOR), ("r2", FLOOR)]
+
+
+def test_rejoin_needs_a_reachable_quorum(state: plans.AliasState) -> None:
+    """Fewer than a quorum of probes answered: nothing is rejoined."""
+    run = drive(
+        plans.rejoin_plan(state, fake_nodes(3)),
+        [answer(PROBE, probe("", 0, 0, 0), TIMED_OUT, REFUSED)],
+    )
+    assert run.result is False
+
+
+def test_rejoin_refuses_value_at_token_limit(state: plans.AliasState) -> None:
+    """A rejoin value at 2**53 would overflow the tokens: nothing is rejoined."""
+    state.untrusted_seen[("n2", "r2")] = START - 60
+    probes = [probe("r0", plans.TOKEN_LIMIT), probe("r1", 3), probe("", 0, 0, 0)]
+    assert drive(plans.rejoin_plan(state, fake_nodes(3)), [answer(PROBE, *probes)]).result is False
+
+
+def test_rejoin_fails_when_no_target_answers(state: plans.AliasState) -> None:
+    """A REJOIN that no target answered reports False."""
+    state.untrusted_seen[("n2", "r2")] = START - 60
+    probes = [probe("r0", 5), probe("r1", 5), probe("", 0, 0, 0)]
+    run = drive(
+        plans.rejoin_plan(state, fake_nodes(3)),
+        [answer(PROBE, *probes), answer(REJOIN, None, None, TIMED_OUT)],
+    )
+    assert run.result is False
+
+
+# -- release_plan --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("replies", "held", "handed_off"),
+    [
+        ((1, 1, 1), True, False),
+        ((1, 1, 0), True, False),
+        ((2, 1, TIMED_OUT), True, True),
+        ((1, TIMED_OUT, TIMED_OUT), True, False),
+        ((1, 0, 0), False, False),
+        ((0, 0, 0), False, False),
+        ((TIMED_OUT, TIMED_OUT, TIMED_OUT), True, False),
+    ],
+    ids=["all", "quorum", "handed-off", "one-of-three", "majority-refused", "none", "silent"],
+)
+def test_release_result(
+    state: plans.AliasState, replies: tuple[Any, ...], held: bool, handed_off: bool
+) -> None:
+    """release is True unless more than total-quorum nodes said "not yours" (a release that
+    merely timed out is not a loss: its compare-and-delete runs when the node answers); 2 marks
+    handed_off."""
+    lease = lease_for()
+    run = drive(plans.release_plan(state, fake_nodes(3), lease), [answer(RELEASE, *replies)])
+    assert run.result is held
+    assert lease.released and lease.handed_off is handed_off
+    waking = plans.wake_node(NAME, 3)
+    for i, call in enumerate(run.calls(0)):
+        assert release_args(call) == ("a" * 32, "1" if i == waking else "0", 0)
+
+
+def test_release_twice_sends_nothing(state: plans.AliasState) -> None:
+    """A second release returns False without a request."""
+    lease = lease_for()
+    drive(plans.release_plan(state, fake_nodes(3), lease), [answer(RELEASE, 1, 1, 1)])
+    assert drive(plans.release_plan(state, fake_nodes(3), lease), []).result is False
+
+
+def test_release_of_expired_or_lost_lease_cleans_up_but_is_false(state: plans.AliasState) -> None:
+    """An expired or lost lease is still deleted everywhere, but release reports False."""
+    expired = lease_for(valid=-0.1)
+    run = drive(plans.release_plan(state, fake_nodes(3), expired), [answer(RELEASE, 1, 1, 1)])
+    assert run.result is False
+    lost = lease_for()
+    lost.lost = True
+    run = drive(plans.release_plan(state, fake_nodes(3), lost), [answer(RELEASE, 1, 1, 1)])
+    assert run.result is False
+
+
+def test_release_skips_unreached_and_disconnected_nodes(state: plans.AliasState) -> None:
+    """No RELEASE to a node the acquire never reached, nor to one not connected."""
+    lease = lease_for(reached=(True, False, True))
+    nodes = fake_nodes(3, down=[2])
+    run = drive(plans.release_plan(state, nodes, lease), [answer(RELEASE, 1, None, None)])
+    assert run.result is True
+
+
+def test_release_without_reached_goes_everywhere(state: plans.AliasState) -> None:
+    """A lease without reached flags (made elsewhere) is released on every node."""
+    lease = lease_for(reached=())
+    run = drive(plans.release_plan(state, fake_nodes(3), lease), [answer(RELEASE, 1, 1, 1)])
+    assert run.sent_to(0) == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("reached", "replies", "settled"),
+    [
+        ((True, True, True), (0, PENDING, PENDING), False),
+        ((True, True, True), (0, 1, PENDING), True),
+        ((True, False, True), (1, NOT_CONNECTED, PENDING), False),
+        ((True, False, True), (1, NOT_CONNECTED, 1), True),
+        ((True, False, False), (PENDING, NOT_CONNECTED, NOT_CONNECTED), False),
+        ((True, False, False), (1, NOT_CONNECTED, NOT_CONNECTED), True),
+    ],
+    ids=["one-answer", "quorum-answered", "one-of-two", "both", "lone-pending", "lone-answered"],
+)
+def test_release_settled(
+    state: plans.AliasState,
+    reached: tuple[bool, ...],
+    replies: tuple[Any, ...],
+    settled: bool,
+) -> None:
+    """RELEASE settles on a quorum of answers, or when every node called has answered."""
+    request = next(plans.release_plan(state, fake_nodes(3), lease_for(reached=reached)))
+    assert request.settled(slots(*replies)) is settled
+
+
+# -- extend_plan ---------------------------------------------------------------------------
+
+
+def test_extend_renews_deadline_and_ttl(state: plans.AliasState, clock: Clock) -> None:
+    """A quorum of 1s renews: deadline = start + ttl - drift, ttl and longest TTL updated."""
+    lease = lease_for(valid=1.0)
+    nodes = fake_nodes(3, down=[2])
+    run = drive(
+        plans.extend_plan(state, nodes, lease, 8.0),
+        [answer(EXTEND, 1, 1, None, elapsed=0.2)],
+        clock,
+    )
+    assert run.result.status == plans.RENEWED
+    assert lease.deadline == pytest.approx(START + 8.0 - state.drift(8.0))
+    assert (lease.ttl, lease.lost, state.longest_ttl_ms) == (8.0, False, 8000)
+    assert run.calls(0)[0].keys == ("t:job", "t:__fence__")
+    assert [c.args for c in run.calls(0) if c] == [("a" * 32, 8000, "r0"), ("a" * 32, 8000, "r1")]
+
+
+@pytest.mark.parametrize(
+    ("replies", "released"),
+    [((0, 0, TIMED_OUT), [2]), ((0, 0, 0), []), ((0, 0, 1), [2])],
+    ids=["majority-not-held", "none", "one-renewed"],
+)
+def test_extend_lost(
+    state: plans.AliasState, replies: tuple[Any, ...], released: list[int]
+) -> None:
+    """When so many nodes say "not held" that no quorum can hold it, the lease is lost and
+    released where it was just renewed (or may have been: no answer)."""
+    lease = lease_for()
+    deadline = lease.deadline
+    steps = [answer(EXTEND, *replies)]
+    if released:
+        steps.append(fire(RELEASE, to=released))
+    run = drive(plans.extend_plan(state, fake_nodes(3), lease, 5.0), steps)
+    assert run.result.status == plans.LOST
+    assert lease.lost and lease.deadline == deadline
+    for call in run.calls(1) if released else []:
+        if call is not None:
+            assert release_args(call)[0] == "a" * 32
+
+
+@pytest.mark.parametrize(
+    "replies",
+    [(0, TIMED_OUT, 1), (-1, 1, REFUSED), (TIMED_OUT, TIMED_OUT, TIMED_OUT), (1, TIMED_OUT, 0)],
+    ids=["one-not-held", "untrusted", "silent", "split"],
+)
+def test_extend_unconfirmed_keeps_the_lease(
+    state: plans.AliasState, replies: tuple[Any, ...]
+) -> None:
+    """Too few answers in time (slow, down or restarted nodes) but no quorum of "not held":
+    the lease stays valid for the validity it had, and nothing is deleted (F2)."""
+    lease = lease_for()
+    deadline = lease.deadline
+    run = drive(plans.extend_plan(state, fake_nodes(3), lease, 5.0), [answer(EXTEND, *replies)])
+    assert run.result.status == plans.UNCONFIRMED
+    assert not lease.lost and lease.deadline == deadline
+    assert len(run.requests) == 1  # no release
+
+
+def test_extend_too_slow_is_unconfirmed(state: plans.AliasState, clock: Clock) -> None:
+    """Renewals that arrive after ttl - drift do not renew, but the lease keeps its validity."""
+    lease = lease_for()
+    run = drive(
+        plans.extend_plan(state, fake_nodes(3), lease, 1.0),
+        [answer(EXTEND, 1, 1, 1, elapsed=1.0)],
+        clock,
+    )
+    assert run.result.status == plans.UNCONFIRMED and not lease.lost
+
+
+def test_extend_too_slow_after_the_lease_ran_out_is_lost(
+    state: plans.AliasState, clock: Clock
+) -> None:
+    """A renewal whose answers came after the lease's own validity ran out: lost, released."""
+    lease = lease_for(valid=0.5)
+    run = drive(
+        plans.extend_plan(state, fake_nodes(3), lease, 1.0),
+        [answer(EXTEND, 1, 1, 1, elapsed=1.0), fire(RELEASE, to=[0, 1, 2])],
+        clock,
+    )
+    assert run.result.status == plans.LOST and lease.lost
+
+
+def test_extend_expired_lease_sends_nothing(state: plans.AliasState) -> None:
+    """An already expired (or released) lease is lost at once, without a request."""
+    expired = lease_for(valid=-0.001)
+    assert drive(plans.extend_plan(state, fake_nodes(3), expired, 5.0), []).result.status == "lost"
+    assert expired.lost
+    released = lease_for()
+    released.released = True
+    run = drive(plans.extend_plan(state, fake_nodes(3), released, 5.0), [])
+    assert run.result.status == plans.LOST
+
+
+@pytest.mark.parametrize(
+    ("replies", "settled"),
+    [
+        ((1, 1, PENDING), True),
+        ((0, 0, PENDING), True),
+        ((1, 0, PENDING), False),
+        ((-1, 1, PENDING), False),
+        ((TIMED_OUT, -1, PENDING), True),
+    ],
+    ids=["two-renewed", "two-not-held", "split", "untrusted-renewed", "two-failures"],
+)
+def test_extend_settled(state: plans.AliasState, replies: tuple[Any, ...], settled: bool) -> None:
+    """EXTEND settles on a quorum of renewals or once a quorum can no longer be reached."""
+    request = next(plans.extend_plan(state, fake_nodes(3), lease_for(), 5.0))
+    assert request.settled(slots(*replies)) is settled
+
+
+# -- force_release_plan and wake_node -------------------------------------------------------
+
+
+def test_force_release_counts_deletions(state: plans.AliasState) -> None:
+    """force_release_plan returns how many nodes deleted the key; failures do not count."""
+    run = drive(
+        plans.force_release_plan(state, fake_nodes(4, down=[3]), NAME, "v"),
+        [answer(FORCE_RELEASE, 1, 0, TIMED_OUT, None)],
+    )
+    assert run.result == 1
+    call = run.calls(0)[0]
+    assert call.keys == ("t:job", "t:__fence__", "t:__wake__:job")
+    assert call.args == ("v", plans.WAKE_TTL_MS)
+    assert run.requests[0].timeout == 4 * state.node_timeout
+    run = drive(
+        plans.force_release_plan(state, fake_nodes(3), NAME), [answer(FORCE_RELEASE, 1, 1, 1)]
+    )
+    assert run.result == 3 and run.calls(0)[0].args[0] == ""
+
+
+def test_wake_node_is_stable_and_in_range() -> None:
+    """wake_node is a fixed function of (name, count) every process agrees on, in range."""
+    # pinned: waiters and releasers in processes of different versions must agree
+    assert [plans.wake_node("orders:42", n) for n in (1, 2, 3, 5, 7)] == [0, 1, 1, 2, 4]
+    assert [plans.wake_node("invoice-7", n) for n in (1, 2, 3, 5, 7)] == [0, 0, 2, 4, 2]
+    names = [f"name-{i}" for i in range(200)] + ["", "é", "名前", "\udc80"]
+    for count in range(1, 8):
+        picks = [plans.wake_node(name, count) for name in names]
+        assert all(0 <= p < count for p in picks)
+        assert picks == [plans.wake_node(name, count) for name in names]
+        assert set(picks) == set(range(count))  # every node serves some names
+
+
+def test_register_goes_to_every_node_but_the_wake_node(state: plans.AliasState) -> None:
+    """A caller that queues without a failed attempt registers on the other nodes from a lock
+    connection, fire-and-forget (the wake-up node gets it with the caller's BLPOP), so each
+    node's release reserves the name for the hand-off."""
+    waking = plans.wake_node(NAME, 5)
+    others = [i for i in range(5) if i != waking]
+    run = drive(
+        plans.register_plan(state, fake_nodes(5), NAME, "w1", 900),
+        [fire(scripts.REGISTER, to=others)],
+    )
+    for i in others:
+        call = run.calls(0)[i]
+        assert (call.keys, call.args) == (("t:__waiters__:job",), ("w1", 900))
+    assert state.mark_command(NAME, "w1", 900) == (
+        "EVAL",
+        scripts.REGISTER.source,
+        1,
+        "t:__waiters__:job",
+        "w1",
+        900,
+    )
+
+
+def test_register_on_one_node_sends_nothing(state: plans.AliasState) -> None:
+    """With one node, the BLPOP's own registration is all there is."""
+    run = drive(plans.register_plan(state, fake_nodes(1), NAME, "w1", 900), [])
+    assert run.requests == []
