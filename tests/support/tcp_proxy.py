@@ -18,20 +18,24 @@ node. Its mode can be switched at runtime (``proxy.set(mode, delay_ms=...)``):
   does once retransmissions give up); keeping it would pair later replies with lost ones.
 
 Counters (``forwarded``, ``swallowed``, ``resets``) let a test assert that its fault bit.
+
+The proxy runs in a child process (started with ``spawn``) and is steered over a pipe, so its
+sockets never live in the test process: an asyncio socket that the interpreter tears down
+late would otherwise surface there as an unraisable ``ResourceWarning`` in some later test.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
+import multiprocessing
 import time
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
 
 MODES = ("pass", "delay", "blackhole", "reset", "drop-replies")
-T = TypeVar("T")
 
 
 @dataclass
@@ -48,33 +52,34 @@ class Proxy:
     def __init__(self, upstream_port: int, host: str = "127.0.0.1") -> None:
         self.host = host
         self.upstream_port = upstream_port
-        self.mode = "pass"
-        self.delay = 0.0
-        self.counters = Counters()
         self.port = 0
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                        name=f"proxy->{upstream_port}")  # fmt: skip
-        self._server: asyncio.AbstractServer | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
-        self._lossy: set[asyncio.StreamWriter] = set()
-        self._closing = False
+        self._pipe: Connection | None = None
+        self._process: BaseProcess | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> Proxy:
-        self._thread.start()
-        self._call(self._start())
+        context = multiprocessing.get_context("spawn")
+        self._pipe, child_end = context.Pipe()
+        self._process = context.Process(
+            target=_serve, args=(self.upstream_port, self.host, child_end), daemon=True,
+            name=f"proxy->{self.upstream_port}",
+        )  # fmt: skip
+        self._process.start()
+        child_end.close()
+        self.port = self._ask(("start",))
         return self
 
     def close(self) -> None:
-        if not self._thread.is_alive():
+        if self._process is None or self._pipe is None:
             return
         with contextlib.suppress(Exception):
-            self._call(self._stop(), timeout=5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
-        if not self._thread.is_alive():
-            self._loop.close()
+            self._ask(("stop",), timeout=10.0)
+        self._pipe.close()
+        self._process.join(5)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(5)
+        self._process = self._pipe = None
 
     def __enter__(self) -> Proxy:
         return self.start()
@@ -86,38 +91,87 @@ class Proxy:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def counters(self) -> Counters:
+        """A snapshot of the proxy's counters."""
+        counters: Counters = self._ask(("counters",))
+        return counters
+
     def set(self, mode: str, delay_ms: float = 0.0) -> None:
         """Switch mode; ``reset`` also aborts every open connection."""
         if mode not in MODES:
             raise ValueError(f"unknown proxy mode {mode!r}; one of {MODES}")
+        self._ask(("set", mode, delay_ms))
+
+    def _ask(self, command: tuple[Any, ...], timeout: float = 10.0) -> Any:
+        if self._pipe is None:
+            raise RuntimeError("the proxy is not running")
+        self._pipe.send(command)
+        if not self._pipe.poll(timeout):
+            raise TimeoutError(f"the proxy did not answer {command[0]!r} in {timeout} s")
+        return self._pipe.recv()
+
+
+def _serve(upstream_port: int, host: str, pipe: Connection) -> None:
+    """The child process: run the forwarder until told to stop or the parent goes away."""
+    asyncio.run(_Forwarder(upstream_port, host).serve(pipe))
+
+
+class _Forwarder:
+    """The proxy itself, in the child process's event loop."""
+
+    def __init__(self, upstream_port: int, host: str) -> None:
+        self.host = host
+        self.upstream_port = upstream_port
+        self.mode = "pass"
+        self.delay = 0.0
+        self.counters = Counters()
+        self.port = 0
+        self._server: asyncio.AbstractServer | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._lossy: set[asyncio.StreamWriter] = set()
+        self._closing = False
+
+    async def serve(self, pipe: Connection) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                command, *args = await loop.run_in_executor(None, pipe.recv)
+            except (EOFError, OSError):  # the test process is gone
+                await self._stop()
+                return
+            if command == "start":
+                await self._start()
+                pipe.send(self.port)
+            elif command == "set":
+                await self._set(*args)
+                pipe.send(None)
+            elif command == "counters":
+                pipe.send(self.counters)
+            elif command == "stop":
+                await self._stop()
+                pipe.send(None)
+                return
+
+    async def _set(self, mode: str, delay_ms: float) -> None:
         self.delay = delay_ms / 1000.0
         self.mode = mode
         if mode == "reset":
-            self._call(self._abort_all())
+            await self._abort_all()
         elif mode != "drop-replies":
-            self._call(self._abort_lossy())
+            await self._abort_lossy()
 
-    def _call(self, coro: Coroutine[Any, Any, T], timeout: float = 10.0) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
-
-    # -- loop side ---------------------------------------------------------------------------
     async def _start(self) -> None:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def _stop(self) -> None:
-        """Close every socket, then let each connection's task end by itself.
-
-        Cancelling a connection task that has not started yet would leave its accepted socket
-        to the garbage collector (an unraisable ``ResourceWarning`` in a later test), so tasks
-        are awaited first and cancelled only if they outlive a grace period."""
+        """Close every socket and let each connection's task end (cancel what outlives 3 s)."""
         self._closing = True
         self.mode = "pass"  # a sender waiting out a blackhole lets go
         if self._server is not None:
             self._server.close()
         await self._abort_all(count=False)
-        # An accept still in flight starts its connection task only later, so wait until no
-        # task is left (each new one sees ``_closing`` and closes its socket at once).
         deadline = time.monotonic() + 3.0
         while tasks := [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
             if time.monotonic() >= deadline:
