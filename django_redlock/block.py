@@ -8,14 +8,17 @@ transaction on the default database, releases after the commit (SPEC 10).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from . import context
-from .exceptions import LockLost
+from .exceptions import LockLost, LockNotAcquired
+from .jobs.templates import CallTemplate
 from .transactions import in_transaction, release_after_commit
 from .validation import UNSET
 
@@ -25,6 +28,9 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 ON_LOST_CHOICES = (None, "cancel")
+ON_BUSY_CHOICES = ("raise", "skip")
+
+logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,8 @@ class BlockOptions:
     until_commit: bool = True
     #: ``"cancel"``: cancel the task running an ``alock()`` block when the lease is lost
     on_lost: str | None = None
+    #: decorators only: ``"skip"`` returns None without calling the function when busy
+    on_busy: str = "raise"
 
     def __post_init__(self) -> None:
         for flag in ("auto_extend", "reentrant", "until_commit"):
@@ -48,6 +56,8 @@ class BlockOptions:
                 raise TypeError(f"{flag} must be True or False, not {getattr(self, flag)!r}.")
         if self.on_lost not in ON_LOST_CHOICES:
             raise ValueError(f"on_lost must be None or 'cancel', not {self.on_lost!r}.")
+        if self.on_busy not in ON_BUSY_CHOICES:
+            raise ValueError(f"on_busy must be 'raise' or 'skip', not {self.on_busy!r}.")
 
     def acquire_kwargs(self) -> dict[str, Any]:
         return {
@@ -72,8 +82,10 @@ class LockBlock:
     """Holds one lock for a ``with`` (or ``async with``) block, or around each call of the
     function it decorates (sync or coroutine function).
 
-    As a decorator, ``name`` is a template formatted with the call's arguments
-    (``"report:{0}"``, ``"user:{user_id}"``).
+    As a decorator, ``name`` is a template filled from the call's arguments bound to the
+    function's signature (``"report:{0}"``, ``"user:{user_id}"``; see
+    :mod:`django_redlock.jobs.templates`), and ``on_busy="skip"`` makes a call whose name is
+    busy return None without running the function.
     """
 
     def __init__(
@@ -87,12 +99,15 @@ class LockBlock:
         self._name = name
         self._options = options
         self._entries: list[_Entered] = []
+        #: made by a decorator for one call (``on_busy="skip"`` is allowed)
+        self._decorating = False
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self._name!r}>"
 
     # -- entering and leaving (blocking and asyncio share everything but the call) ----------
     def __enter__(self) -> Lease:
+        self._check_not_skipping()
         manager = self._get_manager()
         held = self._reentrant_lease(manager)
         if held is not None:
@@ -105,6 +120,7 @@ class LockBlock:
             _check_held(entry.lease, entry.lease.release(), exc_info[0])
 
     async def __aenter__(self) -> Lease:
+        self._check_not_skipping()
         manager = self._get_manager()
         held = self._reentrant_lease(manager)
         if held is not None:
@@ -148,33 +164,47 @@ class LockBlock:
         return False
 
     # -- decorator -------------------------------------------------------------------------
-    def _for_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LockBlock:
-        try:
-            name = self._name.format(*args, **kwargs)
-        except (IndexError, KeyError, AttributeError) as exc:
-            raise ValueError(
-                f"Lock name template {self._name!r} cannot be filled from the call's "
-                f"arguments: {exc!r}."
-            ) from exc
-        return type(self)(self._get_manager, name, self._options)
-
     def __call__(self, func: F) -> F:
+        template = CallTemplate(self._name, func)  # a field the function lacks fails here
+        skip = self._options.on_busy == "skip"
+        calls = _Calls(self, template, getattr(func, "__qualname__", repr(func)))
         if inspect.iscoroutinefunction(func):
 
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                async with self._for_call(args, kwargs):
+                block = calls.block(args, kwargs)
+                async with contextlib.AsyncExitStack() as stack:
+                    try:
+                        await stack.enter_async_context(block)
+                    except LockNotAcquired as exc:
+                        if not skip:
+                            raise
+                        return calls.skipped(block, exc)
                     return await func(*args, **kwargs)
 
             return cast(F, async_wrapper)
-        self._sync_allowed(f"decorate {getattr(func, '__qualname__', func)!r}")
+        self._sync_allowed(f"decorate {calls.where!r}")
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with self._for_call(args, kwargs):
+            block = calls.block(args, kwargs)
+            with contextlib.ExitStack() as stack:
+                try:
+                    stack.enter_context(block)
+                except LockNotAcquired as exc:
+                    if not skip:
+                        raise
+                    return calls.skipped(block, exc)
                 return func(*args, **kwargs)
 
         return cast(F, wrapper)
+
+    def _check_not_skipping(self) -> None:
+        if self._options.on_busy == "skip" and not self._decorating:
+            raise ValueError(
+                f"on_busy='skip' works when lock({self._name!r}) decorates a function; a "
+                "`with` block cannot be skipped. Catch LockNotAcquired around it instead."
+            )
 
     def _sync_allowed(self, what: str) -> None:
         """Blocking use is allowed (see :class:`AsyncLockBlock`)."""
@@ -193,6 +223,36 @@ class AsyncLockBlock(LockBlock):
             f"alock({self._name!r}) cannot {what}: it is for `async with` and coroutine "
             "functions. Use lock() in synchronous code."
         )
+
+
+@dataclass(frozen=True)
+class _Calls:
+    """What a decorated function needs per call: a block for the filled name, and the
+    ``on_busy="skip"`` outcome."""
+
+    decorator: LockBlock
+    template: CallTemplate
+    where: str
+
+    def block(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LockBlock:
+        decorator = self.decorator
+        block = type(decorator)(
+            decorator._get_manager, self.template.fill(args, kwargs), decorator._options
+        )
+        block._decorating = True
+        return block
+
+    def skipped(self, block: LockBlock, exc: LockNotAcquired) -> None:
+        """A busy name with ``on_busy="skip"``: logged at INFO (``lock_failed`` was sent)."""
+        left = "" if exc.retry_after is None else f" (its holder has {exc.retry_after:.1f} s left)"
+        logger.info(
+            "Skipped %s(): lock %r (alias %r) is busy%s",
+            self.where,
+            block._name,
+            block._get_manager().alias,
+            left,
+        )
+        return None
 
 
 def _cancel_on_loss(lease: Lease) -> asyncio.Task[Any] | None:

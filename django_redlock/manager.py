@@ -95,12 +95,16 @@ class LockManager:
         max_hold: float | None = None,
         reentrant: bool = True,
         until_commit: bool = True,
+        on_busy: str = "raise",
     ) -> LockBlock:
         """A context manager (``with``; also ``async with``) and decorator holding ``name``.
 
         ``reentrant``: inside an active lease of ``name`` in this thread or task, reuse it.
-        ``until_commit``: ending inside a transaction, release after the commit."""
-        options = BlockOptions(ttl, timeout, auto_extend, max_hold, reentrant, until_commit)
+        ``until_commit``: ending inside a transaction, release after the commit.
+        ``on_busy="skip"`` (decorators): a busy name returns None without calling."""
+        options = BlockOptions(
+            ttl, timeout, auto_extend, max_hold, reentrant, until_commit, on_busy=on_busy
+        )
         return LockBlock(lambda: self, name, options)
 
     def alock(
@@ -114,12 +118,13 @@ class LockManager:
         reentrant: bool = True,
         until_commit: bool = True,
         on_lost: str | None = None,
+        on_busy: str = "raise",
     ) -> AsyncLockBlock:
         """Asyncio twin of :meth:`lock` (``async with`` and coroutine functions only);
         ``on_lost="cancel"`` (with ``auto_extend``) cancels the block's task when the lease
         is lost, and leaving the block then raises ``LockLost``."""
         options = BlockOptions(
-            ttl, timeout, auto_extend, max_hold, reentrant, until_commit, on_lost
+            ttl, timeout, auto_extend, max_hold, reentrant, until_commit, on_lost, on_busy
         )
         return AsyncLockBlock(lambda: self, name, options)
 

@@ -96,13 +96,17 @@ def lock(
     max_hold: float | None = None,
     reentrant: bool = True,
     until_commit: bool = True,
+    on_busy: str = "raise",
 ) -> LockBlock:
     """Hold ``name`` on alias ``using`` for a ``with`` block, or decorate a function with it.
 
-    As a decorator the name is a template filled from the call's arguments::
+    As a decorator the name is a template filled from the call's arguments (by position or by
+    parameter name), and ``on_busy="skip"`` returns None without running a busy job::
 
-        @lock("report:{0}", ttl=60)
+        @lock("report:{day}", ttl=60, on_busy="skip")
         def build_report(day): ...
     """
-    options = BlockOptions(ttl, timeout, auto_extend, max_hold, reentrant, until_commit)
+    options = BlockOptions(
+        ttl, timeout, auto_extend, max_hold, reentrant, until_commit, on_busy=on_busy
+    )
     return LockBlock(lambda: locks[using], name, options)

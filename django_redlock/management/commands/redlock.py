@@ -1,4 +1,5 @@
-"""``manage.py redlock list|show|release|clear|nodes``: inspect and clear held locks.
+"""``manage.py redlock list|show|release|clear|nodes|run``: inspect and clear held locks, and
+run a command under a lock (``run``: see :mod:`django_redlock.jobs.runner` for its exit statuses).
 
 Reads Redis only through :mod:`django_redlock.inspection`. The result is printed first; then, if a
 node could not be reached, an alias's settings are broken or the name is not held, a one-line
@@ -9,6 +10,7 @@ error on stderr and exit status 1. With ``--json``, an error that comes before t
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,6 +19,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import inspection
 from ...inspection import LockInfo, NodeError, NodeHealth
+from ...jobs.runner import RunError, RunRequest, run_locked
 from ...registry import locks
 
 #: ``clear`` lists and releases locks in batches of this many names.
@@ -91,6 +94,26 @@ class Command(BaseCommand):
     help = "List, show, release and clear held locks; show node health."
     requires_system_checks: list[str] = []  # must work while nodes or settings are broken
 
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        """``run NAME [options] -- COMMAND``: everything after the first ``--`` is COMMAND,
+        options included (argparse's own ``--`` handling does not reach sub-parsers)."""
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        parse = parser.parse_args
+
+        def parse_args(args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+            given = list(sys.argv[2:] if args is None else args)
+            command: list[str] | None = None
+            if "--" in given and "run" in given[: given.index("--")]:
+                cut = given.index("--")
+                given, command = given[:cut], given[cut + 1 :]
+            parsed = parse(given, namespace)
+            if command is not None and getattr(parsed, "subcommand", None) == "run":
+                parsed.command = [*parsed.command, *command]
+            return parsed
+
+        parser.parse_args = parse_args  # type: ignore[method-assign,assignment]
+        return parser
+
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
         every = "Alias to read (default: every alias)."
@@ -122,6 +145,29 @@ class Command(BaseCommand):
         p.add_argument("--using", help=every)
         p.add_argument("--json", action="store_true", help="Print one JSON list.")
 
+        p = sub.add_parser(
+            "run",
+            help="Run a command while holding a lock (flock for a cluster of servers).",
+            usage="manage.py redlock run NAME [options] -- COMMAND [ARG ...]",
+            description="Exit status: the command's; 75 busy, 69 no quorum, 70 lease lost.",
+        )
+        p.add_argument("name")
+        p.add_argument("--using", default="default", help=one)
+        p.add_argument("--ttl", type=float, help="Lease TTL in seconds (default: the alias's).")
+        p.add_argument(
+            "--timeout", type=float, default=0.0, help="Seconds to wait for the lock (default 0)."
+        )
+        p.add_argument(
+            "--skip-busy", action="store_true", help="Exit 0 silently when the lock is busy."
+        )
+        p.add_argument(
+            "--kill-after",
+            type=float,
+            default=10.0,
+            help="After a lost lease, SIGKILL the command this many seconds after SIGTERM.",
+        )
+        p.add_argument("command", nargs="*", help="-- COMMAND [ARG ...]")
+
     def handle(self, *args: Any, **options: Any) -> None:
         commands: dict[str, Callable[[dict[str, Any]], None]] = {
             "list": self.list_locks,
@@ -129,6 +175,7 @@ class Command(BaseCommand):
             "release": self.release,
             "clear": self.clear,
             "nodes": self.nodes,
+            "run": self.run_command,
         }
         self._printed = False
         try:
@@ -185,6 +232,31 @@ class Command(BaseCommand):
             raise failure
 
     # -- subcommands -----------------------------------------------------------------------
+    def run_command(self, options: dict[str, Any]) -> None:
+        """``run NAME -- COMMAND``: exits with the command's status (see the module)."""
+        command = list(options["command"])
+        if not command:
+            raise CommandError("redlock run: give the command after --", returncode=2)
+        if options["kill_after"] < 0:
+            raise CommandError("redlock run: --kill-after must be >= 0", returncode=2)
+        alias = self._one_alias(options["using"])
+        request = RunRequest(
+            name=options["name"],
+            command=command,
+            ttl=options["ttl"],
+            timeout=options["timeout"],
+            skip_busy=options["skip_busy"],
+            kill_after=options["kill_after"],
+        )
+        try:
+            status = run_locked(locks[alias], request)
+        except RunError as exc:
+            raise CommandError(f"redlock run: {exc}", returncode=exc.status) from exc
+        except (TypeError, ValueError) as exc:  # a bad NAME, --ttl or --timeout
+            raise CommandError(f"redlock run: {exc}", returncode=2) from exc
+        if status:
+            sys.exit(status)
+
     def list_locks(self, options: dict[str, Any]) -> None:
         """Every held lock (no page limit; SCAN cost grows with the locks there are)."""
         found: list[LockInfo] = []

@@ -1,0 +1,279 @@
+"""``manage.py redlock run NAME -- COMMAND`` as a real subprocess against real nodes (SPEC 11):
+one of two invocations runs, exit statuses 75/69/70/126/127/2, the child's status passed on,
+signals forwarded, and the child never outlives a SIGKILLed wrapper."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from django_redlock.exceptions import LockNotAcquired
+from django_redlock.manager import LockManager
+from django_redlock.testing import RedisNodes
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+Alias = Callable[..., LockManager]
+
+
+class Wrapper:
+    """Starts ``python -m django redlock run`` for one alias (its nodes from REDLOCK_JSON)."""
+
+    def __init__(self, manager: LockManager, tmp_path: Path) -> None:
+        self.alias = manager.alias
+        self.tmp = tmp_path
+        self.env = {
+            **os.environ,
+            "REDLOCK_JSON": json.dumps({manager.alias: settings.REDLOCK[manager.alias]}),
+            "DJANGO_SETTINGS_MODULE": "tests.support.subprocess_settings",
+            "PYTHONPATH": str(ROOT),
+        }
+        self.started: list[subprocess.Popen[str]] = []
+
+    def start(self, name: str, script: str, *options: str) -> subprocess.Popen[str]:
+        argv = [sys.executable, "-m", "django", "redlock", "run", name, "--using", self.alias]
+        argv += [*options, "--", sys.executable, "-c", script]
+        process = subprocess.Popen(
+            argv, env=self.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        self.started.append(process)
+        return process
+
+    def run(self, name: str, script: str, *options: str) -> subprocess.CompletedProcess[str]:
+        process = self.start(name, script, *options)
+        out, err = process.communicate(timeout=60)
+        return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+    def argv(self, *args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "django", "redlock", "run", *args]
+        return subprocess.run(
+            argv, env=self.env, cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
+
+    def close(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                process.kill()
+            process.communicate(timeout=10)
+
+
+@pytest.fixture
+def wrapper(
+    redis_nodes: RedisNodes, redlock_alias: Alias, tmp_path: Path
+) -> Iterator[tuple[Wrapper, LockManager]]:
+    manager = redlock_alias(redis_nodes)
+    made = Wrapper(manager, tmp_path)
+    yield made, manager
+    made.close()
+
+
+def wait_for(path: Path, seconds: float = 20) -> str:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().endswith("\n"):
+            return path.read_text()
+        time.sleep(0.01)
+    raise AssertionError(f"{path} was never written")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def free_within(manager: LockManager, name: str, seconds: float) -> float:
+    """Seconds until ``name`` could be acquired (fails the test after ``seconds``)."""
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        try:
+            manager.acquire(name, timeout=0).release()
+            return time.monotonic() - started
+        except LockNotAcquired:
+            time.sleep(0.02)
+    raise AssertionError(f"{name!r} still held after {seconds} s")
+
+
+def test_two_invocations_one_runs_the_other_exits_75(
+    wrapper: tuple[Wrapper, LockManager], tmp_path: Path
+) -> None:
+    """The child sees REDLOCK_* and runs while the second invocation exits 75 with one line
+    on stderr; --skip-busy exits 0 silently; the first exits with its child's status (3)."""
+    run, manager = wrapper
+    marker, finish = tmp_path / "env", tmp_path / "finish"
+    script = (
+        "import os, sys, time; keys = ('REDLOCK_ALIAS', 'REDLOCK_NAME', 'REDLOCK_TOKEN');"
+        f"open({str(marker)!r}, 'w').write(' '.join(os.environ[k] for k in keys) + chr(10))\n"
+        f"while not os.path.exists({str(finish)!r}): time.sleep(0.01)\n"
+        "sys.exit(3)"
+    )
+    first = run.start("nightly", script)
+    alias, name, token = wait_for(marker).split()
+    assert (alias, name) == (manager.alias, "nightly") and int(token) > 0
+    second = run.run("nightly", "print('ran')")
+    assert second.returncode == 75
+    assert second.stdout == "" and second.stderr.count("\n") == 1
+    assert "busy" in second.stderr and "nightly" in second.stderr
+    skipped = run.run("nightly", "print('ran')", "--skip-busy")
+    assert (skipped.returncode, skipped.stdout, skipped.stderr) == (0, "", "")
+    finish.touch()
+    assert first.wait(20) == 3
+    assert free_within(manager, "nightly", 1) < 0.5  # released when the child exited
+
+
+def test_child_killed_by_a_signal_exits_128_plus_n(wrapper: tuple[Wrapper, LockManager]) -> None:
+    run, manager = wrapper
+    done = run.run("sig", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)")
+    assert done.returncode == 128 + signal.SIGTERM
+    free_within(manager, "sig", 1)
+
+
+def test_sigterm_is_forwarded_and_the_name_released(
+    wrapper: tuple[Wrapper, LockManager], tmp_path: Path
+) -> None:
+    """SIGTERM to redlock run reaches the child (which handles it and exits 0)."""
+    run, manager = wrapper
+    ready, got = tmp_path / "ready", tmp_path / "got"
+    script = (
+        "import signal, sys, time\n"
+        "def bye(n, f):\n"
+        f"    open({str(got)!r}, 'w').write(str(n) + chr(10)); sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, bye)\n"
+        f"open({str(ready)!r}, 'w').write('ok' + chr(10))\n"
+        "time.sleep(30)\n"
+    )
+    process = run.start("term", script)
+    wait_for(ready)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(20) == 0
+    assert wait_for(got).strip() == str(int(signal.SIGTERM))
+    free_within(manager, "term", 1)
+
+
+def test_wrapper_sigkilled_takes_the_child_with_it(
+    wrapper: tuple[Wrapper, LockManager], tmp_path: Path
+) -> None:
+    """SIGKILL the wrapper: the child dies too (parent-death signal) and the name is free
+    within one TTL (2 s), since nobody renews it any more."""
+    run, manager = wrapper
+    pid_file = tmp_path / "pid"
+    script = (
+        f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid()) + chr(10));"
+        "time.sleep(60)"
+    )
+    process = run.start("killed", script, "--ttl", "2")
+    child = int(wait_for(pid_file))
+    process.kill()
+    process.wait(10)
+    deadline = time.monotonic() + 5
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not alive(child), "the child outlived its SIGKILLed wrapper"
+    assert free_within(manager, "killed", 3) <= 2.5
+
+
+def test_lost_lease_terminates_the_child_and_exits_70(
+    wrapper: tuple[Wrapper, LockManager], tmp_path: Path
+) -> None:
+    """An operator force-releases the name while the child runs: the next renewal finds the
+    lease lost, the child gets SIGTERM, redlock run prints one line and exits 70."""
+    run, manager = wrapper
+    ready, got = tmp_path / "ready", tmp_path / "got"
+    script = (
+        "import signal, sys, time\n"
+        "def bye(n, f):\n"
+        f"    open({str(got)!r}, 'w').write('term' + chr(10)); sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, bye)\n"
+        f"open({str(ready)!r}, 'w').write('ok' + chr(10))\n"
+        "time.sleep(30)\n"
+    )
+    process = run.start("lost", script, "--ttl", "1.5")
+    wait_for(ready)
+    assert manager.force_release("lost") > 0
+    _, err = process.communicate(timeout=20)
+    assert process.returncode == 70
+    assert err.count("\n") == 1 and "lost lock 'lost'" in err and "SIGTERM" in err
+    assert wait_for(got).strip() == "term"
+
+
+def test_a_child_that_ignores_sigterm_is_killed_after_kill_after(
+    wrapper: tuple[Wrapper, LockManager], tmp_path: Path
+) -> None:
+    run, manager = wrapper
+    pid_file = tmp_path / "pid"
+    script = (
+        "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()) + chr(10)); time.sleep(60)"
+    )
+    process = run.start("stubborn", script, "--ttl", "1.5", "--kill-after", "0.5")
+    child = int(wait_for(pid_file))
+    manager.force_release("stubborn")
+    assert process.wait(20) == 70
+    assert not alive(child)
+
+
+def test_command_that_does_not_exist_is_127_and_releases_at_once(
+    wrapper: tuple[Wrapper, LockManager],
+) -> None:
+    run, manager = wrapper
+    done = run.argv("missing", "--using", run.alias, "--", "/nonexistent/job", "--flag")
+    assert done.returncode == 127
+    assert done.stderr.count("\n") == 1 and "cannot run '/nonexistent/job'" in done.stderr
+    assert free_within(manager, "missing", 0.5) < 0.1
+
+
+def test_command_that_is_not_executable_is_126(
+    wrapper: tuple[Wrapper, LockManager], tmp_path: Path
+) -> None:
+    run, manager = wrapper
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\necho hi\n")  # no x bit
+    done = run.argv("noexec", "--using", run.alias, "--", str(script))
+    assert done.returncode == 126 and "cannot run" in done.stderr
+    free_within(manager, "noexec", 0.5)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["job"], "give the command after --"),
+        (["job", "--"], "give the command after --"),
+        (["job", "--ttl", "abc", "--", "true"], "invalid float value"),
+        (["job", "--ttl", "-1", "--", "true"], "ttl"),
+        (["job", "--timeout", "-1", "--", "true"], "timeout"),
+        (["job", "--kill-after", "-1", "--", "true"], "--kill-after"),
+        (["__fence__", "--", "true"], "__"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(
+    wrapper: tuple[Wrapper, LockManager], args: list[str], message: str
+) -> None:
+    run, manager = wrapper
+    done = run.argv(*args[:1], "--using", run.alias, *args[1:])
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+    free_within(manager, "job", 0.5)  # nothing held
+
+
+def test_no_quorum_exits_69(redis_node_factory: Any, redlock_alias: Alias, tmp_path: Path) -> None:
+    nodes = redis_node_factory(3)
+    manager = redlock_alias(nodes, NODE_TIMEOUT=0.1)
+    run = Wrapper(manager, tmp_path)
+    nodes[0].kill()
+    nodes[1].kill()
+    done = run.run("job", "print('ran')")
+    assert done.returncode == 69, done.stderr
+    assert done.stdout == "" and done.stderr.count("\n") == 1
