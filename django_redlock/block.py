@@ -12,15 +12,16 @@ import contextlib
 import functools
 import inspect
 import logging
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from . import context
 from .exceptions import LockLost, LockNotAcquired
 from .jobs.templates import CallTemplate
 from .transactions import in_transaction, release_after_commit
-from .validation import UNSET
+from .validation import UNSET, check_max_hold
 
 if TYPE_CHECKING:
     from .lease import Lease
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 ON_LOST_CHOICES = (None, "cancel")
 ON_BUSY_CHOICES = ("raise", "skip")
+#: a ``min_hold`` with less than this left releases at once
+MIN_HOLD_GRANULARITY = 0.1
 
 logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name
 
@@ -49,6 +52,9 @@ class BlockOptions:
     on_lost: str | None = None
     #: decorators only: ``"skip"`` returns None without calling the function when busy
     on_busy: str = "raise"
+    #: keep the name taken this many seconds after the block started when it ends without an
+    #: exception (outside a transaction), so duplicates of one run are skipped, not run again
+    min_hold: float | None = None
 
     def __post_init__(self) -> None:
         for flag in ("auto_extend", "reentrant", "until_commit"):
@@ -58,6 +64,7 @@ class BlockOptions:
             raise ValueError(f"on_lost must be None or 'cancel', not {self.on_lost!r}.")
         if self.on_busy not in ON_BUSY_CHOICES:
             raise ValueError(f"on_busy must be 'raise' or 'skip', not {self.on_busy!r}.")
+        check_max_hold(self.min_hold, "min_hold")
 
     def acquire_kwargs(self) -> dict[str, Any]:
         return {
@@ -76,6 +83,9 @@ class _Entered:
     lease: Lease
     reentered: bool
     task: asyncio.Task[Any] | None = None
+    started: float = field(default_factory=time.monotonic)
+    #: seconds the lease is kept after the block (``min_hold``); 0: released at once
+    hold_for: float = 0.0
 
 
 class LockBlock:
@@ -118,6 +128,8 @@ class LockBlock:
         entry = self._entries.pop()
         if not self._kept(entry, exc_info[0]):
             _check_held(entry.lease, entry.lease.release(), exc_info[0])
+        elif entry.hold_for:
+            entry.lease.extend(ttl=entry.hold_for)
 
     async def __aenter__(self) -> Lease:
         self._check_not_skipping()
@@ -134,6 +146,8 @@ class LockBlock:
             held = await entry.lease.arelease()
             _raise_if_cancelled_by_loss(entry, exc_info[1])
             _check_held(entry.lease, held, exc_info[0])
+        elif entry.hold_for:
+            await entry.lease.aextend(ttl=entry.hold_for)
 
     def _reentrant_lease(self, manager: LockManager) -> Lease | None:
         if not self._options.reentrant:
@@ -150,8 +164,9 @@ class LockBlock:
         return lease
 
     def _kept(self, entry: _Entered, exc_type: object) -> bool:
-        """True when this exit does not release now: an inner (re-entered) block, or a block
-        that ends inside a transaction (released after the commit)."""
+        """True when this exit does not release now: an inner (re-entered) block, a block
+        that ends inside a transaction (released after the commit), or one whose ``min_hold``
+        has time left (then ``entry.hold_for``: the lease is shortened to it, not released)."""
         if entry.reentered:
             _check_lost(entry.lease, exc_type)
             return True
@@ -160,6 +175,12 @@ class LockBlock:
             context.deactivate(entry.lease)  # guards no writes after its block
             release_after_commit(entry.lease, self._options.max_hold)
             _check_lost(entry.lease, exc_type)
+            return True
+        left = (self._options.min_hold or 0.0) - (time.monotonic() - entry.started)
+        if exc_type is None and left >= MIN_HOLD_GRANULARITY:
+            context.deactivate(entry.lease)
+            entry.lease.stop_auto_extend()
+            entry.hold_for = left
             return True
         return False
 

@@ -96,14 +96,17 @@ class LockManager:
         reentrant: bool = True,
         until_commit: bool = True,
         on_busy: str = "raise",
+        min_hold: float | None = None,
     ) -> LockBlock:
         """A context manager (``with``; also ``async with``) and decorator holding ``name``.
 
         ``reentrant``: inside an active lease of ``name`` in this thread or task, reuse it.
         ``until_commit``: ending inside a transaction, release after the commit.
-        ``on_busy="skip"`` (decorators): a busy name returns None without calling."""
+        ``on_busy="skip"`` (decorators): a busy name returns None without calling.
+        ``min_hold``: after a run without error, the name stays taken until that many seconds
+        after it started (duplicates of one scheduled run are skipped, not run again)."""
         options = BlockOptions(
-            ttl, timeout, auto_extend, max_hold, reentrant, until_commit, on_busy=on_busy
+            ttl, timeout, auto_extend, max_hold, reentrant, until_commit, None, on_busy, min_hold
         )
         return LockBlock(lambda: self, name, options)
 
@@ -119,12 +122,13 @@ class LockManager:
         until_commit: bool = True,
         on_lost: str | None = None,
         on_busy: str = "raise",
+        min_hold: float | None = None,
     ) -> AsyncLockBlock:
         """Asyncio twin of :meth:`lock` (``async with`` and coroutine functions only);
         ``on_lost="cancel"`` (with ``auto_extend``) cancels the block's task when the lease
         is lost, and leaving the block then raises ``LockLost``."""
         options = BlockOptions(
-            ttl, timeout, auto_extend, max_hold, reentrant, until_commit, on_lost, on_busy
+            ttl, timeout, auto_extend, max_hold, reentrant, until_commit, on_lost, on_busy, min_hold
         )
         return AsyncLockBlock(lambda: self, name, options)
 

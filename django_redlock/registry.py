@@ -97,16 +97,18 @@ def lock(
     reentrant: bool = True,
     until_commit: bool = True,
     on_busy: str = "raise",
+    min_hold: float | None = None,
 ) -> LockBlock:
     """Hold ``name`` on alias ``using`` for a ``with`` block, or decorate a function with it.
 
     As a decorator the name is a template filled from the call's arguments (by position or by
-    parameter name), and ``on_busy="skip"`` returns None without running a busy job::
+    parameter name), ``on_busy="skip"`` returns None without running a busy job, and
+    ``min_hold`` keeps the name taken after a run, so duplicates sent for it are skipped::
 
-        @lock("report:{day}", ttl=60, on_busy="skip")
+        @lock("report:{day}", ttl=60, on_busy="skip", min_hold=600)
         def build_report(day): ...
     """
     options = BlockOptions(
-        ttl, timeout, auto_extend, max_hold, reentrant, until_commit, on_busy=on_busy
+        ttl, timeout, auto_extend, max_hold, reentrant, until_commit, None, on_busy, min_hold
     )
     return LockBlock(lambda: locks[using], name, options)

@@ -90,12 +90,13 @@ def check_timeout(timeout: Any) -> float | None:
     return None if math.isinf(timeout) else float(timeout)
 
 
-def check_max_hold(max_hold: Any) -> float | None:
-    """How long auto-extend may keep renewing: ``None`` (no limit) or a number > 0."""
+def check_max_hold(max_hold: Any, what: str = "max_hold") -> float | None:
+    """How long auto-extend may keep renewing (or, as ``min_hold``, how long a job's name
+    stays taken): ``None`` (no limit) or a number > 0."""
     if max_hold is None:
         return None
     if isinstance(max_hold, bool) or not isinstance(max_hold, int | float):
-        raise TypeError(f"max_hold must be a number of seconds, not {type(max_hold).__name__}.")
+        raise TypeError(f"{what} must be a number of seconds, not {type(max_hold).__name__}.")
     if math.isnan(max_hold) or max_hold <= 0:
-        raise ValueError(f"max_hold must be > 0, got {max_hold!r}.")
+        raise ValueError(f"{what} must be > 0, got {max_hold!r}.")
     return float(max_hold)

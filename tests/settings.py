@@ -17,7 +17,10 @@ ALLOWED_HOSTS = ["*"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 ROOT_URLCONF = "testproject.urls"
 
-INSTALLED_APPS = demo_settings.INSTALLED_APPS
+# django-tasks (the backport of django.tasks) with its database backend: @lock under @task is
+# tested with real db_worker processes (tests/jobs/test_django_tasks.py).
+INSTALLED_APPS = [*demo_settings.INSTALLED_APPS, "django_tasks", "django_tasks_db"]
+TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
 MIDDLEWARE = demo_settings.MIDDLEWARE
 STATIC_URL = "/static/"
 TEMPLATES = demo_settings.TEMPLATES

@@ -196,3 +196,37 @@ def _active() -> str:
     lease = context.current_lease()
     assert lease is not None
     return str(lease.name)  # type: ignore[attr-defined]
+
+
+def test_min_hold_skips_duplicates_that_arrive_after_the_run(unique_name: str) -> None:
+    """min_hold: a run that ended keeps the name taken until min_hold after its start, so the
+    copy another scheduler sent for the same tick is skipped even when it comes later; a run
+    that raised releases at once (another server may retry it)."""
+    runs: list[str] = []
+
+    @lock(unique_name + ":{0}", ttl=5, timeout=0, on_busy="skip", min_hold=1.0)
+    def tick(n: str, fail: bool = False) -> str:
+        runs.append(n)
+        if fail:
+            raise RuntimeError("job failed")
+        return n
+
+    assert tick("a") == "a"
+    assert _in_thread(lambda: tick("a")) is None  # later, same tick: skipped
+    ttl = locks["default"].acquire
+    with pytest.raises(LockNotAcquired) as info:
+        ttl(f"{unique_name}:a", timeout=0)
+    assert info.value.retry_after is not None and info.value.retry_after <= 1.0
+    threading.Event().wait(1.1)
+    assert tick("a") == "a"  # the next tick runs
+    with pytest.raises(RuntimeError):
+        tick("b", fail=True)
+    assert tick("b") == "b"  # the failed run did not hold the name
+    assert runs == ["a", "a", "b", "b"]
+
+
+def test_min_hold_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="min_hold must be > 0"):
+        lock("x", min_hold=0)
+    with pytest.raises(TypeError, match="min_hold must be a number"):
+        lock("x", min_hold="60")

@@ -1,5 +1,6 @@
-"""Test settings for ``manage.py`` run in a subprocess by ``tests/test_command.py``: ``REDLOCK``
-comes as JSON from the ``REDLOCK_JSON`` environment variable (the parent test's real nodes)."""
+"""Test settings for ``manage.py`` run in a subprocess by the tests (``redlock``, task workers):
+``REDLOCK`` comes as JSON from the ``REDLOCK_JSON`` environment variable (the parent test's real
+nodes), the database name from ``TEST_DATABASE_NAME``."""
 
 from __future__ import annotations
 
@@ -9,3 +10,7 @@ import os
 from tests.settings import *  # noqa: F403
 
 REDLOCK = json.loads(os.environ.get("REDLOCK_JSON", '{"default": {}}'))
+
+# A worker process of a test (tests/jobs) uses that test's database.
+if os.environ.get("TEST_DATABASE_NAME"):
+    DATABASES["default"]["NAME"] = os.environ["TEST_DATABASE_NAME"]  # noqa: F405
