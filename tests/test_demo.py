@@ -1,4 +1,5 @@
-"""The demo commands (``manage.py oversell`` and ``zombie``) run as real subprocesses.
+"""The demo commands (``manage.py oversell``, ``zombie`` and ``nightly``) run as real
+subprocesses.
 
 Each run gets fresh Redis nodes and a migrated SQLite file of its own; the assertions read the
 ``--json`` line (the invariants), never the wording.
@@ -97,3 +98,14 @@ def test_race_variant_rejects_the_lost_update(demo_env: dict[str, str]) -> None:
     assert (out["a_write"], out["b_first_write"]) == ("saved", "rejected")
     assert out["b_bare_guard_would_accept"] is True
     assert (out["final_stock"], out["orders"], out["final_token"]) == (8, 2, out["b_token"])
+
+
+def test_nightly_job_on_three_servers_runs_once_with_redlock_run(
+    demo_env: dict[str, str],
+) -> None:
+    """Three "servers" start the nightly report at once: three reports without the lock,
+    exactly one through `redlock run --skip-busy` (the others exit 0)."""
+    unlocked = outcome(demo_env, "nightly", "--no-lock")
+    assert (unlocked["reports"], unlocked["exit_statuses"]) == (3, [0, 0, 0])
+    locked = outcome(demo_env, "nightly")
+    assert (locked["reports"], locked["exit_statuses"]) == (1, [0, 0, 0])
