@@ -1,0 +1,244 @@
+"""Celery tasks that run under a lock: :class:`LockedTask` (needs the ``celery`` extra).
+
+::
+
+    @app.task(base=LockedTask, lock_name="report:{day}", lock_on_busy="retry", max_retries=None)
+    def build_report(day): ...
+
+The task body runs inside ``locks[lock_using].lock(name, ...)``: one attempt, auto-extended
+until the body returns (at most the task's hard time limit), so its FencedModel writes carry
+the lease's fencing token. A worker process that dies (SIGKILL, OOM) renews nothing, and the
+name is free again within one TTL.
+
+Task options (class attributes, or keyword arguments of ``@app.task``):
+
+* ``lock_name``: a template over the task's arguments, as for ``@lock``: ``"report:{0}"`` or
+  ``"report:{day}"`` (default: the task's name, one run at a time whatever the arguments);
+* ``lock_using``: the ``REDLOCK`` alias (``"default"``);
+* ``lock_ttl``: the lease TTL in seconds (default: the alias's ``TTL``);
+* ``lock_on_busy``: ``"skip"`` (the run returns None without calling the body, logged at INFO),
+  ``"retry"`` (``self.retry()`` with a countdown of the holder's remaining TTL; retries count
+  against ``max_retries``, so set ``max_retries=None`` to wait for as long as it takes) or
+  ``"raise"`` (the task fails with ``LockNotAcquired``). ``NodesUnavailable`` always fails it;
+* ``lock_min_hold``: after a run that ends without an exception, the name stays taken until
+  that many seconds after the run started, so a copy of the same run (two beat schedulers, a
+  redelivered message) is busy, even once the first run has finished;
+* ``lock_enqueue_once``: ``apply_async()``/``delay()`` send nothing and return None while an
+  earlier message for the same name is queued and not started yet (a marker lock
+  ``"<name>:enqueued"`` held for at most ``lock_enqueue_ttl`` seconds, released by the worker
+  when the task starts, before the lock of the run is taken).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import time
+from typing import Any
+
+from celery import Task
+
+from .. import context
+from ..engine import LeaseRecord
+from ..exceptions import LockError, LockNotAcquired
+from ..jobs.templates import CallTemplate
+from ..manager import LockManager
+from ..registry import locks
+from ..validation import check_max_hold, check_name, check_ttl
+
+__all__ = ["ENQUEUED_HEADER", "ON_BUSY_CHOICES", "LockedTask"]
+
+ON_BUSY_CHOICES = ("skip", "retry", "raise")
+#: The message header that carries the enqueue marker's name and owner to the worker.
+ENQUEUED_HEADER = "redlock_enqueued"
+#: Suffix of the marker lock that ``lock_enqueue_once`` holds while a message is queued.
+ENQUEUED_SUFFIX = ":enqueued"
+
+logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name
+
+
+class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
+    """A Celery task base whose body runs while it holds a lock (see the module docstring).
+
+    Options are checked when the task class is created (``@app.task`` or a subclass), before
+    any network call."""
+
+    #: lock name template over the task's arguments; None: the task's name
+    lock_name: str | None = None
+    #: the ``REDLOCK`` alias
+    lock_using: str = "default"
+    #: lease TTL in seconds; None: the alias's ``TTL``
+    lock_ttl: float | None = None
+    #: what a run does when the name is busy: ``"skip"``, ``"retry"`` or ``"raise"``
+    lock_on_busy: str = "skip"
+    #: keep the name taken this many seconds after a run started (once per schedule tick)
+    lock_min_hold: float | None = None
+    #: do not send a message while an earlier one for the same name is queued, not started
+    lock_enqueue_once: bool = False
+    #: how long the enqueue marker may outlive a message that never starts, seconds
+    lock_enqueue_ttl: float = 3600.0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _check_options(cls)
+
+    # -- the worker side -------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the body under the lock (Celery's worker calls this when it is overridden)."""
+        self._release_enqueue_marker()
+        name = self._lock_template().fill(args, kwargs)
+        manager = locks[self.lock_using]
+        block = manager.lock(
+            name,
+            ttl=self.lock_ttl,
+            timeout=0,
+            auto_extend=True,
+            max_hold=self._hard_time_limit(),
+            min_hold=self.lock_min_hold,
+        )
+        # Run by a worker (or apply()), the request is pushed already and the body is run();
+        # called like a function, Celery's own __call__ pushes a request around run().
+        body = self.run if self.request_stack.top is not None else super().__call__
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(block)
+            except LockNotAcquired as exc:
+                return self._busy(manager, name, exc)
+            return body(*args, **kwargs)
+
+    def _busy(self, manager: LockManager, name: str, exc: LockNotAcquired) -> Any:
+        """The name is busy: skip (None), retry after the holder's TTL, or raise."""
+        if self.lock_on_busy == "raise":
+            raise exc
+        if self.lock_on_busy == "retry":
+            ttl = manager.config.ttl if self.lock_ttl is None else self.lock_ttl
+            countdown = ttl if exc.retry_after is None else exc.retry_after
+            raise self.retry(countdown=countdown, exc=exc)
+        left = "" if exc.retry_after is None else f" (its holder has {exc.retry_after:.1f} s left)"
+        logger.info(
+            "Skipped task %s[%s]: lock %r (alias %r) is busy%s",
+            self.name,
+            self.request.id,
+            name,
+            manager.alias,
+            left,
+        )
+        return None
+
+    def _hard_time_limit(self) -> float | None:
+        """The hard time limit of this run (the worker kills the process then): renewals stop
+        there. Celery sends ``timelimit`` as ``(hard, soft)``."""
+        hard, _soft = self.request.timelimit or (None, None)
+        limit = hard or self.time_limit or self.app.conf.task_time_limit
+        return float(limit) if limit else None
+
+    def _lock_template(self) -> CallTemplate:
+        template: CallTemplate | None = self.__dict__.get("_redlock_template")
+        if template is None:
+            text = self.lock_name
+            if text is None:  # the task's name, literally
+                text = str(self.name).replace("{", "{{").replace("}", "}}")
+            template = CallTemplate(text, self.run)
+            self.__dict__["_redlock_template"] = template
+        return template
+
+    # -- enqueue-time de-duplication -------------------------------------------------------
+    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        """Send the task; with ``lock_enqueue_once``, return None without sending while an
+        earlier message for the same lock name is queued and not started yet."""
+        headers = options.get("headers")
+        if headers and ENQUEUED_HEADER in headers:  # a retry copies the first message's
+            options["headers"] = {k: v for k, v in headers.items() if k != ENQUEUED_HEADER}
+        if not self.lock_enqueue_once or options.get("retries"):
+            return super().apply_async(args, kwargs, **options)
+        name = self._lock_template().fill(tuple(args or ()), dict(kwargs or {})) + ENQUEUED_SUFFIX
+        manager = locks[self.lock_using]
+        try:
+            marker = manager.acquire(name, ttl=self.lock_enqueue_ttl, timeout=0)
+        except LockNotAcquired:
+            logger.info(
+                "Not sending task %s: lock %r (alias %r) says an earlier message is still queued",
+                self.name,
+                name,
+                manager.alias,
+            )
+            return None
+        context.deactivate(marker)  # the marker fences none of the sender's writes
+        # The worker releases the marker with its owner value (compare-and-delete, as the
+        # sender's release would): whoever reads the message can release this marker, and
+        # nothing else.
+        value = [marker.name, marker._record.owner]
+        options["headers"] = {**(options.get("headers") or {}), ENQUEUED_HEADER: value}
+        try:
+            return super().apply_async(args, kwargs, **options)
+        except BaseException:
+            with contextlib.suppress(LockError):  # not sent: the next send may go at once
+                marker.release()
+            raise
+
+    def _release_enqueue_marker(self) -> None:
+        """Release the marker of ``lock_enqueue_once`` that came with this message, so the
+        next message is accepted as soon as this run starts."""
+        request = self.request
+        value = (request.headers or {}).get(ENQUEUED_HEADER) or getattr(
+            request, ENQUEUED_HEADER, None
+        )
+        if not value:
+            return
+        try:
+            name, owner = check_name(value[0]), str(value[1])
+        except (TypeError, ValueError, IndexError, KeyError):
+            logger.warning(
+                "Task %s[%s]: malformed %s header", self.name, request.id, ENQUEUED_HEADER
+            )
+            return
+        engine = locks[self.lock_using].engine
+        record = LeaseRecord(name, engine.state.keys.lock(name), owner, deadline=time.monotonic())
+        try:
+            engine.release(record)  # compare-and-delete: only a marker of that owner
+        except (LockError, OSError) as exc:  # it expires on its own after lock_enqueue_ttl
+            logger.warning(
+                "Task %s[%s]: enqueue marker %r not released: %s", self.name, request.id, name, exc
+            )
+
+
+def _check_options(cls: type[LockedTask]) -> None:
+    """Refuse options that could never work, when the task class is created."""
+    if cls.lock_on_busy not in ON_BUSY_CHOICES:
+        raise ValueError(
+            f"{cls.__qualname__}: lock_on_busy must be 'skip', 'retry' or 'raise', "
+            f"not {cls.lock_on_busy!r}."
+        )
+    if not isinstance(cls.lock_using, str):
+        raise TypeError(f"{cls.__qualname__}: lock_using must be an alias (str).")
+    if not isinstance(cls.lock_enqueue_once, bool):
+        raise TypeError(f"{cls.__qualname__}: lock_enqueue_once must be True or False.")
+    try:
+        if cls.lock_ttl is not None:
+            check_ttl(cls.lock_ttl)
+        check_ttl(cls.lock_enqueue_ttl)
+        check_max_hold(cls.lock_min_hold, "lock_min_hold")
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{cls.__qualname__}: {exc}") from None
+    if cls.lock_name is not None:
+        if not isinstance(cls.lock_name, str):
+            raise TypeError(f"{cls.__qualname__}: lock_name must be a str template.")
+        run = _run_of(cls)
+        if run is not None:
+            CallTemplate(cls.lock_name, run)  # a field the task has no argument for fails here
+
+
+def _run_of(cls: type[LockedTask]) -> Any:
+    """The task's body as its callers see it (without ``self``), or None when it is
+    Celery's placeholder (a base class for tasks)."""
+    raw = inspect.getattr_static(cls, "run")
+    if raw is inspect.getattr_static(Task, "run"):
+        return None
+    if isinstance(raw, staticmethod | classmethod):
+        return cls.run
+    return raw.__get__(_Unbound(), cls)  # a method (bind=True): the signature without self
+
+
+class _Unbound:
+    """Stands for the task instance when reading a method's signature."""
