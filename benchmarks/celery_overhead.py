@@ -76,9 +76,6 @@ def main() -> None:
         from tests.jobs.celery_app import app, locked_noop, plain_noop  # sets Django up
         from tests.support.processes import stop_group
 
-        # Initialise the new lock node's fence state before two worker processes make their
-        # first acquire at the same moment (one of them could find it "quarantined").
-        locks["default"].acquire("bench:warm-up", ttl=1, timeout=0).release()
         argv = [sys.executable, "-m", "celery", "-A", "tests.jobs.celery_app", "worker"]
         argv += ["--pool=prefork", "--concurrency=2", "--loglevel=warning"]
         argv += ["--without-heartbeat", "--without-gossip", "--without-mingle"]

@@ -117,6 +117,26 @@ def test_tokens_increase_after_highest_node_restarts_empty(redis_node_factory, r
     assert int(fence[b"token"]) >= tokens[5]
 
 
+@pytest.mark.parametrize("count", [1, 3])
+def test_first_acquires_of_many_processes_on_a_new_cluster_all_succeed(
+    count: int, redis_node_factory: Any
+) -> None:
+    """Four processes make their first acquire on a new cluster at the same moment, 12 times
+    (a fresh key prefix each time): every one succeeds. One of them used to fail with
+    NodesUnavailable ("quarantined") when another process initialised the fence state
+    between its acquire and its probe."""
+    urls = [node.url for node in redis_node_factory(count)]
+    rounds, step = 12, 0.25
+    start_at = time.time() + 4.0  # after the spawned processes have imported Django
+    with SPAWN.Pool(4) as pool:
+        results = pool.starmap(
+            workers.first_acquires,
+            [(urls, f"new{count}-", rounds, start_at, step, i) for i in range(4)],
+        )
+    failures = [(r, i, out) for i, outs in enumerate(results) for r, out in enumerate(outs)]
+    assert [f for f in failures if f[2] != "ok"] == []
+
+
 def test_restarted_node_is_quarantined_while_a_holds(redis_node_factory, redlock_alias):
     """A holds on all 3 nodes; node 0 is killed and restarted empty at once. B must be
     refused (the restarted node does not vote) rather than get a second lease."""

@@ -483,6 +483,44 @@ def test_acquire_on_brand_new_cluster_initialises_it(state: plans.AliasState) ->
     assert first != second == run.result.owner
 
 
+def test_acquire_retries_when_another_process_initialised_the_new_cluster(
+    state: plans.AliasState,
+) -> None:
+    """Two processes' first acquires on a new cluster: both find every node untrusted, the
+    other one initialises the fence state before this one's probe. The nodes are trusted now,
+    so the acquire is retried (it used to fail, "quarantined")."""
+    nodes = fake_nodes(3)
+    initialised = [probe(f"r{i}", FLOOR) for i in range(3)]
+    run = drive(
+        plans.acquire_plan(state, nodes, NAME, 5.0),
+        [
+            answer(ACQUIRE, UNTRUSTED, UNTRUSTED, UNTRUSTED),
+            answer(PROBE, *initialised),
+            answer(ACQUIRE, granted(FLOOR + 2), granted(FLOOR + 2), granted(FLOOR + 2)),
+        ],
+    )
+    assert run.result.token == FLOOR + 2
+    assert run.scripts() == ["acquire", "probe", "acquire"]
+
+
+def test_acquire_does_not_retry_when_its_untrusted_nodes_stay_untrusted(
+    state: plans.AliasState,
+) -> None:
+    """Trusted nodes in the probe do not cause a retry; only an untrusted node of the
+    attempt that is trusted now does."""
+    nodes = fake_nodes(3)
+    nodes[2].up = 1.0  # restarted 1 s ago: still in quarantine
+    run = drive(
+        plans.acquire_plan(state, nodes, NAME, 5.0),
+        [
+            answer(ACQUIRE, busy(12, 5), busy(12, 5), UNTRUSTED),
+            answer(PROBE, probe("r0", 12), probe("r1", 12), probe("", 0, 0, 1)),
+        ],
+    )
+    assert run.result.reason == "busy"
+    assert run.scripts() == ["acquire", "probe"]
+
+
 def test_acquire_rejoin_releases_first_attempt_and_retries(state: plans.AliasState) -> None:
     """After a rejoin, the first attempt's grants are released with its owner, then it retries."""
     nodes = fake_nodes(3)

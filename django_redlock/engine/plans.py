@@ -129,7 +129,8 @@ def acquire_plan(
             untrusted = statuses.count(scripts.UNTRUSTED)
             if untrusted and statuses.count(scripts.GRANTED) < needed and not rejoined:
                 rejoined = True
-                if (yield from rejoin_plan(state, nodes)):
+                seen = [i for i, st in enumerate(statuses) if st == scripts.UNTRUSTED]
+                if (yield from rejoin_plan(state, nodes, seen)):
                     yield from _release_calls(
                         state, nodes, calls, _granted(replies, _acquired), owner, name
                     )

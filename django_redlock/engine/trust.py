@@ -24,8 +24,12 @@ CLOCK_FLOOR = 1024
 REJOIN_INTERVAL = 0.5
 
 
-def rejoin_plan(state: AliasState, nodes: Sequence[NodeView]) -> Plan[bool]:
-    """Make restarted or new nodes trusted again when it is safe; returns True if any rejoined.
+def rejoin_plan(
+    state: AliasState, nodes: Sequence[NodeView], seen_untrusted: Sequence[int] = ()
+) -> Plan[bool]:
+    """Make restarted or new nodes trusted again when it is safe; returns True if any rejoined,
+    here or, for a node in ``seen_untrusted`` (the caller found it untrusted), in another
+    process since (several processes' first acquires on a new cluster race to initialise it).
 
     * A brand-new cluster (every node answers and none has a fence hash) is initialised at once.
     * A restarted node waits until the longest TTL has passed since it started, then gets the
@@ -52,6 +56,7 @@ def rejoin_plan(state: AliasState, nodes: Sequence[NodeView]) -> Plan[bool]:
     state.longest_ttl_ms = longest
     trusted = [i for i in reachable if markers[i] == nodes[i].run_id]
     untrusted = [i for i in reachable if i not in trusted]
+    rejoined_elsewhere = any(i in trusted for i in seen_untrusted)
     floor = int(time.time() * 1000) * CLOCK_FLOOR
     if len(reachable) == total and not any(int(probes[i][3]) for i in reachable):
         targets, value = untrusted, max([floor, *counters.values()])
@@ -62,14 +67,14 @@ def rejoin_plan(state: AliasState, nodes: Sequence[NodeView]) -> Plan[bool]:
         else:
             value = max([floor, *counters.values()])
     if not targets or value >= TOKEN_LIMIT:
-        return False
+        return rejoined_elsewhere
     rejoin: list[Call | None] = [None] * total
     for i in targets:
         run_id = nodes[i].run_id
         if run_id is not None:
             rejoin[i] = Call(scripts.REJOIN, (fence,), (run_id, value))
     replies = yield Request(rejoin, state.node_timeout * 2, None)
-    return any(not isinstance(replies[i], NodeFailure) for i in targets)
+    return rejoined_elsewhere or any(not isinstance(replies[i], NodeFailure) for i in targets)
 
 
 def quarantine_over(state: AliasState, node: NodeView, now: float, longest_ms: int) -> bool:

@@ -71,10 +71,6 @@ def worker(
 ) -> Iterator[Worker]:
     """``celery worker --pool=prefork --concurrency=2`` on a fresh redis-server, stopped by
     PID at the end of the module (SIGTERM, SIGKILL after 8 s)."""
-    # The lock nodes are new: initialise their fence state here, before two worker processes
-    # make their first acquire at the same moment (a race in which one of them can get
-    # NodesUnavailable, "quarantined", on a brand-new node).
-    locks["default"].acquire("celery-tests-warm-up", ttl=1, timeout=0).release()
     broker = redis_node_factory_session(1)[0]
     base = broker.url.rsplit("/", 1)[0]
     celery_app.configure(base)

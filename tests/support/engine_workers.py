@@ -59,3 +59,26 @@ def wait_for_lock(redlock: dict[str, Any], alias: str, name: str, timeout: float
     from django_redlock import locks
 
     locks[alias].acquire(name, timeout=timeout).release()
+
+
+def first_acquires(
+    urls: list[str], prefix: str, rounds: int, start_at: float, step: float, index: int
+) -> list[str]:
+    """One process's first acquire on a new cluster, ``rounds`` times: each round is a new
+    key prefix (fresh fence state), started at the same wall-clock moment in every process.
+    Returns "ok" or the exception's class name per round."""
+    setup_django({f"r{r}": {"NODES": urls, "KEY_PREFIX": f"{prefix}{r}:"} for r in range(rounds)})
+    from django_redlock import locks
+
+    for r in range(rounds):  # connect first, so only the first acquire itself races
+        locks[f"r{r}"].engine.state  # noqa: B018
+    outcomes: list[str] = []
+    for r in range(rounds):
+        while time.time() < start_at + r * step:
+            pass
+        try:
+            locks[f"r{r}"].acquire(f"w{index}", ttl=5, timeout=0).release()
+            outcomes.append("ok")
+        except Exception as exc:  # reported to the test
+            outcomes.append(type(exc).__name__)
+    return outcomes
