@@ -55,6 +55,8 @@ class BlockOptions:
     #: keep the name taken this many seconds after the block started when it ends without an
     #: exception (outside a transaction), so duplicates of one run are skipped, not run again
     min_hold: float | None = None
+    #: a semaphore's number of permits (the block holds one); None: a lock
+    permits: int | None = None
 
     def __post_init__(self) -> None:
         for flag in ("auto_extend", "reentrant", "until_commit"):
@@ -72,6 +74,7 @@ class BlockOptions:
             "timeout": self.timeout,
             "auto_extend": self.auto_extend,
             "max_hold": self.max_hold,
+            "permits": self.permits,
         }
 
 

@@ -14,9 +14,16 @@ from . import context, signals
 from .block import AsyncLockBlock, BlockOptions, LockBlock
 from .conf import AliasConfig
 from .engine import AcquireFailure, Engine, LeaseRecord, Outcome
-from .exceptions import LockNotAcquired, NodesUnavailable
+from .exceptions import LockError, LockNotAcquired, NodesUnavailable
 from .lease import Lease
-from .validation import UNSET, check_max_hold, check_name, check_timeout, check_ttl
+from .validation import (
+    UNSET,
+    check_max_hold,
+    check_name,
+    check_permits,
+    check_timeout,
+    check_ttl,
+)
 
 __all__ = ["UNSET", "Lease", "LockBlock", "LockManager"]
 
@@ -31,6 +38,8 @@ class _Wanted:
     ttl: float
     timeout: float | None
     max_hold: float | None
+    #: a semaphore's permits; 0: a lock
+    permits: int = 0
 
 
 class LockManager:
@@ -56,13 +65,18 @@ class LockManager:
         *,
         auto_extend: bool = False,
         max_hold: float | None = None,
+        permits: int | None = None,
     ) -> Lease:
         """Acquire ``name``, waiting up to ``timeout`` seconds (0: one attempt; None: forever).
 
-        Raises ``LockNotAcquired`` when busy and ``NodesUnavailable`` without a quorum.
+        ``permits``: take one of that many permits of the semaphore ``name`` instead (see
+        :meth:`semaphore`). Raises ``LockNotAcquired`` when busy, ``NodesUnavailable`` without
+        a quorum and ``LockError`` when ``name`` is taken as another kind (a lock, or a
+        semaphore with another number of permits).
         """
-        wanted = self._wanted(name, ttl, timeout, max_hold)
-        lease = self._lease(wanted, self.engine.acquire(wanted.name, wanted.ttl, wanted.timeout))
+        wanted = self._wanted(name, ttl, timeout, max_hold, permits)
+        outcome = self.engine.acquire(wanted.name, wanted.ttl, wanted.timeout, wanted.permits)
+        lease = self._lease(wanted, outcome)
         if auto_extend:
             lease.start_auto_extend(wanted.max_hold)
         return lease
@@ -75,10 +89,13 @@ class LockManager:
         *,
         auto_extend: bool = False,
         max_hold: float | None = None,
+        permits: int | None = None,
     ) -> Lease:
         """Asyncio twin of :meth:`acquire` (auto-extended from an asyncio task)."""
-        wanted = self._wanted(name, ttl, timeout, max_hold)
-        outcome = await self.engine.aacquire(wanted.name, wanted.ttl, wanted.timeout)
+        wanted = self._wanted(name, ttl, timeout, max_hold, permits)
+        outcome = await self.engine.aacquire(
+            wanted.name, wanted.ttl, wanted.timeout, wanted.permits
+        )
         lease = self._lease(wanted, outcome)
         if auto_extend:
             lease.astart_auto_extend(wanted.max_hold)
@@ -132,6 +149,46 @@ class LockManager:
         )
         return AsyncLockBlock(lambda: self, name, options)
 
+    def semaphore(
+        self,
+        name: str,
+        permits: int,
+        ttl: float | None = None,
+        timeout: float | None = UNSET,
+        *,
+        auto_extend: bool = False,
+        max_hold: float | None = None,
+        until_commit: bool = True,
+    ) -> LockBlock:
+        """A context manager (``with``; also ``async with``) and decorator holding one of
+        ``permits`` permits of ``name``: at most ``permits`` such leases are valid at once,
+        each with its own fencing token; a dead holder's permit frees itself after its TTL.
+        Not re-entrant: every block takes a permit of its own."""
+        check_permits(permits)
+        options = BlockOptions(
+            ttl, timeout, auto_extend, max_hold, False, until_commit, permits=permits
+        )
+        return LockBlock(lambda: self, name, options)
+
+    def asemaphore(
+        self,
+        name: str,
+        permits: int,
+        ttl: float | None = None,
+        timeout: float | None = UNSET,
+        *,
+        auto_extend: bool = False,
+        max_hold: float | None = None,
+        until_commit: bool = True,
+        on_lost: str | None = None,
+    ) -> AsyncLockBlock:
+        """Asyncio twin of :meth:`semaphore` (``async with`` and coroutine functions only)."""
+        check_permits(permits)
+        options = BlockOptions(
+            ttl, timeout, auto_extend, max_hold, False, until_commit, on_lost, permits=permits
+        )
+        return AsyncLockBlock(lambda: self, name, options)
+
     # -- operators -------------------------------------------------------------------------
     def force_release(self, name: str, expected_value: str = "") -> int:
         """Delete ``name`` on every node whoever holds it and advance the fence counter.
@@ -141,12 +198,15 @@ class LockManager:
         return self.engine.force_release(check_name(name), expected_value)
 
     # -- outcomes --------------------------------------------------------------------------
-    def _wanted(self, name: Any, ttl: Any, timeout: Any, max_hold: Any) -> _Wanted:
+    def _wanted(
+        self, name: Any, ttl: Any, timeout: Any, max_hold: Any, permits: Any = None
+    ) -> _Wanted:
         return _Wanted(
             check_name(name),
             check_ttl(self.config.ttl if ttl is None else ttl, self.config.drift_factor),
             check_timeout(self.config.timeout if timeout is UNSET else timeout),
             check_max_hold(max_hold),
+            0 if permits is None else check_permits(permits),
         )
 
     def _lease(self, wanted: _Wanted, outcome: Outcome) -> Lease:
@@ -170,6 +230,13 @@ class LockManager:
             failure.votes,
             quorum,
         )
+        if failure.reason == "other_kind":
+            what = f"a semaphore of {wanted.permits} permits" if wanted.permits else "a lock"
+            return LockError(
+                f"{name!r} (alias {self.alias!r}) is in use as another kind than {what}: a lock "
+                "and a semaphore, or two semaphores with different numbers of permits, cannot "
+                "share a name."
+            )
         if failure.reason == "unavailable":
             reason = "unavailable"
             exc: Exception = NodesUnavailable(

@@ -100,3 +100,16 @@ def check_max_hold(max_hold: Any, what: str = "max_hold") -> float | None:
     if math.isnan(max_hold) or max_hold <= 0:
         raise ValueError(f"{what} must be > 0, got {max_hold!r}.")
     return float(max_hold)
+
+
+#: The most permits a semaphore may have: each attempt passes every slot's key to the nodes.
+MAX_PERMITS = 1024
+
+
+def check_permits(permits: Any) -> int:
+    """A semaphore's number of permits: an int from 1 to :data:`MAX_PERMITS`."""
+    if isinstance(permits, bool) or not isinstance(permits, int):
+        raise TypeError(f"permits must be an int, not {type(permits).__name__}.")
+    if not 1 <= permits <= MAX_PERMITS:
+        raise ValueError(f"permits must be from 1 to {MAX_PERMITS}, got {permits!r}.")
+    return permits

@@ -215,7 +215,7 @@ def test_acquire_token_is_max_of_winners_and_laggard_is_raised(state: plans.Alia
     assert lease.token == 12
     raise_call = run.calls(1)[0]
     assert raise_call.keys == ("t:__fence__", "t:job")
-    assert raise_call.args == (12, "r0", lease.owner)
+    assert raise_call.args == (12, "r0", lease.owner, "0")
     assert run.requests[1].timeout == state.node_timeout
 
 
@@ -947,3 +947,89 @@ def test_register_on_one_node_sends_nothing(state: plans.AliasState) -> None:
     """With one node, the BLPOP's own registration is all there is."""
     run = drive(plans.register_plan(state, fake_nodes(1), NAME, "w1", 900), [])
     assert run.requests == []
+
+
+# -- semaphore permits --------------------------------------------------------------------
+PERMIT, RELEASE_PERMIT = scripts.PERMIT, scripts.RELEASE_PERMIT
+
+
+def permit(token: int, slot: int) -> list[int]:
+    return [1, token, slot]
+
+
+def test_permit_takes_the_slot_a_quorum_granted_and_gives_back_the_other(
+    state: plans.AliasState,
+) -> None:
+    """Two nodes granted the second slot tried, one the first: the permit is the second slot;
+    the odd grant is released on its node, with that slot's key."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, permits=3),
+        [
+            answer(PERMIT, permit(7, 2), permit(7, 1), permit(7, 2)),
+            fire(RELEASE, to=[1]),
+        ],
+    )
+    lease = run.result
+    tried = run.calls(0)[0].keys[4:]
+    assert len(tried) == 3 and {k.rsplit(":", 2)[1] for k in tried} == {"0", "1", "2"}
+    assert lease.key == tried[1]
+    assert lease.marker == "t:job"
+    assert lease.reached == (True, False, True)
+    assert run.calls(1)[1].keys[0] == tried[0]
+    assert run.calls(0)[0].args[-1] == 3
+
+
+def test_permit_without_a_quorum_on_one_slot_fails_and_releases_every_grant(
+    state: plans.AliasState,
+) -> None:
+    """Two nodes granted different slots (callers raced), the third is full: no permit; each
+    grant is released on its node, with its slot's key."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, permits=3),
+        [
+            answer(PERMIT, permit(7, 1), permit(7, 2), busy(7, 300)),
+            fire(RELEASE, to=[0, 1]),
+        ],
+    )
+    assert run.result.reason == "busy"
+    tried = run.calls(0)[0].keys[4:]
+    assert [run.calls(1)[i].keys[0] for i in (0, 1)] == [tried[0], tried[1]]
+
+
+def test_permit_on_silent_nodes_releases_whichever_slot_has_its_owner(
+    state: plans.AliasState,
+) -> None:
+    """No answer in time: each node may have granted any slot, so each gets RELEASE_PERMIT
+    with every slot's key (it deletes only the one holding this attempt's owner)."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, permits=2),
+        [
+            answer(PERMIT, TIMED_OUT, TIMED_OUT, TIMED_OUT),
+            fire(RELEASE_PERMIT, to=[0, 1, 2]),
+        ],
+    )
+    assert run.result.reason == "unavailable"
+    assert [len(c.keys) for c in run.calls(1)] == [3 + 2] * 3
+
+
+def test_permit_write_back_is_strict(state: plans.AliasState) -> None:
+    """A lagging node is raised strictly: a node already at the token (another permit got it
+    through that node) does not confirm, so two permits never share a token."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, permits=2),
+        [
+            answer(PERMIT, permit(10, 1), permit(12, 1), busy(12, 400)),
+            answer(RAISE, 0, None, None),
+            fire(RELEASE, to=[0, 1]),
+        ],
+    )
+    assert run.calls(1)[0].args[-1] == "1"
+    assert run.result.reason == "busy"
+
+
+def test_other_kind_is_its_own_failure(state: plans.AliasState) -> None:
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
+        [answer(ACQUIRE, [-2, 5, 0], [-2, 5, 0], busy(5, 100))],
+    )
+    assert run.result.reason == "other_kind"

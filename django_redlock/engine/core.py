@@ -82,20 +82,23 @@ class Engine:
         return len(self.labels)
 
     # -- the facade: blocking ------------------------------------------------------------
-    def acquire(self, name: str, ttl: float, timeout: float | None) -> Outcome:
-        """Attempts until one wins or ``timeout`` runs out (0: one attempt; None: forever)."""
+    def acquire(self, name: str, ttl: float, timeout: float | None, permits: int = 0) -> Outcome:
+        """Attempts until one wins or ``timeout`` runs out (0: one attempt; None: forever);
+        ``permits`` > 0: one permit of the semaphore ``name`` instead of the lock."""
         self._check_fork()
         started, queue_first = time.monotonic(), self._queue_first(name, timeout)
         waiting = _Waiting.of(started, timeout)
         first = None
         if not queue_first:  # the common case: one attempt, no policy needed if it wins
-            first = _pin(*self._run(self._attempt(name, ttl, waiting, False)))
+            first = _pin(*self._run(self._attempt(name, ttl, waiting, False, permits)))
             if isinstance(first, LeaseRecord) or timeout == 0:
                 return first
         run = Stepper(self._policy(timeout, queue_first, first, started))
         while run.step is not None:
             if isinstance(run.step, Attempt):
-                run.send(_pin(*self._run(self._attempt(name, ttl, waiting, run.step.woken))))
+                run.send(
+                    _pin(*self._run(self._attempt(name, ttl, waiting, run.step.woken, permits)))
+                )
             elif isinstance(run.step, AwaitRelease):
                 mark = waiting if run.step.mark else None
                 run.send(self.wait_release(name, run.step.seconds, mark=mark))
@@ -120,20 +123,22 @@ class Engine:
         return self._run(lambda nodes: force_release_plan(self.state, nodes, name, expected))[0]
 
     # -- the facade: asyncio -------------------------------------------------------------
-    async def aacquire(self, name: str, ttl: float, timeout: float | None) -> Outcome:
+    async def aacquire(
+        self, name: str, ttl: float, timeout: float | None, permits: int = 0
+    ) -> Outcome:
         """Asyncio twin of :meth:`acquire`."""
         self._check_fork()
         started, queue_first = time.monotonic(), self._queue_first(name, timeout)
         waiting = _Waiting.of(started, timeout)
         first = None
         if not queue_first:
-            first = _pin(*await self._arun(self._attempt(name, ttl, waiting, False)))
+            first = _pin(*await self._arun(self._attempt(name, ttl, waiting, False, permits)))
             if isinstance(first, LeaseRecord) or timeout == 0:
                 return first
         run = Stepper(self._policy(timeout, queue_first, first, started))
         while run.step is not None:
             if isinstance(run.step, Attempt):
-                attempt = self._attempt(name, ttl, waiting, run.step.woken)
+                attempt = self._attempt(name, ttl, waiting, run.step.woken, permits)
                 run.send(_pin(*await self._arun(attempt)))
             elif isinstance(run.step, AwaitRelease):
                 mark = waiting if run.step.mark else None
@@ -184,14 +189,15 @@ class Engine:
         )
 
     def _attempt(
-        self, name: str, ttl: float, waiting: _Waiting | None, woken: bool
+        self, name: str, ttl: float, waiting: _Waiting | None, woken: bool, permits: int
     ) -> PlanMaker[Outcome]:
         state = self.state
         if waiting is None:  # timeout=0: never registers as a waiter
-            return lambda nodes: acquire_plan(state, nodes, name, ttl, woken=woken)
+            return lambda nodes: acquire_plan(state, nodes, name, ttl, woken=woken, permits=permits)
         waiter, deadline = waiting.waiter, waiting.deadline
+        mark_ms = registration_ms(deadline)
         return lambda nodes: acquire_plan(
-            state, nodes, name, ttl, waiter=waiter, mark_ms=registration_ms(deadline), woken=woken
+            state, nodes, name, ttl, waiter=waiter, mark_ms=mark_ms, woken=woken, permits=permits
         )
 
     def _released(self, lease: LeaseRecord, held: bool) -> bool:

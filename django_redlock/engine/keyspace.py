@@ -9,6 +9,8 @@ Keys an alias writes (all start with its ``KEY_PREFIX``; lock names may not star
 * ``<prefix>__wake__:<name>``: the wake-up list waiters block on.
 * ``<prefix>__handoff__:<name>``: a short reservation for the waiter a release woke.
 * ``<prefix>__fence__``: the alias's permanent fence hash (counter, run_id, longest TTL).
+* ``<prefix>__permit__:<k>:<name>``: slot ``k`` of the semaphore ``name`` (a lock value); the
+  semaphore's marker, ``semaphore|<permits>``, is at ``<prefix><name>``.
 
 ``engine/scripts.py`` explains what each script does with them.
 """
@@ -32,6 +34,8 @@ TOKEN_LIMIT = 2**53
 GLOB_CHARACTERS = "*?[]\\"
 #: Hex digits of an owner value (128 random bits).
 OWNER_HEX_DIGITS = 32
+#: The value at a semaphore's name: this, then its number of permits.
+SEMAPHORE_MARKER = "semaphore|"
 _LOCK_VALUE = re.compile(rf"[0-9a-f]{{{OWNER_HEX_DIGITS}}}\|\d+\|")
 
 
@@ -91,6 +95,9 @@ class Keyspace:
 
     def handoff(self, name: str) -> str:
         return f"{self.prefix}{RESERVED_MARK}handoff__:{name}"
+
+    def permit(self, name: str, slot: int) -> str:
+        return f"{self.prefix}{RESERVED_MARK}permit__:{slot}:{name}"
 
     def name_of(self, key: str) -> str | None:
         """The lock name of ``key``, or None for a bookkeeping key or another prefix's key."""

@@ -9,13 +9,15 @@ replies, without Redis.
 from __future__ import annotations
 
 import math
+import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from . import scripts
 from .keyspace import TOKEN_LIMIT, LockValue, new_owner, quorum, wake_node
-from .replies import NOT_AWAITED, SILENT, Call, NodeFailure, Request, Slot
+from .lease_plans import extend_plan, force_release_plan, release_plan
+from .replies import SILENT, Call, NodeFailure, Request, Slot, granted_per_node, node_errors
 from .state import (
     HANDOFF_MS,
     LOST,
@@ -29,7 +31,6 @@ from .state import (
     LeaseRecord,
     NodeView,
     Plan,
-    Renewal,
 )
 from .trust import rejoin_plan
 
@@ -60,18 +61,23 @@ QUARANTINED = (
 )
 
 
-def _errors(nodes: Sequence[NodeView], replies: Sequence[Any]) -> dict[str, str]:
-    return {
-        node.label: str(reply)
-        for node, reply in zip(nodes, replies, strict=True)
-        if isinstance(reply, NodeFailure) and reply.reason != NOT_AWAITED
-    }
-
-
 def _acquire_status(slot: Slot) -> int | None:
     if not slot.done or isinstance(slot.value, NodeFailure):
         return None
     return int(slot.value[0])
+
+
+def _granted_slot(reply: Any) -> int:
+    """The slot a PERMIT reply granted (1-based position in the tried order); 0 for a lock."""
+    return int(reply[2]) if len(reply) > 2 and int(reply[0]) == scripts.GRANTED else 0
+
+
+def _best_slot(slots_granted: Sequence[int]) -> tuple[int, int]:
+    """The slot most nodes granted and how many granted it ((0, 0) when none did)."""
+    counts: dict[int, int] = {}
+    for slot in slots_granted:
+        counts[slot] = counts.get(slot, 0) + 1
+    return max(((n, slot) for slot, n in counts.items()), default=(0, 0))[::-1]
 
 
 def acquire_plan(
@@ -83,29 +89,42 @@ def acquire_plan(
     waiter: str = "",
     mark_ms: int = WAIT_MARK_MS,
     woken: bool = False,
+    permits: int = 0,
 ) -> Plan[LeaseRecord | AcquireFailure]:
     """One acquisition attempt; returns a :class:`LeaseRecord` or an :class:`AcquireFailure`.
 
     ``waiter``: the id of a caller that waits on failure ('' when it will not): a failed
     attempt registers it as a waiter for ``mark_ms`` (none when <= 0), a won one removes it.
-    ``woken``: a release woke this caller, so it may take a name reserved for the hand-off."""
+    ``woken``: a release woke this caller, so it may take a name reserved for the hand-off.
+    ``permits`` > 0: one permit of the semaphore ``name`` (one of its slots held on a quorum:
+    the same slot, since each slot excludes like a lock) instead of the lock ``name``."""
     total = len(nodes)
     needed = quorum(total)
     ttl_ms = math.ceil(ttl * 1000)
     state.longest_ttl_ms = max(state.longest_ttl_ms, ttl_ms)
     keys = state.keys
-    key = keys.lock(name)
     owner = new_owner()
     suffix = LockValue.suffix(int(time.time() * 1000), state.host, state.pid)
     mark_ms = max(mark_ms, 0) if waiter else 0
+    tried: tuple[str, ...]
+    touched: tuple[str, ...]
+    if permits:
+        start = random.randrange(permits)  # callers spread over the free slots
+        tried = tuple(keys.permit(name, (start + k) % permits) for k in range(permits))
+        script = scripts.PERMIT
+        touched = (keys.fence, keys.waiters(name), keys.handoff(name), keys.lock(name), *tried)
+    else:
+        tried = (keys.lock(name),)
+        script = scripts.ACQUIRE
+        touched = (tried[0], keys.fence, keys.waiters(name), keys.handoff(name))
+    flag = "1" if woken else "0"
+    extra: tuple[int, ...] = (permits,) if permits else ()
 
     def settled(slots: list[Slot]) -> bool:
-        statuses = [_acquire_status(s) for s in slots]
-        won = statuses.count(scripts.GRANTED)
-        lost = sum(
-            1 for s, st in zip(slots, statuses, strict=True) if s.done and st != scripts.GRANTED
-        )
-        return won >= needed or total - lost < needed
+        done = [s for s in slots if s.done]
+        granted = [_granted_slot(s.value) for s in done if _acquire_status(s) == scripts.GRANTED]
+        best = _best_slot(granted)[1] if permits else len(granted)
+        return best >= needed or best + total - len(done) < needed
 
     calls: list[Call | None] = []
     try:
@@ -116,9 +135,9 @@ def acquire_plan(
                 None
                 if node.run_id is None
                 else Call(
-                    scripts.ACQUIRE,
-                    (key, keys.fence, keys.waiters(name), keys.handoff(name)),
-                    (owner, ttl_ms, node.run_id, suffix, mark_ms, "1" if woken else "0", waiter),
+                    script,
+                    touched,
+                    (owner, ttl_ms, node.run_id, suffix, mark_ms, flag, waiter, *extra),
                 )
                 for node in nodes
             ]
@@ -131,35 +150,48 @@ def acquire_plan(
                 rejoined = True
                 seen = [i for i, st in enumerate(statuses) if st == scripts.UNTRUSTED]
                 if (yield from rejoin_plan(state, nodes, seen)):
-                    yield from _release_calls(
-                        state, nodes, calls, _granted(replies, _acquired), owner, name
-                    )
+                    yield from _release_calls(state, nodes, calls, replies, owner, name, tried)
                     owner = new_owner()
                     continue
             break
 
-        won = [i for i, st in enumerate(statuses) if st == scripts.GRANTED]
+        granted = [
+            _granted_slot(r) if st == scripts.GRANTED else -1
+            for r, st in zip(replies, statuses, strict=True)
+        ]
+        chosen = _best_slot([g for g in granted if g >= 0])[0] if permits else 0
+        won = [i for i, g in enumerate(granted) if g == chosen]
         if len(won) >= needed:
+            key = tried[chosen - 1] if permits else tried[0]
             token = max(int(replies[i][1]) for i in won)
             behind = [i for i in won if int(replies[i][1]) < token]
             confirmed = len(won) - len(behind)
             if behind and token < TOKEN_LIMIT:
                 confirmed += yield from _write_back(
-                    state, nodes, behind, token, key, owner, needed - confirmed
+                    state, nodes, behind, token, key, owner, needed - confirmed, bool(permits)
                 )
             validity_deadline = started + ttl - state.drift(ttl)
             if confirmed >= needed and token < TOKEN_LIMIT and time.monotonic() < validity_deadline:
-                reached = tuple(g is not False for g in _granted(replies, _acquired))
+                # nodes that may hold the key (not those that granted another slot)
+                reached = tuple(
+                    g is None or (g and granted[i] == chosen)
+                    for i, g in enumerate(granted_per_node(replies, _acquired))
+                )
+                others = [_KEPT if i in won else r for i, r in enumerate(replies)]
+                if permits and any(g not in (-1, chosen) for g in granted):
+                    yield from _release_calls(state, nodes, calls, others, owner, name, tried)
                 if mark_ms:
                     yield from _withdraw(state, nodes, statuses, name, waiter)
-                return LeaseRecord(name, key, owner, token, ttl, validity_deadline, reached=reached)
+                marker = keys.lock(name) if permits else ""
+                return LeaseRecord(
+                    name, key, owner, token, ttl, validity_deadline, reached=reached, marker=marker
+                )
 
-        granted = _granted(replies, _acquired)
-        yield from _release_calls(state, nodes, calls, granted, owner, name, mark_ms, waiter)
+        yield from _release_calls(state, nodes, calls, replies, owner, name, tried, mark_ms, waiter)
         return _failure(nodes, replies, statuses, len(won))
     except Abandoned:
         # the caller gave up while a call was in flight: any node may have granted it
-        yield from _release_calls(state, nodes, calls, [None] * total, owner, name)
+        yield from _release_calls(state, nodes, calls, [None] * total, owner, name, tried)
         raise
 
 
@@ -171,6 +203,7 @@ def _write_back(
     key: str,
     owner: str,
     still_needed: int,
+    strict: bool = False,
 ) -> Plan[int]:
     """Raise the counter of the winners that are ``behind`` to ``token``; returns how many
     of them still hold the lock (a node that lost it since the acquire does not count: someone
@@ -180,7 +213,8 @@ def _write_back(
     for i in behind:
         run_id = nodes[i].run_id
         if run_id is not None:
-            calls[i] = Call(scripts.RAISE, (state.keys.fence, key), (token, run_id, owner))
+            args = (token, run_id, owner, "1" if strict else "0")
+            calls[i] = Call(scripts.RAISE, (state.keys.fence, key), args)
 
     def settled(slots: list[Slot]) -> bool:
         return sum(1 for s in slots if s.done and s.value == scripts.STILL_HELD) >= still_needed
@@ -236,7 +270,9 @@ def _failure(
     )
     pttls = [int(r[2]) for r, st in zip(replies, statuses, strict=True) if st == scripts.BUSY]
     retry_after = max(pttls) / 1000 if pttls and max(pttls) > 0 else None
-    errors = _errors(nodes, replies)
+    errors = node_errors(nodes, replies)
+    if scripts.OTHER_KIND in statuses:
+        return AcquireFailure("other_kind", votes, trusted_answers, errors)
     if busy and total - failing >= quorum(total):
         return AcquireFailure("busy", votes, trusted_answers, errors, retry_after)
     if votes >= quorum(total):  # quorum reached but validity ran out or the token overflowed
@@ -247,18 +283,26 @@ def _failure(
     return AcquireFailure("unavailable", votes, trusted_answers, errors, retry_after)
 
 
+#: Stands for a reply whose grant is kept (not released) in ``_release_calls``.
+_KEPT = (scripts.BUSY, 0, 0)
+
+
 def _release_calls(
     state: AliasState,
     nodes: Sequence[NodeView],
     calls: Sequence[Call | None],
-    granted: Sequence[bool | None],
+    replies: Sequence[Any],
     owner: str,
     name: str,
+    tried: tuple[str, ...],
     mark_ms: int = 0,
     waiter: str = "",
 ) -> Plan[None]:
-    """Fire-and-forget release on every node that may hold the key: those that granted it
-    (``True``) or did not answer (``None``), not those that said no (``False``). ``mark_ms``
+    """Fire-and-forget release of an attempt's grants on every node that may hold one: those
+    that granted it, or that got the call and did not answer (a reply of None: it may have
+    executed it), not those that said no. ``tried``: the keys the attempt may have taken (a
+    lock's key, or a semaphore's slots in the order tried: a node that answered releases the
+    slot it granted, one that did not releases whichever slot has this owner). ``mark_ms``
     > 0: the caller will wait, so each release also registers ``waiter`` there.
 
     A release is sent on the same connection as the acquire, so on a paused node it runs right
@@ -266,121 +310,24 @@ def _release_calls(
     """
     release: list[Call | None] = [None] * len(nodes)
     waking = wake_node(name, len(nodes))
-    for i, call in enumerate(calls):
-        if call is not None and granted[i] is not False:
-            release[i] = state.release_call(
-                name, owner, wakes=i == waking, mark_ms=mark_ms, waiter=waiter
-            )
+    for i, (call, reply) in enumerate(zip(calls, replies, strict=True)):
+        if call is None:
+            continue
+        if isinstance(reply, NodeFailure) or reply is None:
+            if isinstance(reply, NodeFailure) and not reply.sent:
+                continue
+            held = tried  # it may have granted any of them
+        elif int(reply[0]) == scripts.GRANTED:
+            slot = _granted_slot(reply)
+            held = (tried[slot - 1],) if slot else tried
+        else:
+            continue  # it said no (and registered the caller, if it will wait)
+        release[i] = state.release_call(
+            name, owner, wakes=i == waking, mark_ms=mark_ms, waiter=waiter, held=held
+        )
     if any(release):
         yield Request(release, 0.0, wait=False)
 
 
-def _granted(replies: Sequence[Any], yes: Callable[[Any], bool]) -> list[bool | None]:
-    """Per node: True if it said yes, False if it said no or never got the call, None if it
-    got the call but did not answer (it may have executed it)."""
-    return [
-        (None if reply.sent else False) if isinstance(reply, NodeFailure) else yes(reply)
-        for reply in replies
-    ]
-
-
 def _acquired(reply: Any) -> bool:
     return int(reply[0]) == scripts.GRANTED
-
-
-def _renewed(reply: Any) -> bool:
-    return bool(reply == scripts.RENEWED)
-
-
-def release_plan(state: AliasState, nodes: Sequence[NodeView], lease: LeaseRecord) -> Plan[bool]:
-    """Compare-and-delete on every node; returns True if the lease was still held."""
-    if lease.released:
-        return False
-    was_valid = lease.validity() > 0
-    lease.released = True
-    total = len(nodes)
-    needed = quorum(total)
-    waking = wake_node(lease.name, total)
-    reached = lease.reached or (True,) * total
-    calls: list[Call | None] = [
-        state.release_call(lease.name, lease.owner, wakes=i == waking)
-        if node.run_id is not None and reached[i]
-        else None
-        for i, node in enumerate(nodes)
-    ]
-
-    def settled(slots: list[Slot]) -> bool:
-        # a quorum of answers decides; a paused node's reply is read later, in order
-        answered = sum(1 for s, c in zip(slots, calls, strict=True) if c is not None and s.done)
-        return answered >= needed or all(s.done for s, c in zip(slots, calls, strict=True) if c)
-
-    replies = yield Request(calls, state.node_timeout, settled)
-    lease.handed_off = any(r == scripts.HANDED_OFF for r in replies)
-    # Held unless nodes said "not yours": a release that merely timed out is not a loss (its
-    # compare-and-delete still runs when the node answers, in order, on this connection).
-    refused = sum(1 for r in replies if r == scripts.NOT_HELD)
-    return was_valid and not lease.lost and refused <= total - needed
-
-
-def extend_plan(
-    state: AliasState, nodes: Sequence[NodeView], lease: LeaseRecord, ttl: float
-) -> Plan[Renewal]:
-    """Compare-and-pexpire on every node.
-
-    Renewed when a quorum extended it in time. Lost when its validity is gone or so many nodes
-    said "not yours" that no quorum can hold it (the nodes that did extend it are released).
-    Otherwise (nodes slow, down or restarted) unconfirmed: the lease keeps the validity it had
-    and nothing is deleted, so a node's hiccup never forfeits a valid lease."""
-    if lease.lost or lease.released or lease.validity() <= 0:
-        lease.lost = True
-        return Renewal(LOST)
-    total = len(nodes)
-    needed = quorum(total)
-    ttl_ms = math.ceil(ttl * 1000)
-    state.longest_ttl_ms = max(state.longest_ttl_ms, ttl_ms)
-    calls: list[Call | None] = [
-        None
-        if node.run_id is None
-        else Call(scripts.EXTEND, (lease.key, state.keys.fence), (lease.owner, ttl_ms, node.run_id))
-        for node in nodes
-    ]
-
-    def settled(slots: list[Slot]) -> bool:
-        won = sum(1 for s in slots if s.done and s.value == scripts.RENEWED)
-        lost = sum(1 for s in slots if s.done and s.value != scripts.RENEWED)
-        return won >= needed or total - lost < needed
-
-    started = time.monotonic()
-    replies = yield Request(calls, state.node_timeout, settled)
-    deadline = started + ttl - state.drift(ttl)
-    answered = sum(1 for r in replies if not isinstance(r, NodeFailure))
-    if sum(1 for r in replies if r == scripts.RENEWED) >= needed and time.monotonic() < deadline:
-        lease.deadline = deadline
-        lease.ttl = ttl
-        return Renewal(RENEWED, answered)
-    refused = sum(1 for r in replies if r == scripts.NOT_HELD)
-    if refused <= total - needed and lease.validity() > 0:
-        return Renewal(UNCONFIRMED, answered, _errors(nodes, replies))
-    lease.lost = True
-    granted = _granted(replies, _renewed)
-    yield from _release_calls(state, nodes, calls, granted, lease.owner, lease.name)
-    return Renewal(LOST, answered, _errors(nodes, replies))
-
-
-def force_release_plan(
-    state: AliasState, nodes: Sequence[NodeView], name: str, expected: str = ""
-) -> Plan[int]:
-    """Delete ``name`` on every node whoever holds it; returns how many nodes deleted it."""
-    keys = state.keys
-    calls: list[Call | None] = [
-        None
-        if node.run_id is None
-        else Call(
-            scripts.FORCE_RELEASE,
-            (keys.lock(name), keys.fence, keys.wake(name)),
-            (expected, WAKE_TTL_MS),
-        )
-        for node in nodes
-    ]
-    replies = yield Request(calls, state.node_timeout * 4, None)
-    return sum(1 for r in replies if r == scripts.DELETED)

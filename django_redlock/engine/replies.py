@@ -3,9 +3,9 @@ and the transport (sync and asyncio alike)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .scripts import Script
 
@@ -95,3 +95,27 @@ class Request:
     timeout: float
     settled: Callable[[list[Slot]], bool] | None = None
     wait: bool = True
+
+
+class Labelled(Protocol):
+    """A node as error messages name it."""
+
+    label: str
+
+
+def node_errors(nodes: Sequence[Labelled], replies: Sequence[Any]) -> dict[str, str]:
+    """Per node label, why it failed (the nodes merely not awaited are left out)."""
+    return {
+        node.label: str(reply)
+        for node, reply in zip(nodes, replies, strict=True)
+        if isinstance(reply, NodeFailure) and reply.reason != NOT_AWAITED
+    }
+
+
+def granted_per_node(replies: Sequence[Any], yes: Callable[[Any], bool]) -> list[bool | None]:
+    """Per node: True if it said yes, False if it said no or never got the call, None if it
+    got the call but did not answer (it may have executed it)."""
+    return [
+        (None if reply.sent else False) if isinstance(reply, NodeFailure) else yes(reply)
+        for reply in replies
+    ]

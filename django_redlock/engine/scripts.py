@@ -76,6 +76,40 @@ end
 """
 )
 
+# Lua shared by ACQUIRE and PERMIT (ARGV as ACQUIRE's). ``trusted(fence)`` returns the fence
+# hash's counter and longest TTL, or nil when this node's run_id is not ARGV[3] (restarted or
+# new). ``busy(waiters, pttl, counter)`` registers a caller that will wait and answers "busy".
+# ``take(key, fence, waiters, handoff, max_ttl)`` grants ``key``: the reservation is used up,
+# the winner stops waiting, the counter gives its token.
+_TAKE = (
+    _REGISTER
+    + """
+local function trusted(fence)
+  local meta = redis.call('HMGET', fence, 'run_id', 'token', 'max_ttl')
+  return meta[1] == ARGV[3], tonumber(meta[2]) or 0, tonumber(meta[3]) or 0
+end
+local function busy(waiters, pttl, counter)
+  if tonumber(ARGV[5]) > 0 then
+    register(waiters, ARGV[7], tonumber(ARGV[5]), true)
+  end
+  return {0, counter, pttl}
+end
+local function take(key, fence, waiters, handoff, max_ttl)
+  redis.call('DEL', handoff)
+  if ARGV[7] ~= '' then
+    redis.pcall('ZREM', waiters, ARGV[7])  -- the winner stops waiting the moment it wins
+  end
+  local token = redis.call('HINCRBY', fence, 'token', 1)
+  -- string.format: plain concatenation would print a large token as 1.8e+15
+  redis.call('SET', key, ARGV[1] .. '|' .. string.format('%d', token) .. ARGV[4], 'PX', ARGV[2])
+  if tonumber(ARGV[2]) > max_ttl then
+    redis.call('HSET', fence, 'max_ttl', ARGV[2])
+  end
+  return token
+end
+"""
+)
+
 # KEYS: lock, fence, waiter set, hand-off reservation.
 # ARGV: owner, ttl_ms, run_id, value suffix ("|acquired_ms|host|pid"), how long the caller's
 # registration as a waiter lives (ms; 0 = the caller will not wait, do not register), "1" if
@@ -86,11 +120,10 @@ end
 # this node is not trusted.
 ACQUIRE = Script(
     "acquire",
-    _REGISTER
+    _TAKE
     + """
-local meta = redis.call('HMGET', KEYS[2], 'run_id', 'token', 'max_ttl')
-local counter = tonumber(meta[2]) or 0
-if meta[1] ~= ARGV[3] then
+local ok, counter, max_ttl = trusted(KEYS[2])
+if not ok then
   return {-1, counter, 0}
 end
 local pttl = redis.call('PTTL', KEYS[1])
@@ -98,26 +131,70 @@ if pttl == -2 and ARGV[6] ~= '1' then
   pttl = redis.call('PTTL', KEYS[4])  -- free, but handed to the waiter a release woke
 end
 if pttl ~= -2 then
-  if tonumber(ARGV[5]) > 0 then
-    register(KEYS[3], ARGV[7], tonumber(ARGV[5]), true)
+  if string.sub(redis.call('GET', KEYS[1]) or '', 1, 10) == 'semaphore|' then
+    return {-2, counter, 0}  -- the name is a semaphore's (only looked at when busy)
   end
-  return {0, counter, pttl}
+  return busy(KEYS[3], pttl, counter)
 end
-redis.call('DEL', KEYS[4])
-if ARGV[7] ~= '' then
-  redis.pcall('ZREM', KEYS[3], ARGV[7])  -- the winner stops waiting the moment it wins
-end
-local token = redis.call('HINCRBY', KEYS[2], 'token', 1)
--- string.format: plain concatenation would print a large token as 1.8e+15
-redis.call('SET', KEYS[1], ARGV[1] .. '|' .. string.format('%d', token) .. ARGV[4], 'PX', ARGV[2])
-if tonumber(ARGV[2]) > (tonumber(meta[3]) or 0) then
-  redis.call('HSET', KEYS[2], 'max_ttl', ARGV[2])
-end
-return {1, token, 0}
+return {1, take(KEYS[1], KEYS[2], KEYS[3], KEYS[4], max_ttl), 0}
 """,
 )
 #: ACQUIRE reply statuses (the first element of its reply).
-GRANTED, BUSY, UNTRUSTED = 1, 0, -1
+GRANTED, BUSY, UNTRUSTED, OTHER_KIND = 1, 0, -1, -2
+
+# A semaphore of N permits is N slots, each a lock of its own: ``<prefix>__permit__:<k>:<name>``
+# (k = 0..N-1), and a marker at the name's own key, ``semaphore|<N>``, that lives as long as
+# the longest permit granted or renewed through it (so the name cannot be taken as a lock, or
+# with another N, meanwhile). One permit is one slot held on a quorum of nodes: two holders of
+# a slot exclude each other as two holders of a lock do, so at most N permits are valid.
+# KEYS: fence, waiter set, hand-off reservation, the name's key (marker), then the N slot keys
+# in the order the caller wants them tried (every node gets the same order, so nodes in the
+# same state grant the same slot).
+# ARGV: as ACQUIRE, then N.
+# Returns {1, token, k} (k: the position in KEYS of the slot granted, from 1), {0, counter,
+# pttl} when every slot is taken (pttl: the soonest a slot frees) or reserved for a woken
+# waiter, {-1, counter, 0} untrusted, {-2, counter, 0} when the name is a lock's or a
+# semaphore's with another N.
+PERMIT = Script(
+    "permit",
+    _TAKE
+    + """
+local ok, counter, max_ttl = trusted(KEYS[1])
+if not ok then
+  return {-1, counter, 0}
+end
+local marker = 'semaphore|' .. ARGV[8]
+local found = redis.call('GET', KEYS[4])
+if found and found ~= marker then
+  return {-2, counter, 0}
+end
+local soonest = -2
+if ARGV[6] ~= '1' then
+  soonest = redis.call('PTTL', KEYS[3])  -- a slot freed for the waiter a release woke
+end
+local free = nil
+if soonest == -2 then
+  for i = 5, #KEYS do
+    local pttl = redis.call('PTTL', KEYS[i])
+    if pttl == -2 then
+      free = i
+      break
+    end
+    if soonest == -2 or pttl < soonest then
+      soonest = pttl
+    end
+  end
+end
+if not free then
+  return busy(KEYS[2], soonest, counter)
+end
+local token = take(KEYS[free], KEYS[1], KEYS[2], KEYS[3], max_ttl)
+if redis.call('PTTL', KEYS[4]) < tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[4], marker, 'PX', ARGV[2])
+end
+return {1, token, free - 4}
+""",
+)
 
 # KEYS: lock, waiter set, wake-up list, hand-off reservation.
 # ARGV: owner, wake-up TTL in ms, reservation TTL in ms, "1" on the node waiters block on,
@@ -130,47 +207,68 @@ GRANTED, BUSY, UNTRUSTED = 1, 0, -1
 # dropped; live ones stay: waiters still blocked stay covered for the next release.
 # Returns 2 when deleted and someone was waiting, 1 when deleted, 0 when the key is gone or
 # owned by someone else.
-RELEASE = Script(
-    "release",
+_RELEASE = (
     _REGISTER
     + """
-local value = redis.call('GET', KEYS[1])
+local function release(lock, waiters, wake, handoff)
+local value = redis.call('GET', lock)
 local mine = value and string.sub(value, 1, #ARGV[1] + 1) == ARGV[1] .. '|'
 if tonumber(ARGV[5]) > 0 then
   if mine then
-    redis.call('DEL', KEYS[1])
+    redis.call('DEL', lock)
   end
-  register(KEYS[2], ARGV[6], tonumber(ARGV[5]), true)
+  register(waiters, ARGV[6], tonumber(ARGV[5]), true)
   return mine and 1 or 0
 end
 if not mine then
   return 0
 end
-redis.call('DEL', KEYS[1])
-if redis.call('EXISTS', KEYS[2]) == 0 then
+redis.call('DEL', lock)
+if redis.call('EXISTS', waiters) == 0 then
   return 1  -- the common case: nobody waits, no clock read
 end
 local now = now_ms()
-local lapsed = now and redis.pcall('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local lapsed = now and redis.pcall('ZREMRANGEBYSCORE', waiters, '-inf', now)
 if type(lapsed) ~= 'number' then
   return 1  -- unreadable (not a sorted set; an ACL without TIME): treated as nobody waiting
 end
-if lapsed > 0 and redis.call('EXISTS', KEYS[2]) == 0 then
+if lapsed > 0 and redis.call('EXISTS', waiters) == 0 then
   return 1  -- every registration had lapsed (an empty set is deleted)
 end
-redis.call('SET', KEYS[4], '1', 'PX', ARGV[3])
+redis.call('SET', handoff, '1', 'PX', ARGV[3])
 if ARGV[4] == '1' then
-  redis.call('DEL', KEYS[3])
-  redis.call('RPUSH', KEYS[3], '1')
-  redis.call('PEXPIRE', KEYS[3], ARGV[2])
+  redis.call('DEL', wake)
+  redis.call('RPUSH', wake, '1')
+  redis.call('PEXPIRE', wake, ARGV[2])
 end
 return 2
+end
+"""
+)
+RELEASE = Script("release", _RELEASE + "return release(KEYS[1], KEYS[2], KEYS[3], KEYS[4])\n")
+
+# KEYS: waiter set, wake-up list, hand-off reservation, then the slot keys the permit may hold.
+# ARGV: as RELEASE. RELEASE on the slot that holds the owner's value (the first one, if any):
+# a permit whose slot is unknown (its acquire got no reply) is released by passing every slot.
+RELEASE_PERMIT = Script(
+    "release_permit",
+    _RELEASE
+    + """
+local lock = KEYS[4]
+for i = 4, #KEYS do
+  local value = redis.call('GET', KEYS[i])
+  if value and string.sub(value, 1, #ARGV[1] + 1) == ARGV[1] .. '|' then
+    lock = KEYS[i]
+    break
+  end
+end
+return release(lock, KEYS[1], KEYS[2], KEYS[3])
 """,
 )
 #: RELEASE replies.
 NOT_HELD, RELEASED, HANDED_OFF = 0, 1, 2
 
-# KEYS: lock, fence. ARGV: owner, ttl_ms, run_id.
+# KEYS: lock, fence (and, for a permit, its semaphore's marker). ARGV: owner, ttl_ms, run_id.
 # Compare-and-pexpire on a trusted node. Returns 1 when renewed, 0 when not held, -1 untrusted.
 EXTEND = Script(
     "extend",
@@ -181,6 +279,9 @@ end
 local value = redis.call('GET', KEYS[1])
 if value and string.sub(value, 1, #ARGV[1] + 1) == ARGV[1] .. '|' then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if KEYS[3] and redis.call('PTTL', KEYS[3]) < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[3], ARGV[2])  -- a permit's semaphore marker
+  end
   local max_ttl = tonumber(redis.call('HGET', KEYS[2], 'max_ttl')) or 0
   if tonumber(ARGV[2]) > max_ttl then
     redis.call('HSET', KEYS[2], 'max_ttl', ARGV[2])
@@ -193,11 +294,14 @@ return 0
 #: EXTEND replies: RENEWED, NOT_HELD (above) or UNTRUSTED (above).
 RENEWED = 1
 
-# KEYS: fence, lock. ARGV: token, run_id, owner.
+# KEYS: fence, lock. ARGV: token, run_id, owner, "1" for a permit (strict).
 # Token write-back: raise the counter to ARGV[1] if it is lower ("set if greater"). Returns 1
 # when the caller still holds the lock here, 0 when it does not (force-released or expired
 # since its acquire: someone else may have taken this node and read the old counter, so it
 # must not count towards the quorum that hands out this token), -1 when the node is not trusted.
+# Strict (permits, which may be held side by side): the counter must still be below the token,
+# else 0: another permit may have been handed the same token through this node, and any two
+# quorums share a node, so of two permits given one token at most one confirms it.
 RAISE = Script(
     "raise",
     """
@@ -207,6 +311,8 @@ end
 local counter = tonumber(redis.call('HGET', KEYS[1], 'token')) or 0
 if counter < tonumber(ARGV[1]) then
   redis.call('HSET', KEYS[1], 'token', ARGV[1])
+elseif ARGV[4] == '1' then
+  return 0  -- strict: another caller reached this token here first
 end
 local value = redis.call('GET', KEYS[2])
 if value and string.sub(value, 1, #ARGV[3] + 1) == ARGV[3] .. '|' then
@@ -313,4 +419,16 @@ return counts
 )
 
 #: What lock connections load on connect (WAITING is sent as EVAL, by inspection only).
-ALL_SCRIPTS = (ACQUIRE, RELEASE, EXTEND, RAISE, REJOIN, PROBE, FORCE_RELEASE, WITHDRAW, REGISTER)
+ALL_SCRIPTS = (
+    ACQUIRE,
+    RELEASE,
+    EXTEND,
+    RAISE,
+    REJOIN,
+    PROBE,
+    FORCE_RELEASE,
+    WITHDRAW,
+    REGISTER,
+    PERMIT,
+    RELEASE_PERMIT,
+)

@@ -72,15 +72,28 @@ class AliasState:
         self.longest_ttl_ms = max(self.longest_ttl_ms, math.ceil(self.ttl * 1000))
 
     def release_call(
-        self, name: str, owner: str, *, wakes: bool, mark_ms: int = 0, waiter: str = ""
+        self,
+        name: str,
+        owner: str,
+        *,
+        wakes: bool,
+        mark_ms: int = 0,
+        waiter: str = "",
+        held: tuple[str, ...] = (),
     ) -> Call:
         """Compare-and-delete ``name`` for ``owner``; ``wakes`` on the node waiters block on;
         ``mark_ms`` > 0 for a failed attempt that will wait: it registers ``waiter`` for that
-        long, as its ACQUIRE would have."""
+        long, as its ACQUIRE would have. ``held``: the keys the lease may hold instead of the
+        name's own (a permit: its slot, or every slot when which one is unknown)."""
         keys = self.keys
+        queue = (keys.waiters(name), keys.wake(name), keys.handoff(name))
+        if len(held) > 1:
+            script, touched = scripts.RELEASE_PERMIT, (*queue, *held)
+        else:
+            script, touched = scripts.RELEASE, (held[0] if held else keys.lock(name), *queue)
         return Call(
-            scripts.RELEASE,
-            (keys.lock(name), keys.waiters(name), keys.wake(name), keys.handoff(name)),
+            script,
+            touched,
             (
                 owner,
                 WAKE_TTL_MS,
@@ -122,6 +135,8 @@ class LeaseRecord:
     pinned: Any = field(default=None, repr=False, compare=False)
     #: the process generation (``forks.generation()``) that acquired it
     generation: int = 0
+    #: a permit: its semaphore's marker key (renewed with it); '' for a lock
+    marker: str = ""
 
     def validity(self) -> float:
         if self.lost or self.released:
@@ -152,7 +167,8 @@ class Renewal:
 
 @dataclass
 class AcquireFailure:
-    """Why one attempt failed: ``busy`` (someone holds it) or ``unavailable`` (no quorum)."""
+    """Why one attempt failed: ``busy`` (someone holds it), ``unavailable`` (no quorum) or
+    ``other_kind`` (the name is taken as another kind: a lock, or a semaphore of other size)."""
 
     reason: str
     votes: int

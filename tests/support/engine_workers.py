@@ -82,3 +82,46 @@ def first_acquires(
         except Exception as exc:  # reported to the test
             outcomes.append(type(exc).__name__)
     return outcomes
+
+
+def hold_permits(
+    redlock: dict[str, Any],
+    alias: str,
+    name: str,
+    permits: int,
+    counter_url: str,
+    key: str,
+    rounds: int,
+) -> list[int]:
+    """``rounds`` times: take one of ``permits`` permits of ``name``, count the holders inside
+    (an INCR/DECR outside the library: the oracle) and record the most seen; returns tokens."""
+    setup_django(redlock)
+    import redis
+
+    from django_redlock import locks
+
+    counter = redis.Redis.from_url(counter_url)
+    tokens: list[int] = []
+    for _ in range(rounds):
+        with locks[alias].semaphore(name, permits, ttl=5, timeout=60) as lease:
+            inside = counter.incr(key)
+            counter.rpush(f"{key}:seen", inside)
+            time.sleep(0.002)
+            counter.decr(key)
+            tokens.append(lease.token)
+    return tokens
+
+
+def hold_a_permit_until_killed(
+    redlock: dict[str, Any], alias: str, name: str, ttl: float, counter_url: str, key: str
+) -> None:
+    """Take one permit of a 1-permit semaphore, push its token to ``key``, then sleep until
+    the test kills this process."""
+    setup_django(redlock)
+    import redis
+
+    from django_redlock import locks
+
+    lease = locks[alias].acquire(name, ttl=ttl, timeout=5, permits=1)
+    redis.Redis.from_url(counter_url).rpush(key, lease.token)
+    time.sleep(600)

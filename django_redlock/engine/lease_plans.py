@@ -1,0 +1,130 @@
+"""The plans of a lease once it is held: release, extend (renew) and force-release; like
+:mod:`.plans`, I/O-free generators run by the sync and the asyncio driver alike."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from . import scripts
+from .keyspace import quorum, wake_node
+from .replies import Call, NodeFailure, Request, Slot, granted_per_node, node_errors
+from .state import (
+    LOST,
+    RENEWED,
+    UNCONFIRMED,
+    WAKE_TTL_MS,
+    AliasState,
+    LeaseRecord,
+    NodeView,
+    Plan,
+    Renewal,
+)
+
+
+def _renewed(reply: Any) -> bool:
+    return bool(reply == scripts.RENEWED)
+
+
+def release_plan(state: AliasState, nodes: Sequence[NodeView], lease: LeaseRecord) -> Plan[bool]:
+    """Compare-and-delete on every node; returns True if the lease was still held."""
+    if lease.released:
+        return False
+    was_valid = lease.validity() > 0
+    lease.released = True
+    total = len(nodes)
+    needed = quorum(total)
+    waking = wake_node(lease.name, total)
+    reached = lease.reached or (True,) * total
+    calls: list[Call | None] = [
+        state.release_call(lease.name, lease.owner, wakes=i == waking, held=(lease.key,))
+        if node.run_id is not None and reached[i]
+        else None
+        for i, node in enumerate(nodes)
+    ]
+
+    def settled(slots: list[Slot]) -> bool:
+        # a quorum of answers decides; a paused node's reply is read later, in order
+        answered = sum(1 for s, c in zip(slots, calls, strict=True) if c is not None and s.done)
+        return answered >= needed or all(s.done for s, c in zip(slots, calls, strict=True) if c)
+
+    replies = yield Request(calls, state.node_timeout, settled)
+    lease.handed_off = any(r == scripts.HANDED_OFF for r in replies)
+    # Held unless nodes said "not yours": a release that merely timed out is not a loss (its
+    # compare-and-delete still runs when the node answers, in order, on this connection).
+    refused = sum(1 for r in replies if r == scripts.NOT_HELD)
+    return was_valid and not lease.lost and refused <= total - needed
+
+
+def extend_plan(
+    state: AliasState, nodes: Sequence[NodeView], lease: LeaseRecord, ttl: float
+) -> Plan[Renewal]:
+    """Compare-and-pexpire on every node.
+
+    Renewed when a quorum extended it in time. Lost when its validity is gone or so many nodes
+    said "not yours" that no quorum can hold it (the nodes that did extend it are released).
+    Otherwise (nodes slow, down or restarted) unconfirmed: the lease keeps the validity it had
+    and nothing is deleted, so a node's hiccup never forfeits a valid lease."""
+    if lease.lost or lease.released or lease.validity() <= 0:
+        lease.lost = True
+        return Renewal(LOST)
+    total = len(nodes)
+    needed = quorum(total)
+    ttl_ms = math.ceil(ttl * 1000)
+    state.longest_ttl_ms = max(state.longest_ttl_ms, ttl_ms)
+    extended = (lease.key, state.keys.fence, *((lease.marker,) if lease.marker else ()))
+    calls: list[Call | None] = [
+        None
+        if node.run_id is None
+        else Call(scripts.EXTEND, extended, (lease.owner, ttl_ms, node.run_id))
+        for node in nodes
+    ]
+
+    def settled(slots: list[Slot]) -> bool:
+        won = sum(1 for s in slots if s.done and s.value == scripts.RENEWED)
+        lost = sum(1 for s in slots if s.done and s.value != scripts.RENEWED)
+        return won >= needed or total - lost < needed
+
+    started = time.monotonic()
+    replies = yield Request(calls, state.node_timeout, settled)
+    deadline = started + ttl - state.drift(ttl)
+    answered = sum(1 for r in replies if not isinstance(r, NodeFailure))
+    if sum(1 for r in replies if r == scripts.RENEWED) >= needed and time.monotonic() < deadline:
+        lease.deadline = deadline
+        lease.ttl = ttl
+        return Renewal(RENEWED, answered)
+    refused = sum(1 for r in replies if r == scripts.NOT_HELD)
+    if refused <= total - needed and lease.validity() > 0:
+        return Renewal(UNCONFIRMED, answered, node_errors(nodes, replies))
+    lease.lost = True
+    waking = wake_node(lease.name, total)
+    release = [
+        state.release_call(lease.name, lease.owner, wakes=i == waking, held=(lease.key,))
+        if calls[i] is not None and renewed is not False
+        else None
+        for i, renewed in enumerate(granted_per_node(replies, _renewed))
+    ]
+    if any(release):
+        yield Request(release, 0.0, wait=False)
+    return Renewal(LOST, answered, node_errors(nodes, replies))
+
+
+def force_release_plan(
+    state: AliasState, nodes: Sequence[NodeView], name: str, expected: str = ""
+) -> Plan[int]:
+    """Delete ``name`` on every node whoever holds it; returns how many nodes deleted it."""
+    keys = state.keys
+    calls: list[Call | None] = [
+        None
+        if node.run_id is None
+        else Call(
+            scripts.FORCE_RELEASE,
+            (keys.lock(name), keys.fence, keys.wake(name)),
+            (expected, WAKE_TTL_MS),
+        )
+        for node in nodes
+    ]
+    replies = yield Request(calls, state.node_timeout * 4, None)
+    return sum(1 for r in replies if r == scripts.DELETED)

@@ -1,0 +1,199 @@
+"""Semaphores (SPEC 12): ``semaphore``/``asemaphore`` and ``acquire(..., permits=N)`` on real
+nodes: at most N valid permits, one token per permit, waking on release, kinds kept apart."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from django_redlock import locks
+from django_redlock.exceptions import LockError, LockNotAcquired
+from django_redlock.testing import RedisNodes
+from tests.support import engine_workers as workers
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+@pytest.mark.parametrize("alias", ["default", "five"])
+def test_at_most_n_permits_each_with_its_own_token(alias: str, unique_name: str) -> None:
+    manager = locks[alias]
+    held = [manager.acquire(unique_name, ttl=5, timeout=0, permits=3) for _ in range(3)]
+    assert len({lease.token for lease in held}) == 3
+    with pytest.raises(LockNotAcquired) as busy:
+        manager.acquire(unique_name, ttl=5, timeout=0, permits=3)
+    assert busy.value.retry_after is not None and 0 < busy.value.retry_after <= 5
+    assert held[1].release() is True
+    again = manager.acquire(unique_name, ttl=5, timeout=0, permits=3)
+    assert again.token > max(lease.token for lease in held)
+    for lease in (held[0], held[2], again):
+        assert lease.release() is True
+    assert held[1].release() is False  # released already
+
+
+@pytest.mark.parametrize("alias", ["default", "five"])
+def test_semaphore_block_and_a_waiter_woken_by_release(alias: str, unique_name: str) -> None:
+    manager = locks[alias]
+    outer = manager.acquire(unique_name, ttl=5, timeout=0, permits=1)
+    got: list[float] = []
+
+    def wait() -> None:
+        started = time.monotonic()
+        with manager.semaphore(unique_name, 1, ttl=5, timeout=10) as lease:
+            assert lease.token > outer.token
+            got.append(time.monotonic() - started)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.5)
+    outer.release()
+    waiter.join(10)
+    assert got and got[0] < 0.9  # woken by the release, not by its next backoff step
+
+
+def test_kinds_and_permit_counts_do_not_mix(unique_name: str) -> None:
+    manager = locks["five"]
+    with manager.semaphore(unique_name, 2, ttl=5):
+        with pytest.raises(LockError, match="another kind than a lock"):
+            manager.acquire(unique_name, timeout=0)
+        with pytest.raises(LockError, match="semaphore of 3 permits"):
+            manager.acquire(unique_name, timeout=0, permits=3)
+        with manager.semaphore(unique_name, 2, ttl=5, timeout=0):  # the same size is fine
+            pass
+    other = f"{unique_name}-lock"
+    with manager.lock(other, ttl=5), pytest.raises(LockError, match="semaphore of 2 permits"):
+        manager.acquire(other, timeout=0, permits=2)
+
+
+@pytest.mark.parametrize(
+    ("permits", "error", "message"),
+    [
+        (0, ValueError, "permits must be from 1 to 1024, got 0"),
+        (1025, ValueError, "permits must be from 1 to 1024"),
+        ("3", TypeError, "permits must be an int, not str"),
+        (True, TypeError, "permits must be an int, not bool"),
+        (2.0, TypeError, "permits must be an int, not float"),
+    ],
+)
+def test_bad_permits_fail_before_any_network_call(
+    permits: Any, error: type[Exception], message: str, redlock_alias: Any
+) -> None:
+    manager = redlock_alias(["redis://127.0.0.1:1/0"])  # nothing listens there
+    with pytest.raises(error, match=message):
+        manager.semaphore("s", permits)
+    with pytest.raises(error, match=message):
+        manager.acquire("s", permits=permits)
+
+
+def test_auto_extended_permits_keep_others_out(unique_name: str) -> None:
+    manager = locks["five"]
+    with manager.semaphore(unique_name, 1, ttl=0.3, auto_extend=True) as lease:
+        time.sleep(1.0)  # three TTLs: renewed, and so is the marker
+        with pytest.raises(LockNotAcquired):
+            manager.acquire(unique_name, timeout=0, permits=1)
+        with pytest.raises(LockError):
+            manager.acquire(unique_name, timeout=0)
+        assert lease.validity > 0
+
+
+@pytest.mark.parametrize("alias", ["default", "five"])
+def test_eight_processes_never_more_than_three_holders(
+    alias: str, session_nodes: RedisNodes, unique_name: str
+) -> None:
+    """8 processes x 25 sections on a 3-permit semaphore: the holders counted inside (by an
+    INCR outside the library) never exceed 3, and every permit had its own token."""
+    key = f"holders:{unique_name}"
+    rounds = 25
+    with SPAWN.Pool(8) as pool:
+        results = pool.starmap(
+            workers.hold_permits,
+            [
+                (settings.REDLOCK, alias, unique_name, 3, session_nodes[0].url, key, rounds)
+                for _ in range(8)
+            ],
+        )
+    seen = [int(n) for n in session_nodes[0].client().lrange(f"{key}:seen", 0, -1)]
+    assert len(seen) == 8 * rounds
+    assert max(seen) <= 3
+    assert max(seen) > 1  # permits were shared: the test could see a violation
+    tokens = [t for r in results for t in r]
+    assert len(set(tokens)) == len(tokens)
+
+
+def test_a_killed_holders_permit_frees_within_one_ttl(
+    session_nodes: RedisNodes, unique_name: str
+) -> None:
+    key = f"killed:{unique_name}"
+    holder = SPAWN.Process(
+        target=workers.hold_a_permit_until_killed,
+        args=(settings.REDLOCK, "five", unique_name, 1.0, session_nodes[0].url, key),
+    )
+    holder.start()
+    try:
+        _, token = session_nodes[0].client().blpop([key], timeout=30) or (None, None)
+        assert token is not None
+        os.kill(holder.pid or 0, signal.SIGKILL)
+        killed = time.monotonic()
+        with pytest.raises(LockNotAcquired):
+            locks["five"].acquire(unique_name, timeout=0, permits=1)
+        lease = locks["five"].acquire(unique_name, ttl=5, timeout=3, permits=1)
+        assert time.monotonic() - killed < 1.2  # one TTL (1 s), and the wake-up after it
+        assert lease.token > int(token)
+        lease.release()
+    finally:
+        holder.join(5)
+
+
+def test_one_paused_node_of_five_changes_nothing(
+    redis_node_factory: Any, redlock_alias: Any
+) -> None:
+    nodes = redis_node_factory(5)
+    manager = redlock_alias(nodes, NODE_TIMEOUT=0.1)
+    manager.acquire("warm", timeout=0).release()
+    nodes[4].pause()
+    try:
+        held = [manager.acquire("s", ttl=5, timeout=0, permits=2) for _ in range(2)]
+        with pytest.raises(LockNotAcquired):
+            manager.acquire("s", ttl=5, timeout=0, permits=2)
+        tokens = [lease.token for lease in held]
+        for lease in held:
+            assert lease.release() is True
+        after = manager.acquire("s", ttl=5, timeout=0, permits=2)
+        assert after.token > max(tokens)
+        after.release()
+    finally:
+        nodes[4].resume()
+
+
+def test_asemaphore(unique_name: str) -> None:
+    manager = locks["five"]
+
+    async def main() -> list[int]:
+        inside = 0
+        most = 0
+        tokens: list[int] = []
+
+        async def one() -> None:
+            nonlocal inside, most
+            async with manager.asemaphore(unique_name, 2, ttl=5, timeout=10) as lease:
+                inside += 1
+                most = max(most, inside)
+                tokens.append(lease.token)
+                await asyncio.sleep(0.05)
+                inside -= 1
+
+        await asyncio.gather(*(one() for _ in range(6)))
+        assert most == 2
+        return tokens
+
+    tokens = asyncio.run(main())
+    assert len(set(tokens)) == 6
+    assert all(a != b for a, b in itertools.combinations(tokens, 2))
