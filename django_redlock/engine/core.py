@@ -117,10 +117,11 @@ class Engine:
         held = self._run(lambda nodes: release_plan(self.state, nodes, lease), lease.pinned)[0]
         return self._released(lease, held)
 
-    def force_release(self, name: str, expected: str = "") -> int:
+    def force_release(self, name: str, expected: str = "", key: str = "") -> int:
         """Delete ``name`` on every node (only a value equal to ``expected``, if given),
         advancing the fence counter; returns how many nodes deleted it."""
-        return self._run(lambda nodes: force_release_plan(self.state, nodes, name, expected))[0]
+        plan = lambda nodes: force_release_plan(self.state, nodes, name, expected, key)  # noqa: E731
+        return self._run(plan)[0]
 
     # -- the facade: asyncio -------------------------------------------------------------
     async def aacquire(
@@ -159,9 +160,9 @@ class Engine:
         plan = lambda nodes: release_plan(self.state, nodes, lease)  # noqa: E731
         return self._released(lease, (await self._arun(plan, lease.pinned))[0])
 
-    async def aforce_release(self, name: str, expected: str = "") -> int:
+    async def aforce_release(self, name: str, expected: str = "", key: str = "") -> int:
         """Asyncio twin of :meth:`force_release`."""
-        plan = lambda nodes: force_release_plan(self.state, nodes, name, expected)  # noqa: E731
+        plan = lambda nodes: force_release_plan(self.state, nodes, name, expected, key)  # noqa: E731
         return (await self._arun(plan))[0]
 
     def _check_fork(self) -> None:
