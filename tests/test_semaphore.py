@@ -197,3 +197,56 @@ def test_asemaphore(unique_name: str) -> None:
     tokens = asyncio.run(main())
     assert len(set(tokens)) == 6
     assert all(a != b for a, b in itertools.combinations(tokens, 2))
+
+
+def test_a_restarted_node_does_not_over_grant(redis_node_factory: Any, redlock_alias: Any) -> None:
+    """Both permits are held (auto-extended, TTL 1 s) on 3 nodes; one node is killed and
+    restarted empty (it lost every slot key). No third permit is granted, neither during its
+    restart quarantine nor after it has rejoined; once the permits are released, permits are
+    granted again with higher tokens."""
+    nodes = redis_node_factory(3)
+    manager = redlock_alias(nodes, TTL=1.0, NODE_TIMEOUT=0.1)
+    held = [manager.acquire("s", timeout=0, permits=2, auto_extend=True) for _ in range(2)]
+    nodes[0].kill()
+    nodes[0].restart()
+    with pytest.raises(LockNotAcquired):  # node 0 is quarantined, nodes 1 and 2 are full
+        manager.acquire("s", timeout=0, permits=2)
+    fence = f"{manager.config.key_prefix}__fence__"
+    deadline = time.monotonic() + 10
+    while not nodes[0].client().hget(fence, "run_id"):  # until node 0 has rejoined (1 s+)
+        assert time.monotonic() < deadline, "node 0 never rejoined"
+        with pytest.raises(LockNotAcquired):
+            manager.acquire("s", timeout=0, permits=2)
+        time.sleep(0.05)
+    with pytest.raises(LockNotAcquired):  # node 0 rejoined empty, but it is one node of three
+        manager.acquire("s", timeout=0, permits=2)
+    assert all(lease.validity > 0 for lease in held)
+    assert [lease.release() for lease in held] == [True, True]
+    after = [manager.acquire("s", ttl=3, timeout=2, permits=2) for _ in range(2)]
+    assert min(lease.token for lease in after) > max(lease.token for lease in held)
+    for lease in after:
+        lease.release()
+
+
+def test_a_restarted_node_is_quarantined_while_permits_may_be_valid(
+    redis_node_factory: Any, redlock_alias: Any
+) -> None:
+    """Both permits are held on nodes 0 and 1 only (node 2's slot keys are deleted, as if it
+    had missed the grants); node 0 restarts empty. Node 2 is free and node 0 lost its slots, so
+    without the restart quarantine a third permit would be granted by nodes 0 and 2 while both
+    others are still valid."""
+    nodes = redis_node_factory(3)
+    manager = redlock_alias(nodes, TTL=30, NODE_TIMEOUT=0.1)
+    held = [manager.acquire("s", timeout=0, permits=2) for _ in range(2)]
+    slots = [manager.engine.state.keys.permit("s", k) for k in range(2)]
+    assert nodes[2].client().delete(*slots) == 2
+    nodes[0].kill()
+    nodes[0].restart()
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:  # node 0 reconnected and answering "untrusted"
+        with pytest.raises(LockNotAcquired):
+            manager.acquire("s", timeout=0, permits=2)
+        time.sleep(0.1)
+    assert all(lease.validity > 0 for lease in held)
+    for lease in held:
+        lease.release()  # False or True: two of three nodes no longer hold what it got
