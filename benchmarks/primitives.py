@@ -1,9 +1,11 @@
-"""What a semaphore permit costs against a lock (issue 15): prints a table.
+"""What a semaphore permit costs against a lock (issue 15): prints two tables.
 
-Acquire + release pairs, one thread, on 1 and on 5 nodes (same run, interleaved rounds):
-``acquire(name)`` + ``release()`` against ``acquire(name, permits=3)`` + ``release()``.
+1. Acquire + release pairs, one thread, on 1 and on 5 nodes (same run, interleaved rounds):
+   ``acquire(name)`` + ``release()`` against ``acquire(name, permits=3)`` + ``release()``.
+2. Contended: 8 spawned processes, each looping for ``--seconds``: take the name (a lock, or
+   one of 3 permits), work ``--hold`` ms, let go; sections per second in all.
 
-    .venv/bin/python benchmarks/primitives.py [--pairs 3000] [--rounds 5]
+    .venv/bin/python benchmarks/primitives.py [--pairs 3000] [--rounds 5] [--seconds 3]
 
 Starts its own redis-server processes on free loopback ports and stops them at the end.
 """
@@ -28,10 +30,51 @@ def pairs_per_second(take: Callable[[], object], pairs: int) -> float:
     return pairs / (time.perf_counter() - started)
 
 
+def contended_worker(
+    redlock: dict[str, object], alias: str, permits: int, seconds: float, hold: float, start: float
+) -> int:
+    """One process of the contended case: sections done in ``seconds`` after ``start``."""
+    import django
+    from django.conf import settings
+
+    settings.configure(INSTALLED_APPS=["django_redlock"], REDLOCK=redlock)
+    django.setup()
+    from django_redlock import locks
+
+    manager = locks[alias]
+    extra = {"permits": permits} if permits else {}
+    manager.acquire("bench:warm", timeout=5).release()
+    while time.time() < start:
+        time.sleep(0.001)
+    done, end = 0, start + seconds
+    while time.time() < end:
+        lease = manager.acquire(f"bench:contended:{permits}", ttl=5, timeout=30, **extra)
+        time.sleep(hold)
+        lease.release()
+        done += 1
+    return done
+
+
+def contended(
+    redlock: dict[str, object], alias: str, permits: int, args: argparse.Namespace
+) -> float:
+    import multiprocessing
+
+    start = time.time() + 3.0  # after every process has imported Django
+    with multiprocessing.get_context("spawn").Pool(8) as pool:
+        counts = pool.starmap(
+            contended_worker,
+            [(redlock, alias, permits, args.seconds, args.hold / 1000, start)] * 8,
+        )
+    return sum(counts) / args.seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pairs", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--hold", type=float, default=0.5, help="ms of work per section")
     args = parser.parse_args()
 
     from django_redlock.testing import RedisNodes
@@ -40,13 +83,11 @@ def main() -> None:
         import django
         from django.conf import settings
 
-        settings.configure(
-            INSTALLED_APPS=["django_redlock"],
-            REDLOCK={
-                "one": {"NODES": [nodes[0].url]},
-                "five": {"NODES": [n.url for n in list(nodes)[1:]]},
-            },
-        )
+        redlock: dict[str, object] = {
+            "one": {"NODES": [nodes[0].url]},
+            "five": {"NODES": [n.url for n in list(nodes)[1:]]},
+        }
+        settings.configure(INSTALLED_APPS=["django_redlock"], REDLOCK=redlock)
         django.setup()
         from django_redlock import locks
 
@@ -69,10 +110,20 @@ def main() -> None:
             for label, rates in results.items():
                 rate = statistics.median(rates)
                 rows.append((alias, label, rate, rate / lock_rate))
+        busy = []
+        for alias in ("one", "five"):
+            lock_rate = contended(redlock, alias, 0, args)
+            sem_rate = contended(redlock, alias, 3, args)
+            busy.append((alias, lock_rate, sem_rate))
 
     print(f"{'nodes':<6}{'case (median of rounds)':<26}{'pairs/s':>10}{'vs lock':>9}")
     for alias, label, rate, ratio in rows:
         print(f"{alias:<6}{label:<26}{rate:>10,.0f}{ratio:>8.2f}x")
+    print()
+    print(f"8 processes, {args.hold} ms of work per section, {args.seconds} s each")
+    print(f"{'nodes':<6}{'lock sections/s':>16}{'semaphore(3) sections/s':>25}{'ratio':>8}")
+    for alias, lock_rate, sem_rate in busy:
+        print(f"{alias:<6}{lock_rate:>16,.0f}{sem_rate:>25,.0f}{sem_rate / lock_rate:>7.2f}x")
 
 
 if __name__ == "__main__":

@@ -84,8 +84,8 @@ def lease_for(
 def release_args(call: Any) -> tuple[Any, ...]:
     """(owner, wakes, mark_ms) of a RELEASE call; a release that registers no waiter
     (mark_ms 0) names none."""
-    owner, wake_ttl, handoff_ms, wakes, mark_ms, waiter = call.args
-    assert (wake_ttl, handoff_ms) == (plans.WAKE_TTL_MS, plans.HANDOFF_MS)
+    owner, wake_ttl, handoff_ms, wakes, mark_ms, waiter, permit = call.args
+    assert (wake_ttl, handoff_ms, permit) == (plans.WAKE_TTL_MS, plans.HANDOFF_MS, "0")
     assert call.keys == ("t:job", "t:__waiters__:job", "t:__wake__:job", "t:__handoff__:job")
     assert (waiter != "") == (mark_ms > 0)
     return owner, wakes, mark_ms
@@ -971,8 +971,9 @@ def test_permit_takes_the_slot_a_quorum_granted_and_gives_back_the_other(
     )
     lease = run.result
     tried = run.calls(0)[0].keys[4:]
-    assert len(tried) == 3 and {k.rsplit(":", 2)[1] for k in tried} == {"0", "1", "2"}
+    assert tried == tuple(f"t:__permit__:{k}:job" for k in range(3))  # lowest first
     assert lease.key == tried[1]
+    assert run.calls(1)[1].args[-1] == "1"  # a permit's release may wake one more waiter
     assert lease.marker == "t:job"
     assert lease.reached == (True, False, True)
     assert run.calls(1)[1].keys[0] == tried[0]

@@ -39,7 +39,9 @@ def release_plan(state: AliasState, nodes: Sequence[NodeView], lease: LeaseRecor
     waking = wake_node(lease.name, total)
     reached = lease.reached or (True,) * total
     calls: list[Call | None] = [
-        state.release_call(lease.name, lease.owner, wakes=i == waking, held=(lease.key,))
+        state.release_call(
+            lease.name, lease.owner, wakes=i == waking, held=(lease.key,), permit=bool(lease.marker)
+        )
         if node.run_id is not None and reached[i]
         else None
         for i, node in enumerate(nodes)
@@ -101,7 +103,9 @@ def extend_plan(
     lease.lost = True
     waking = wake_node(lease.name, total)
     release = [
-        state.release_call(lease.name, lease.owner, wakes=i == waking, held=(lease.key,))
+        state.release_call(
+            lease.name, lease.owner, wakes=i == waking, held=(lease.key,), permit=bool(lease.marker)
+        )
         if calls[i] is not None and renewed is not False
         else None
         for i, renewed in enumerate(granted_per_node(replies, _renewed))

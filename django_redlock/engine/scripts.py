@@ -148,13 +148,12 @@ GRANTED, BUSY, UNTRUSTED, OTHER_KIND = 1, 0, -1, -2
 # with another N, meanwhile). One permit is one slot held on a quorum of nodes: two holders of
 # a slot exclude each other as two holders of a lock do, so at most N permits are valid.
 # KEYS: fence, waiter set, hand-off reservation, the name's key (marker), then the N slot keys
-# in the order the caller wants them tried (every node gets the same order, so nodes in the
-# same state grant the same slot).
+# in the order they are tried (the same for every caller and node: the plan explains why).
 # ARGV: as ACQUIRE, then N.
 # Returns {1, token, k} (k: the position in KEYS of the slot granted, from 1), {0, counter,
-# pttl} when every slot is taken (pttl: the soonest a slot frees) or reserved for a woken
-# waiter, {-1, counter, 0} untrusted, {-2, counter, 0} when the name is a lock's or a
-# semaphore's with another N.
+# pttl} when every slot is taken (pttl: the soonest a slot frees) or the last free one is
+# reserved for a woken waiter, {-1, counter, 0} untrusted, {-2, counter, 0} when the name is
+# a lock's or a semaphore's with another N.
 PERMIT = Script(
     "permit",
     _TAKE
@@ -168,24 +167,26 @@ local found = redis.call('GET', KEYS[4])
 if found and found ~= marker then
   return {-2, counter, 0}
 end
-local soonest = -2
-if ARGV[6] ~= '1' then
-  soonest = redis.call('PTTL', KEYS[3])  -- a slot freed for the waiter a release woke
-end
-local free = nil
-if soonest == -2 then
-  for i = 5, #KEYS do
-    local pttl = redis.call('PTTL', KEYS[i])
-    if pttl == -2 then
-      free = i
+-- a release that woke a waiter reserved one freed slot for it: others may take a slot only
+-- while one more is free
+local reserved = (ARGV[6] ~= '1' and redis.call('EXISTS', KEYS[3]) == 1) and 1 or 0
+local free, free_count, soonest = nil, 0, -2
+for i = 5, #KEYS do
+  local pttl = redis.call('PTTL', KEYS[i])
+  if pttl == -2 then
+    free = free or i
+    free_count = free_count + 1
+    if free_count > reserved then
       break
     end
-    if soonest == -2 or pttl < soonest then
-      soonest = pttl
-    end
+  elseif soonest == -2 or pttl < soonest then
+    soonest = pttl
   end
 end
-if not free then
+if free_count <= reserved then
+  if free_count > 0 then
+    soonest = redis.call('PTTL', KEYS[3])
+  end
   return busy(KEYS[2], soonest, counter)
 end
 local token = take(KEYS[free], KEYS[1], KEYS[2], KEYS[3], max_ttl)
@@ -199,7 +200,8 @@ return {1, token, free - 4}
 # KEYS: lock, waiter set, wake-up list, hand-off reservation.
 # ARGV: owner, wake-up TTL in ms, reservation TTL in ms, "1" on the node waiters block on,
 # registration TTL in ms (0 for a lease's release; > 0 when a failed attempt that will wait
-# takes back what it got on this node: it registers as a waiter, like ACQUIRE), waiter id.
+# takes back what it got on this node: it registers as a waiter, like ACQUIRE), waiter id,
+# "1" for a semaphore's permit (releases of several permits wake as many waiters).
 # Compare-and-delete: deletes only a key whose owner part equals ARGV[1]. While a registration
 # in the waiter set is still ahead, it reserves the name briefly for the waiter it wakes (so the
 # releaser, which needs no wake-up, cannot take it straight back) and, on the node waiters block
@@ -237,8 +239,12 @@ if lapsed > 0 and redis.call('EXISTS', waiters) == 0 then
 end
 redis.call('SET', handoff, '1', 'PX', ARGV[3])
 if ARGV[4] == '1' then
-  redis.call('DEL', wake)
-  redis.call('RPUSH', wake, '1')
+  if ARGV[7] ~= '1' then
+    redis.call('DEL', wake)  -- a lock: one wake-up is enough
+    redis.call('RPUSH', wake, '1')
+  elseif redis.call('LLEN', wake) < redis.call('ZCARD', waiters) then
+    redis.call('RPUSH', wake, '1')  -- a permit: one more waiter may go for each release
+  end
   redis.call('PEXPIRE', wake, ARGV[2])
 end
 return 2

@@ -80,6 +80,7 @@ class AliasState:
         mark_ms: int = 0,
         waiter: str = "",
         held: tuple[str, ...] = (),
+        permit: bool = False,
     ) -> Call:
         """Compare-and-delete ``name`` for ``owner``; ``wakes`` on the node waiters block on;
         ``mark_ms`` > 0 for a failed attempt that will wait: it registers ``waiter`` for that
@@ -101,6 +102,7 @@ class AliasState:
                 "1" if wakes else "0",
                 mark_ms,
                 waiter if mark_ms else "",
+                "1" if permit else "0",
             ),
         )
 
