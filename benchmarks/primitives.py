@@ -2,7 +2,8 @@
 
 1. Acquire + release pairs, one thread, on 1 and on 5 nodes (same run, interleaved rounds):
    ``acquire(name)`` + ``release()`` against ``acquire(name, permits=3)`` + ``release()``.
-2. Contended: 8 spawned processes, each looping for ``--seconds``: take the name (a lock, or
+2. Acquire p50 of ``lock_many`` of 10 names against one lock's.
+3. Contended: 8 spawned processes, each looping for ``--seconds``: take the name (a lock, or
    one of 3 permits), work ``--hold`` ms, let go; sections per second in all.
 
     .venv/bin/python benchmarks/primitives.py [--pairs 3000] [--rounds 5] [--seconds 3]
@@ -28,6 +29,17 @@ def pairs_per_second(take: Callable[[], object], pairs: int) -> float:
     for _ in range(pairs):
         take().release()  # type: ignore[attr-defined]
     return pairs / (time.perf_counter() - started)
+
+
+def acquire_p50_us(take: Callable[[], object], count: int) -> float:
+    """Median acquire latency (the release is not timed), microseconds."""
+    times = []
+    for _ in range(count):
+        started = time.perf_counter()
+        held = take()
+        times.append(time.perf_counter() - started)
+        held.release()  # type: ignore[attr-defined]
+    return statistics.median(times) * 1e6
 
 
 def contended_worker(
@@ -110,6 +122,19 @@ def main() -> None:
             for label, rates in results.items():
                 rate = statistics.median(rates)
                 rows.append((alias, label, rate, rate / lock_rate))
+        many_rows = []
+        ten = [f"bench:many:{i}" for i in range(10)]
+        for alias in ("one", "five"):
+            manager = locks[alias]
+            single = lambda m=manager: m.acquire("bench:single", timeout=0)  # noqa: E731
+            many = lambda m=manager: m.acquire_many(ten, timeout=0)  # noqa: E731
+            acquire_p50_us(single, 300), acquire_p50_us(many, 300)  # warm up
+            p50s: dict[str, list[float]] = {"single": [], "many": []}
+            for _ in range(args.rounds):
+                p50s["single"].append(acquire_p50_us(single, 1000))
+                p50s["many"].append(acquire_p50_us(many, 1000))
+            one, ten_p50 = statistics.median(p50s["single"]), statistics.median(p50s["many"])
+            many_rows.append((alias, one, ten_p50))
         busy = []
         for alias in ("one", "five"):
             lock_rate = contended(redlock, alias, 0, args)
@@ -119,6 +144,10 @@ def main() -> None:
     print(f"{'nodes':<6}{'case (median of rounds)':<26}{'pairs/s':>10}{'vs lock':>9}")
     for alias, label, rate, ratio in rows:
         print(f"{alias:<6}{label:<26}{rate:>10,.0f}{ratio:>8.2f}x")
+    print()
+    print(f"{'nodes':<6}{'lock acquire p50':>18}{'lock_many(10) p50':>19}{'ratio':>8}")
+    for alias, one, ten_p50 in many_rows:
+        print(f"{alias:<6}{one:>16.0f}us{ten_p50:>17.0f}us{ten_p50 / one:>7.2f}x")
     print()
     print(f"8 processes, {args.hold} ms of work per section, {args.seconds} s each")
     print(f"{'nodes':<6}{'lock sections/s':>16}{'semaphore(3) sections/s':>25}{'ratio':>8}")

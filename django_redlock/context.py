@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
+from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 
@@ -67,6 +68,12 @@ def pop(token: TokenHolder) -> None:
 def activate(lease: TokenHolder) -> None:
     """Make ``lease`` the innermost active lease until :func:`deactivate` (``acquire()``)."""
     _active.set((*_active.get(), _Entry(lease, _owner(), False)))
+
+
+def activate_all(leases: Sequence[TokenHolder]) -> None:
+    """:func:`activate` each of ``leases`` in order (the last is the innermost), at once."""
+    owner = _owner()
+    _active.set((*_active.get(), *(_Entry(lease, owner, False) for lease in leases)))
 
 
 def deactivate(lease: TokenHolder) -> None:

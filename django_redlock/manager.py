@@ -7,6 +7,7 @@ module turns its outcomes into leases, exceptions, signals and log lines.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,7 @@ from .conf import AliasConfig
 from .engine import AcquireFailure, Engine, LeaseRecord, Outcome
 from .exceptions import LockError, LockNotAcquired, NodesUnavailable
 from .lease import Lease
+from .many import HeldLocks, LockManyBlock, check_names
 from .validation import (
     UNSET,
     check_max_hold,
@@ -188,6 +190,101 @@ class LockManager:
             ttl, timeout, auto_extend, max_hold, False, until_commit, on_lost, permits=permits
         )
         return AsyncLockBlock(lambda: self, name, options)
+
+    # -- several names at once ---------------------------------------------------------------
+    def acquire_many(
+        self,
+        names: Iterable[str],
+        ttl: float | None = None,
+        timeout: float | None = UNSET,
+        *,
+        auto_extend: bool = False,
+        max_hold: float | None = None,
+    ) -> HeldLocks:
+        """Every name of ``names`` or none, waiting up to ``timeout`` (see :meth:`lock_many`)."""
+        checked, wanted = check_names(names), self._wanted("-", ttl, timeout, max_hold)
+        outcome = self.engine.acquire_many(checked, wanted.ttl, wanted.timeout)
+        return self._held_many(checked, wanted, outcome, auto_extend, asyncio_task=False)
+
+    async def aacquire_many(
+        self,
+        names: Iterable[str],
+        ttl: float | None = None,
+        timeout: float | None = UNSET,
+        *,
+        auto_extend: bool = False,
+        max_hold: float | None = None,
+    ) -> HeldLocks:
+        """Asyncio twin of :meth:`acquire_many`."""
+        checked, wanted = check_names(names), self._wanted("-", ttl, timeout, max_hold)
+        outcome = await self.engine.aacquire_many(checked, wanted.ttl, wanted.timeout)
+        return self._held_many(checked, wanted, outcome, auto_extend, asyncio_task=True)
+
+    def lock_many(
+        self,
+        names: Iterable[str],
+        ttl: float | None = None,
+        timeout: float | None = UNSET,
+        *,
+        auto_extend: bool = False,
+        max_hold: float | None = None,
+        until_commit: bool = True,
+    ) -> LockManyBlock:
+        """A context manager (``with``; also ``async with``) holding every name of ``names``,
+        all or nothing, whatever their order: callers asking for overlapping sets never
+        deadlock, and a failed attempt leaves no name held. Yields a :class:`HeldLocks` whose
+        ``leases`` maps each name to its lease (each with its own token)."""
+        checked = check_names(names)
+        self._wanted("-", ttl, timeout, max_hold)  # bad arguments fail here, not on entry
+        kwargs = {"ttl": ttl, "timeout": timeout, "auto_extend": auto_extend, "max_hold": max_hold}
+        return LockManyBlock(self, checked, kwargs, until_commit)
+
+    def alock_many(
+        self,
+        names: Iterable[str],
+        ttl: float | None = None,
+        timeout: float | None = UNSET,
+        *,
+        auto_extend: bool = False,
+        max_hold: float | None = None,
+        until_commit: bool = True,
+    ) -> LockManyBlock:
+        """Asyncio twin of :meth:`lock_many` (``async with``)."""
+        return self.lock_many(
+            names,
+            ttl,
+            timeout,
+            auto_extend=auto_extend,
+            max_hold=max_hold,
+            until_commit=until_commit,
+        )
+
+    def _held_many(
+        self,
+        names: tuple[str, ...],
+        wanted: _Wanted,
+        outcome: list[LeaseRecord] | AcquireFailure,
+        auto_extend: bool,
+        *,
+        asyncio_task: bool,
+    ) -> HeldLocks:
+        if isinstance(outcome, AcquireFailure):
+            wanted.name = outcome.busy_name or names[0]
+            raise self._failed(wanted, outcome)
+        leases = {record.name: Lease(self, record) for record in outcome}
+        context.activate_all(list(leases.values()))  # guard FencedModel writes (SPEC 10)
+        if signals.lock_acquired.receivers:
+            for lease in leases.values():
+                signals.emit(
+                    signals.lock_acquired, self, alias=self.alias, name=lease.name, lease=lease
+                )
+        if auto_extend:
+            for lease in leases.values():
+                if asyncio_task:
+                    lease.astart_auto_extend(wanted.max_hold)
+                else:
+                    lease.start_auto_extend(wanted.max_hold)
+        return HeldLocks(leases)
 
     # -- operators -------------------------------------------------------------------------
     def force_release(self, name: str, expected_value: str = "") -> int:

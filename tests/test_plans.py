@@ -1034,3 +1034,45 @@ def test_other_kind_is_its_own_failure(state: plans.AliasState) -> None:
         [answer(ACQUIRE, [-2, 5, 0], [-2, 5, 0], busy(5, 100))],
     )
     assert run.result.reason == "other_kind"
+
+
+# -- lock_many ----------------------------------------------------------------------------
+ACQUIRE_MANY = scripts.ACQUIRE_MANY
+_many = sys.modules["django_redlock.engine.many_plans"]
+
+
+def test_many_tokens_follow_the_highest_first_token_and_laggards_raise_every_key(
+    state: plans.AliasState,
+) -> None:
+    """Names get first, first + 1, ... of the highest winner; a lagging winner is raised to
+    the set's last token, and RAISE checks every key of the set."""
+    run = drive(
+        _many.acquire_many_plan(state, fake_nodes(3), ["a", "b", "c"], 5.0),
+        [
+            answer(ACQUIRE_MANY, [1, 10, 0], [1, 20, 0], [0, 22, 300, 2]),
+            answer(RAISE, 1, None, None),
+        ],
+    )
+    assert [r.token for r in run.result] == [20, 21, 22]
+    assert [r.key for r in run.result] == ["t:a", "t:b", "t:c"]
+    assert len({r.owner for r in run.result}) == 1
+    call = run.calls(1)[0]
+    assert call.keys == ("t:__fence__", "t:a", "t:b", "t:c")
+    assert call.args[0] == 22
+
+
+def test_many_failure_names_the_busy_name_and_gives_back_every_grant(
+    state: plans.AliasState,
+) -> None:
+    run = drive(
+        _many.acquire_many_plan(state, fake_nodes(3), ["a", "b", "c"], 5.0),
+        [
+            answer(ACQUIRE_MANY, [1, 10, 0], [0, 10, 300, 3], [0, 10, 300, 3]),
+            fire(RELEASE, to=[0]),
+            fire(RELEASE, to=[0]),
+            fire(RELEASE, to=[0]),
+        ],
+    )
+    assert run.result.reason == "busy"
+    assert run.result.busy_name == "c"
+    assert [run.calls(i)[0].keys[0] for i in (1, 2, 3)] == ["t:a", "t:b", "t:c"]

@@ -250,4 +250,3 @@ def test_a_restarted_node_is_quarantined_while_permits_may_be_valid(
     assert all(lease.validity > 0 for lease in held)
     for lease in held:
         lease.release()  # False or True: two of three nodes no longer hold what it got
-

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from . import forks
 from .keyspace import new_waiter
+from .many_plans import acquire_many_plan
 from .plans import acquire_plan, extend_plan, force_release_plan, register_plan, release_plan
 from .policy import AcquireStep, Attempt, AwaitRelease, Stepper, acquire_policy, registration_ms
 from .replies import Request
@@ -85,27 +86,38 @@ class Engine:
     def acquire(self, name: str, ttl: float, timeout: float | None, permits: int = 0) -> Outcome:
         """Attempts until one wins or ``timeout`` runs out (0: one attempt; None: forever);
         ``permits`` > 0: one permit of the semaphore ``name`` instead of the lock."""
+        result: Outcome = self._acquire(_Target(self.state, (name,), ttl, permits), timeout)
+        return result
+
+    def acquire_many(
+        self, names: Sequence[str], ttl: float, timeout: float | None
+    ) -> list[LeaseRecord] | AcquireFailure:
+        """Every name of ``names`` or none (see :mod:`.many_plans`), attempted as
+        :meth:`acquire` does; a waiting caller waits for the name its last attempt found busy."""
+        result: list[LeaseRecord] | AcquireFailure = self._acquire(
+            _Target(self.state, tuple(names), ttl, 0), timeout
+        )
+        return result
+
+    def _acquire(self, target: _Target, timeout: float | None) -> Any:
         self._check_fork()
-        started, queue_first = time.monotonic(), self._queue_first(name, timeout)
+        started, queue_first = time.monotonic(), self._queue_first(target, timeout)
         waiting = _Waiting.of(started, timeout)
         first = None
         if not queue_first:  # the common case: one attempt, no policy needed if it wins
-            first = _pin(*self._run(self._attempt(name, ttl, waiting, False, permits)))
-            if isinstance(first, LeaseRecord) or timeout == 0:
+            first = target.seen(*self._run(target.attempt(waiting, False)))
+            if not isinstance(first, AcquireFailure) or timeout == 0:
                 return first
         run = Stepper(self._policy(timeout, queue_first, first, started))
         while run.step is not None:
             if isinstance(run.step, Attempt):
-                run.send(
-                    _pin(*self._run(self._attempt(name, ttl, waiting, run.step.woken, permits)))
-                )
+                run.send(target.seen(*self._run(target.attempt(waiting, run.step.woken))))
             elif isinstance(run.step, AwaitRelease):
-                mark = waiting if run.step.mark else None
-                run.send(self.wait_release(name, run.step.seconds, mark=mark))
+                mark = waiting if run.step.mark or target.many else None
+                run.send(self.wait_release(target.name, run.step.seconds, mark=mark))
             else:
                 time.sleep(run.step.seconds)
                 run.send(None)
-        assert run.result is not None
         return run.result
 
     def extend(self, lease: LeaseRecord, ttl: float) -> Renewal:
@@ -128,26 +140,38 @@ class Engine:
         self, name: str, ttl: float, timeout: float | None, permits: int = 0
     ) -> Outcome:
         """Asyncio twin of :meth:`acquire`."""
+        target = _Target(self.state, (name,), ttl, permits)
+        result: Outcome = await self._aacquire(target, timeout)
+        return result
+
+    async def aacquire_many(
+        self, names: Sequence[str], ttl: float, timeout: float | None
+    ) -> list[LeaseRecord] | AcquireFailure:
+        """Asyncio twin of :meth:`acquire_many`."""
+        target = _Target(self.state, tuple(names), ttl, 0)
+        result: list[LeaseRecord] | AcquireFailure = await self._aacquire(target, timeout)
+        return result
+
+    async def _aacquire(self, target: _Target, timeout: float | None) -> Any:
         self._check_fork()
-        started, queue_first = time.monotonic(), self._queue_first(name, timeout)
+        started, queue_first = time.monotonic(), self._queue_first(target, timeout)
         waiting = _Waiting.of(started, timeout)
         first = None
         if not queue_first:
-            first = _pin(*await self._arun(self._attempt(name, ttl, waiting, False, permits)))
-            if isinstance(first, LeaseRecord) or timeout == 0:
+            first = target.seen(*await self._arun(target.attempt(waiting, False)))
+            if not isinstance(first, AcquireFailure) or timeout == 0:
                 return first
         run = Stepper(self._policy(timeout, queue_first, first, started))
         while run.step is not None:
             if isinstance(run.step, Attempt):
-                attempt = self._attempt(name, ttl, waiting, run.step.woken, permits)
-                run.send(_pin(*await self._arun(attempt)))
+                attempt = target.attempt(waiting, run.step.woken)
+                run.send(target.seen(*await self._arun(attempt)))
             elif isinstance(run.step, AwaitRelease):
-                mark = waiting if run.step.mark else None
-                run.send(await self.await_release(name, run.step.seconds, mark=mark))
+                mark = waiting if run.step.mark or target.many else None
+                run.send(await self.await_release(target.name, run.step.seconds, mark=mark))
             else:
                 await asyncio.sleep(run.step.seconds)
                 run.send(None)
-        assert run.result is not None
         return run.result
 
     async def aextend(self, lease: LeaseRecord, ttl: float) -> Renewal:
@@ -174,8 +198,8 @@ class Engine:
         return lease.generation == forks.generation()
 
     # -- policy helpers ------------------------------------------------------------------
-    def _queue_first(self, name: str, timeout: float | None) -> bool:
-        return timeout != 0 and self._handed_off_here(name)
+    def _queue_first(self, target: _Target, timeout: float | None) -> bool:
+        return timeout != 0 and not target.many and self._handed_off_here(target.name)
 
     def _policy(
         self,
@@ -187,18 +211,6 @@ class Engine:
         failure = first if isinstance(first, AcquireFailure) else None
         return acquire_policy(
             self.state.retry_delay, timeout, queue_first=queue_first, first=failure, started=started
-        )
-
-    def _attempt(
-        self, name: str, ttl: float, waiting: _Waiting | None, woken: bool, permits: int
-    ) -> PlanMaker[Outcome]:
-        state = self.state
-        if waiting is None:  # timeout=0: never registers as a waiter
-            return lambda nodes: acquire_plan(state, nodes, name, ttl, woken=woken, permits=permits)
-        waiter, deadline = waiting.waiter, waiting.deadline
-        mark_ms = registration_ms(deadline)
-        return lambda nodes: acquire_plan(
-            state, nodes, name, ttl, waiter=waiter, mark_ms=mark_ms, woken=woken, permits=permits
         )
 
     def _released(self, lease: LeaseRecord, held: bool) -> bool:
@@ -326,6 +338,44 @@ class Engine:
         for channel in channels:
             with channel.mutex:
                 channel.close()
+
+
+class _Target:
+    """What one acquire call asks for: a lock, one permit of a semaphore (``permits`` > 0)
+    or a set of names (``lock_many``), and the name it waits for (for a set: the one its last
+    attempt found busy)."""
+
+    __slots__ = ("many", "name", "names", "permits", "state", "ttl")
+
+    def __init__(self, state: AliasState, names: tuple[str, ...], ttl: float, permits: int) -> None:
+        self.state, self.names, self.ttl, self.permits = state, names, ttl, permits
+        self.name = names[0]
+        self.many = len(names) > 1
+
+    def attempt(self, waiting: _Waiting | None, woken: bool) -> PlanMaker[Any]:
+        state, ttl = self.state, self.ttl
+        waiter, mark_ms = "", 0
+        if waiting is not None:  # None: timeout=0, never registers as a waiter
+            waiter, mark_ms = waiting.waiter, registration_ms(waiting.deadline)
+        if self.many:
+            names = self.names
+            return lambda nodes: acquire_many_plan(
+                state, nodes, names, ttl, waiter=waiter, mark_ms=mark_ms, woken=woken
+            )
+        name, permits = self.name, self.permits
+        return lambda nodes: acquire_plan(
+            state, nodes, name, ttl, waiter=waiter, mark_ms=mark_ms, woken=woken, permits=permits
+        )
+
+    def seen(self, result: Any, channel: Channel | AsyncChannel) -> Any:
+        """Pin won leases to ``channel``; after a failed set, wait for its busy name."""
+        if isinstance(result, AcquireFailure):
+            if result.busy_name is not None:
+                self.name = result.busy_name
+            return result
+        for record in result if isinstance(result, list) else (result,):
+            _pin(record, channel)
+        return result
 
 
 class _Waiting:

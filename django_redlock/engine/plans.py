@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 from . import scripts
 from .keyspace import TOKEN_LIMIT, LockValue, new_owner, quorum, wake_node
@@ -99,11 +99,7 @@ def acquire_plan(
     the same slot, since each slot excludes like a lock) instead of the lock ``name``."""
     total = len(nodes)
     needed = quorum(total)
-    ttl_ms = math.ceil(ttl * 1000)
-    state.longest_ttl_ms = max(state.longest_ttl_ms, ttl_ms)
     keys = state.keys
-    owner = new_owner()
-    suffix = LockValue.suffix(int(time.time() * 1000), state.host, state.pid)
     mark_ms = max(mark_ms, 0) if waiter else 0
     tried: tuple[str, ...]
     touched: tuple[str, ...]
@@ -120,7 +116,6 @@ def acquire_plan(
         tried = (keys.lock(name),)
         script = scripts.ACQUIRE
         touched = (tried[0], keys.fence, keys.waiters(name), keys.handoff(name))
-    flag = "1" if woken else "0"
     extra: tuple[int, ...] = (permits,) if permits else ()
 
     def settled(slots: list[Slot]) -> bool:
@@ -129,35 +124,14 @@ def acquire_plan(
         best = _best_slot(granted)[1] if permits else len(granted)
         return best >= needed or best + total - len(done) < needed
 
-    calls: list[Call | None] = []
-    try:
-        rejoined = False
-        while True:
-            started = time.monotonic()
-            calls = [
-                None
-                if node.run_id is None
-                else Call(
-                    script,
-                    touched,
-                    (owner, ttl_ms, node.run_id, suffix, mark_ms, flag, waiter, *extra),
-                )
-                for node in nodes
-            ]
-            replies = yield Request(calls, state.node_timeout, settled)
-            statuses = [
-                None if isinstance(reply, NodeFailure) else int(reply[0]) for reply in replies
-            ]
-            untrusted = statuses.count(scripts.UNTRUSTED)
-            if untrusted and statuses.count(scripts.GRANTED) < needed and not rejoined:
-                rejoined = True
-                seen = [i for i, st in enumerate(statuses) if st == scripts.UNTRUSTED]
-                if (yield from rejoin_plan(state, nodes, seen)):
-                    yield from _release_calls(state, nodes, calls, replies, owner, name, tried)
-                    owner = new_owner()
-                    continue
-            break
+    def give_back(calls: list[Call | None], replies: Sequence[Any], owner: str) -> Plan[None]:
+        return _release_calls(state, nodes, calls, replies, owner, name, tried)
 
+    args = (mark_ms, "1" if woken else "0", waiter, *extra)
+    owner, calls, replies, statuses, started = yield from attempt_round(
+        state, nodes, script, touched, ttl, args, settled, give_back
+    )
+    try:
         granted = [
             _granted_slot(r) if st == scripts.GRANTED else -1
             for r, st in zip(replies, statuses, strict=True)
@@ -170,7 +144,7 @@ def acquire_plan(
             behind = [i for i in won if int(replies[i][1]) < token]
             confirmed = len(won) - len(behind)
             if behind and token < TOKEN_LIMIT:
-                confirmed += yield from _write_back(
+                confirmed += yield from write_back(
                     state, nodes, behind, token, key, owner, needed - confirmed, bool(permits)
                 )
             validity_deadline = started + ttl - state.drift(ttl)
@@ -191,19 +165,75 @@ def acquire_plan(
                 )
 
         yield from _release_calls(state, nodes, calls, replies, owner, name, tried, mark_ms, waiter)
-        return _failure(nodes, replies, statuses, len(won))
+        return failure_of(nodes, replies, statuses, len(won))
     except Abandoned:
         # the caller gave up while a call was in flight: any node may have granted it
         yield from _release_calls(state, nodes, calls, [None] * total, owner, name, tried)
         raise
 
 
-def _write_back(
+class Attempted(NamedTuple):
+    """One attempt's round: the owner value it used, its calls and what the nodes said."""
+
+    owner: str
+    calls: list[Call | None]
+    replies: list[Any]
+    #: per node: the reply's status code, None for a node that failed
+    statuses: list[int | None]
+    started: float
+
+
+def attempt_round(
+    state: AliasState,
+    nodes: Sequence[NodeView],
+    script: scripts.Script,
+    touched: tuple[str, ...],
+    ttl: float,
+    args: tuple[str | int, ...],
+    settled: Callable[[list[Slot]], bool],
+    give_back: Callable[[list[Call | None], Sequence[Any], str], Plan[None]],
+) -> Plan[Attempted]:
+    """Send an acquiring ``script`` to every trusted node, with the args ``(owner, ttl_ms,
+    run_id, value suffix, *args)``; when untrusted nodes kept it from a quorum, rejoin them
+    if that is safe (or another process just did) and try once more with a new owner, after
+    ``give_back`` (fire and forget) released what the first try got. If the caller gives up
+    meanwhile, ``give_back`` releases everything it may have got."""
+    needed = quorum(len(nodes))
+    ttl_ms = math.ceil(ttl * 1000)
+    state.longest_ttl_ms = max(state.longest_ttl_ms, ttl_ms)
+    suffix = LockValue.suffix(int(time.time() * 1000), state.host, state.pid)
+    owner, calls, rejoined = new_owner(), [], False
+    try:
+        while True:
+            started = time.monotonic()
+            calls = [
+                None
+                if node.run_id is None
+                else Call(script, touched, (owner, ttl_ms, node.run_id, suffix, *args))
+                for node in nodes
+            ]
+            replies = yield Request(calls, state.node_timeout, settled)
+            statuses = [None if isinstance(r, NodeFailure) else int(r[0]) for r in replies]
+            seen = [i for i, st in enumerate(statuses) if st == scripts.UNTRUSTED]
+            if seen and statuses.count(scripts.GRANTED) < needed and not rejoined:
+                rejoined = True
+                if (yield from rejoin_plan(state, nodes, seen)):
+                    yield from give_back(calls, replies, owner)
+                    owner = new_owner()
+                    continue
+            return Attempted(owner, calls, replies, statuses, started)
+    except Abandoned:
+        # the caller gave up while a call was in flight: any node may have granted it
+        yield from give_back(calls, [None] * len(nodes), owner)
+        raise
+
+
+def write_back(
     state: AliasState,
     nodes: Sequence[NodeView],
     behind: Sequence[int],
     token: int,
-    key: str,
+    key: str | tuple[str, ...],
     owner: str,
     still_needed: int,
     strict: bool = False,
@@ -211,13 +241,14 @@ def _write_back(
     """Raise the counter of the winners that are ``behind`` to ``token``; returns how many
     of them still hold the lock (a node that lost it since the acquire does not count: someone
     else may have taken it there and read the old counter). Settles once ``still_needed``
-    of them confirmed."""
+    of them confirmed. ``key``: the lock's key, or every key of a ``lock_many`` set."""
     calls: list[Call | None] = [None] * len(nodes)
     for i in behind:
         run_id = nodes[i].run_id
         if run_id is not None:
             args = (token, run_id, owner, "1" if strict else "0")
-            calls[i] = Call(scripts.RAISE, (state.keys.fence, key), args)
+            held = (key,) if isinstance(key, str) else key
+            calls[i] = Call(scripts.RAISE, (state.keys.fence, *held), args)
 
     def settled(slots: list[Slot]) -> bool:
         return sum(1 for s in slots if s.done and s.value == scripts.STILL_HELD) >= still_needed
@@ -261,7 +292,7 @@ def register_plan(
         yield Request(calls, 0.0, wait=False)
 
 
-def _failure(
+def failure_of(
     nodes: Sequence[NodeView], replies: Sequence[Any], statuses: Sequence[int | None], votes: int
 ) -> AcquireFailure:
     """Why an attempt failed: busy (someone holds it and a quorum could answer) or unavailable."""

@@ -142,6 +142,69 @@ return {1, take(KEYS[1], KEYS[2], KEYS[3], KEYS[4], max_ttl), 0}
 #: ACQUIRE reply statuses (the first element of its reply).
 GRANTED, BUSY, UNTRUSTED, OTHER_KIND = 1, 0, -1, -2
 
+# KEYS: fence, then for each name: lock, waiter set, hand-off reservation (three keys each).
+# ARGV: as ACQUIRE. All or nothing (``lock_many``): grants every name or none. Returns {1,
+# first token, 0} when granted (the names' tokens are first, first + 1, ... in KEYS order),
+# {0, counter, pttl, i} when name i (from 1) is busy or reserved for a woken waiter (the caller
+# registers as that name's waiter), {-1, counter, 0, 0} untrusted, {-2, counter, 0, i} when
+# name i is a semaphore's.
+ACQUIRE_MANY = Script(
+    "acquire_many",
+    _TAKE
+    + """
+local ok, counter, max_ttl = trusted(KEYS[1])
+if not ok then
+  return {-1, counter, 0, 0}
+end
+local locks, reservations = {}, {}
+for i = 2, #KEYS, 3 do
+  locks[#locks + 1] = KEYS[i]
+  reservations[#reservations + 1] = KEYS[i + 2]
+end
+local taken = redis.call('EXISTS', unpack(locks))
+if taken == 0 and ARGV[6] ~= '1' then
+  taken = redis.call('EXISTS', unpack(reservations))
+end
+for i = 2, #KEYS, 3 do
+  if taken == 0 then
+    break  -- the common case: all free, found with one or two calls
+  end
+  local pttl = redis.call('PTTL', KEYS[i])
+  if pttl == -2 and ARGV[6] ~= '1' then
+    pttl = redis.call('PTTL', KEYS[i + 2])
+  end
+  if pttl ~= -2 then
+    local which = (i + 1) / 3
+    if string.sub(redis.call('GET', KEYS[i]) or '', 1, 10) == 'semaphore|' then
+      return {-2, counter, 0, which}
+    end
+    local reply = busy(KEYS[i + 1], pttl, counter)
+    reply[4] = which
+    return reply
+  end
+end
+-- every name is free: one counter step per name, handed out in order
+local count = (#KEYS - 1) / 3
+local last = redis.call('HINCRBY', KEYS[1], 'token', count)
+local first = last - count + 1
+for i = 2, #KEYS, 3 do
+  local token = first + (i - 2) / 3
+  local value = ARGV[1] .. '|' .. string.format('%d', token) .. ARGV[4]
+  redis.call('SET', KEYS[i], value, 'PX', ARGV[2])
+  if ARGV[6] == '1' then
+    redis.call('DEL', KEYS[i + 2])  -- a woken caller uses up the reservation it may have had
+  end
+  if ARGV[7] ~= '' then
+    redis.pcall('ZREM', KEYS[i + 1], ARGV[7])
+  end
+end
+if tonumber(ARGV[2]) > max_ttl then
+  redis.call('HSET', KEYS[1], 'max_ttl', ARGV[2])
+end
+return {1, first, 0}
+""",
+)
+
 # A semaphore of N permits is N slots, each a lock of its own: ``<prefix>__permit__:<k>:<name>``
 # (k = 0..N-1), and a marker at the name's own key, ``semaphore|<N>``, that lives as long as
 # the longest permit granted or renewed through it (so the name cannot be taken as a lock, or
@@ -300,7 +363,8 @@ return 0
 #: EXTEND replies: RENEWED, NOT_HELD (above) or UNTRUSTED (above).
 RENEWED = 1
 
-# KEYS: fence, lock. ARGV: token, run_id, owner, "1" for a permit (strict).
+# KEYS: fence, lock (several for ``lock_many``: all must be held). ARGV: token, run_id,
+# owner, "1" for a permit (strict).
 # Token write-back: raise the counter to ARGV[1] if it is lower ("set if greater"). Returns 1
 # when the caller still holds the lock here, 0 when it does not (force-released or expired
 # since its acquire: someone else may have taken this node and read the old counter, so it
@@ -320,11 +384,13 @@ if counter < tonumber(ARGV[1]) then
 elseif ARGV[4] == '1' then
   return 0  -- strict: another caller reached this token here first
 end
-local value = redis.call('GET', KEYS[2])
-if value and string.sub(value, 1, #ARGV[3] + 1) == ARGV[3] .. '|' then
-  return 1
+for i = 2, #KEYS do
+  local value = redis.call('GET', KEYS[i])
+  if not (value and string.sub(value, 1, #ARGV[3] + 1) == ARGV[3] .. '|') then
+    return 0
+  end
 end
-return 0
+return 1
 """,
 )
 #: RAISE replies: STILL_HELD, NOT_HELD (above) or UNTRUSTED (above).
@@ -437,4 +503,5 @@ ALL_SCRIPTS = (
     REGISTER,
     PERMIT,
     RELEASE_PERMIT,
+    ACQUIRE_MANY,
 )

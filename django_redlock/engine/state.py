@@ -177,3 +177,5 @@ class AcquireFailure:
     answered: int
     errors: dict[str, str]
     retry_after: float | None = None
+    #: ``lock_many``: the name found busy (the one to wait for)
+    busy_name: str | None = None

@@ -125,3 +125,33 @@ def hold_a_permit_until_killed(
     lease = locks[alias].acquire(name, ttl=ttl, timeout=5, permits=1)
     redis.Redis.from_url(counter_url).rpush(key, lease.token)
     time.sleep(600)
+
+
+def random_sets_under_lock_many(
+    redlock: dict[str, Any], alias: str, prefix: str, counter_url: str, rounds: int, seed: int
+) -> int:
+    """``rounds`` times: take a random set of 2-4 of 6 names, in random order, with
+    ``lock_many``; inside, for each name count the holders (the oracle: never more than one)
+    and do a non-atomic read-modify-write of its counter. Returns the sections done."""
+    import random
+
+    setup_django(redlock)
+    import redis
+
+    from django_redlock import locks
+
+    rng = random.Random(seed)
+    counter = redis.Redis.from_url(counter_url)
+    names = [f"{prefix}:{i}" for i in range(6)]
+    for _ in range(rounds):
+        chosen = rng.sample(names, rng.randint(2, 4))
+        with locks[alias].lock_many(chosen, ttl=5, timeout=60):
+            for name in chosen:
+                inside = counter.incr(f"{name}:holders")
+                counter.rpush(f"{prefix}:seen", inside)
+                value = int(counter.get(f"{name}:value") or 0)
+                time.sleep(0.0005)
+                counter.set(f"{name}:value", value + 1)
+                counter.incr(f"{name}:expected")
+                counter.decr(f"{name}:holders")
+    return rounds

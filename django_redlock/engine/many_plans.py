@@ -1,0 +1,122 @@
+"""One ``lock_many`` attempt: several names, all or nothing, in one script per node (I/O-free,
+like :mod:`.plans`).
+
+A node grants every name or none (``ACQUIRE_MANY``), so no caller ever holds part of a set
+and waits for the rest: callers asking for overlapping sets in any order cannot deadlock.
+The attempt wins when a quorum of nodes granted the whole set; each name gets a token of its
+own (the node hands out consecutive tokens in the set's order, and the names take the
+highest first token of the winners plus their position).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+from . import scripts
+from .keyspace import TOKEN_LIMIT, quorum, wake_node
+from .plans import attempt_round, failure_of, write_back
+from .replies import Call, NodeFailure, Request, Slot, granted_per_node
+from .state import WAIT_MARK_MS, Abandoned, AcquireFailure, AliasState, LeaseRecord, NodeView, Plan
+
+
+def acquire_many_plan(
+    state: AliasState,
+    nodes: Sequence[NodeView],
+    names: Sequence[str],
+    ttl: float,
+    *,
+    waiter: str = "",
+    mark_ms: int = WAIT_MARK_MS,
+    woken: bool = False,
+) -> Plan[list[LeaseRecord] | AcquireFailure]:
+    """One attempt at every name of ``names``; returns one :class:`LeaseRecord` per name (in
+    the order of ``names``, all with one owner) or an :class:`AcquireFailure` whose
+    ``busy_name`` is the name to wait for. ``waiter``/``mark_ms``/``woken`` as
+    :func:`~.plans.acquire_plan` (the caller registers as a waiter of the busy name)."""
+    total = len(nodes)
+    needed = quorum(total)
+    keys = state.keys
+    mark_ms = max(mark_ms, 0) if waiter else 0
+    locks = tuple(keys.lock(name) for name in names)
+    touched: tuple[str, ...] = (keys.fence,)
+    for name, lock in zip(names, locks, strict=True):
+        touched += (lock, keys.waiters(name), keys.handoff(name))
+
+    def settled(slots: list[Slot]) -> bool:
+        done = [s for s in slots if s.done and not isinstance(s.value, NodeFailure)]
+        won = sum(1 for s in done if int(s.value[0]) == scripts.GRANTED)
+        failed = sum(1 for s in slots if s.done) - won
+        return won >= needed or total - failed < needed
+
+    def give_back(calls: list[Call | None], replies: Sequence[object], owner: str) -> Plan[None]:
+        return _release_all(state, nodes, calls, replies, owner, names)
+
+    args = (mark_ms, "1" if woken else "0", waiter)
+    owner, calls, replies, statuses, started = yield from attempt_round(
+        state, nodes, scripts.ACQUIRE_MANY, touched, ttl, args, settled, give_back
+    )
+    try:
+        won = [i for i, st in enumerate(statuses) if st == scripts.GRANTED]
+        if len(won) >= needed:
+            first = max(int(replies[i][1]) for i in won)
+            last = first + len(names) - 1
+            behind = [i for i in won if int(replies[i][1]) < first]
+            confirmed = len(won) - len(behind)
+            if behind and last < TOKEN_LIMIT:
+                # raise to the set's last token; "still held" only where every name still is
+                confirmed += yield from write_back(
+                    state, nodes, behind, last, locks, owner, needed - confirmed
+                )
+            validity_deadline = started + ttl - state.drift(ttl)
+            if confirmed >= needed and last < TOKEN_LIMIT and time.monotonic() < validity_deadline:
+                reached = tuple(g is not False for g in granted_per_node(replies, _granted))
+                return [
+                    LeaseRecord(
+                        name, lock, owner, first + j, ttl, validity_deadline, reached=reached
+                    )
+                    for j, (name, lock) in enumerate(zip(names, locks, strict=True))
+                ]
+        yield from _release_all(state, nodes, calls, replies, owner, names)
+        failure = failure_of(nodes, replies, statuses, len(won))
+        busy = [int(r[3]) for r, st in zip(replies, statuses, strict=True) if st in _NAMING]
+        return dataclasses.replace(failure, busy_name=names[busy[0] - 1] if busy else None)
+    except Abandoned:
+        yield from _release_all(state, nodes, calls, [None] * total, owner, names)
+        raise
+
+
+_NAMING = (scripts.BUSY, scripts.OTHER_KIND)
+
+
+def _granted(reply: list[int]) -> bool:
+    return int(reply[0]) == scripts.GRANTED
+
+
+def _release_all(
+    state: AliasState,
+    nodes: Sequence[NodeView],
+    calls: Sequence[Call | None],
+    replies: Sequence[object],
+    owner: str,
+    names: Sequence[str],
+) -> Plan[None]:
+    """Fire-and-forget: give back every name on each node that granted the set or did not
+    answer (one request per name, all sent at once)."""
+    may_hold = [
+        call is not None
+        and (
+            (reply is None or (isinstance(reply, NodeFailure) and reply.sent))
+            or (not isinstance(reply, NodeFailure) and _granted(reply))  # type: ignore[arg-type]
+        )
+        for call, reply in zip(calls, replies, strict=True)
+    ]
+    for name in names:
+        waking = wake_node(name, len(nodes))
+        release: list[Call | None] = [
+            state.release_call(name, owner, wakes=i == waking) if hold else None
+            for i, hold in enumerate(may_hold)
+        ]
+        if any(release):
+            yield Request(release, 0.0, wait=False)

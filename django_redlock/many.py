@@ -1,0 +1,134 @@
+"""``lock_many``: several names held together, all or nothing (SPEC 12).
+
+::
+
+    with locks["default"].lock_many([f"product:{pk}" for pk in cart]) as held:
+        for pk in cart:
+            Product.objects.claim(pk=pk, lease=held.leases[f"product:{pk}"])
+
+The names are taken in one attempt (one script per node): a node grants all of them or none,
+so two callers asking for overlapping sets in any order never deadlock and a failed attempt
+leaves nothing held. Each name has a :class:`~django_redlock.lease.Lease` of its own, with
+its own fencing token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from . import context
+from .exceptions import LockLost
+from .lease import Lease
+from .transactions import in_transaction, release_after_commit
+from .validation import check_name
+
+if TYPE_CHECKING:
+    from .manager import LockManager
+
+#: The most names one ``lock_many`` call may take (each is a key in one script call).
+MAX_NAMES = 1000
+
+
+def check_names(names: Any) -> tuple[str, ...]:
+    """The names of a ``lock_many`` call: a non-empty iterable (not a str) of distinct lock
+    names, at most :data:`MAX_NAMES`."""
+    if isinstance(names, str | bytes) or not isinstance(names, Iterable):
+        raise TypeError(
+            f"lock_many() takes an iterable of lock names (a list, a set...), "
+            f"not {type(names).__name__}."
+        )
+    checked = tuple(check_name(name) for name in names)
+    if not checked:
+        raise ValueError("lock_many() needs at least one name.")
+    if len(checked) > MAX_NAMES:
+        raise ValueError(f"lock_many() takes at most {MAX_NAMES} names, got {len(checked)}.")
+    if len(set(checked)) < len(checked):
+        twice = next(name for i, name in enumerate(checked) if name in checked[:i])
+        raise ValueError(f"lock_many() got a name more than once: {twice!r}.")
+    return checked
+
+
+class HeldLocks:
+    """What ``lock_many`` holds: ``leases`` maps each name to its :class:`Lease`."""
+
+    def __init__(self, leases: dict[str, Lease]) -> None:
+        self.leases = leases
+
+    @property
+    def tokens(self) -> dict[str, int]:
+        """Each name's fencing token."""
+        return {name: lease.token for name, lease in self.leases.items()}
+
+    def __repr__(self) -> str:
+        return f"<HeldLocks {sorted(self.leases)}>"
+
+    def release(self) -> bool:
+        """Release every name; True if every one was still held."""
+        return not self._release_each()
+
+    async def arelease(self) -> bool:
+        """Asyncio twin of :meth:`release`."""
+        return not await self._arelease_each()
+
+    def _release_each(self) -> list[str]:
+        """Release every name; returns the names that were no longer held."""
+        return [name for name, lease in self.leases.items() if not lease.release()]
+
+    async def _arelease_each(self) -> list[str]:
+        return [name for name, lease in self.leases.items() if not await lease.arelease()]
+
+
+class LockManyBlock:
+    """``with``/``async with`` holding every name of a set (``LockManager.lock_many``)."""
+
+    def __init__(
+        self,
+        manager: LockManager,
+        names: tuple[str, ...],
+        kwargs: dict[str, Any],
+        until_commit: bool,
+    ) -> None:
+        self._manager = manager
+        self._names = names
+        self._kwargs = kwargs
+        self._until_commit = until_commit
+        self._held: list[HeldLocks] = []
+
+    def __repr__(self) -> str:
+        return f"<LockManyBlock names={list(self._names)!r}>"
+
+    def __enter__(self) -> HeldLocks:
+        held = self._manager.acquire_many(self._names, **self._kwargs)
+        self._held.append(held)
+        return held
+
+    def __exit__(self, *exc_info: object) -> None:
+        held = self._held.pop()
+        if not self._kept(held):
+            _check_all_held(held._release_each(), exc_info[0])
+
+    async def __aenter__(self) -> HeldLocks:
+        held = await self._manager.aacquire_many(self._names, **self._kwargs)
+        self._held.append(held)
+        return held
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        held = self._held.pop()
+        if not self._kept(held):
+            _check_all_held(await held._arelease_each(), exc_info[0])
+
+    def _kept(self, held: HeldLocks) -> bool:
+        """Inside a transaction the names are released after it commits (SPEC 10)."""
+        if not (self._until_commit and in_transaction()):
+            return False
+        for lease in held.leases.values():
+            context.deactivate(lease)
+            release_after_commit(lease, self._kwargs.get("max_hold"))
+        return True
+
+
+def _check_all_held(not_held: list[str], exc_type: object) -> None:
+    """Leaving the block after a name was lost raises ``LockLost`` (unless the block raised)."""
+    if not_held and exc_type is None:
+        raise LockLost(not_held[0], "its lease ran out or was taken while the lock_many block ran")

@@ -1,0 +1,138 @@
+"""``lock_many``/``alock_many`` (SPEC 12) on real nodes: all or nothing, a token per name, no
+deadlock between overlapping sets taken in any order, no partial hold left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import threading
+import time
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from django_redlock import locks
+from django_redlock.exceptions import LockError, LockNotAcquired
+from django_redlock.testing import RedisNodes
+from tests.support import engine_workers as workers
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+@pytest.mark.parametrize("alias", ["default", "five"])
+def test_every_name_held_each_with_its_own_token(alias: str, unique_name: str) -> None:
+    manager = locks[alias]
+    names = [f"{unique_name}:{i}" for i in range(3)]
+    with manager.lock_many(names, ttl=5) as held:
+        assert list(held.leases) == names
+        tokens = [held.leases[name].token for name in names]
+        assert len(set(tokens)) == 3
+        for name in names:
+            with pytest.raises(LockNotAcquired):
+                manager.acquire(name, timeout=0)
+    for name in names:  # all released
+        lease = manager.acquire(name, timeout=0)
+        assert lease.token > max(tokens)
+        lease.release()
+
+
+@pytest.mark.parametrize("alias", ["default", "five"])
+def test_all_or_nothing(alias: str, unique_name: str) -> None:
+    """One name of the set is busy: the attempt fails and holds none of the others."""
+    manager = locks[alias]
+    a, b, c = (f"{unique_name}:{x}" for x in "abc")
+    other = manager.acquire(b, ttl=5, timeout=0)
+    with pytest.raises(LockNotAcquired) as busy:
+        manager.acquire_many([a, b, c], timeout=0)
+    assert busy.value.name == b
+    for name in (a, c):
+        manager.acquire(name, timeout=0).release()  # free: nothing half-held
+    other.release()
+
+
+def test_waits_for_the_busy_name_and_is_woken(unique_name: str) -> None:
+    manager = locks["five"]
+    a, b = f"{unique_name}:a", f"{unique_name}:b"
+    other = manager.acquire(b, ttl=5, timeout=0)
+    took: list[float] = []
+
+    def wait() -> None:
+        with manager.lock_many([a, b], ttl=5, timeout=10):
+            took.append(time.monotonic())
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.5)
+    released = time.monotonic()
+    other.release()
+    thread.join(10)
+    assert took and took[0] - released < 0.09  # woken by the release, not after a backoff
+
+
+@pytest.mark.parametrize("alias", ["default", "five"])
+def test_overlapping_sets_in_random_orders_from_eight_processes(
+    alias: str, session_nodes: RedisNodes, unique_name: str
+) -> None:
+    """8 processes x 20 sections, each taking 2-4 of 6 names in random order: all finish (no
+    deadlock), never two holders of one name, no lost update."""
+    url = session_nodes[0].url
+    with SPAWN.Pool(8) as pool:
+        done = pool.starmap(
+            workers.random_sets_under_lock_many,
+            [(settings.REDLOCK, alias, unique_name, url, 20, seed) for seed in range(8)],
+        )
+    assert done == [20] * 8
+    client = session_nodes[0].client()
+    seen = [int(n) for n in client.lrange(f"{unique_name}:seen", 0, -1)]
+    assert seen and max(seen) == 1
+    for i in range(6):
+        name = f"{unique_name}:{i}"
+        assert client.get(f"{name}:value") == client.get(f"{name}:expected")
+
+
+def test_a_semaphore_in_the_set_is_a_lock_error(unique_name: str) -> None:
+    manager = locks["five"]
+    permit = manager.acquire(unique_name, ttl=5, timeout=0, permits=2)
+    with pytest.raises(LockError, match="another kind"):
+        manager.acquire_many([f"{unique_name}:x", unique_name], timeout=0)
+    permit.release()
+
+
+@pytest.mark.parametrize(
+    ("names", "error", "message"),
+    [
+        ([], ValueError, "at least one name"),
+        ("abc", TypeError, "iterable of lock names"),
+        (["a", "b", "a"], ValueError, "more than once: 'a'"),
+        (["a", 1], TypeError, "must be a str"),
+        (["a", "__x"], ValueError, "reserved"),
+        ([f"n{i}" for i in range(1001)], ValueError, "at most 1000 names"),
+    ],
+)
+def test_bad_names_fail_before_any_network_call(
+    names: Any, error: type[Exception], message: str, redlock_alias: Any
+) -> None:
+    manager = redlock_alias(["redis://127.0.0.1:1/0"])  # nothing listens there
+    with pytest.raises(error, match=message):
+        manager.lock_many(names)
+    with pytest.raises(error, match=message):
+        manager.acquire_many(names)
+
+
+def test_alock_many(unique_name: str) -> None:
+    manager = locks["five"]
+    names = [f"{unique_name}:{i}" for i in range(3)]
+
+    async def main() -> list[int]:
+        order: list[int] = []
+
+        async def one(i: int) -> None:
+            async with manager.alock_many(list(reversed(names)) if i % 2 else names, timeout=10):
+                order.append(i)
+                await asyncio.sleep(0.02)
+
+        await asyncio.gather(*(one(i) for i in range(4)))
+        return order
+
+    assert sorted(asyncio.run(main())) == [0, 1, 2, 3]
