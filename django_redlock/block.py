@@ -57,6 +57,8 @@ class BlockOptions:
     min_hold: float | None = None
     #: a semaphore's number of permits (the block holds one); None: a lock
     permits: int | None = None
+    #: "read" or "write": a lease of a read-write lock; None: a lock
+    rw: str | None = None
 
     def __post_init__(self) -> None:
         for flag in ("auto_extend", "reentrant", "until_commit"):
@@ -75,6 +77,7 @@ class BlockOptions:
             "auto_extend": self.auto_extend,
             "max_hold": self.max_hold,
             "permits": self.permits,
+            "rw": self.rw,
         }
 
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, Unpack, cast
 
 from . import context, signals
 from .block import AsyncLockBlock, BlockOptions, LockBlock
 from .conf import AliasConfig
 from .engine import AcquireFailure, Engine, LeaseRecord, Outcome
 from .exceptions import LockError, LockNotAcquired, NodesUnavailable
+from .kind_blocks import HoldOptions, KindBlocks
 from .lease import Lease
 from .many import HeldLocks, LockManyBlock, check_names
 from .validation import (
@@ -23,6 +24,7 @@ from .validation import (
     check_max_hold,
     check_name,
     check_permits,
+    check_rw,
     check_timeout,
     check_ttl,
 )
@@ -30,6 +32,13 @@ from .validation import (
 __all__ = ["UNSET", "Lease", "LockBlock", "LockManager"]
 
 logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name (records carry .module)
+
+
+class RenewOptions(TypedDict, total=False):
+    """Whether and how long a lease is renewed (as for ``acquire()``)."""
+
+    auto_extend: bool
+    max_hold: float | None
 
 
 @dataclass(slots=True)
@@ -42,9 +51,11 @@ class _Wanted:
     max_hold: float | None
     #: a semaphore's permits; 0: a lock
     permits: int = 0
+    #: "read" or "write" (a read-write lock); '': a lock
+    rw: str = ""
 
 
-class LockManager:
+class LockManager(KindBlocks):
     """The locks of one ``REDLOCK`` alias (``locks["default"]``)."""
 
     def __init__(self, config: AliasConfig, engine: Engine) -> None:
@@ -68,16 +79,20 @@ class LockManager:
         auto_extend: bool = False,
         max_hold: float | None = None,
         permits: int | None = None,
+        rw: str | None = None,
     ) -> Lease:
         """Acquire ``name``, waiting up to ``timeout`` seconds (0: one attempt; None: forever).
 
         ``permits``: take one of that many permits of the semaphore ``name`` instead (see
-        :meth:`semaphore`). Raises ``LockNotAcquired`` when busy, ``NodesUnavailable`` without
-        a quorum and ``LockError`` when ``name`` is taken as another kind (a lock, or a
-        semaphore with another number of permits).
+        :meth:`semaphore`); ``rw``: ``"read"`` or ``"write"``, a lease of the read-write lock
+        ``name`` (see :meth:`read_lock`). Raises ``LockNotAcquired`` when busy,
+        ``NodesUnavailable`` without a quorum and ``LockError`` when ``name`` is taken as
+        another kind (a lock, or a semaphore with another number of permits).
         """
-        wanted = self._wanted(name, ttl, timeout, max_hold, permits)
-        outcome = self.engine.acquire(wanted.name, wanted.ttl, wanted.timeout, wanted.permits)
+        wanted = self._wanted(name, ttl, timeout, max_hold, permits, rw)
+        outcome = self.engine.acquire(
+            wanted.name, wanted.ttl, wanted.timeout, wanted.permits, wanted.rw
+        )
         lease = self._lease(wanted, outcome)
         if auto_extend:
             lease.start_auto_extend(wanted.max_hold)
@@ -92,11 +107,12 @@ class LockManager:
         auto_extend: bool = False,
         max_hold: float | None = None,
         permits: int | None = None,
+        rw: str | None = None,
     ) -> Lease:
         """Asyncio twin of :meth:`acquire` (auto-extended from an asyncio task)."""
-        wanted = self._wanted(name, ttl, timeout, max_hold, permits)
+        wanted = self._wanted(name, ttl, timeout, max_hold, permits, rw)
         outcome = await self.engine.aacquire(
-            wanted.name, wanted.ttl, wanted.timeout, wanted.permits
+            wanted.name, wanted.ttl, wanted.timeout, wanted.permits, wanted.rw
         )
         lease = self._lease(wanted, outcome)
         if auto_extend:
@@ -151,58 +167,17 @@ class LockManager:
         )
         return AsyncLockBlock(lambda: self, name, options)
 
-    def semaphore(
-        self,
-        name: str,
-        permits: int,
-        ttl: float | None = None,
-        timeout: float | None = UNSET,
-        *,
-        auto_extend: bool = False,
-        max_hold: float | None = None,
-        until_commit: bool = True,
-    ) -> LockBlock:
-        """A context manager (``with``; also ``async with``) and decorator holding one of
-        ``permits`` permits of ``name``: at most ``permits`` such leases are valid at once,
-        each with its own fencing token; a dead holder's permit frees itself after its TTL.
-        Not re-entrant: every block takes a permit of its own."""
-        check_permits(permits)
-        options = BlockOptions(
-            ttl, timeout, auto_extend, max_hold, False, until_commit, permits=permits
-        )
-        return LockBlock(lambda: self, name, options)
-
-    def asemaphore(
-        self,
-        name: str,
-        permits: int,
-        ttl: float | None = None,
-        timeout: float | None = UNSET,
-        *,
-        auto_extend: bool = False,
-        max_hold: float | None = None,
-        until_commit: bool = True,
-        on_lost: str | None = None,
-    ) -> AsyncLockBlock:
-        """Asyncio twin of :meth:`semaphore` (``async with`` and coroutine functions only)."""
-        check_permits(permits)
-        options = BlockOptions(
-            ttl, timeout, auto_extend, max_hold, False, until_commit, on_lost, permits=permits
-        )
-        return AsyncLockBlock(lambda: self, name, options)
-
     # -- several names at once ---------------------------------------------------------------
     def acquire_many(
         self,
         names: Iterable[str],
         ttl: float | None = None,
         timeout: float | None = UNSET,
-        *,
-        auto_extend: bool = False,
-        max_hold: float | None = None,
+        **options: Unpack[RenewOptions],
     ) -> HeldLocks:
-        """Every name of ``names`` or none, waiting up to ``timeout`` (see :meth:`lock_many`)."""
-        checked, wanted = check_names(names), self._wanted("-", ttl, timeout, max_hold)
+        """Every name of ``names`` or none, waiting up to ``timeout`` (see :meth:`lock_many`);
+        ``auto_extend``/``max_hold`` as for :meth:`acquire`."""
+        checked, wanted, auto_extend = self._many(names, ttl, timeout, options)
         outcome = self.engine.acquire_many(checked, wanted.ttl, wanted.timeout)
         return self._held_many(checked, wanted, outcome, auto_extend, asyncio_task=False)
 
@@ -211,12 +186,10 @@ class LockManager:
         names: Iterable[str],
         ttl: float | None = None,
         timeout: float | None = UNSET,
-        *,
-        auto_extend: bool = False,
-        max_hold: float | None = None,
+        **options: Unpack[RenewOptions],
     ) -> HeldLocks:
         """Asyncio twin of :meth:`acquire_many`."""
-        checked, wanted = check_names(names), self._wanted("-", ttl, timeout, max_hold)
+        checked, wanted, auto_extend = self._many(names, ttl, timeout, options)
         outcome = await self.engine.aacquire_many(checked, wanted.ttl, wanted.timeout)
         return self._held_many(checked, wanted, outcome, auto_extend, asyncio_task=True)
 
@@ -225,39 +198,31 @@ class LockManager:
         names: Iterable[str],
         ttl: float | None = None,
         timeout: float | None = UNSET,
-        *,
-        auto_extend: bool = False,
-        max_hold: float | None = None,
-        until_commit: bool = True,
+        **options: Unpack[HoldOptions],
     ) -> LockManyBlock:
-        """A context manager (``with``; also ``async with``) holding every name of ``names``,
-        all or nothing, whatever their order: callers asking for overlapping sets never
-        deadlock, and a failed attempt leaves no name held. Yields a :class:`HeldLocks` whose
-        ``leases`` maps each name to its lease (each with its own token)."""
-        checked = check_names(names)
-        self._wanted("-", ttl, timeout, max_hold)  # bad arguments fail here, not on entry
-        kwargs = {"ttl": ttl, "timeout": timeout, "auto_extend": auto_extend, "max_hold": max_hold}
+        """A context manager (``with``; also ``async with``: ``alock_many`` is the same)
+        holding every name of ``names``, all or nothing, whatever their order: callers asking
+        for overlapping sets never deadlock, and a failed attempt leaves no name held. Yields
+        a :class:`HeldLocks` whose ``leases`` maps each name to its lease (each with its own
+        token). ``auto_extend``, ``max_hold`` and ``until_commit`` as for :meth:`lock`."""
+        held = dict(options)
+        until_commit = bool(held.pop("until_commit", True))
+        checked, _, _ = self._many(names, ttl, timeout, cast("RenewOptions", held))
+        kwargs = {"ttl": ttl, "timeout": timeout, **held}
         return LockManyBlock(self, checked, kwargs, until_commit)
 
-    def alock_many(
-        self,
-        names: Iterable[str],
-        ttl: float | None = None,
-        timeout: float | None = UNSET,
-        *,
-        auto_extend: bool = False,
-        max_hold: float | None = None,
-        until_commit: bool = True,
-    ) -> LockManyBlock:
-        """Asyncio twin of :meth:`lock_many` (``async with``)."""
-        return self.lock_many(
-            names,
-            ttl,
-            timeout,
-            auto_extend=auto_extend,
-            max_hold=max_hold,
-            until_commit=until_commit,
-        )
+    alock_many = lock_many
+
+    def _many(
+        self, names: Any, ttl: Any, timeout: Any, options: RenewOptions
+    ) -> tuple[tuple[str, ...], _Wanted, bool]:
+        """The checked names and arguments of a ``lock_many`` call (before any network call)."""
+        unknown = set(options) - set(RenewOptions.__annotations__)
+        if unknown:
+            raise TypeError(f"Unexpected keyword argument {sorted(unknown)[0]!r}.")
+        checked = check_names(names)
+        wanted = self._wanted("-", ttl, timeout, options.get("max_hold"))
+        return checked, wanted, bool(options.get("auto_extend", False))
 
     def _held_many(
         self,
@@ -296,15 +261,25 @@ class LockManager:
 
     # -- outcomes --------------------------------------------------------------------------
     def _wanted(
-        self, name: Any, ttl: Any, timeout: Any, max_hold: Any, permits: Any = None
+        self,
+        name: Any,
+        ttl: Any,
+        timeout: Any,
+        max_hold: Any,
+        permits: Any = None,
+        rw: Any = None,
     ) -> _Wanted:
-        return _Wanted(
+        wanted = _Wanted(
             check_name(name),
             check_ttl(self.config.ttl if ttl is None else ttl, self.config.drift_factor),
             check_timeout(self.config.timeout if timeout is UNSET else timeout),
             check_max_hold(max_hold),
             0 if permits is None else check_permits(permits),
+            "" if rw is None else check_rw(rw),
         )
+        if wanted.permits and wanted.rw:
+            raise ValueError("A lease is a semaphore's permit or a read-write lock's, not both.")
+        return wanted
 
     def _lease(self, wanted: _Wanted, outcome: Outcome) -> Lease:
         if isinstance(outcome, AcquireFailure):

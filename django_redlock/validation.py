@@ -113,3 +113,10 @@ def check_permits(permits: Any) -> int:
     if not 1 <= permits <= MAX_PERMITS:
         raise ValueError(f"permits must be from 1 to {MAX_PERMITS}, got {permits!r}.")
     return permits
+
+
+def check_rw(rw: Any) -> str:
+    """Which lease of a read-write lock: ``"read"`` or ``"write"``."""
+    if rw not in ("read", "write"):
+        raise ValueError(f"rw must be 'read' or 'write', not {rw!r}.")
+    return str(rw)

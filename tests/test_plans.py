@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from django_redlock.engine import plans, scripts
+from django_redlock.engine import plans, primitive_scripts, scripts
 from django_redlock.engine.replies import NOT_AWAITED, NodeFailure
 from tests.support.scripted import (
     NOT_CONNECTED,
@@ -950,7 +950,7 @@ def test_register_on_one_node_sends_nothing(state: plans.AliasState) -> None:
 
 
 # -- semaphore permits --------------------------------------------------------------------
-PERMIT, RELEASE_PERMIT = scripts.PERMIT, scripts.RELEASE_PERMIT
+PERMIT, RELEASE_PERMIT = primitive_scripts.PERMIT, primitive_scripts.RELEASE_PERMIT
 
 
 def permit(token: int, slot: int) -> list[int]:
@@ -1037,7 +1037,7 @@ def test_other_kind_is_its_own_failure(state: plans.AliasState) -> None:
 
 
 # -- lock_many ----------------------------------------------------------------------------
-ACQUIRE_MANY = scripts.ACQUIRE_MANY
+ACQUIRE_MANY = primitive_scripts.ACQUIRE_MANY
 _many = sys.modules["django_redlock.engine.many_plans"]
 
 

@@ -83,10 +83,14 @@ class Engine:
         return len(self.labels)
 
     # -- the facade: blocking ------------------------------------------------------------
-    def acquire(self, name: str, ttl: float, timeout: float | None, permits: int = 0) -> Outcome:
+    def acquire(
+        self, name: str, ttl: float, timeout: float | None, permits: int = 0, rw: str = ""
+    ) -> Outcome:
         """Attempts until one wins or ``timeout`` runs out (0: one attempt; None: forever);
-        ``permits`` > 0: one permit of the semaphore ``name`` instead of the lock."""
-        result: Outcome = self._acquire(_Target(self.state, (name,), ttl, permits), timeout)
+        ``permits`` > 0: one permit of the semaphore ``name`` instead of the lock; ``rw``:
+        ``"read"`` or ``"write"``, a lease of the read-write lock ``name``."""
+        target = _Target(self.state, (name,), ttl, permits, rw)
+        result: Outcome = self._acquire(target, timeout)
         return result
 
     def acquire_many(
@@ -137,10 +141,10 @@ class Engine:
 
     # -- the facade: asyncio -------------------------------------------------------------
     async def aacquire(
-        self, name: str, ttl: float, timeout: float | None, permits: int = 0
+        self, name: str, ttl: float, timeout: float | None, permits: int = 0, rw: str = ""
     ) -> Outcome:
         """Asyncio twin of :meth:`acquire`."""
-        target = _Target(self.state, (name,), ttl, permits)
+        target = _Target(self.state, (name,), ttl, permits, rw)
         result: Outcome = await self._aacquire(target, timeout)
         return result
 
@@ -345,10 +349,12 @@ class _Target:
     or a set of names (``lock_many``), and the name it waits for (for a set: the one its last
     attempt found busy)."""
 
-    __slots__ = ("many", "name", "names", "permits", "state", "ttl")
+    __slots__ = ("many", "name", "names", "permits", "rw", "state", "ttl")
 
-    def __init__(self, state: AliasState, names: tuple[str, ...], ttl: float, permits: int) -> None:
-        self.state, self.names, self.ttl, self.permits = state, names, ttl, permits
+    def __init__(
+        self, state: AliasState, names: tuple[str, ...], ttl: float, permits: int, rw: str = ""
+    ) -> None:
+        self.state, self.names, self.ttl, self.permits, self.rw = state, names, ttl, permits, rw
         self.name = names[0]
         self.many = len(names) > 1
 
@@ -362,9 +368,17 @@ class _Target:
             return lambda nodes: acquire_many_plan(
                 state, nodes, names, ttl, waiter=waiter, mark_ms=mark_ms, woken=woken
             )
-        name, permits = self.name, self.permits
+        name, permits, rw = self.name, self.permits, self.rw
         return lambda nodes: acquire_plan(
-            state, nodes, name, ttl, waiter=waiter, mark_ms=mark_ms, woken=woken, permits=permits
+            state,
+            nodes,
+            name,
+            ttl,
+            waiter=waiter,
+            mark_ms=mark_ms,
+            woken=woken,
+            permits=permits,
+            rw=rw,
         )
 
     def seen(self, result: Any, channel: Channel | AsyncChannel) -> Any:

@@ -11,6 +11,9 @@ Keys an alias writes (all start with its ``KEY_PREFIX``; lock names may not star
 * ``<prefix>__fence__``: the alias's permanent fence hash (counter, run_id, longest TTL).
 * ``<prefix>__permit__:<k>:<name>``: slot ``k`` of the semaphore ``name`` (a lock value); the
   semaphore's marker, ``semaphore|<permits>``, is at ``<prefix><name>``.
+* ``<prefix>__readers__:<name>`` and ``<prefix>__writers__:<name>``: the read leases and the
+  waiting writers of the read-write lock ``name``; while readers hold it, ``<prefix><name>``
+  holds the marker ``rwlock|readers`` (a writer holds it like a lock).
 
 ``engine/scripts.py`` explains what each script does with them.
 """
@@ -95,6 +98,12 @@ class Keyspace:
 
     def handoff(self, name: str) -> str:
         return f"{self.prefix}{RESERVED_MARK}handoff__:{name}"
+
+    def readers(self, name: str) -> str:
+        return f"{self.prefix}{RESERVED_MARK}readers__:{name}"
+
+    def writers(self, name: str) -> str:
+        return f"{self.prefix}{RESERVED_MARK}writers__:{name}"
 
     def permit(self, name: str, slot: int) -> str:
         return f"{self.prefix}{RESERVED_MARK}permit__:{slot}:{name}"

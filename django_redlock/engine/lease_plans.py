@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from . import primitive_scripts as more
 from . import scripts
 from .keyspace import quorum, wake_node
 from .replies import Call, NodeFailure, Request, Slot, granted_per_node, node_errors
@@ -39,9 +40,7 @@ def release_plan(state: AliasState, nodes: Sequence[NodeView], lease: LeaseRecor
     waking = wake_node(lease.name, total)
     reached = lease.reached or (True,) * total
     calls: list[Call | None] = [
-        state.release_call(
-            lease.name, lease.owner, wakes=i == waking, held=(lease.key,), permit=bool(lease.marker)
-        )
+        _release_of(state, lease, wakes=i == waking)
         if node.run_id is not None and reached[i]
         else None
         for i, node in enumerate(nodes)
@@ -76,11 +75,10 @@ def extend_plan(
     needed = quorum(total)
     ttl_ms = math.ceil(ttl * 1000)
     state.longest_ttl_ms = max(state.longest_ttl_ms, ttl_ms)
+    script = more.READ_EXTEND if lease.kind == "read" else scripts.EXTEND
     extended = (lease.key, state.keys.fence, *((lease.marker,) if lease.marker else ()))
     calls: list[Call | None] = [
-        None
-        if node.run_id is None
-        else Call(scripts.EXTEND, extended, (lease.owner, ttl_ms, node.run_id))
+        None if node.run_id is None else Call(script, extended, (lease.owner, ttl_ms, node.run_id))
         for node in nodes
     ]
 
@@ -103,9 +101,7 @@ def extend_plan(
     lease.lost = True
     waking = wake_node(lease.name, total)
     release = [
-        state.release_call(
-            lease.name, lease.owner, wakes=i == waking, held=(lease.key,), permit=bool(lease.marker)
-        )
+        _release_of(state, lease, wakes=i == waking)
         if calls[i] is not None and renewed is not False
         else None
         for i, renewed in enumerate(granted_per_node(replies, _renewed))
@@ -133,3 +129,18 @@ def force_release_plan(
     ]
     replies = yield Request(calls, state.node_timeout * 4, None)
     return sum(1 for r in replies if r == scripts.DELETED)
+
+
+def _release_of(state: AliasState, lease: LeaseRecord, *, wakes: bool) -> Call:
+    """The call releasing ``lease`` on one node (a lock, a permit or a read lease)."""
+    read, write = lease.kind == "read", lease.kind == "write"
+    permit = bool(lease.marker) and not read
+    return state.release_call(
+        lease.name,
+        lease.owner,
+        wakes=wakes,
+        held=(lease.key,),
+        permit=permit,
+        read=read,
+        write=write,
+    )

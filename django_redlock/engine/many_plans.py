@@ -14,6 +14,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 
+from . import primitive_scripts as more
 from . import scripts
 from .keyspace import TOKEN_LIMIT, quorum, wake_node
 from .plans import attempt_round, failure_of, write_back
@@ -55,7 +56,7 @@ def acquire_many_plan(
 
     args = (mark_ms, "1" if woken else "0", waiter)
     owner, calls, replies, statuses, started = yield from attempt_round(
-        state, nodes, scripts.ACQUIRE_MANY, touched, ttl, args, settled, give_back
+        state, nodes, more.ACQUIRE_MANY, touched, ttl, args, settled, give_back
     )
     try:
         won = [i for i, st in enumerate(statuses) if st == scripts.GRANTED]

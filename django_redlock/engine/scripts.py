@@ -142,129 +142,12 @@ return {1, take(KEYS[1], KEYS[2], KEYS[3], KEYS[4], max_ttl), 0}
 #: ACQUIRE reply statuses (the first element of its reply).
 GRANTED, BUSY, UNTRUSTED, OTHER_KIND = 1, 0, -1, -2
 
-# KEYS: fence, then for each name: lock, waiter set, hand-off reservation (three keys each).
-# ARGV: as ACQUIRE. All or nothing (``lock_many``): grants every name or none. Returns {1,
-# first token, 0} when granted (the names' tokens are first, first + 1, ... in KEYS order),
-# {0, counter, pttl, i} when name i (from 1) is busy or reserved for a woken waiter (the caller
-# registers as that name's waiter), {-1, counter, 0, 0} untrusted, {-2, counter, 0, i} when
-# name i is a semaphore's.
-ACQUIRE_MANY = Script(
-    "acquire_many",
-    _TAKE
-    + """
-local ok, counter, max_ttl = trusted(KEYS[1])
-if not ok then
-  return {-1, counter, 0, 0}
-end
-local locks, reservations = {}, {}
-for i = 2, #KEYS, 3 do
-  locks[#locks + 1] = KEYS[i]
-  reservations[#reservations + 1] = KEYS[i + 2]
-end
-local taken = redis.call('EXISTS', unpack(locks))
-if taken == 0 and ARGV[6] ~= '1' then
-  taken = redis.call('EXISTS', unpack(reservations))
-end
-for i = 2, #KEYS, 3 do
-  if taken == 0 then
-    break  -- the common case: all free, found with one or two calls
-  end
-  local pttl = redis.call('PTTL', KEYS[i])
-  if pttl == -2 and ARGV[6] ~= '1' then
-    pttl = redis.call('PTTL', KEYS[i + 2])
-  end
-  if pttl ~= -2 then
-    local which = (i + 1) / 3
-    if string.sub(redis.call('GET', KEYS[i]) or '', 1, 10) == 'semaphore|' then
-      return {-2, counter, 0, which}
-    end
-    local reply = busy(KEYS[i + 1], pttl, counter)
-    reply[4] = which
-    return reply
-  end
-end
--- every name is free: one counter step per name, handed out in order
-local count = (#KEYS - 1) / 3
-local last = redis.call('HINCRBY', KEYS[1], 'token', count)
-local first = last - count + 1
-for i = 2, #KEYS, 3 do
-  local token = first + (i - 2) / 3
-  local value = ARGV[1] .. '|' .. string.format('%d', token) .. ARGV[4]
-  redis.call('SET', KEYS[i], value, 'PX', ARGV[2])
-  if ARGV[6] == '1' then
-    redis.call('DEL', KEYS[i + 2])  -- a woken caller uses up the reservation it may have had
-  end
-  if ARGV[7] ~= '' then
-    redis.pcall('ZREM', KEYS[i + 1], ARGV[7])
-  end
-end
-if tonumber(ARGV[2]) > max_ttl then
-  redis.call('HSET', KEYS[1], 'max_ttl', ARGV[2])
-end
-return {1, first, 0}
-""",
-)
-
-# A semaphore of N permits is N slots, each a lock of its own: ``<prefix>__permit__:<k>:<name>``
-# (k = 0..N-1), and a marker at the name's own key, ``semaphore|<N>``, that lives as long as
-# the longest permit granted or renewed through it (so the name cannot be taken as a lock, or
-# with another N, meanwhile). One permit is one slot held on a quorum of nodes: two holders of
-# a slot exclude each other as two holders of a lock do, so at most N permits are valid.
-# KEYS: fence, waiter set, hand-off reservation, the name's key (marker), then the N slot keys
-# in the order they are tried (the same for every caller and node: the plan explains why).
-# ARGV: as ACQUIRE, then N.
-# Returns {1, token, k} (k: the position in KEYS of the slot granted, from 1), {0, counter,
-# pttl} when every slot is taken (pttl: the soonest a slot frees) or the last free one is
-# reserved for a woken waiter, {-1, counter, 0} untrusted, {-2, counter, 0} when the name is
-# a lock's or a semaphore's with another N.
-PERMIT = Script(
-    "permit",
-    _TAKE
-    + """
-local ok, counter, max_ttl = trusted(KEYS[1])
-if not ok then
-  return {-1, counter, 0}
-end
-local marker = 'semaphore|' .. ARGV[8]
-local found = redis.call('GET', KEYS[4])
-if found and found ~= marker then
-  return {-2, counter, 0}
-end
--- a release that woke a waiter reserved one freed slot for it: others may take a slot only
--- while one more is free
-local reserved = (ARGV[6] ~= '1' and redis.call('EXISTS', KEYS[3]) == 1) and 1 or 0
-local free, free_count, soonest = nil, 0, -2
-for i = 5, #KEYS do
-  local pttl = redis.call('PTTL', KEYS[i])
-  if pttl == -2 then
-    free = free or i
-    free_count = free_count + 1
-    if free_count > reserved then
-      break
-    end
-  elseif soonest == -2 or pttl < soonest then
-    soonest = pttl
-  end
-end
-if free_count <= reserved then
-  if free_count > 0 then
-    soonest = redis.call('PTTL', KEYS[3])
-  end
-  return busy(KEYS[2], soonest, counter)
-end
-local token = take(KEYS[free], KEYS[1], KEYS[2], KEYS[3], max_ttl)
-if redis.call('PTTL', KEYS[4]) < tonumber(ARGV[2]) then
-  redis.call('SET', KEYS[4], marker, 'PX', ARGV[2])
-end
-return {1, token, free - 4}
-""",
-)
-
 # KEYS: lock, waiter set, wake-up list, hand-off reservation.
 # ARGV: owner, wake-up TTL in ms, reservation TTL in ms, "1" on the node waiters block on,
 # registration TTL in ms (0 for a lease's release; > 0 when a failed attempt that will wait
 # takes back what it got on this node: it registers as a waiter, like ACQUIRE), waiter id,
-# "1" for a semaphore's permit (releases of several permits wake as many waiters).
+# "1" for a semaphore's permit (releases of several permits wake as many waiters), "2" for
+# a write lease (every waiter is woken: the readers it kept out go in together), else "0".
 # Compare-and-delete: deletes only a key whose owner part equals ARGV[1]. While a registration
 # in the waiter set is still ahead, it reserves the name briefly for the waiter it wakes (so the
 # releaser, which needs no wake-up, cannot take it straight back) and, on the node waiters block
@@ -275,6 +158,35 @@ return {1, token, free - 4}
 _RELEASE = (
     _REGISTER
     + """
+local function wake_one(waiters, wake, handoff)
+if redis.call('EXISTS', waiters) == 0 then
+  return 1  -- the common case: nobody waits, no clock read
+end
+local now = now_ms()
+local lapsed = now and redis.pcall('ZREMRANGEBYSCORE', waiters, '-inf', now)
+if type(lapsed) ~= 'number' then
+  return 1  -- unreadable (not a sorted set; an ACL without TIME): treated as nobody waiting
+end
+if lapsed > 0 and redis.call('EXISTS', waiters) == 0 then
+  return 1  -- every registration had lapsed (an empty set is deleted)
+end
+redis.call('SET', handoff, '1', 'PX', ARGV[3])
+if ARGV[4] == '1' then
+  if ARGV[7] == '0' then
+    redis.call('DEL', wake)  -- a lock: one wake-up is enough
+    redis.call('RPUSH', wake, '1')
+  else
+    -- a permit ('1'): one more waiter may go for each release; a write lease ('2'): every
+    -- waiter may (the readers it kept out go in together)
+    local missing = redis.call('ZCARD', waiters) - redis.call('LLEN', wake)
+    for _ = 1, (ARGV[7] == '1' and math.min(missing, 1) or missing) do
+      redis.call('RPUSH', wake, '1')
+    end
+  end
+  redis.call('PEXPIRE', wake, ARGV[2])
+end
+return 2
+end
 local function release(lock, waiters, wake, handoff)
 local value = redis.call('GET', lock)
 local mine = value and string.sub(value, 1, #ARGV[1] + 1) == ARGV[1] .. '|'
@@ -289,51 +201,12 @@ if not mine then
   return 0
 end
 redis.call('DEL', lock)
-if redis.call('EXISTS', waiters) == 0 then
-  return 1  -- the common case: nobody waits, no clock read
-end
-local now = now_ms()
-local lapsed = now and redis.pcall('ZREMRANGEBYSCORE', waiters, '-inf', now)
-if type(lapsed) ~= 'number' then
-  return 1  -- unreadable (not a sorted set; an ACL without TIME): treated as nobody waiting
-end
-if lapsed > 0 and redis.call('EXISTS', waiters) == 0 then
-  return 1  -- every registration had lapsed (an empty set is deleted)
-end
-redis.call('SET', handoff, '1', 'PX', ARGV[3])
-if ARGV[4] == '1' then
-  if ARGV[7] ~= '1' then
-    redis.call('DEL', wake)  -- a lock: one wake-up is enough
-    redis.call('RPUSH', wake, '1')
-  elseif redis.call('LLEN', wake) < redis.call('ZCARD', waiters) then
-    redis.call('RPUSH', wake, '1')  -- a permit: one more waiter may go for each release
-  end
-  redis.call('PEXPIRE', wake, ARGV[2])
-end
-return 2
+return wake_one(waiters, wake, handoff)
 end
 """
 )
 RELEASE = Script("release", _RELEASE + "return release(KEYS[1], KEYS[2], KEYS[3], KEYS[4])\n")
 
-# KEYS: waiter set, wake-up list, hand-off reservation, then the slot keys the permit may hold.
-# ARGV: as RELEASE. RELEASE on the slot that holds the owner's value (the first one, if any):
-# a permit whose slot is unknown (its acquire got no reply) is released by passing every slot.
-RELEASE_PERMIT = Script(
-    "release_permit",
-    _RELEASE
-    + """
-local lock = KEYS[4]
-for i = 4, #KEYS do
-  local value = redis.call('GET', KEYS[i])
-  if value and string.sub(value, 1, #ARGV[1] + 1) == ARGV[1] .. '|' then
-    lock = KEYS[i]
-    break
-  end
-end
-return release(lock, KEYS[1], KEYS[2], KEYS[3])
-""",
-)
 #: RELEASE replies.
 NOT_HELD, RELEASED, HANDED_OFF = 0, 1, 2
 
@@ -488,20 +361,4 @@ for i, key in ipairs(KEYS) do
 end
 return counts
 """,
-)
-
-#: What lock connections load on connect (WAITING is sent as EVAL, by inspection only).
-ALL_SCRIPTS = (
-    ACQUIRE,
-    RELEASE,
-    EXTEND,
-    RAISE,
-    REJOIN,
-    PROBE,
-    FORCE_RELEASE,
-    WITHDRAW,
-    REGISTER,
-    PERMIT,
-    RELEASE_PERMIT,
-    ACQUIRE_MANY,
 )

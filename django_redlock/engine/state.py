@@ -11,6 +11,7 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from . import primitive_scripts as more
 from . import scripts
 from .keyspace import Keyspace
 from .replies import Call, Request
@@ -81,15 +82,21 @@ class AliasState:
         waiter: str = "",
         held: tuple[str, ...] = (),
         permit: bool = False,
+        read: bool = False,
+        write: bool = False,
     ) -> Call:
         """Compare-and-delete ``name`` for ``owner``; ``wakes`` on the node waiters block on;
         ``mark_ms`` > 0 for a failed attempt that will wait: it registers ``waiter`` for that
-        long, as its ACQUIRE would have. ``held``: the keys the lease may hold instead of the
-        name's own (a permit: its slot, or every slot when which one is unknown)."""
+        long, as its ACQUIRE would have. ``read``/``write``: a read or write lease. ``held``:
+        the keys the lease may hold instead of the name's own (a permit: its slot, or every
+        slot when which one is unknown)."""
         keys = self.keys
         queue = (keys.waiters(name), keys.wake(name), keys.handoff(name))
-        if len(held) > 1:
-            script, touched = scripts.RELEASE_PERMIT, (*queue, *held)
+        touched: tuple[str, ...]
+        if read:  # a read lease of a read-write lock
+            script, touched = more.READ_RELEASE, (keys.readers(name), keys.lock(name), *queue)
+        elif len(held) > 1:
+            script, touched = more.RELEASE_PERMIT, (*queue, *held)
         else:
             script, touched = scripts.RELEASE, (held[0] if held else keys.lock(name), *queue)
         return Call(
@@ -102,7 +109,7 @@ class AliasState:
                 "1" if wakes else "0",
                 mark_ms,
                 waiter if mark_ms else "",
-                "1" if permit else "0",
+                "1" if permit else "2" if write else "0",
             ),
         )
 
@@ -139,6 +146,13 @@ class LeaseRecord:
     generation: int = 0
     #: a permit: its semaphore's marker key (renewed with it); '' for a lock
     marker: str = ""
+    #: "read" or "write" for a lease of a read-write lock ('' otherwise)
+    kind: str = ""
+
+    def with_kind(self, marker: str, kind: str) -> LeaseRecord:
+        """This record, for a permit (``marker``: its semaphore's) or a read lease."""
+        self.marker, self.kind = marker, kind
+        return self
 
     def validity(self) -> float:
         if self.lost or self.released:

@@ -155,3 +155,27 @@ def random_sets_under_lock_many(
                 counter.incr(f"{name}:expected")
                 counter.decr(f"{name}:holders")
     return rounds
+
+
+def read_write_sections(
+    redlock: dict[str, Any], alias: str, name: str, counter_url: str, rounds: int, writer: bool
+) -> int:
+    """``rounds`` read (or write) sections of ``name``; inside, count readers and writers
+    (INCR/DECR outside the library: the oracle) and record what each section saw."""
+    setup_django(redlock)
+    import redis
+
+    from django_redlock import locks
+
+    counter = redis.Redis.from_url(counter_url)
+    manager = locks[alias]
+    mine, other = ("writers", "readers") if writer else ("readers", "writers")
+    for _ in range(rounds):
+        block = manager.write_lock if writer else manager.read_lock
+        with block(name, ttl=5, timeout=60) as lease:
+            inside = counter.incr(f"{name}:{mine}")
+            others = int(counter.get(f"{name}:{other}") or 0)
+            counter.rpush(f"{name}:seen", f"{mine} {inside} {others} {lease.token}")
+            time.sleep(0.003)
+            counter.decr(f"{name}:{mine}")
+    return rounds

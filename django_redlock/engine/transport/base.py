@@ -15,8 +15,9 @@ from typing import Any
 
 import hiredis
 
+from ..loaded_scripts import ALL_SCRIPTS
 from ..replies import Call, NodeFailure, Request, Slot, failed_slot, is_noscript
-from ..scripts import ALL_SCRIPTS, RELEASE
+from ..scripts import RELEASE
 
 #: A node with this many unanswered calls gets no new acquisitions until it catches up. Kept
 #: small so the calls in flight (a few hundred bytes each) always fit in the kernel's socket

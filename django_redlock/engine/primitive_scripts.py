@@ -1,0 +1,333 @@
+"""Lua scripts of the other primitives: semaphore permits, ``lock_many`` sets and
+read-write locks. They build on the shared Lua of :mod:`.scripts` (granting, waiting, waking)
+and are loaded with the others (:mod:`.loaded_scripts`)."""
+
+from __future__ import annotations
+
+from .scripts import _NOW, _RELEASE, _TAKE, Script
+
+# KEYS: fence, then for each name: lock, waiter set, hand-off reservation (three keys each).
+# ARGV: as ACQUIRE. All or nothing (``lock_many``): grants every name or none. Returns {1,
+# first token, 0} when granted (the names' tokens are first, first + 1, ... in KEYS order),
+# {0, counter, pttl, i} when name i (from 1) is busy or reserved for a woken waiter (the caller
+# registers as that name's waiter), {-1, counter, 0, 0} untrusted, {-2, counter, 0, i} when
+# name i is a semaphore's.
+ACQUIRE_MANY = Script(
+    "acquire_many",
+    _TAKE
+    + """
+local ok, counter, max_ttl = trusted(KEYS[1])
+if not ok then
+  return {-1, counter, 0, 0}
+end
+local locks, reservations = {}, {}
+for i = 2, #KEYS, 3 do
+  locks[#locks + 1] = KEYS[i]
+  reservations[#reservations + 1] = KEYS[i + 2]
+end
+local taken = redis.call('EXISTS', unpack(locks))
+if taken == 0 and ARGV[6] ~= '1' then
+  taken = redis.call('EXISTS', unpack(reservations))
+end
+for i = 2, #KEYS, 3 do
+  if taken == 0 then
+    break  -- the common case: all free, found with one or two calls
+  end
+  local pttl = redis.call('PTTL', KEYS[i])
+  if pttl == -2 and ARGV[6] ~= '1' then
+    pttl = redis.call('PTTL', KEYS[i + 2])
+  end
+  if pttl ~= -2 then
+    local which = (i + 1) / 3
+    if string.sub(redis.call('GET', KEYS[i]) or '', 1, 10) == 'semaphore|' then
+      return {-2, counter, 0, which}
+    end
+    local reply = busy(KEYS[i + 1], pttl, counter)
+    reply[4] = which
+    return reply
+  end
+end
+-- every name is free: one counter step per name, handed out in order
+local count = (#KEYS - 1) / 3
+local last = redis.call('HINCRBY', KEYS[1], 'token', count)
+local first = last - count + 1
+for i = 2, #KEYS, 3 do
+  local token = first + (i - 2) / 3
+  local value = ARGV[1] .. '|' .. string.format('%d', token) .. ARGV[4]
+  redis.call('SET', KEYS[i], value, 'PX', ARGV[2])
+  if ARGV[6] == '1' then
+    redis.call('DEL', KEYS[i + 2])  -- a woken caller uses up the reservation it may have had
+  end
+  if ARGV[7] ~= '' then
+    redis.pcall('ZREM', KEYS[i + 1], ARGV[7])
+  end
+end
+if tonumber(ARGV[2]) > max_ttl then
+  redis.call('HSET', KEYS[1], 'max_ttl', ARGV[2])
+end
+return {1, first, 0}
+""",
+)
+
+# A semaphore of N permits is N slots, each a lock of its own: ``<prefix>__permit__:<k>:<name>``
+# (k = 0..N-1), and a marker at the name's own key, ``semaphore|<N>``, that lives as long as
+# the longest permit granted or renewed through it (so the name cannot be taken as a lock, or
+# with another N, meanwhile). One permit is one slot held on a quorum of nodes: two holders of
+# a slot exclude each other as two holders of a lock do, so at most N permits are valid.
+# KEYS: fence, waiter set, hand-off reservation, the name's key (marker), then the N slot keys
+# in the order they are tried (the same for every caller and node: the plan explains why).
+# ARGV: as ACQUIRE, then N.
+# Returns {1, token, k} (k: the position in KEYS of the slot granted, from 1), {0, counter,
+# pttl} when every slot is taken (pttl: the soonest a slot frees) or the last free one is
+# reserved for a woken waiter, {-1, counter, 0} untrusted, {-2, counter, 0} when the name is
+# a lock's or a semaphore's with another N.
+PERMIT = Script(
+    "permit",
+    _TAKE
+    + """
+local ok, counter, max_ttl = trusted(KEYS[1])
+if not ok then
+  return {-1, counter, 0}
+end
+local marker = 'semaphore|' .. ARGV[8]
+local found = redis.call('GET', KEYS[4])
+if found and found ~= marker then
+  return {-2, counter, 0}
+end
+-- a release that woke a waiter reserved one freed slot for it: others may take a slot only
+-- while one more is free
+local reserved = (ARGV[6] ~= '1' and redis.call('EXISTS', KEYS[3]) == 1) and 1 or 0
+local free, free_count, soonest = nil, 0, -2
+for i = 5, #KEYS do
+  local pttl = redis.call('PTTL', KEYS[i])
+  if pttl == -2 then
+    free = free or i
+    free_count = free_count + 1
+    if free_count > reserved then
+      break
+    end
+  elseif soonest == -2 or pttl < soonest then
+    soonest = pttl
+  end
+end
+if free_count <= reserved then
+  if free_count > 0 then
+    soonest = redis.call('PTTL', KEYS[3])
+  end
+  return busy(KEYS[2], soonest, counter)
+end
+local token = take(KEYS[free], KEYS[1], KEYS[2], KEYS[3], max_ttl)
+if redis.call('PTTL', KEYS[4]) < tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[4], marker, 'PX', ARGV[2])
+end
+return {1, token, free - 4}
+""",
+)
+
+# KEYS: waiter set, wake-up list, hand-off reservation, then the slot keys the permit may hold.
+# ARGV: as RELEASE. RELEASE on the slot that holds the owner's value (the first one, if any):
+# a permit whose slot is unknown (its acquire got no reply) is released by passing every slot.
+RELEASE_PERMIT = Script(
+    "release_permit",
+    _RELEASE
+    + """
+local lock = KEYS[4]
+for i = 4, #KEYS do
+  local value = redis.call('GET', KEYS[i])
+  if value and string.sub(value, 1, #ARGV[1] + 1) == ARGV[1] .. '|' then
+    lock = KEYS[i]
+    break
+  end
+end
+return release(lock, KEYS[1], KEYS[2], KEYS[3])
+""",
+)
+
+# A read-write lock ``<name>`` (``read_lock``/``write_lock``): readers are the members of the
+# sorted set ``<prefix>__readers__:<name>`` (owner -> when its read lease lapses, ms on the
+# node's clock); while any is there, the name's own key holds the marker ``rwlock|readers``,
+# living as long as the longest of them (so a plain lock or a writer sees the name taken). A
+# writer holds the name's own key like a lock. Writers that wait register in
+# ``<prefix>__writers__:<name>`` (waiter id -> when the registration lapses): while one is
+# there, new readers are kept out (writer preference).
+# KEYS (READ and WRITE): fence, readers, the name's key, waiter set, hand-off reservation,
+# waiting writers. ARGV: as ACQUIRE. Replies as ACQUIRE ({-2, ...} when the name is a
+# semaphore's).
+_RW = (
+    _TAKE
+    + """
+local function held_by(key)
+  -- 'lock' (a writer or a plain lock), 'readers', 'semaphore' or nil
+  local value = redis.call('GET', key)
+  if not value then
+    return nil
+  end
+  if string.sub(value, 1, 10) == 'semaphore|' then
+    return 'semaphore'
+  end
+  if string.sub(value, 1, 7) == 'rwlock|' then
+    return 'readers'
+  end
+  return 'lock'
+end
+local function live_readers(readers, now)
+  redis.call('ZREMRANGEBYSCORE', readers, '-inf', now)
+  return redis.call('ZCARD', readers)
+end
+local function refused(counter)
+  -- the reply when the name is a semaphore's or held like a lock (else nil), and its holder
+  local holder = held_by(KEYS[3])
+  if holder == 'semaphore' then
+    return {-2, counter, 0}, holder
+  end
+  if holder == 'lock' then
+    return busy(KEYS[4], redis.call('PTTL', KEYS[3]), counter), holder
+  end
+  return nil, holder
+end
+"""
+)
+READ = Script(
+    "read",
+    _RW
+    + """
+local ok, counter, max_ttl = trusted(KEYS[1])
+if not ok then
+  return {-1, counter, 0}
+end
+local refusal = refused(counter)
+if refusal then
+  return refusal
+end
+local now = now_ms()
+redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
+if ARGV[6] ~= '1' then
+  local reserved = redis.call('PTTL', KEYS[5])
+  if reserved ~= -2 then
+    return busy(KEYS[4], reserved, counter)
+  end
+  if redis.call('ZCARD', KEYS[6]) > 0 then
+    return busy(KEYS[4], 1, counter)  -- a writer waits: it goes first
+  end
+end
+redis.call('DEL', KEYS[5])
+if ARGV[7] ~= '' then
+  redis.pcall('ZREM', KEYS[4], ARGV[7])
+end
+local token = redis.call('HINCRBY', KEYS[1], 'token', 1)
+local ttl = tonumber(ARGV[2])
+live_readers(KEYS[2], now)
+redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
+if redis.call('PTTL', KEYS[2]) < ttl then
+  redis.call('PEXPIRE', KEYS[2], ttl)
+end
+if redis.call('PTTL', KEYS[3]) < ttl then
+  redis.call('SET', KEYS[3], 'rwlock|readers', 'PX', ttl)
+end
+if ttl > max_ttl then
+  redis.call('HSET', KEYS[1], 'max_ttl', ARGV[2])
+end
+return {1, token, 0}
+""",
+)
+WRITE = Script(
+    "write",
+    _RW
+    + """
+local ok, counter, max_ttl = trusted(KEYS[1])
+if not ok then
+  return {-1, counter, 0}
+end
+local refusal, holder = refused(counter)
+if refusal then
+  return refusal
+end
+if holder == 'readers' then
+  local now = now_ms()
+  if live_readers(KEYS[2], now) > 0 then
+    if tonumber(ARGV[5]) > 0 then  -- it will wait: new readers must wait behind it
+      redis.call('ZADD', KEYS[6], now + tonumber(ARGV[5]), ARGV[7])
+      if redis.call('PTTL', KEYS[6]) < tonumber(ARGV[5]) then
+        redis.call('PEXPIRE', KEYS[6], ARGV[5])
+      end
+    end
+    local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+    return busy(KEYS[4], math.max(1, tonumber(first[2]) - now), counter)
+  end
+  redis.call('DEL', KEYS[3])  -- the marker of readers that are all gone
+end
+if ARGV[6] ~= '1' then
+  local reserved = redis.call('PTTL', KEYS[5])
+  if reserved ~= -2 then
+    return busy(KEYS[4], reserved, counter)
+  end
+end
+if ARGV[7] ~= '' then
+  redis.pcall('ZREM', KEYS[6], ARGV[7])
+end
+return {1, take(KEYS[3], KEYS[1], KEYS[4], KEYS[5], max_ttl), 0}
+""",
+)
+
+# KEYS: readers, the name's key, waiter set, wake-up list, hand-off reservation.
+# ARGV: as RELEASE. Removes the owner's read lease; when no reader is left, removes the marker
+# and wakes a waiter (a writer, most likely). With a registration TTL (ARGV[5] > 0: a failed
+# attempt that will wait gives back what it got), registers the caller as a waiter instead.
+# Returns as RELEASE.
+READ_RELEASE = Script(
+    "read_release",
+    _RELEASE
+    + """
+local mine = redis.call('ZREM', KEYS[1], ARGV[1]) == 1
+if tonumber(ARGV[5]) > 0 then
+  register(KEYS[3], ARGV[6], tonumber(ARGV[5]), true)
+end
+if not mine then
+  return 0
+end
+local now = now_ms()
+if now then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+end
+if redis.call('ZCARD', KEYS[1]) > 0 then
+  return 1
+end
+if string.sub(redis.call('GET', KEYS[2]) or '', 1, 7) == 'rwlock|' then
+  redis.call('DEL', KEYS[2])
+end
+if tonumber(ARGV[5]) > 0 then
+  return 1
+end
+return wake_one(KEYS[3], KEYS[4], KEYS[5])
+""",
+)
+
+# KEYS: readers, fence, the name's key. ARGV: owner, ttl_ms, run_id.
+# Renews a read lease that has not lapsed, and the marker with it. Replies as EXTEND.
+READ_EXTEND = Script(
+    "read_extend",
+    _NOW
+    + """
+if redis.call('HGET', KEYS[2], 'run_id') ~= ARGV[3] then
+  return -1
+end
+local now = now_ms()
+local lapses = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or 0)
+if lapses <= now then
+  return 0
+end
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], 'XX', now + ttl, ARGV[1])
+if redis.call('PTTL', KEYS[1]) < ttl then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+if redis.call('PTTL', KEYS[3]) < ttl then
+  redis.call('SET', KEYS[3], 'rwlock|readers', 'PX', ttl)
+end
+local max_ttl = tonumber(redis.call('HGET', KEYS[2], 'max_ttl')) or 0
+if ttl > max_ttl then
+  redis.call('HSET', KEYS[2], 'max_ttl', ARGV[2])
+end
+return 1
+""",
+)
