@@ -184,6 +184,31 @@ def test_claim_uses_the_active_lease_and_needs_a_token(product: Product, unique_
         Product.objects.claim(pk=product.pk)
 
 
+def test_claim_many_stamps_each_row_with_its_names_token(db: None, unique_name: str):
+    """Under lock_many, claim_many stamps each row with its own name's token, all or none."""
+    products = [Product.objects.create(name=f"p{i}", stock=5) for i in range(3)]
+    names = {p.pk: f"{unique_name}:{p.pk}" for p in products}
+    with locks["five"].lock_many(list(names.values()), ttl=5) as held:
+        tokens = {pk: held.leases[name].token for pk, name in names.items()}
+        claimed = Product.objects.claim_many(tokens)
+        assert {pk: p.fence_token for pk, p in claimed.items()} == tokens
+        assert [row(pk)["fence_token"] for pk in tokens] == list(tokens.values())
+        for claimed_row in claimed.values():  # saved under the set's leases (docs/primitives.md)
+            claimed_row.stock -= 1
+            claimed_row.save()
+        assert [row(pk)["stock"] for pk in tokens] == [4, 4, 4]
+    tokens = {pk: row(pk)["fence_token"] for pk in tokens}
+    newer = {pk: token + 1000 for pk, token in tokens.items()}
+    first = products[0].pk
+    Product.objects.claim(pk=first, token=newer[first])  # a newer lease wrote row 0
+    later = {pk: token + 500 for pk, token in tokens.items()}  # rows 1, 2: fine; row 0: stale
+    with pytest.raises(StaleTokenError):  # (no atomic() of the test's around it)
+        Product.objects.claim_many(later)  # all or none: rows 1 and 2 are not stamped either
+    assert [row(p.pk)["fence_token"] for p in products[1:]] == [tokens[p.pk] for p in products[1:]]
+    with pytest.raises(TypeError, match="non-empty mapping"):
+        Product.objects.claim_many({})
+
+
 # -- ordinary use ----------------------------------------------------------------------------
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from asgiref.sync import sync_to_async
@@ -156,6 +156,24 @@ class FencedQuerySet(models.QuerySet[_M]):
     async def aclaim(self, pk: Any, *, token: int | None = None) -> _M:
         """Async :meth:`claim`."""
         return await sync_to_async(self.claim)(pk, token=token)
+
+    def claim_many(self, tokens: Mapping[Any, int]) -> dict[Any, _M]:
+        """:meth:`claim` several rows at once, all or none: ``tokens`` maps each row's pk to
+        the token to stamp it with (from ``lock_many``: ``{pk: held.leases[name].token}``).
+        Returns the rows freshly read, by pk. One transaction: if any row is missing or was
+        written by a newer lease, nothing is stamped and the error is raised."""
+        if not isinstance(tokens, Mapping) or not tokens:
+            raise TypeError("claim_many() takes a non-empty mapping of pk -> fencing token.")
+        checked = {pk: validate_token(token) for pk, token in tokens.items()}
+        with transaction.atomic(using=self.db):
+            for pk, token in sorted(checked.items(), key=lambda item: str(item[0])):
+                self.claim(pk, token=token)  # a fixed order: two claims cannot deadlock
+            rows = self.in_bulk(list(checked))
+        return {pk: rows[pk] for pk in checked}
+
+    async def aclaim_many(self, tokens: Mapping[Any, int]) -> dict[Any, _M]:
+        """Async :meth:`claim_many`."""
+        return await sync_to_async(self.claim_many)(tokens)
 
 
 # The default manager of FencedModel: ``objects.fenced(T)``, ``objects.claim(pk=...)``.
