@@ -503,6 +503,27 @@ def test_acquire_retries_when_another_process_initialised_the_new_cluster(
     assert run.scripts() == ["acquire", "probe", "acquire"]
 
 
+def test_a_cluster_half_initialised_by_another_process_is_finished_at_once(
+    state: plans.AliasState,
+) -> None:
+    """Another process's REJOIN reached node 0 only (it was preempted): node 0 is trusted but
+    has granted nothing (no longest TTL), nodes 1 and 2 have no fence hash. No lease can exist,
+    so this process initialises nodes 1 and 2 at once instead of quarantining them."""
+    nodes = fake_nodes(3)
+    nodes[1].up = nodes[2].up = 0.5  # started just now: a quarantine would apply
+    run = drive(
+        plans.acquire_plan(state, nodes, NAME, 5.0),
+        [
+            answer(ACQUIRE, UNTRUSTED, UNTRUSTED, UNTRUSTED),
+            answer(PROBE, probe("r0", FLOOR, 0), probe("", 0, 0, 0), probe("", 0, 0, 0)),
+            answer(REJOIN, None, FLOOR, FLOOR),
+            answer(ACQUIRE, granted(FLOOR + 1), granted(FLOOR + 1), granted(FLOOR + 1)),
+        ],
+    )
+    assert run.result.token == FLOOR + 1
+    assert [c.args for c in run.calls(2) if c] == [("r1", FLOOR), ("r2", FLOOR)]
+
+
 def test_acquire_does_not_retry_when_its_untrusted_nodes_stay_untrusted(
     state: plans.AliasState,
 ) -> None:

@@ -31,7 +31,8 @@ def rejoin_plan(
     here or, for a node in ``seen_untrusted`` (the caller found it untrusted), in another
     process since (several processes' first acquires on a new cluster race to initialise it).
 
-    * A brand-new cluster (every node answers and none has a fence hash) is initialised at once.
+    * A brand-new cluster (every node answers and none has granted a lease yet) is initialised
+      at once.
     * A restarted node waits until the longest TTL has passed since it started, then gets the
       highest counter of a majority of trusted nodes (or, when fewer than a quorum are trusted,
       the highest counter of all reachable nodes and the clock floor).
@@ -58,7 +59,12 @@ def rejoin_plan(
     untrusted = [i for i in reachable if i not in trusted]
     rejoined_elsewhere = any(i in trusted for i in seen_untrusted)
     floor = int(time.time() * 1000) * CLOCK_FLOOR
-    if len(reachable) == total and not any(int(probes[i][3]) for i in reachable):
+    # No reachable node has ever granted a lease (a grant records its TTL in the fence hash):
+    # a brand-new cluster, or one whose first acquires of several processes race to initialise
+    # it (some nodes initialised by another process, the rest not yet). With every node
+    # answering, no lease can exist, so every untrusted node may join at once.
+    never_granted = not any(int(probes[i][3]) and int(probes[i][2]) for i in reachable)
+    if len(reachable) == total and never_granted:
         targets, value = untrusted, max([floor, *counters.values()])
     else:
         targets = [i for i in untrusted if quarantine_over(state, nodes[i], now, longest)]
