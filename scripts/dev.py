@@ -239,6 +239,10 @@ def cmd_demo(args: list[str]) -> int:
             side_by_side(runs)
         else:
             say("no `oversell` command yet: nodes, migrations and checks are all the demo has")
+        if "checkout" in commands:
+            say("carts of several products at once: lock_many, then without it")
+            for flags in ([], ["--no-lock"]):
+                manage(python, env, "checkout", *flags)
         if "nightly" in commands:
             say('"a nightly job on three servers": three start it at once, as their cron would')
             for flags in (["--no-lock"], []):

@@ -109,3 +109,22 @@ def test_nightly_job_on_three_servers_runs_once_with_redlock_run(
     assert (unlocked["reports"], unlocked["exit_statuses"]) == (3, [0, 0, 0])
     locked = outcome(demo_env, "nightly")
     assert (locked["reports"], locked["exit_statuses"]) == (1, [0, 0, 0])
+
+
+def test_checkout_of_carts_sells_exactly_the_stock_with_lock_many(
+    demo_env: dict[str, str],
+) -> None:
+    """3 processes buy random carts of 2-3 of 3 products (4 each): with lock_many no product is
+    oversold, every sale is counted in the stock, no cart is half sold and the carts sell until
+    a product is sold out; without the lock, products are oversold."""
+    small = ("--workers", "3", "--carts", "60", "--products", "3", "--stock", "4")
+    locked = outcome(demo_env, "checkout", *small)
+    assert (locked["lock"], locked["errors"], locked["oversold"]) == (True, 0, 0)
+    sold, left = locked["sold_each"], locked["final_stock"]
+    assert all(s + f == 4 and f >= 0 for s, f in zip(sold, left, strict=True)), locked
+    assert 0 in left  # carts sold until a product ran out (the others may be left over)
+    assert locked["whole_carts"] is True
+    assert locked["sold"] + locked["refused"] + locked["busy"] == 60
+    unlocked = outcome(demo_env, "checkout", "--no-lock", *small)
+    assert unlocked["errors"] == 0
+    assert unlocked["oversold"] > 0, unlocked

@@ -67,3 +67,42 @@ def buy(
             product.save()  # guarded: rejected if a newer lease wrote the row since the claim
             Order.objects.create(product=product, quantity=1)
             return True
+
+
+def buy_cart(
+    product_ids: list[int],
+    *,
+    use_lock: bool,
+    lock_timeout: float = LOCK_TIMEOUT,
+    race_window: float = RACE_WINDOW,
+) -> bool:
+    """Sell one unit of every product of a cart, all or nothing: True if sold, False if one
+    of them was out of stock (then nothing is sold).
+
+    With ``use_lock`` the cart's products are locked together (``lock_many``: all or none,
+    whatever order the cart lists them in, so two carts never deadlock) and their rows are
+    claimed with each product's own token (``claim_many``). Without it: read every product,
+    check, work ``race_window`` seconds, write every product back.
+    """
+    if not use_lock:
+        products = [Product.objects.get(pk=pk) for pk in product_ids]
+        if any(product.stock < 1 for product in products):
+            return False
+        time.sleep(race_window)
+        for product in products:
+            product.stock -= 1
+            product.save()
+            Order.objects.create(product=product, quantity=1)
+        return True
+    names = {pk: lock_name(pk) for pk in product_ids}
+    cart_lock = locks[ALIAS].lock_many(list(names.values()), ttl=LOCK_TTL, timeout=lock_timeout)
+    with cart_lock as held, transaction.atomic():
+        tokens = {pk: held.leases[name].token for pk, name in names.items()}
+        products = Product.objects.claim_many(tokens)
+        if any(product.stock < 1 for product in products.values()):
+            return False
+        for product in products.values():
+            product.stock -= 1
+            product.save()  # guarded: rejected if a newer lease wrote the row since
+            Order.objects.create(product=product, quantity=1)
+        return True
