@@ -25,6 +25,7 @@ def request_lock(
     timeout: float | None = 0,
     *,
     until_commit: bool = True,
+    limit: int | None = None,
 ) -> Callable[[V], V]:
     """Hold the lock ``key`` (filled from URL kwargs and ``user``) while the view runs.
 
@@ -34,10 +35,17 @@ def request_lock(
     is released once the response is built (a streaming response: once it is closed), also when
     the view raises. ``timeout`` is how long to wait for the lock (0: one attempt). Under
     ``ATOMIC_REQUESTS`` (or any open transaction) the release waits for the commit, unless
-    ``until_commit=False``.
+    ``until_commit=False``. ``limit=N`` takes one of N permits of ``key`` instead (at most N
+    requests at once; over it the answer is 429 with ``Retry-After``).
     """
     spec = LockSpec.build(
-        key, using, ttl, timeout, where=f"request_lock({key!r})", until_commit=until_commit
+        key,
+        using,
+        ttl,
+        timeout,
+        where=f"request_lock({key!r})",
+        until_commit=until_commit,
+        limit=limit,
     )
 
     def decorator(view: V) -> V:

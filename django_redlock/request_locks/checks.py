@@ -29,6 +29,7 @@ CHECK_IDS = {
     "E015": "A rule or @request_lock view uses an alias that is not in REDLOCK.",
     "E016": "REDLOCK_BUSY_STATUS is not an int from 400 to 599.",
     "E017": "A KEY uses {user} but AuthenticationMiddleware does not run before it.",
+    "E018": "A rule's LIMIT is not an int from 1 to 1024.",
     "W010": "REDLOCK_REQUEST_LOCKS has rules but RequestLockMiddleware is not in MIDDLEWARE.",
 }
 MIDDLEWARE_PATH = "django_redlock.middleware.RequestLockMiddleware"

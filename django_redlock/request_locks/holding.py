@@ -61,7 +61,8 @@ async def _hold(
     call: Callable[[], Awaitable[HttpResponseBase]],
     io: _IO,
 ) -> HttpResponseBase:
-    """Run ``call`` holding the lock for this request, or answer 409/503 without running it."""
+    """Run ``call`` holding the lock (or one of ``spec.limit`` permits) for this request, or
+    answer 409/429/503 without running it."""
     user = await io.user(spec, request) if spec.key.uses_user else None
     name = spec.key.fill(kwargs, user)
     key = (spec.using, name)
@@ -70,7 +71,7 @@ async def _hold(
     try:
         lease = await io.acquire(spec, name)
     except AcquireErrors as exc:
-        return lock_error_response(request, exc)
+        return lock_error_response(request, exc, limited=spec.limit is not None)
     try:
         with _attached(request, lease, key):
             response = await call()
@@ -156,7 +157,9 @@ class _BlockingIO:
         return _request_user(spec, request)
 
     async def acquire(self, spec: LockSpec, name: str) -> Lease:
-        return locks[spec.using].acquire(name, ttl=spec.ttl, timeout=spec.timeout)
+        return locks[spec.using].acquire(
+            name, ttl=spec.ttl, timeout=spec.timeout, permits=spec.limit
+        )
 
     async def release(self, lease: Lease) -> None:
         lease.release()
@@ -172,7 +175,9 @@ class _AsyncIO:
         return await sync_to_async(_evaluated)(_request_user(spec, request))
 
     async def acquire(self, spec: LockSpec, name: str) -> Lease:
-        return await locks[spec.using].aacquire(name, ttl=spec.ttl, timeout=spec.timeout)
+        return await locks[spec.using].aacquire(
+            name, ttl=spec.ttl, timeout=spec.timeout, permits=spec.limit
+        )
 
     async def release(self, lease: Lease) -> None:
         await lease.arelease()

@@ -1,4 +1,5 @@
-"""The responses of a request whose lock could not be held: 409 (busy) or 503, + Retry-After."""
+"""The responses of a request whose lock could not be held: 409 (busy), 429 (over a limit) or
+503, with Retry-After."""
 
 from __future__ import annotations
 
@@ -40,8 +41,15 @@ def _wants_json(request: HttpRequest) -> bool:
     return "json" in accept or not request.accepts("text/html")
 
 
-def lock_error_response(request: HttpRequest, exc: LockError) -> HttpResponse:
-    """The 409 (busy, configurable) or 503 (nodes unavailable) response for ``exc``.
+#: The status of a request over a ``LIMIT`` (``limit=``) rule's number of permits.
+LIMIT_STATUS = 429
+
+
+def lock_error_response(
+    request: HttpRequest, exc: LockError, *, limited: bool = False
+) -> HttpResponse:
+    """The 409 (busy, configurable), 429 (``limited``: every permit of a limit is taken) or
+    503 (nodes unavailable) response for ``exc``.
 
     The body is JSON or a small HTML page, whichever the ``Accept`` header prefers; it never
     includes the lock name, which may embed user data.
@@ -50,6 +58,9 @@ def lock_error_response(request: HttpRequest, exc: LockError) -> HttpResponse:
     if isinstance(exc, NodesUnavailable | LockLost):
         status, code = 503, "lock_unavailable"
         message = "The lock service is unavailable. Please retry later."
+    elif limited:
+        status, code = LIMIT_STATUS, "too_many_requests"
+        message = "Too many requests are using this resource at once. Please retry later."
     else:
         status, code = busy_status(), "lock_busy"
         message = "This resource is being changed by another request. Please retry later."

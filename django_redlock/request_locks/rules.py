@@ -25,12 +25,12 @@ from django.http import HttpRequest
 from django.urls import Resolver404, ResolverMatch, get_resolver
 
 from ..conf import request_locks_setting
-from ..validation import check_timeout, check_ttl
+from ..validation import check_permits, check_timeout, check_ttl
 from .keys import KeyTemplate
 
 SETTING = "REDLOCK_REQUEST_LOCKS"
 RULE_KEYS = frozenset(
-    {"URL_NAME", "PATH", "KEY", "METHODS", "USING", "TTL", "TIMEOUT", "UNTIL_COMMIT"}
+    {"URL_NAME", "PATH", "KEY", "METHODS", "USING", "TTL", "TIMEOUT", "UNTIL_COMMIT", "LIMIT"}
 )
 DEFAULT_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 _METHOD = re.compile(r"^[A-Z]+$")
@@ -49,6 +49,8 @@ class LockSpec:
     timeout: float | None = 0
     #: inside a transaction (``ATOMIC_REQUESTS``), release after it commits
     until_commit: bool = True
+    #: take one of this many permits of the key (a semaphore; over it: 429) instead of a lock
+    limit: int | None = None
 
     @classmethod
     def build(
@@ -59,9 +61,17 @@ class LockSpec:
         timeout: Any,
         where: str,
         until_commit: Any = True,
+        limit: Any = None,
     ) -> LockSpec:
         """Validate every part, raising ``ImproperlyConfigured`` that names ``where``."""
         template = KeyTemplate(key, where)
+        try:
+            limit = None if limit is None else check_permits(limit)
+        except (TypeError, ValueError) as exc:
+            message = str(exc).replace("permits", "limit")
+            raise LimitError(
+                f"{where}: {message} (the most requests holding the key at once)"
+            ) from None
         if not isinstance(using, str) or not using:
             raise ImproperlyConfigured(f"{where}: using must be a REDLOCK alias name (str).")
         if not isinstance(until_commit, bool):
@@ -71,13 +81,17 @@ class LockSpec:
             timeout = check_timeout(timeout)
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"{where}: {exc}") from exc
-        return cls(template, using, ttl, timeout, until_commit)
+        return cls(template, using, ttl, timeout, until_commit, limit)
 
 
 def view_specs(view: Any) -> tuple[LockSpec, ...]:
     """The specs ``@request_lock`` put on ``view`` (outermost last), or ``()``."""
     specs: tuple[LockSpec, ...] = getattr(view, SPECS_ATTR, ())
     return specs
+
+
+class LimitError(ImproperlyConfigured):
+    """A bad ``LIMIT`` (``limit=``): not an int from 1 to 1024."""
 
 
 class RuleError(ImproperlyConfigured):
@@ -159,7 +173,10 @@ def parse_rule(index: int, raw: Any) -> LockRule:
             raw.get("TIMEOUT", 0),
             where,
             raw.get("UNTIL_COMMIT", True),
+            raw.get("LIMIT"),
         )
+    except LimitError as exc:
+        raise RuleError(str(exc), "E018") from exc
     except ImproperlyConfigured as exc:  # USING, TTL, TIMEOUT or UNTIL_COMMIT
         raise RuleError(str(exc), "E010") from exc
     return LockRule(index, spec, frozenset(m.upper() for m in methods), url_name, compiled)

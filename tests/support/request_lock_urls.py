@@ -136,7 +136,20 @@ def inner_busy(request: HttpRequest, name: str) -> HttpResponse:
         return HttpResponse("unreachable")
 
 
+@request_lock("limited:{item_id}", ttl=5, limit=2)
+def limited(request: HttpRequest, item_id: int) -> JsonResponse:
+    return _record(request)
+
+
+@request_lock("limited:{item_id}", ttl=5, limit=2)
+async def alimited(request: HttpRequest, item_id: int) -> JsonResponse:
+    await asyncio.sleep(0)
+    return _record(request)
+
+
 urlpatterns = [
+    path("limited/<int:item_id>/", limited, name="limited"),
+    path("alimited/<int:item_id>/", alimited, name="alimited"),
     path("item/<int:item_id>/", item, name="item"),
     path("aitem/<int:item_id>/", aitem, name="aitem"),
     path("checkout/", checkout, name="checkout"),
