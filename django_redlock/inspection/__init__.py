@@ -116,8 +116,10 @@ def force_release(
     """
     manager = locks[alias]
     with AliasInspector(manager) as inspector:
-        per_node = inspector.read_values([name])[0]
-        errors = inspector.errors
+        values, _, markers = inspector.read_page([name])
+        per_node, errors = values[0], inspector.errors
+        if markers[0] is not None:  # a semaphore or a read-write lock's readers
+            return _force_release_kind(inspector, name, token, lease)
     info = merge(alias, name, len(manager.config.nodes), per_node)
     if info is None and errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
@@ -138,4 +140,40 @@ def force_release(
         )
     raws = {value.raw for value, _ in main_holder([e for e in per_node if e is not None])}
     deleted = sum(manager.force_release(name, expected_value=raw) for raw in sorted(raws))
+    return deleted, info
+
+
+def _force_release_kind(
+    inspector: AliasInspector, name: str, token: int | None, lease: str | None
+) -> tuple[int, LockInfo]:
+    """Force-release every permit of the semaphore ``name`` (each slot holder's exact values,
+    then the marker); ``token``/``lease`` name the row's newest permit, as listed. Read
+    leases of a read-write lock cannot be force-released yet (they expire within their TTL)."""
+    infos = inspector.lock_infos([name])
+    alias = inspector.alias
+    if not infos:
+        raise NotHeld(f"{name!r} is not held on alias {alias!r}")
+    info = infos[0]
+    if info.kind != "semaphore":
+        raise InspectionError(
+            f"{name!r} on alias {alias!r} is held by read leases of a read-write lock, which "
+            "cannot be force-released yet; they end within their TTL"
+        )
+    if (token is not None and info.token != token) or (
+        lease is not None and info.lease_id != lease
+    ):
+        raise HolderChanged(
+            f"semaphore {name!r} on alias {alias!r} has another newest permit now (token "
+            f"{info.token}); nothing was released"
+        )
+    engine = inspector.manager.engine
+    permits = info.permits or 0
+    slots = inspector.read_slots(name, permits)
+    deleted = 0
+    for slot, per_node in enumerate(slots):
+        held = [entry for entry in per_node if entry is not None]
+        key = inspector.keys.permit(name, slot)
+        for raw in sorted({value.raw for value, _ in main_holder(held)} if held else ()):
+            deleted = max(deleted, engine.force_release(name, raw, key=key))
+    engine.force_release(name)  # the marker: the name is free for any kind again
     return deleted, info

@@ -15,14 +15,17 @@ from ..checks import valid_aliases
 from ..conf import AliasConfig
 from ..connections import client_factory
 from ..engine import WAITING, Keyspace, LockValue, as_text, escape_glob
+from ..engine.keyspace import SEMAPHORE_MARKER
 from ..manager import LockManager
-from .records import LockInfo, NodeError, NodeHealth, merge
+from .records import LockInfo, NodeError, NodeHealth, merge, merge_readers, merge_semaphore
 
 logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name (records carry .module)
 T = TypeVar("T")
 
 #: ``COUNT`` hint per ``SCAN`` call.
 SCAN_COUNT = 500
+#: What other kinds keep at a name's own key (a semaphore's size, a rwlock's readers).
+KIND_MARKERS = (SEMAPHORE_MARKER, "rwlock|")
 
 
 class AliasInspector:
@@ -129,12 +132,15 @@ class AliasInspector:
 
     def read_page(
         self, names: Sequence[str]
-    ) -> tuple[list[list[tuple[LockValue, int] | None]], list[int]]:
-        """What :meth:`read_values` returns, and per name how many callers wait for it (the
-        largest count over the nodes), in the same round trip per node."""
+    ) -> tuple[list[list[tuple[LockValue, int] | None]], list[int], list[str | None]]:
+        """What :meth:`read_values` returns, per name how many callers wait for it (the
+        largest count over the nodes) and the kind marker found at its key (a semaphore's
+        ``semaphore|N`` or a read-write lock's ``rwlock|readers``; None for a lock), in the
+        same round trip per node."""
         keys = [self.keys.lock(name) for name in names]
         result: list[list[tuple[LockValue, int] | None]] = [[None] * self.total for _ in names]
         waiting = [0] * len(names)
+        markers: list[str | None] = [None] * len(names)
 
         def fetch(client: redis.Redis) -> list[Any]:
             pipe = client.pipeline(transaction=False)
@@ -156,20 +162,66 @@ class AliasInspector:
                     text = as_text(raw)
                     if LockValue.looks_like_lock(text):  # skip anything that is not a lock
                         result[i][index] = (LockValue.parse(text), int(pttl))
+                    elif text.startswith(KIND_MARKERS):
+                        markers[i] = text
             counts = replies[2 * len(keys)]
             if isinstance(counts, list):  # not an error (say, an ACL user without EVAL)
                 waiting = [max(w, int(c)) for w, c in zip(waiting, counts, strict=True)]
-        return result, waiting
+        return result, waiting, markers
 
     def lock_infos(self, names: Sequence[str]) -> list[LockInfo]:
         """Merged :class:`LockInfo` of ``names`` that are still held, in the same order."""
         infos = []
-        values, waiting = self.read_page(names)
-        for name, per_node, waiters in zip(names, values, waiting, strict=True):
-            info = merge(self.alias, name, self.total, per_node, waiters)
+        values, waiting, markers = self.read_page(names)
+        for name, per_node, waiters, marker in zip(names, values, waiting, markers, strict=True):
+            if marker is not None and marker.startswith(SEMAPHORE_MARKER):
+                permits = _maybe_int(marker[len(SEMAPHORE_MARKER) :]) or 0
+                slots = self.read_slots(name, permits)
+                info = merge_semaphore(self.alias, name, self.total, permits, slots, waiters)
+            elif marker is not None:
+                info = merge_readers(self.alias, name, self.total, self.read_readers(name), waiters)
+            else:
+                info = merge(self.alias, name, self.total, per_node, waiters)
             if info is not None:
                 infos.append(info)
         return infos
+
+    def read_slots(self, name: str, permits: int) -> list[list[tuple[LockValue, int] | None]]:
+        """Per slot of the semaphore ``name``, per node: the parsed value and PTTL, or None."""
+        keys = [self.keys.permit(name, k) for k in range(permits)]
+        result: list[list[tuple[LockValue, int] | None]] = [[None] * self.total for _ in keys]
+
+        def fetch(client: redis.Redis) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
+                pipe.get(key)
+                pipe.pttl(key)
+            return pipe.execute(raise_on_error=False)
+
+        for index in range(self.total):
+            replies = self._call(index, fetch) if keys else None
+            for k in range(len(keys)) if replies else ():
+                raw, pttl = replies[2 * k], replies[2 * k + 1]  # type: ignore[index]
+                if isinstance(raw, bytes | str) and isinstance(pttl, int) and pttl != -2:
+                    text = as_text(raw)
+                    if LockValue.looks_like_lock(text):
+                        result[k][index] = (LockValue.parse(text), int(pttl))
+        return result
+
+    def read_readers(self, name: str) -> list[dict[str, int] | None]:
+        """Per node, the read leases of the read-write lock ``name``: owner -> ms left (on
+        the node's own clock); None for a node that could not be read."""
+        key = self.keys.readers(name)
+
+        def fetch(client: redis.Redis) -> dict[str, int]:
+            pipe = client.pipeline(transaction=False)
+            pipe.time()
+            pipe.zrange(key, 0, -1, withscores=True)
+            (seconds, micros), members = pipe.execute()
+            now = seconds * 1000 + micros // 1000
+            return {as_text(m): int(score) - now for m, score in members if score > now}
+
+        return [self._call(index, fetch) for index in range(self.total)]
 
     # -- health ----------------------------------------------------------------------------
     def health(self) -> list[NodeHealth]:

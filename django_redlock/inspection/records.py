@@ -84,10 +84,26 @@ class LockInfo:
     lease_id: str
     nodes_other: int = 0
     waiters: int = 0
+    #: "lock", "semaphore" or "rwlock" (read leases; a write lease is listed as a lock)
+    kind: str = "lock"
+    #: a semaphore's number of permits (None for other kinds)
+    permits: int | None = None
+    #: every lease holding the name: a lock's one, a semaphore's permits, a rwlock's readers;
+    #: each a dict of slot (permits only), token, owner (masked), lease_id, ttl_ms, nodes_held
+    holders: tuple[dict[str, Any], ...] = ()
 
     @property
     def quorum_held(self) -> bool:
         return self.nodes_held >= quorum(self.nodes_total)
+
+    @property
+    def kind_label(self) -> str:
+        """What the admin shows: "lock", "semaphore 2/3 permits", "rwlock: 3 readers"."""
+        if self.kind == "semaphore":
+            return f"semaphore {len(self.holders)}/{self.permits} permits"
+        if self.kind == "rwlock":
+            return f"rwlock: {len(self.holders)} reader{'s' if len(self.holders) != 1 else ''}"
+        return "lock"
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``acquired_at`` as ISO 8601)."""
@@ -163,4 +179,76 @@ def merge(
         lease_id=lease_id(first.owner),
         nodes_other=len(held) - len(main),
         waiters=waiters,
+        holders=(holder_of(first.token, first.owner, min(ttls) if ttls else -1, len(main)),),
+    )
+
+
+def holder_of(token: int | None, owner: str, ttl_ms: int, nodes_held: int) -> dict[str, Any]:
+    """One lease holding a name, as listed (the owner masked)."""
+    return {
+        "token": token,
+        "owner": mask_owner(owner),
+        "lease_id": lease_id(owner),
+        "ttl_ms": ttl_ms,
+        "nodes_held": nodes_held,
+    }
+
+
+def merge_semaphore(
+    alias: str,
+    name: str,
+    total: int,
+    permits: int,
+    slots: Sequence[Sequence[tuple[LockValue, int] | None]],
+    waiters: int = 0,
+) -> LockInfo | None:
+    """One row for a semaphore: its held permits (one merged lock per slot) as ``holders``;
+    the row's token, owner, host and lease are the newest permit's, ``nodes_held`` that of
+    its best-replicated permit and ``ttl_ms`` the longest time a permit has left."""
+    held = [(k, merge(alias, name, total, per_node)) for k, per_node in enumerate(slots)]
+    permits_held = [(k, info) for k, info in held if info is not None]
+    if not permits_held:
+        return None
+    newest = max((info for _, info in permits_held), key=lambda info: info.token)
+    holders = tuple({"slot": k, **info.holders[0]} for k, info in permits_held)
+    return dataclasses.replace(
+        newest,
+        nodes_held=max(info.nodes_held for _, info in permits_held),
+        nodes_other=0,
+        ttl_ms=max(info.ttl_ms for _, info in permits_held),
+        waiters=waiters,
+        kind="semaphore",
+        permits=permits,
+        holders=holders,
+    )
+
+
+def merge_readers(
+    alias: str, name: str, total: int, readers: Sequence[dict[str, int] | None], waiters: int = 0
+) -> LockInfo | None:
+    """One row for a read-write lock's readers: ``readers`` per node maps owner -> ms left."""
+    counts: dict[str, list[int]] = {}
+    for per_node in readers:
+        for owner, left in (per_node or {}).items():
+            counts.setdefault(owner, []).append(left)
+    if not counts:
+        return None
+    holders = tuple(
+        holder_of(None, owner, min(lefts), len(lefts)) for owner, lefts in sorted(counts.items())
+    )
+    return LockInfo(
+        alias=alias,
+        name=name,
+        nodes_held=max(h["nodes_held"] for h in holders),
+        nodes_total=total,
+        ttl_ms=max(h["ttl_ms"] for h in holders),
+        token=0,
+        owner="",
+        acquired_at=None,
+        host="",
+        pid=None,
+        lease_id=holders[0]["lease_id"],
+        waiters=waiters,
+        kind="rwlock",
+        holders=holders,
     )

@@ -48,6 +48,7 @@ def _lock_row(info: LockInfo) -> list[object]:
         info.acquired_at.strftime("%Y-%m-%d %H:%M:%S") if info.acquired_at else "",
         f"{info.host} ({info.pid})" if info.pid else info.host,
         info.waiters,
+        info.kind_label,
     ]
 
 
@@ -61,6 +62,7 @@ LOCK_HEADERS = (
     "ACQUIRED (UTC)",
     "HOLDER",
     "WAITERS",
+    "KIND",
 )
 
 #: ``code`` of the ``--json`` error document for each refusal of ``inspection.force_release``.
