@@ -132,6 +132,9 @@ def _run_task(index: int, task: dict[str, Any], results: Any) -> dict[str, Any]:
                         Order.objects.create(product_id=pk, quantity=1)
                     event["exit"] = now()
                     event["type"] = "ok"
+                elif mode == "cart":
+                    phase = "block"
+                    event = _sell_cart(manager, rng, task, index, ops, pause, write)
                 else:
                     with manager.lock(f"product:{pk}", ttl=ttl, timeout=task["timeout"]) as lease:
                         event["acquired"] = now()
@@ -193,6 +196,46 @@ def _run_task(index: int, task: dict[str, Any], results: Any) -> dict[str, Any]:
         connections.close_all()
         locks.reset()
     return {"ops": ops, "pid": os.getpid()}
+
+
+def _sell_cart(
+    manager: Any,
+    rng: random.Random,
+    task: dict[str, Any],
+    index: int,
+    op: int,
+    pause: float,
+    write: Callable[[dict[str, Any]], None],
+) -> dict[str, Any]:
+    """Mode "cart": one unit of each of two products, all or none, under ``lock_many`` and a
+    fenced ``claim_many``. Writes the first product's completion through ``write`` and returns
+    the second's, each with its own lease's token (so the oracles judge each product)."""
+    from django.db import transaction
+
+    from testproject.inventory.models import Order, Product
+
+    pks = rng.sample(task["pks"], 2)
+    names = {pk: f"product:{pk}" for pk in pks}
+    events = [{"op": op, "pk": pk, "w": index} for pk in pks]
+    with manager.lock_many(list(names.values()), ttl=task["ttl"], timeout=task["timeout"]) as held:
+        tokens = {pk: held.leases[name].token for pk, name in names.items()}
+        for event in events:
+            event.update(acquired=now(), token=tokens[event["pk"]])
+        with transaction.atomic():
+            rows = Product.objects.claim_many(tokens)
+            for event in events:
+                event["enter"] = now()
+            time.sleep(pause)
+            sold = all(row.stock >= 1 for row in rows.values())
+            for pk, row in rows.items():
+                if sold:
+                    row.stock -= 1
+                    row.save(fence_token=tokens[pk])
+                    Order.objects.create(product_id=pk, quantity=1)
+        for event in events:
+            event.update(sold=sold, exit=now(), type="ok", t=now())
+    write(events[0])
+    return events[1]
 
 
 def _is_db_error(exc: BaseException) -> bool:

@@ -1,0 +1,135 @@
+"""The other primitives under faults (SPEC 12): ``lock_many`` carts in the shop workload with
+nodes paused and a node restarted empty, judged by the fault suites' oracles; a semaphore's
+"at most N holders" with 8 processes while nodes are paused and one restarts empty."""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from django_redlock.testing import RedisNodes
+from tests.faults.conftest import SEEDS, TTL, Shop, assert_all_oracles, assert_data_oracles
+from tests.support import engine_workers as workers
+from tests.support.shop_workload import WorkerPool, overlap_anomalies, token_anomalies
+
+Nodes = Callable[..., RedisNodes]
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def every(interval: float, action: Callable[[], Any], seconds: float) -> int:
+    deadline, count = time.monotonic() + seconds, 0
+    while time.monotonic() < deadline:
+        action()
+        count += 1
+        time.sleep(interval)
+    return count
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_carts_with_nodes_paused_at_random(
+    shop: Shop, redis_node_factory: Nodes, report: Callable[..., None], seed: int
+) -> None:
+    """8 workers sell carts of two products (lock_many + claim_many) while 1 or 2 of 5 nodes
+    are SIGSTOPped and resumed at random: every oracle holds (stock conserved, purchase log in
+    token order, no overlapping sections per product, tokens in real-time order)."""
+    nodes = redis_node_factory(5)
+    rng = random.Random(seed)
+    rounds: list[int] = []
+
+    def chaos(pool: WorkerPool) -> None:
+        def flip() -> None:
+            for node in nodes:
+                if node.is_paused:
+                    node.resume()
+            for i in rng.sample(range(5), rng.choice((1, 2))):
+                nodes[i].pause()
+
+        try:
+            rounds.append(every(0.3, flip, 2.0))
+        finally:
+            for node in nodes:
+                if node.is_paused:
+                    node.resume()
+
+    run = shop.run(shop.settings(nodes), mode="cart", stock=20, seed=seed, during=chaos)
+    report("carts, 1-2 of 5 paused", run, pause_rounds=rounds)
+    assert rounds and rounds[0] >= 3
+    assert_all_oracles(run, nodes, shop.prefix, TTL + 1.5)
+
+
+def test_carts_with_a_node_restarted_empty(
+    shop: Shop, redis_node_factory: Nodes, report: Callable[..., None]
+) -> None:
+    """Carts on 3 nodes while one node is killed (-9) and restarted empty mid-run (it is
+    quarantined for the rest of the run): stock conserved, purchase log in token order, no
+    overlapping sections, tokens in real-time order."""
+    nodes = redis_node_factory(3)
+    run_ids: list[str] = []
+
+    def crash(pool: WorkerPool) -> None:
+        time.sleep(0.6)
+        run_ids.append(nodes[1].client().info("server")["run_id"])
+        nodes[1].restart(keep_data=False)
+        run_ids.append(nodes[1].client().info("server")["run_id"])
+
+    run = shop.run(shop.settings(nodes), mode="cart", stock=20, during=crash)
+    report("carts, a node restarted empty", run)
+    assert len(set(run_ids)) == 2  # the fault took effect: a new incarnation
+    assert_data_oracles(run)
+    assert token_anomalies(run.history) == []
+    assert overlap_anomalies(run.history) == []
+    assert sum(1 for e in run.history.of("ok") if e.get("sold")) > 0
+
+
+@pytest.mark.parametrize("count", [3, 5])
+def test_semaphore_holders_with_nodes_paused_and_restarted(
+    count: int, redis_node_factory: Nodes
+) -> None:
+    """8 processes x 25 sections on a 3-permit semaphore while nodes are paused and resumed
+    and one is killed and restarted empty: the holder counter outside the library never
+    exceeds 3, and every permit had its own token."""
+    nodes = redis_node_factory(count)
+    counter = redis_node_factory(1)[0]
+    redlock = {"sem": {"NODES": nodes.urls, "NODE_TIMEOUT": 0.1, "TTL": 5.0}}
+    key = f"holders-{count}"
+    stop = threading.Event()
+    faults: list[str] = []
+
+    def chaos() -> None:
+        rng = random.Random(count)
+        while not stop.is_set():
+            victim = nodes[rng.randrange(count)]
+            victim.pause()
+            faults.append("pause")
+            time.sleep(0.15)
+            victim.resume()
+            if len(faults) == 6:
+                nodes[0].restart(keep_data=False)
+                faults.append("restart")
+            time.sleep(0.15)
+
+    thread = threading.Thread(target=chaos)
+    thread.start()
+    try:
+        with SPAWN.Pool(8) as pool:
+            results = pool.starmap(
+                workers.hold_permits,
+                [(redlock, "sem", "s", 3, counter.url, key, 25) for _ in range(8)],
+            )
+    finally:
+        stop.set()
+        thread.join(10)
+        for node in nodes:
+            if node.is_paused:
+                node.resume()
+    seen = [int(n) for n in counter.client().lrange(f"{key}:seen", 0, -1)]
+    assert len(seen) == 200 and max(seen) <= 3
+    assert "restart" in faults and faults.count("pause") >= 3
+    tokens = [t for r in results for t in r]
+    assert len(set(tokens)) == len(tokens)
