@@ -64,7 +64,8 @@ class HeldLocks:
         return f"<HeldLocks {sorted(self.leases)}>"
 
     def release(self) -> bool:
-        """Release every name; True if every one was still held."""
+        """Release every name still held, in one call per node; True if none of them had
+        been lost (a lease released on its own before does not count)."""
         return not self._release_each()
 
     async def arelease(self) -> bool:
@@ -72,11 +73,32 @@ class HeldLocks:
         return not await self._arelease_each()
 
     def _release_each(self) -> list[str]:
-        """Release every name; returns the names that were no longer held."""
-        return [name for name, lease in self.leases.items() if not lease.release()]
+        """Release every name in one call per node; returns the names no longer held."""
+        leases = self._releasing()
+        if not leases:
+            return []
+        engine = leases[0]._engine
+        held = engine.release_many([lease._record for lease in leases])
+        return self._released(leases, held)
 
     async def _arelease_each(self) -> list[str]:
-        return [name for name, lease in self.leases.items() if not await lease.arelease()]
+        leases = self._releasing()
+        if not leases:
+            return []
+        engine = leases[0]._engine
+        held = await engine.arelease_many([lease._record for lease in leases])
+        return self._released(leases, held)
+
+    def _releasing(self) -> list[Lease]:
+        """The leases still to release (renewals stopped, no longer guarding writes)."""
+        return [lease for lease in self.leases.values() if lease._releasing()]
+
+    def _released(self, leases: list[Lease], held: list[bool]) -> list[str]:
+        done = {lease.name for lease in leases}
+        lost = [
+            lease.name for lease, ok in zip(leases, held, strict=True) if not lease._released(ok)
+        ]
+        return lost + [name for name in self.leases if name not in done]
 
 
 class LockManyBlock:

@@ -136,3 +136,27 @@ def test_alock_many(unique_name: str) -> None:
         return order
 
     assert sorted(asyncio.run(main())) == [0, 1, 2, 3]
+
+
+def test_releasing_a_set_frees_every_name_and_wakes_their_waiters(unique_name: str) -> None:
+    """One release of the set (one call per node) frees every name, and a caller waiting for
+    one of them is woken by it."""
+    manager = locks["five"]
+    names = [f"{unique_name}:{i}" for i in range(4)]
+    held = manager.acquire_many(names, ttl=5, timeout=0)
+    got: list[float] = []
+
+    def wait() -> None:
+        with manager.lock(names[2], ttl=5, timeout=10):
+            got.append(time.monotonic())
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.4)
+    released = time.monotonic()
+    assert held.release() is True
+    thread.join(10)
+    assert got and got[0] - released < 0.09
+    assert held.release() is True  # again: nothing left to release, nothing lost
+    for name in names:
+        manager.acquire(name, timeout=0).release()

@@ -1097,3 +1097,25 @@ def test_many_failure_names_the_busy_name_and_gives_back_every_grant(
     assert run.result.reason == "busy"
     assert run.result.busy_name == "c"
     assert [run.calls(i)[0].keys[0] for i in (1, 2, 3)] == ["t:a", "t:b", "t:c"]
+
+
+def test_release_many_is_one_call_per_node_and_judges_each_lease(
+    state: plans.AliasState,
+) -> None:
+    """A set's release sends one RELEASE_MANY per node with every name's keys; a name that a
+    majority says is not ours any more is reported not held, the others held."""
+    run = drive(
+        _many.acquire_many_plan(state, fake_nodes(3), ["a", "b"], 5.0),
+        [answer(ACQUIRE_MANY, [1, 10, 0], [1, 10, 0], [1, 10, 0])],
+    )
+    records = run.result
+    lease_plans = sys.modules["django_redlock.engine.lease_plans"]
+    release = drive(
+        lease_plans.release_many_plan(state, fake_nodes(3), records),
+        [answer(primitive_scripts.RELEASE_MANY, [1, 0], [1, 0], [2, 1])],
+    )
+    assert release.result == [True, False]
+    call = release.calls(0)[0]
+    assert call.keys[0::4] == ("t:a", "t:b")
+    assert records[0].handed_off and not records[1].handed_off
+    assert all(record.released for record in records)

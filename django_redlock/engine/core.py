@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from . import forks
 from .keyspace import new_waiter
+from .lease_plans import release_many_plan
 from .many_plans import acquire_many_plan
 from .plans import acquire_plan, extend_plan, force_release_plan, register_plan, release_plan
 from .policy import AcquireStep, Attempt, AwaitRelease, Stepper, acquire_policy, registration_ms
@@ -133,6 +134,13 @@ class Engine:
         held = self._run(lambda nodes: release_plan(self.state, nodes, lease), lease.pinned)[0]
         return self._released(lease, held)
 
+    def release_many(self, leases: Sequence[LeaseRecord]) -> list[bool]:
+        """Release the leases of one ``lock_many`` set in one call per node; per lease, True
+        if it was still held."""
+        pinned = leases[0].pinned if leases else None
+        held = self._run(lambda nodes: release_many_plan(self.state, nodes, leases), pinned)[0]
+        return [self._released(lease, ok) for lease, ok in zip(leases, held, strict=True)]
+
     def force_release(self, name: str, expected: str = "", key: str = "") -> int:
         """Delete ``name`` on every node (only a value equal to ``expected``, if given),
         advancing the fence counter; returns how many nodes deleted it."""
@@ -187,6 +195,13 @@ class Engine:
         """Asyncio twin of :meth:`release`."""
         plan = lambda nodes: release_plan(self.state, nodes, lease)  # noqa: E731
         return self._released(lease, (await self._arun(plan, lease.pinned))[0])
+
+    async def arelease_many(self, leases: Sequence[LeaseRecord]) -> list[bool]:
+        """Asyncio twin of :meth:`release_many`."""
+        pinned = leases[0].pinned if leases else None
+        plan = lambda nodes: release_many_plan(self.state, nodes, leases)  # noqa: E731
+        held = (await self._arun(plan, pinned))[0]
+        return [self._released(lease, ok) for lease, ok in zip(leases, held, strict=True)]
 
     async def aforce_release(self, name: str, expected: str = "", key: str = "") -> int:
         """Asyncio twin of :meth:`force_release`."""

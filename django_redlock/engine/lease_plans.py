@@ -13,6 +13,7 @@ from . import scripts
 from .keyspace import quorum, wake_node
 from .replies import Call, NodeFailure, Request, Slot, granted_per_node, node_errors
 from .state import (
+    HANDOFF_MS,
     LOST,
     RENEWED,
     UNCONFIRMED,
@@ -57,6 +58,46 @@ def release_plan(state: AliasState, nodes: Sequence[NodeView], lease: LeaseRecor
     # compare-and-delete still runs when the node answers, in order, on this connection).
     refused = sum(1 for r in replies if r == scripts.NOT_HELD)
     return was_valid and not lease.lost and refused <= total - needed
+
+
+def release_many_plan(
+    state: AliasState, nodes: Sequence[NodeView], leases: Sequence[LeaseRecord]
+) -> Plan[list[bool]]:
+    """Release every lease of a ``lock_many`` set (one owner) in one call per node; returns,
+    per lease, True if it was still held (as :func:`release_plan`)."""
+    live = [lease for lease in leases if not lease.released]
+    was_valid = [lease.validity() > 0 for lease in live]
+    for lease in live:
+        lease.released = True
+    total = len(nodes)
+    needed = quorum(total)
+    if not live:
+        return [False] * len(leases)
+    reached = live[0].reached or (True,) * total
+    keys = state.keys
+    touched: tuple[str, ...] = ()
+    for lease in live:
+        name = lease.name
+        touched += (lease.key, keys.waiters(name), keys.wake(name), keys.handoff(name))
+    args = (live[0].owner, WAKE_TTL_MS, HANDOFF_MS, "1", 0, "", "0")
+    calls: list[Call | None] = [
+        Call(more.RELEASE_MANY, touched, args) if node.run_id is not None and reached[i] else None
+        for i, node in enumerate(nodes)
+    ]
+
+    def settled(slots: list[Slot]) -> bool:
+        answered = sum(1 for s, c in zip(slots, calls, strict=True) if c is not None and s.done)
+        return answered >= needed or all(s.done for s, c in zip(slots, calls, strict=True) if c)
+
+    replies = yield Request(calls, state.node_timeout, settled)
+    answers = [r for r in replies if isinstance(r, list)]
+    held = []
+    for j, lease in enumerate(live):
+        lease.handed_off = any(int(r[j]) == scripts.HANDED_OFF for r in answers)
+        refused = sum(1 for r in answers if int(r[j]) == scripts.NOT_HELD)
+        held.append(was_valid[j] and not lease.lost and refused <= total - needed)
+    by_record = {id(lease): ok for lease, ok in zip(live, held, strict=True)}
+    return [by_record.get(id(lease), False) for lease in leases]
 
 
 def extend_plan(

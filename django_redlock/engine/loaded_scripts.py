@@ -23,4 +23,5 @@ ALL_SCRIPTS = (
     more.WRITE,
     more.READ_RELEASE,
     more.READ_EXTEND,
+    more.RELEASE_MANY,
 )

@@ -331,3 +331,18 @@ end
 return 1
 """,
 )
+
+# KEYS: for each lease of a ``lock_many`` set: lock, waiter set, wake-up list, hand-off
+# reservation (four keys each). ARGV: as RELEASE (one owner for the whole set). RELEASE of
+# every name in one call; returns the replies, one per name.
+RELEASE_MANY = Script(
+    "release_many",
+    _RELEASE
+    + """
+local replies = {}
+for i = 1, #KEYS, 4 do
+  replies[#replies + 1] = release(KEYS[i], KEYS[i + 1], KEYS[i + 2], KEYS[i + 3])
+end
+return replies
+""",
+)
