@@ -247,6 +247,9 @@ def cmd_demo(args: list[str]) -> int:
             say('"a nightly job on three servers": three start it at once, as their cron would')
             for flags in (["--no-lock"], []):
                 manage(python, env, "nightly", *flags)
+            say("the same job sent by two celery beat schedulers to a Celery worker")
+            for flags in (["--no-lock"], []):
+                manage(python, env, "nightly", "--celery", *flags)
     except KeyboardInterrupt:
         say("interrupted")
         return 130

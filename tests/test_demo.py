@@ -128,3 +128,13 @@ def test_checkout_of_carts_sells_exactly_the_stock_with_lock_many(
     unlocked = outcome(demo_env, "checkout", "--no-lock", *small)
     assert unlocked["errors"] == 0
     assert unlocked["oversold"] > 0, unlocked
+
+
+def test_nightly_job_with_two_celery_beat_schedulers(demo_env: dict[str, str]) -> None:
+    """Two real `celery beat` processes send the nightly report every 2 s to a real prefork
+    worker: the plain task runs for each scheduler's send, the LockedTask (lock_min_hold)
+    once per tick: about half as many reports."""
+    unlocked = outcome(demo_env, "nightly", "--celery", "--no-lock", "--seconds", "5")
+    locked = outcome(demo_env, "nightly", "--celery", "--seconds", "5")
+    assert unlocked["reports"] >= 4, unlocked  # at least two ticks of two schedulers
+    assert 1 <= locked["reports"] <= unlocked["reports"] // 2 + 1, (locked, unlocked)

@@ -7,12 +7,16 @@ pauses, resumes and stops them by their PIDs only.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import multiprocessing
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Callable
 from multiprocessing.context import SpawnProcess
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand
@@ -102,3 +106,28 @@ class WorkerProcesses:
             if process.is_alive():
                 process.terminate()  # SIGTERM to its PID
                 process.join(STOP_GRACE)
+
+
+def stop_group(process: subprocess.Popen[bytes], grace: float = 8.0) -> None:
+    """SIGTERM to ``process`` (a warm shutdown), SIGKILL to its whole process group after
+    ``grace`` seconds, and SIGKILL to the group in any case (children orphaned by a crash).
+    The process must have been started with ``start_new_session=True``."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=5)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def emit_result(command: BaseCommand, line: str, result: dict[str, Any], json_to: Any) -> None:
+    """Write a demo command's one-line outcome, and its ``result`` as JSON where ``--json``
+    says: ``"-"`` as the last line of the output, a path into that file, None nowhere."""
+    command.stdout.write(line)
+    if json_to == "-":
+        command.stdout.write(json.dumps(result))
+    elif json_to:
+        Path(json_to).write_text(json.dumps(result))

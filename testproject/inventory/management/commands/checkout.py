@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 import random
 from argparse import ArgumentParser
-from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from testproject.inventory.demo_run import SPAWN, WorkerProcesses, recreate_product
+from testproject.inventory.demo_run import SPAWN, WorkerProcesses, emit_result, recreate_product
 from testproject.inventory.management.commands.oversell import START_TIMEOUT
 
 PRODUCT_PREFIX = "Checkout demo product"
@@ -96,15 +95,12 @@ class Command(BaseCommand):
             "whole_carts": sum(orders.values()) == counts["items"],
         }
         label = "with lock_many" if use_lock else "WITHOUT the lock (--no-lock)"
-        self.stdout.write(
+        line = (
             f"checkout {label}: {counts['sold']} carts sold, {counts['refused']} refused "
             f"(an item sold out), {counts['busy']} busy, {counts['errors']} errors; per product "
             f"sold {result['sold_each']} of {stock}, final stock {result['final_stock']}, "
             f"oversold by {result['oversold']} in all"
         )
-        if options["json"] == "-":
-            self.stdout.write(json.dumps(result))
-        elif options["json"]:
-            Path(options["json"]).write_text(json.dumps(result))
+        emit_result(self, line, result, options["json"])
         if use_lock and (result["oversold"] or counts["errors"] or not result["whole_carts"]):
             raise CommandError("invariant failed with the lock: " + json.dumps(result))

@@ -10,6 +10,7 @@ that works for a second and writes ``report-<pid>.txt``), as a cron job would be
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand
+
+from testproject.inventory.demo_run import emit_result, stop_group
 
 JOB = (
     "import os, sys, time; time.sleep({work}); "
@@ -34,6 +37,14 @@ class Command(BaseCommand):
         parser.add_argument("--servers", type=int, default=3, help="How many start it (3).")
         parser.add_argument("--work", type=float, default=1.0, help="Seconds the job works.")
         parser.add_argument(
+            "--celery",
+            action="store_true",
+            help="Two celery beat schedulers send the job to a Celery worker instead.",
+        )
+        parser.add_argument(
+            "--seconds", type=float, default=6.5, help="How long the schedulers run (6.5)."
+        )
+        parser.add_argument(
             "--json",
             nargs="?",
             const="-",
@@ -42,6 +53,9 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["celery"]:
+            self.with_celery(options)
+            return
         use_lock = not options["no_lock"]
         with tempfile.TemporaryDirectory(prefix="nightly-") as reports:
             job = [sys.executable, "-c", JOB.format(work=options["work"]), reports]
@@ -65,11 +79,53 @@ class Command(BaseCommand):
             "seconds": round(seconds, 2),
         }
         label = "with redlock run" if use_lock else "without the lock"
-        self.stdout.write(
+        line = (
             f"nightly report, {options['servers']} servers, {label}: {written} report(s) "
             f"written, exit statuses {statuses}, {seconds:.1f} s"
         )
-        if options["json"] == "-":
-            self.stdout.write(json.dumps(result))
-        elif options["json"]:
-            Path(options["json"]).write_text(json.dumps(result))
+        emit_result(self, line, result, options["json"])
+
+    def with_celery(self, options: dict[str, Any]) -> None:
+        """Two ``celery beat`` processes send the job every 2 s to one prefork worker, for
+        ``--seconds``: the plain task runs once per tick per scheduler, the LockedTask
+        (``lock_min_hold``) once per tick."""
+        use_lock = not options["no_lock"]
+        task = "demo.nightly_locked" if use_lock else "demo.nightly_plain"
+        celery = [sys.executable, "-m", "celery", "-A", "testproject.celery_demo"]
+        with tempfile.TemporaryDirectory(prefix="nightly-celery-") as scratch:
+            env = {**os.environ, "DEMO_BEAT": json.dumps(
+                {"task": task, "args": [scratch], "seconds": BEAT_EVERY})}  # fmt: skip
+            worker = [*celery, "worker", "--pool=prefork", "--concurrency=2", "-l", "warning"]
+            worker += ["--without-heartbeat", "--without-gossip", "--without-mingle"]
+            processes = [_start(worker, env)]
+            try:
+                time.sleep(2.0)  # the worker is up before the first tick
+                for n in range(2):
+                    beat = [*celery, "beat", "-l", "warning", f"--schedule={scratch}/beat{n}"]
+                    processes.append(_start([*beat, f"--pidfile={scratch}/beat{n}.pid"], env))
+                time.sleep(options["seconds"])
+                for beat_process in processes[1:]:
+                    stop_group(beat_process)
+                time.sleep(1.5)  # the worker runs what was sent
+            finally:
+                for process in processes:
+                    stop_group(process)
+            written = len(list(Path(scratch).glob("report-*.txt")))
+        result = {"schedulers": 2, "lock": use_lock, "reports": written, "celery": True}
+        label = "LockedTask (lock_min_hold)" if use_lock else "a plain task"
+        line = (
+            f"nightly report, two celery beat schedulers every {BEAT_EVERY:g} s for "
+            f"{options['seconds']:g} s, {label}: {written} report(s) written"
+        )
+        emit_result(self, line, result, options["json"])
+
+
+#: The schedulers send the job this often, seconds.
+BEAT_EVERY = 2.0
+
+
+def _start(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
