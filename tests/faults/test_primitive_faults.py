@@ -133,3 +133,46 @@ def test_semaphore_holders_with_nodes_paused_and_restarted(
     assert "restart" in faults and faults.count("pause") >= 3
     tokens = [t for r in results for t in r]
     assert len(set(tokens)) == len(tokens)
+
+
+def test_read_write_lock_with_nodes_paused_and_restarted(redis_node_factory: Nodes) -> None:
+    """6 reading and 2 writing processes on 5 nodes while nodes are paused and resumed and one
+    is killed and restarted empty: a writer never sees another holder inside, a reader never
+    sees a writer, and both writers finish."""
+    nodes = redis_node_factory(5)
+    counter = redis_node_factory(1)[0]
+    redlock = {"rw": {"NODES": nodes.urls, "NODE_TIMEOUT": 0.1, "TTL": 5.0}}
+    stop = threading.Event()
+    faults: list[str] = []
+
+    def chaos() -> None:
+        rng = random.Random(5)
+        while not stop.is_set():
+            victim = nodes[rng.randrange(5)]
+            victim.pause()
+            faults.append("pause")
+            time.sleep(0.15)
+            victim.resume()
+            if len(faults) == 6:
+                nodes[0].restart(keep_data=False)
+                faults.append("restart")
+            time.sleep(0.15)
+
+    thread = threading.Thread(target=chaos)
+    thread.start()
+    args = [(redlock, "rw", "rw", counter.url, 15, False)] * 6
+    args += [(redlock, "rw", "rw", counter.url, 10, True)] * 2
+    try:
+        with SPAWN.Pool(8) as pool:
+            done = pool.starmap(workers.read_write_sections, args)
+    finally:
+        stop.set()
+        thread.join(10)
+        for node in nodes:
+            if node.is_paused:
+                node.resume()
+    assert done == [15] * 6 + [10] * 2
+    seen = [v.split() for v in counter.client().lrange("rw:seen", 0, -1)]
+    assert all(s[1] == b"1" and s[2] == b"0" for s in seen if s[0] == b"writers")
+    assert all(s[2] == b"0" for s in seen if s[0] == b"readers")
+    assert "restart" in faults and faults.count("pause") >= 3
