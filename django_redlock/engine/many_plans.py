@@ -40,15 +40,23 @@ def acquire_many_plan(
     needed = quorum(total)
     keys = state.keys
     mark_ms = max(mark_ms, 0) if waiter else 0
-    locks = tuple(keys.lock(name) for name in names)
-    touched: tuple[str, ...] = (keys.fence,)
-    for name, lock in zip(names, locks, strict=True):
-        touched += (lock, keys.waiters(name), keys.handoff(name))
+    # the per-name keys from their prefixes (this runs for every attempt, with many names)
+    lock_of, waiters_of, handoff_of = keys.lock(""), keys.waiters(""), keys.handoff("")
+    locks = tuple(lock_of + name for name in names)
+    touched = (
+        keys.fence,
+        *[key for name in names for key in (lock_of + name, waiters_of + name, handoff_of + name)],
+    )
 
     def settled(slots: list[Slot]) -> bool:
-        done = [s for s in slots if s.done and not isinstance(s.value, NodeFailure)]
-        won = sum(1 for s in done if int(s.value[0]) == scripts.GRANTED)
-        failed = sum(1 for s in slots if s.done) - won
+        won = failed = 0
+        for slot in slots:
+            if slot.done:
+                value = slot.value
+                if not isinstance(value, NodeFailure) and value[0] == scripts.GRANTED:
+                    won += 1
+                else:
+                    failed += 1
         return won >= needed or total - failed < needed
 
     def give_back(calls: list[Call | None], replies: Sequence[object], owner: str) -> Plan[None]:
