@@ -67,7 +67,13 @@ def first_acquires(
     """One process's first acquire on a new cluster, ``rounds`` times: each round is a new
     key prefix (fresh fence state), started at the same wall-clock moment in every process.
     Returns "ok" or the exception's class name per round."""
-    setup_django({f"r{r}": {"NODES": urls, "KEY_PREFIX": f"{prefix}{r}:"} for r in range(rounds)})
+    # a generous NODE_TIMEOUT (default 50 ms): on a loaded machine a slow reply would fail an
+    # attempt for a reason of its own (too few nodes in time); this test is about the race
+    aliases = {
+        f"r{r}": {"NODES": urls, "KEY_PREFIX": f"{prefix}{r}:", "NODE_TIMEOUT": 2.0}
+        for r in range(rounds)
+    }
+    setup_django(aliases)
     from django_redlock import locks
 
     for r in range(rounds):  # connect first, so only the first acquire itself races
