@@ -274,10 +274,17 @@ class LockAdmin(_LockAdminBase):
             logger.warning("Force release by %r refused: %s", user, why)
             messages.error(request, f"Not released: {why}.")
             return
-        summary = (
-            f"Force-released lock {name!r} on alias {alias!r} (token {token}, owner "
-            f"{info.owner}) on {deleted} of {info.nodes_total} nodes."
-        )
+        if info.kind == "semaphore":  # every permit; token and owner are the newest permit's
+            summary = (
+                f"Force-released semaphore {name!r} on alias {alias!r} ({len(info.holders)} of "
+                f"{info.permits} permits, newest token {token}, owner {info.owner}) on "
+                f"{deleted} of {info.nodes_total} nodes."
+            )
+        else:
+            summary = (
+                f"Force-released lock {name!r} on alias {alias!r} (token {token}, owner "
+                f"{info.owner}) on {deleted} of {info.nodes_total} nodes."
+            )
         logger.warning("%s By %r.", summary, user)
         user_pk = request.user.pk
         assert user_pk is not None  # admin views run for authenticated staff only

@@ -119,7 +119,7 @@ def force_release(
         values, _, markers = inspector.read_page([name])
         per_node, errors = values[0], inspector.errors
         if markers[0] is not None:  # a semaphore or a read-write lock's readers
-            return _force_release_kind(inspector, name, token, lease)
+            return _force_release_kind(inspector, name, markers[0], token, lease)
     info = merge(alias, name, len(manager.config.nodes), per_node)
     if info is None and errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
@@ -144,11 +144,16 @@ def force_release(
 
 
 def _force_release_kind(
-    inspector: AliasInspector, name: str, token: int | None, lease: str | None
+    inspector: AliasInspector, name: str, marker: str, token: int | None, lease: str | None
 ) -> tuple[int, LockInfo]:
     """Force-release every permit of the semaphore ``name`` (each slot holder's exact values,
-    then the marker); ``token``/``lease`` name the row's newest permit, as listed. Read
-    leases of a read-write lock cannot be force-released yet (they expire within their TTL)."""
+    with the engine's ``key=``), then its marker; ``token``/``lease`` name the row's newest
+    permit, as listed. Returns the most nodes any permit was deleted on.
+
+    The marker (``marker``, as read) is deleted only if it is still that value and no slot was
+    taken again meanwhile: a permit granted in between keeps its marker, so the name cannot be
+    taken as a lock while that permit is valid. Read leases of a read-write lock cannot be
+    force-released yet (they expire within their TTL)."""
     infos = inspector.lock_infos([name])
     alias = inspector.alias
     if not infos:
@@ -168,12 +173,12 @@ def _force_release_kind(
         )
     engine = inspector.manager.engine
     permits = info.permits or 0
-    slots = inspector.read_slots(name, permits)
     deleted = 0
-    for slot, per_node in enumerate(slots):
+    for slot, per_node in enumerate(inspector.read_slots(name, permits)):
         held = [entry for entry in per_node if entry is not None]
         key = inspector.keys.permit(name, slot)
         for raw in sorted({value.raw for value, _ in main_holder(held)} if held else ()):
             deleted = max(deleted, engine.force_release(name, raw, key=key))
-    engine.force_release(name)  # the marker: the name is free for any kind again
+    if not any(any(per_node) for per_node in inspector.read_slots(name, permits)):
+        engine.force_release(name, marker)  # the name is free for any kind again
     return deleted, info

@@ -89,7 +89,8 @@ class LockInfo:
     #: a semaphore's number of permits (None for other kinds)
     permits: int | None = None
     #: every lease holding the name: a lock's one, a semaphore's permits, a rwlock's readers;
-    #: each a dict of slot (permits only), token, owner (masked), lease_id, ttl_ms, nodes_held
+    #: each a dict of slot (a permit's; None otherwise), token (None for readers), owner
+    #: (masked), lease_id, ttl_ms, nodes_held (see :func:`holder_of`)
     holders: tuple[dict[str, Any], ...] = ()
 
     @property
@@ -183,9 +184,13 @@ def merge(
     )
 
 
-def holder_of(token: int | None, owner: str, ttl_ms: int, nodes_held: int) -> dict[str, Any]:
-    """One lease holding a name, as listed (the owner masked)."""
+def holder_of(
+    token: int | None, owner: str, ttl_ms: int, nodes_held: int, slot: int | None = None
+) -> dict[str, Any]:
+    """One lease holding a name, as listed (the owner masked); every kind's holders have the
+    same keys (``slot`` is a semaphore permit's slot, None for a lock or a reader)."""
     return {
+        "slot": slot,
         "token": token,
         "owner": mask_owner(owner),
         "lease_id": lease_id(owner),
@@ -210,7 +215,7 @@ def merge_semaphore(
     if not permits_held:
         return None
     newest = max((info for _, info in permits_held), key=lambda info: info.token)
-    holders = tuple({"slot": k, **info.holders[0]} for k, info in permits_held)
+    holders = tuple({**info.holders[0], "slot": k} for k, info in permits_held)
     return dataclasses.replace(
         newest,
         nodes_held=max(info.nodes_held for _, info in permits_held),

@@ -52,6 +52,23 @@ def _lock_row(info: LockInfo) -> list[object]:
     ]
 
 
+def _holder_rows(info: LockInfo) -> list[list[object]]:
+    """``show``'s lines under HOLDERS: each lease holding the name (a semaphore's permits)."""
+    return [
+        [
+            "" if holder["slot"] is None else holder["slot"],
+            "" if holder["token"] is None else holder["token"],
+            holder["owner"],
+            holder["lease_id"],
+            f"{holder['ttl_ms']} ms" if holder["ttl_ms"] >= 0 else "none",
+            f"{holder['nodes_held']}/{info.nodes_total}",
+        ]
+        for holder in info.holders
+    ]
+
+
+HOLDER_HEADERS = ("SLOT", "TOKEN", "OWNER", "LEASE", "TTL", "NODES")
+
 LOCK_HEADERS = (
     "ALIAS",
     "NAME",
@@ -293,6 +310,8 @@ class Command(BaseCommand):
             width = max(len(h) for h in LOCK_HEADERS)
             for header, value in zip(LOCK_HEADERS, row, strict=True):
                 self.stdout.write(f"{header.ljust(width)}  {value}")
+            self.stdout.write(f"HOLDERS ({len(info.holders)}):")
+            self.stdout.write(table(HOLDER_HEADERS, _holder_rows(info)))
         self._fail(errors)
 
     def release(self, options: dict[str, Any]) -> None:
@@ -301,11 +320,15 @@ class Command(BaseCommand):
             deleted, info = inspection.force_release(alias, options["name"], options["token"])
         except inspection.InspectionError as exc:
             raise Failure(f"{exc}.", RELEASE_CODES.get(type(exc), "not_held")) from exc
-        self.stdout.write(
-            self.style.SUCCESS(
-                f"Released {info.name!r} on alias {alias!r} (token {info.token}) "
-                f"on {deleted}/{info.nodes_total} nodes."
+        what = f"{info.name!r} on alias {alias!r} (token {info.token})"
+        if info.kind == "semaphore":  # every permit; the token is the newest permit's
+            count = len(info.holders)
+            what = (
+                f"semaphore {info.name!r} on alias {alias!r} ({count} permit"
+                f"{'s' if count != 1 else ''} of {info.permits}, newest token {info.token})"
             )
+        self.stdout.write(
+            self.style.SUCCESS(f"Released {what} on {deleted}/{info.nodes_total} nodes.")
         )
 
     def clear(self, options: dict[str, Any]) -> None:
