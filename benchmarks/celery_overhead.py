@@ -73,8 +73,8 @@ def main() -> None:
         )
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         from django_redlock import locks
+        from testproject.inventory.demo_run import stop_group
         from tests.jobs.celery_app import app, locked_noop, plain_noop  # sets Django up
-        from tests.support.processes import stop_group
 
         argv = [sys.executable, "-m", "celery", "-A", "tests.jobs.celery_app", "worker"]
         argv += ["--pool=prefork", "--concurrency=2", "--loglevel=warning"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
 
 from .block import AsyncLockBlock, BlockOptions, LockBlock
-from .validation import UNSET, check_permits
+from .validation import UNSET, check_keywords, check_permits
 
 if TYPE_CHECKING:
     from .manager import LockManager
@@ -114,9 +114,7 @@ def _options(
     rw: str | None = None,
 ) -> BlockOptions:
     """The block's options (checked here, before any network call)."""
-    unknown = set(options) - set(AsyncHoldOptions.__annotations__)
-    if unknown:
-        raise TypeError(f"Unexpected keyword argument {sorted(unknown)[0]!r}.")
+    check_keywords(options, AsyncHoldOptions.__annotations__)
     if permits is not None:
         check_permits(permits)
     extra: dict[str, Any] = dict(options)

@@ -21,6 +21,7 @@ from .lease import Lease
 from .many import HeldLocks, LockManyBlock, check_names
 from .validation import (
     UNSET,
+    check_keywords,
     check_max_hold,
     check_name,
     check_permits,
@@ -217,9 +218,7 @@ class LockManager(KindBlocks):
         self, names: Any, ttl: Any, timeout: Any, options: RenewOptions
     ) -> tuple[tuple[str, ...], _Wanted, bool]:
         """The checked names and arguments of a ``lock_many`` call (before any network call)."""
-        unknown = set(options) - set(RenewOptions.__annotations__)
-        if unknown:
-            raise TypeError(f"Unexpected keyword argument {sorted(unknown)[0]!r}.")
+        check_keywords(options, RenewOptions.__annotations__)
         checked = check_names(names)
         wanted = self._wanted("-", ttl, timeout, options.get("max_hold"))
         return checked, wanted, bool(options.get("auto_extend", False))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from .engine import MAX_NAME_LENGTH, RESERVED_MARK, TOKEN_LIMIT
@@ -120,3 +121,10 @@ def check_rw(rw: Any) -> str:
     if rw not in ("read", "write"):
         raise ValueError(f"rw must be 'read' or 'write', not {rw!r}.")
     return str(rw)
+
+
+def check_keywords(given: Iterable[str], allowed: Iterable[str]) -> None:
+    """Refuse a keyword argument a ``**options`` signature does not take (as Python would)."""
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise TypeError(f"Unexpected keyword argument {unknown[0]!r}.")

@@ -15,9 +15,11 @@ from .replies import Call, NodeFailure, Request, Slot, granted_per_node, node_er
 from .state import (
     HANDOFF_MS,
     LOST,
+    READ,
     RENEWED,
     UNCONFIRMED,
     WAKE_TTL_MS,
+    WAKES,
     AliasState,
     LeaseRecord,
     NodeView,
@@ -79,10 +81,15 @@ def release_many_plan(
     for lease in live:
         name = lease.name
         touched += (lease.key, keys.waiters(name), keys.wake(name), keys.handoff(name))
-    args = (live[0].owner, WAKE_TTL_MS, HANDOFF_MS, "1", 0, "", "0")
+    waking = [wake_node(lease.name, total) for lease in live]
+
+    def call(i: int) -> Call:
+        wakes = "".join("1" if i == node else "0" for node in waking)  # per name, in order
+        args = (live[0].owner, WAKE_TTL_MS, HANDOFF_MS, wakes, 0, "", WAKES[""])
+        return Call(more.RELEASE_MANY, touched, args)
+
     calls: list[Call | None] = [
-        Call(more.RELEASE_MANY, touched, args) if node.run_id is not None and reached[i] else None
-        for i, node in enumerate(nodes)
+        call(i) if node.run_id is not None and reached[i] else None for i, node in enumerate(nodes)
     ]
 
     def settled(slots: list[Slot]) -> bool:
@@ -116,7 +123,7 @@ def extend_plan(
     needed = quorum(total)
     ttl_ms = math.ceil(ttl * 1000)
     state.longest_ttl_ms = max(state.longest_ttl_ms, ttl_ms)
-    script = more.READ_EXTEND if lease.kind == "read" else scripts.EXTEND
+    script = more.READ_EXTEND if lease.kind == READ else scripts.EXTEND
     extended = (lease.key, state.keys.fence, *((lease.marker,) if lease.marker else ()))
     calls: list[Call | None] = [
         None if node.run_id is None else Call(script, extended, (lease.owner, ttl_ms, node.run_id))
@@ -173,15 +180,7 @@ def force_release_plan(
 
 
 def _release_of(state: AliasState, lease: LeaseRecord, *, wakes: bool) -> Call:
-    """The call releasing ``lease`` on one node (a lock, a permit or a read lease)."""
-    read, write = lease.kind == "read", lease.kind == "write"
-    permit = bool(lease.marker) and not read
+    """The call releasing ``lease`` (a lock, a permit, a read or a write lease) on one node."""
     return state.release_call(
-        lease.name,
-        lease.owner,
-        wakes=wakes,
-        held=(lease.key,),
-        permit=permit,
-        read=read,
-        write=write,
+        lease.name, lease.owner, wakes=wakes, held=(lease.key,), kind=lease.kind
     )

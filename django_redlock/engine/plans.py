@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, NamedTuple
 
 from . import primitive_scripts as more
@@ -21,6 +21,8 @@ from .replies import SILENT, Call, NodeFailure, Request, Slot, granted_per_node,
 from .state import (
     HANDOFF_MS,
     LOST,
+    PERMIT,
+    READ,
     RENEWED,
     UNCONFIRMED,
     WAIT_MARK_MS,
@@ -106,6 +108,7 @@ def acquire_plan(
     mark_ms = max(mark_ms, 0) if waiter else 0
     tried: tuple[str, ...]
     touched: tuple[str, ...]
+    kind = PERMIT if permits else rw  # the record's and its releases' kind
     if permits:
         # Every caller tries the slots in the same order, so each node grants the lowest free
         # slot: callers racing for k free slots get the slot of their arrival rank on each
@@ -117,8 +120,8 @@ def acquire_plan(
         touched = (keys.fence, keys.waiters(name), keys.handoff(name), keys.lock(name), *tried)
     elif rw:
         readers = keys.readers(name)
-        tried = (readers,) if rw == "read" else (keys.lock(name),)
-        script = more.READ if rw == "read" else more.WRITE
+        tried = (readers,) if rw == READ else (keys.lock(name),)
+        script = more.READ if rw == READ else more.WRITE
         touched = (keys.fence, readers, keys.lock(name), keys.waiters(name), keys.handoff(name))
         touched += (keys.writers(name),)
     else:
@@ -133,10 +136,8 @@ def acquire_plan(
         best = _best_slot(granted)[1] if permits else len(granted)
         return best >= needed or best + total - len(done) < needed
 
-    reading = rw == "read"
-
     def give_back(calls: list[Call | None], replies: Sequence[Any], owner: str) -> Plan[None]:
-        return _release_calls(state, nodes, calls, replies, owner, name, tried, read=reading)
+        return _release_calls(state, nodes, calls, replies, owner, name, tried, kind=kind)
 
     args = (mark_ms, "1" if woken else "0", waiter, *extra)
     owner, calls, replies, statuses, started = yield from attempt_round(
@@ -156,7 +157,7 @@ def acquire_plan(
             confirmed = len(won) - len(behind)
             if behind and token < TOKEN_LIMIT:
                 # a read lease's node holds no value of its own to check: raise the counter only
-                held = () if reading else key
+                held = () if kind == READ else key
                 confirmed += yield from write_back(
                     state, nodes, behind, token, held, owner, needed - confirmed, bool(permits)
                 )
@@ -167,26 +168,26 @@ def acquire_plan(
                     g is None or (g and granted[i] == chosen)
                     for i, g in enumerate(granted_per_node(replies, _acquired))
                 )
-                others = [_KEPT if i in won else r for i, r in enumerate(replies)]
                 if permits and any(g not in (-1, chosen) for g in granted):
-                    yield from _release_calls(state, nodes, calls, others, owner, name, tried)
+                    yield from _release_calls(
+                        state, nodes, calls, replies, owner, name, tried, kind=kind, kept=won
+                    )
                 if mark_ms:
                     yield from _withdraw(state, nodes, statuses, name, waiter)
-                marker = keys.lock(name) if permits or reading else ""
-                kind = rw
+                marker = keys.lock(name) if kind in (PERMIT, READ) else ""
                 record = LeaseRecord(
                     name, key, owner, token, ttl, validity_deadline, reached=reached
                 )
                 return record.with_kind(marker, kind)
 
         yield from _release_calls(
-            state, nodes, calls, replies, owner, name, tried, mark_ms, waiter, read=reading
+            state, nodes, calls, replies, owner, name, tried, mark_ms, waiter, kind=kind
         )
         return failure_of(nodes, replies, statuses, len(won))
     except Abandoned:
         # the caller gave up while a call was in flight: any node may have granted it
         yield from _release_calls(
-            state, nodes, calls, [None] * total, owner, name, tried, read=reading
+            state, nodes, calls, [None] * total, owner, name, tried, kind=kind
         )
         raise
 
@@ -336,10 +337,6 @@ def failure_of(
     return AcquireFailure("unavailable", votes, trusted_answers, errors, retry_after)
 
 
-#: Stands for a reply whose grant is kept (not released) in ``_release_calls``.
-_KEPT = (scripts.BUSY, 0, 0)
-
-
 def _release_calls(
     state: AliasState,
     nodes: Sequence[NodeView],
@@ -351,14 +348,16 @@ def _release_calls(
     mark_ms: int = 0,
     waiter: str = "",
     *,
-    read: bool = False,
+    kind: str = "",
+    kept: Collection[int] = (),
 ) -> Plan[None]:
     """Fire-and-forget release of an attempt's grants on every node that may hold one: those
     that granted it, or that got the call and did not answer (a reply of None: it may have
     executed it), not those that said no. ``tried``: the keys the attempt may have taken (a
     lock's key, or a semaphore's slots in the order tried: a node that answered releases the
     slot it granted, one that did not releases whichever slot has this owner). ``mark_ms``
-    > 0: the caller will wait, so each release also registers ``waiter`` there.
+    > 0: the caller will wait, so each release also registers ``waiter`` there. ``kind``: the
+    attempt's (:attr:`LeaseRecord.kind`); ``kept``: nodes whose grant stays (the permit's).
 
     A release is sent on the same connection as the acquire, so on a paused node it runs right
     after the late SET when the node resumes; no stale key outlives the pause.
@@ -366,7 +365,7 @@ def _release_calls(
     release: list[Call | None] = [None] * len(nodes)
     waking = wake_node(name, len(nodes))
     for i, (call, reply) in enumerate(zip(calls, replies, strict=True)):
-        if call is None:
+        if call is None or i in kept:
             continue
         if isinstance(reply, NodeFailure) or reply is None:
             if isinstance(reply, NodeFailure) and not reply.sent:
@@ -384,8 +383,7 @@ def _release_calls(
             mark_ms=mark_ms,
             waiter=waiter,
             held=held,
-            permit=not read and (len(tried) > 1 or tried[0] != state.keys.lock(name)),
-            read=read,
+            kind=kind,
         )
     if any(release):
         yield Request(release, 0.0, wait=False)

@@ -4,7 +4,7 @@ and are loaded with the others (:mod:`.loaded_scripts`)."""
 
 from __future__ import annotations
 
-from .scripts import _NOW, _RELEASE, _TAKE, Script
+from .scripts import _RELEASE, _TAKE, Script
 
 # KEYS: fence, then for each name: lock, waiter set, hand-off reservation (three keys each).
 # ARGV: as ACQUIRE. All or nothing (``lock_many``): grants every name or none. Returns {1,
@@ -52,9 +52,7 @@ local count = (#KEYS - 1) / 3
 local last = redis.call('HINCRBY', KEYS[1], 'token', count)
 local first = last - count + 1
 for i = 2, #KEYS, 3 do
-  local token = first + (i - 2) / 3
-  local value = ARGV[1] .. '|' .. string.format('%d', token) .. ARGV[4]
-  redis.call('SET', KEYS[i], value, 'PX', ARGV[2])
+  redis.call('SET', KEYS[i], lock_value(first + (i - 2) / 3), 'PX', ARGV[2])
   if ARGV[6] == '1' then
     redis.call('DEL', KEYS[i + 2])  -- a woken caller uses up the reservation it may have had
   end
@@ -62,9 +60,7 @@ for i = 2, #KEYS, 3 do
     redis.pcall('ZREM', KEYS[i + 1], ARGV[7])
   end
 end
-if tonumber(ARGV[2]) > max_ttl then
-  redis.call('HSET', KEYS[1], 'max_ttl', ARGV[2])
-end
+note_ttl(KEYS[1], max_ttl)
 return {1, first, 0}
 """,
 )
@@ -117,9 +113,7 @@ if free_count <= reserved then
   return busy(KEYS[2], soonest, counter)
 end
 local token = take(KEYS[free], KEYS[1], KEYS[2], KEYS[3], max_ttl)
-if redis.call('PTTL', KEYS[4]) < tonumber(ARGV[2]) then
-  redis.call('SET', KEYS[4], marker, 'PX', ARGV[2])
-end
+mark(KEYS[4], marker, tonumber(ARGV[2]))
 return {1, token, free - 4}
 """,
 )
@@ -139,7 +133,7 @@ for i = 4, #KEYS do
     break
   end
 end
-return release(lock, KEYS[1], KEYS[2], KEYS[3])
+return release(lock, KEYS[1], KEYS[2], KEYS[3], ARGV[4] == '1')
 """,
 )
 
@@ -210,23 +204,10 @@ if ARGV[6] ~= '1' then
     return busy(KEYS[4], 1, counter)  -- a writer waits: it goes first
   end
 end
-redis.call('DEL', KEYS[5])
-if ARGV[7] ~= '' then
-  redis.pcall('ZREM', KEYS[4], ARGV[7])
-end
-local token = redis.call('HINCRBY', KEYS[1], 'token', 1)
-local ttl = tonumber(ARGV[2])
+local token = won(KEYS[1], KEYS[4], KEYS[5], max_ttl)
 live_readers(KEYS[2], now)
-redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
-if redis.call('PTTL', KEYS[2]) < ttl then
-  redis.call('PEXPIRE', KEYS[2], ttl)
-end
-if redis.call('PTTL', KEYS[3]) < ttl then
-  redis.call('SET', KEYS[3], 'rwlock|readers', 'PX', ttl)
-end
-if ttl > max_ttl then
-  redis.call('HSET', KEYS[1], 'max_ttl', ARGV[2])
-end
+register(KEYS[2], ARGV[1], tonumber(ARGV[2]), false)  -- the read lease, until it lapses
+mark(KEYS[3], 'rwlock|readers', tonumber(ARGV[2]))
 return {1, token, 0}
 """,
 )
@@ -246,10 +227,7 @@ if holder == 'readers' then
   local now = now_ms()
   if live_readers(KEYS[2], now) > 0 then
     if tonumber(ARGV[5]) > 0 then  -- it will wait: new readers must wait behind it
-      redis.call('ZADD', KEYS[6], now + tonumber(ARGV[5]), ARGV[7])
-      if redis.call('PTTL', KEYS[6]) < tonumber(ARGV[5]) then
-        redis.call('PEXPIRE', KEYS[6], ARGV[5])
-      end
+      register(KEYS[6], ARGV[7], tonumber(ARGV[5]), true)
     end
     local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
     return busy(KEYS[4], math.max(1, tonumber(first[2]) - now), counter)
@@ -298,7 +276,7 @@ end
 if tonumber(ARGV[5]) > 0 then
   return 1
 end
-return wake_one(KEYS[3], KEYS[4], KEYS[5])
+return wake_one(KEYS[3], KEYS[4], KEYS[5], ARGV[4] == '1')
 """,
 )
 
@@ -306,9 +284,10 @@ return wake_one(KEYS[3], KEYS[4], KEYS[5])
 # Renews a read lease that has not lapsed, and the marker with it. Replies as EXTEND.
 READ_EXTEND = Script(
     "read_extend",
-    _NOW
+    _TAKE
     + """
-if redis.call('HGET', KEYS[2], 'run_id') ~= ARGV[3] then
+local ok, _, max_ttl = trusted(KEYS[2])
+if not ok then
   return -1
 end
 local now = now_ms()
@@ -316,32 +295,25 @@ local lapses = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or 0)
 if lapses <= now then
   return 0
 end
-local ttl = tonumber(ARGV[2])
-redis.call('ZADD', KEYS[1], 'XX', now + ttl, ARGV[1])
-if redis.call('PTTL', KEYS[1]) < ttl then
-  redis.call('PEXPIRE', KEYS[1], ttl)
-end
-if redis.call('PTTL', KEYS[3]) < ttl then
-  redis.call('SET', KEYS[3], 'rwlock|readers', 'PX', ttl)
-end
-local max_ttl = tonumber(redis.call('HGET', KEYS[2], 'max_ttl')) or 0
-if ttl > max_ttl then
-  redis.call('HSET', KEYS[2], 'max_ttl', ARGV[2])
-end
+register(KEYS[1], ARGV[1], tonumber(ARGV[2]), false)  -- the read lease, renewed
+mark(KEYS[3], 'rwlock|readers', tonumber(ARGV[2]))
+note_ttl(KEYS[2], max_ttl)
 return 1
 """,
 )
 
 # KEYS: for each lease of a ``lock_many`` set: lock, waiter set, wake-up list, hand-off
-# reservation (four keys each). ARGV: as RELEASE (one owner for the whole set). RELEASE of
-# every name in one call; returns the replies, one per name.
+# reservation (four keys each). ARGV: as RELEASE (one owner for the whole set), but ARGV[4]
+# has one "1"/"0" per name: whether this node is the one that name's waiters block on.
+# RELEASE of every name in one call; returns the replies, one per name.
 RELEASE_MANY = Script(
     "release_many",
     _RELEASE
     + """
 local replies = {}
 for i = 1, #KEYS, 4 do
-  replies[#replies + 1] = release(KEYS[i], KEYS[i + 1], KEYS[i + 2], KEYS[i + 3])
+  local wakes = string.sub(ARGV[4], #replies + 1, #replies + 1) == '1'
+  replies[#replies + 1] = release(KEYS[i], KEYS[i + 1], KEYS[i + 2], KEYS[i + 3], wakes)
 end
 return replies
 """,

@@ -79,8 +79,9 @@ end
 # Lua shared by ACQUIRE and PERMIT (ARGV as ACQUIRE's). ``trusted(fence)`` returns the fence
 # hash's counter and longest TTL, or nil when this node's run_id is not ARGV[3] (restarted or
 # new). ``busy(waiters, pttl, counter)`` registers a caller that will wait and answers "busy".
-# ``take(key, fence, waiters, handoff, max_ttl)`` grants ``key``: the reservation is used up,
-# the winner stops waiting, the counter gives its token.
+# ``won(...)`` uses up the reservation, stops the winner waiting and gives its token;
+# ``take(key, ...)`` also sets ``key`` to the lock value; ``mark(key, value, ms)`` keeps a
+# marker of several leases alive at least ``ms``; ``note_ttl`` records the longest TTL.
 _TAKE = (
     _REGISTER
     + """
@@ -94,18 +95,35 @@ local function busy(waiters, pttl, counter)
   end
   return {0, counter, pttl}
 end
-local function take(key, fence, waiters, handoff, max_ttl)
+local function note_ttl(fence, max_ttl)
+  -- the fence hash keeps the longest TTL ever granted (the restart quarantine's length)
+  if tonumber(ARGV[2]) > max_ttl then
+    redis.call('HSET', fence, 'max_ttl', ARGV[2])
+  end
+end
+local function won(fence, waiters, handoff, max_ttl)
+  -- the caller wins: the reservation is used up, it stops waiting, the counter gives a token
   redis.call('DEL', handoff)
   if ARGV[7] ~= '' then
     redis.pcall('ZREM', waiters, ARGV[7])  -- the winner stops waiting the moment it wins
   end
-  local token = redis.call('HINCRBY', fence, 'token', 1)
+  note_ttl(fence, max_ttl)
+  return redis.call('HINCRBY', fence, 'token', 1)
+end
+local function lock_value(token)
   -- string.format: plain concatenation would print a large token as 1.8e+15
-  redis.call('SET', key, ARGV[1] .. '|' .. string.format('%d', token) .. ARGV[4], 'PX', ARGV[2])
-  if tonumber(ARGV[2]) > max_ttl then
-    redis.call('HSET', fence, 'max_ttl', ARGV[2])
-  end
+  return ARGV[1] .. '|' .. string.format('%d', token) .. ARGV[4]
+end
+local function take(key, fence, waiters, handoff, max_ttl)
+  local token = won(fence, waiters, handoff, max_ttl)
+  redis.call('SET', key, lock_value(token), 'PX', ARGV[2])
   return token
+end
+local function mark(key, value, ms)
+  -- a marker of several leases lives as long as the longest of them
+  if redis.call('PTTL', key) < ms then
+    redis.call('SET', key, value, 'PX', ms)
+  end
 end
 """
 )
@@ -158,7 +176,7 @@ GRANTED, BUSY, UNTRUSTED, OTHER_KIND = 1, 0, -1, -2
 _RELEASE = (
     _REGISTER
     + """
-local function wake_one(waiters, wake, handoff)
+local function wake_one(waiters, wake, handoff, wakes)
 if redis.call('EXISTS', waiters) == 0 then
   return 1  -- the common case: nobody waits, no clock read
 end
@@ -171,7 +189,7 @@ if lapsed > 0 and redis.call('EXISTS', waiters) == 0 then
   return 1  -- every registration had lapsed (an empty set is deleted)
 end
 redis.call('SET', handoff, '1', 'PX', ARGV[3])
-if ARGV[4] == '1' then
+if wakes then
   if ARGV[7] == '0' then
     redis.call('DEL', wake)  -- a lock: one wake-up is enough
     redis.call('RPUSH', wake, '1')
@@ -187,7 +205,7 @@ if ARGV[4] == '1' then
 end
 return 2
 end
-local function release(lock, waiters, wake, handoff)
+local function release(lock, waiters, wake, handoff, wakes)
 local value = redis.call('GET', lock)
 local mine = value and string.sub(value, 1, #ARGV[1] + 1) == ARGV[1] .. '|'
 if tonumber(ARGV[5]) > 0 then
@@ -201,11 +219,13 @@ if not mine then
   return 0
 end
 redis.call('DEL', lock)
-return wake_one(waiters, wake, handoff)
+return wake_one(waiters, wake, handoff, wakes)
 end
 """
 )
-RELEASE = Script("release", _RELEASE + "return release(KEYS[1], KEYS[2], KEYS[3], KEYS[4])\n")
+RELEASE = Script(
+    "release", _RELEASE + "return release(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[4] == '1')\n"
+)
 
 #: RELEASE replies.
 NOT_HELD, RELEASED, HANDED_OFF = 0, 1, 2

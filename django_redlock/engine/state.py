@@ -29,6 +29,12 @@ WAKE_TTL_MS = 2000
 #: the longest single wait (``policy.MAX_BACKOFF``), so a blocked waiter is always covered, and
 #: at most 1 s, so a waiter that died stops counting within 1 s (SPEC 10).
 WAIT_MARK_MS = 1000
+#: The kinds of lease other than a lock's (``LeaseRecord.kind``).
+PERMIT, READ, WRITE = "permit", "read", "write"
+#: How many waiters a release of each kind wakes (the RELEASE script's last argument): a
+#: lock's exactly one ("0"), a permit's one more per release ("1"), a write lease's every
+#: waiter ("2": the readers it kept out go in together).
+WAKES = {"": "0", PERMIT: "1", READ: "0", WRITE: "2"}
 #: After a release that woke a waiter, only a woken waiter may take the name for this long
 #: (ms); if it never comes (it died, or its timeout ran out) anyone may take it afterwards.
 HANDOFF_MS = 10
@@ -81,37 +87,24 @@ class AliasState:
         mark_ms: int = 0,
         waiter: str = "",
         held: tuple[str, ...] = (),
-        permit: bool = False,
-        read: bool = False,
-        write: bool = False,
+        kind: str = "",
     ) -> Call:
         """Compare-and-delete ``name`` for ``owner``; ``wakes`` on the node waiters block on;
         ``mark_ms`` > 0 for a failed attempt that will wait: it registers ``waiter`` for that
-        long, as its ACQUIRE would have. ``read``/``write``: a read or write lease. ``held``:
-        the keys the lease may hold instead of the name's own (a permit: its slot, or every
-        slot when which one is unknown)."""
+        long, as its ACQUIRE would have. ``kind``: the lease's (:attr:`LeaseRecord.kind`).
+        ``held``: the keys the lease may hold instead of the name's own (a permit: its slot,
+        or every slot when which one is unknown)."""
         keys = self.keys
         queue = (keys.waiters(name), keys.wake(name), keys.handoff(name))
         touched: tuple[str, ...]
-        if read:  # a read lease of a read-write lock
+        if kind == READ:
             script, touched = more.READ_RELEASE, (keys.readers(name), keys.lock(name), *queue)
         elif len(held) > 1:
             script, touched = more.RELEASE_PERMIT, (*queue, *held)
         else:
             script, touched = scripts.RELEASE, (held[0] if held else keys.lock(name), *queue)
-        return Call(
-            script,
-            touched,
-            (
-                owner,
-                WAKE_TTL_MS,
-                HANDOFF_MS,
-                "1" if wakes else "0",
-                mark_ms,
-                waiter if mark_ms else "",
-                "1" if permit else "2" if write else "0",
-            ),
-        )
+        args = (owner, WAKE_TTL_MS, HANDOFF_MS, "1" if wakes else "0", mark_ms)
+        return Call(script, touched, (*args, waiter if mark_ms else "", WAKES[kind]))
 
     def mark_command(self, name: str, waiter: str, mark_ms: int) -> tuple[str | int, ...]:
         """The command registering ``waiter`` for ``mark_ms``, for a caller that queues
@@ -144,13 +137,14 @@ class LeaseRecord:
     pinned: Any = field(default=None, repr=False, compare=False)
     #: the process generation (``forks.generation()``) that acquired it
     generation: int = 0
-    #: a permit: its semaphore's marker key (renewed with it); '' for a lock
+    #: a permit's or a read lease's marker key (renewed with it); '' otherwise
     marker: str = ""
-    #: "read" or "write" for a lease of a read-write lock ('' otherwise)
+    #: :data:`PERMIT`, :data:`READ` or :data:`WRITE`; '' for a lock
     kind: str = ""
 
     def with_kind(self, marker: str, kind: str) -> LeaseRecord:
-        """This record, for a permit (``marker``: its semaphore's) or a read lease."""
+        """This record, for a permit, a read or a write lease (``marker``: a permit's
+        semaphore's or a read lease's marker key)."""
         self.marker, self.kind = marker, kind
         return self
 

@@ -137,18 +137,40 @@ class AliasInspector:
         largest count over the nodes) and the kind marker found at its key (a semaphore's
         ``semaphore|N`` or a read-write lock's ``rwlock|readers``; None for a lock), in the
         same round trip per node."""
-        keys = [self.keys.lock(name) for name in names]
-        result: list[list[tuple[LockValue, int] | None]] = [[None] * self.total for _ in names]
         waiting = [0] * len(names)
-        markers: list[str | None] = [None] * len(names)
+
+        def waiters(pipe: Any) -> None:
+            # the waiter sets' registrations still ahead, on the node's own clock
+            pipe.eval(WAITING.source, len(names), *(self.keys.waiters(name) for name in names))
+
+        def counted(counts: Any) -> None:
+            nonlocal waiting
+            if isinstance(counts, list):  # not an error (say, an ACL user without EVAL)
+                waiting = [max(w, int(c)) for w, c in zip(waiting, counts, strict=True)]
+
+        keys = [self.keys.lock(name) for name in names]
+        values, markers = self._read_values(keys, waiters, counted)
+        return values, waiting, markers
+
+    def _read_values(
+        self,
+        keys: Sequence[str],
+        more: Callable[[Any], None] | None = None,
+        took: Callable[[Any], None] | None = None,
+    ) -> tuple[list[list[tuple[LockValue, int] | None]], list[str | None]]:
+        """Per key, per node: the parsed lock value and PTTL, or None (not held, not a lock
+        value, or node down); and per key a kind marker found there. One pipelined round trip
+        per node; ``more(pipe)`` may queue one more command, whose reply goes to ``took``."""
+        result: list[list[tuple[LockValue, int] | None]] = [[None] * self.total for _ in keys]
+        markers: list[str | None] = [None] * len(keys)
 
         def fetch(client: redis.Redis) -> list[Any]:
             pipe = client.pipeline(transaction=False)
             for key in keys:
                 pipe.get(key)
                 pipe.pttl(key)
-            # the waiter sets' registrations still ahead, on the node's own clock
-            pipe.eval(WAITING.source, len(names), *(self.keys.waiters(name) for name in names))
+            if more is not None:
+                more(pipe)
             # a key of another alias whose prefix extends ours may be a hash (WRONGTYPE)
             return pipe.execute(raise_on_error=False)
 
@@ -164,10 +186,9 @@ class AliasInspector:
                         result[i][index] = (LockValue.parse(text), int(pttl))
                     elif text.startswith(KIND_MARKERS):
                         markers[i] = text
-            counts = replies[2 * len(keys)]
-            if isinstance(counts, list):  # not an error (say, an ACL user without EVAL)
-                waiting = [max(w, int(c)) for w, c in zip(waiting, counts, strict=True)]
-        return result, waiting, markers
+            if took is not None:
+                took(replies[2 * len(keys)])
+        return result, markers
 
     def lock_infos(self, names: Sequence[str]) -> list[LockInfo]:
         """Merged :class:`LockInfo` of ``names`` that are still held, in the same order."""
@@ -188,25 +209,7 @@ class AliasInspector:
 
     def read_slots(self, name: str, permits: int) -> list[list[tuple[LockValue, int] | None]]:
         """Per slot of the semaphore ``name``, per node: the parsed value and PTTL, or None."""
-        keys = [self.keys.permit(name, k) for k in range(permits)]
-        result: list[list[tuple[LockValue, int] | None]] = [[None] * self.total for _ in keys]
-
-        def fetch(client: redis.Redis) -> list[Any]:
-            pipe = client.pipeline(transaction=False)
-            for key in keys:
-                pipe.get(key)
-                pipe.pttl(key)
-            return pipe.execute(raise_on_error=False)
-
-        for index in range(self.total):
-            replies = self._call(index, fetch) if keys else None
-            for k in range(len(keys)) if replies else ():
-                raw, pttl = replies[2 * k], replies[2 * k + 1]  # type: ignore[index]
-                if isinstance(raw, bytes | str) and isinstance(pttl, int) and pttl != -2:
-                    text = as_text(raw)
-                    if LockValue.looks_like_lock(text):
-                        result[k][index] = (LockValue.parse(text), int(pttl))
-        return result
+        return self._read_values([self.keys.permit(name, k) for k in range(permits)])[0]
 
     def read_readers(self, name: str) -> list[dict[str, int] | None]:
         """Per node, the read leases of the read-write lock ``name``: owner -> ms left (on

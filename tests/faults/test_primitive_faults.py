@@ -4,11 +4,12 @@ nodes paused and a node restarted empty, judged by the fault suites' oracles; a 
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -29,6 +30,38 @@ def every(interval: float, action: Callable[[], Any], seconds: float) -> int:
         count += 1
         time.sleep(interval)
     return count
+
+
+@contextlib.contextmanager
+def pauses_and_a_restart(nodes: RedisNodes, seed: int) -> Iterator[list[str]]:
+    """While the block runs, pause a random node for 0.15 s every 0.3 s, and kill node 0 and
+    restart it empty after the sixth pause; yields the list of faults done so far."""
+    stop = threading.Event()
+    faults: list[str] = []
+
+    def chaos() -> None:
+        rng = random.Random(seed)
+        while not stop.is_set():
+            victim = nodes[rng.randrange(len(nodes))]
+            victim.pause()
+            faults.append("pause")
+            time.sleep(0.15)
+            victim.resume()
+            if len(faults) == 6:
+                nodes[0].restart(keep_data=False)
+                faults.append("restart")
+            time.sleep(0.15)
+
+    thread = threading.Thread(target=chaos)
+    thread.start()
+    try:
+        yield faults
+    finally:
+        stop.set()
+        thread.join(10)
+        for node in nodes:
+            if node.is_paused:
+                node.resume()
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -98,36 +131,11 @@ def test_semaphore_holders_with_nodes_paused_and_restarted(
     counter = redis_node_factory(1)[0]
     redlock = {"sem": {"NODES": nodes.urls, "NODE_TIMEOUT": 0.1, "TTL": 5.0}}
     key = f"holders-{count}"
-    stop = threading.Event()
-    faults: list[str] = []
-
-    def chaos() -> None:
-        rng = random.Random(count)
-        while not stop.is_set():
-            victim = nodes[rng.randrange(count)]
-            victim.pause()
-            faults.append("pause")
-            time.sleep(0.15)
-            victim.resume()
-            if len(faults) == 6:
-                nodes[0].restart(keep_data=False)
-                faults.append("restart")
-            time.sleep(0.15)
-
-    thread = threading.Thread(target=chaos)
-    thread.start()
-    try:
-        with SPAWN.Pool(8) as pool:
-            results = pool.starmap(
-                workers.hold_permits,
-                [(redlock, "sem", "s", 3, counter.url, key, 25) for _ in range(8)],
-            )
-    finally:
-        stop.set()
-        thread.join(10)
-        for node in nodes:
-            if node.is_paused:
-                node.resume()
+    with pauses_and_a_restart(nodes, seed=count) as faults, SPAWN.Pool(8) as pool:
+        results = pool.starmap(
+            workers.hold_permits,
+            [(redlock, "sem", "s", 3, counter.url, key, 25) for _ in range(8)],
+        )
     seen = [int(n) for n in counter.client().lrange(f"{key}:seen", 0, -1)]
     assert len(seen) == 200 and max(seen) <= 3
     assert "restart" in faults and faults.count("pause") >= 3
@@ -142,35 +150,10 @@ def test_read_write_lock_with_nodes_paused_and_restarted(redis_node_factory: Nod
     nodes = redis_node_factory(5)
     counter = redis_node_factory(1)[0]
     redlock = {"rw": {"NODES": nodes.urls, "NODE_TIMEOUT": 0.1, "TTL": 5.0}}
-    stop = threading.Event()
-    faults: list[str] = []
-
-    def chaos() -> None:
-        rng = random.Random(5)
-        while not stop.is_set():
-            victim = nodes[rng.randrange(5)]
-            victim.pause()
-            faults.append("pause")
-            time.sleep(0.15)
-            victim.resume()
-            if len(faults) == 6:
-                nodes[0].restart(keep_data=False)
-                faults.append("restart")
-            time.sleep(0.15)
-
-    thread = threading.Thread(target=chaos)
-    thread.start()
     args = [(redlock, "rw", "rw", counter.url, 15, False)] * 6
     args += [(redlock, "rw", "rw", counter.url, 10, True)] * 2
-    try:
-        with SPAWN.Pool(8) as pool:
-            done = pool.starmap(workers.read_write_sections, args)
-    finally:
-        stop.set()
-        thread.join(10)
-        for node in nodes:
-            if node.is_paused:
-                node.resume()
+    with pauses_and_a_restart(nodes, seed=5) as faults, SPAWN.Pool(8) as pool:
+        done = pool.starmap(workers.read_write_sections, args)
     assert done == [15] * 6 + [10] * 2
     seen = [v.split() for v in counter.client().lrange("rw:seen", 0, -1)]
     assert all(s[1] == b"1" and s[2] == b"0" for s in seen if s[0] == b"writers")

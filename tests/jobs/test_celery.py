@@ -29,6 +29,7 @@ from django.db import connection
 from django_redlock import context, locks
 from django_redlock.contrib.celery import LockedTask
 from django_redlock.exceptions import LockError, LockNotAcquired, NodesUnavailable
+from testproject.inventory.demo_run import stop_group
 from testproject.inventory.models import Product
 from tests.jobs import celery_app
 from tests.jobs.celery_app import (
@@ -42,7 +43,6 @@ from tests.jobs.celery_app import (
     stalled_write,
     tick,
 )
-from tests.support.processes import stop_group
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 #: the worker writes to the test database, so each test commits (and is flushed after)
