@@ -919,7 +919,7 @@ def test_force_release_counts_deletions(state: plans.AliasState) -> None:
     )
     assert run.result == 1
     call = run.calls(0)[0]
-    assert call.keys == ("t:job", "t:__fence__", "t:__wake__:job")
+    assert call.keys == ("t:job", "t:__fence__", "t:__wake__:job", "t:__readers__:job")
     assert call.args == ("v", plans.WAKE_TTL_MS)
     assert run.requests[0].timeout == 4 * state.node_timeout
     run = drive(
