@@ -9,6 +9,7 @@ the ids unique.
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -84,13 +85,13 @@ def check_settings(
 def _node_id(node: NodeSpec) -> str:
     """The key space a node writes to: server and db (see ``conf.url_identity``), so one server
     named ``localhost`` and ``127.0.0.1`` is one node and two dbs of it are two. A CACHE node
-    is the django-redis primary its ``LOCATION`` names (first of a list or comma list)."""
+    is the primary its ``LOCATION`` names (first of a list, or of a comma or semicolon list)."""
     url = node.url
     if url is None:
         cache = getattr(settings, "CACHES", {}).get(node.cache)
         location = cache.get("LOCATION") if isinstance(cache, dict) else None
         if isinstance(location, str):
-            location = location.split(",")
+            location = re.split("[;,]", location)  # Django's RedisCache splits on both
         if isinstance(location, list | tuple) and location and isinstance(location[0], str):
             url = location[0].strip()
     if url is None or not url.startswith(("redis://", "rediss://", "unix://")):

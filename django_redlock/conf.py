@@ -19,7 +19,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from redis.connection import parse_url
 
-from .connections import url_problem
+from .connections import cache_backend_problem, url_problem
 from .engine import GLOB_CHARACTERS, MAX_NAME_LENGTH, TOKEN_LIMIT, quorum
 from .validation import ttl_problem
 
@@ -55,10 +55,17 @@ __all__ = [
 
 @dataclass(frozen=True, repr=False)
 class NodeSpec:
-    """One Redis node: a URL, or the alias of a django-redis cache whose pool is reused."""
+    """One Redis node: a URL, the alias of a Redis cache whose pool is reused, or the master
+    that a set of sentinels names (``sentinels``, ``service``; ``db`` and credentials are the
+    master's)."""
 
     url: str | None = None
     cache: str | None = None
+    sentinels: tuple[str, ...] = ()
+    service: str | None = None
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
 
     def __repr__(self) -> str:  # also in AliasConfig's repr: tracebacks show it
         return f"NodeSpec({self.label!r})"
@@ -68,12 +75,24 @@ class NodeSpec:
         """A printable name with any password masked."""
         if self.cache is not None:
             return f"cache:{self.cache}"
+        if self.service is not None:
+            hosts = ",".join(_sentinel_host(url) for url in self.sentinels)
+            return f"sentinel:{self.service}@{hosts}/{self.db}"
         return mask_url(self.url or "")
 
     @property
     def address(self) -> str | None:
-        """The server (see :func:`url_identity`), used to spot duplicate nodes (None for caches)."""
+        """The server (see :func:`url_identity`), used to spot duplicate nodes (None for caches
+        and sentinel nodes, whose server is known only at run time)."""
         return None if self.url is None else url_identity(self.url)[0]
+
+
+def _sentinel_host(url: str) -> str:
+    """``host:port`` of a sentinel URL (never its credentials)."""
+    try:
+        return url_identity(url)[0]
+    except ValueError:
+        return "?"
 
 
 @dataclass(frozen=True)
@@ -205,40 +224,94 @@ def _drift_factor(alias: str, raw: Any) -> float:
     return drift
 
 
+def _url(alias: str, key: str, raw: str, schemes: tuple[str, ...] = URL_SCHEMES) -> str:
+    """A node (or sentinel) URL redis-py reads as written, else ``ImproperlyConfigured``."""
+    shown = repr(mask_url(raw))
+    try:
+        parts = urlsplit(raw)
+    except ValueError as exc:
+        raise _error(alias, key, f"{shown} is not a valid URL ({exc}).") from exc
+    if parts.scheme not in schemes:
+        names = ", ".join(f"{scheme}://" for scheme in schemes)
+        raise _error(alias, key, f"{shown} is not a {names.replace(', u', ' or u')} URL.")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise _error(alias, key, f"{shown} has a bad port.") from exc
+    if port == 0 and parts.scheme != "unix":
+        raise _error(
+            alias, key, f"{shown} has port 0: redis-py would silently use port 6379 instead."
+        )
+    if parts.scheme == "unix" and not parts.path:
+        raise _error(alias, key, f"{shown} names no socket path.")
+    if parts.scheme != "unix" and not parts.hostname:
+        raise _error(alias, key, f"{shown} names no host.")
+    problem = url_problem(raw)
+    if problem is not None:
+        raise _error(alias, key, f"{shown} {mask_secrets(problem, raw)}")
+    return raw
+
+
 def _node(alias: str, index: int, raw: Any) -> NodeSpec:
     key = f"NODES[{index}]"
     if isinstance(raw, str):
-        shown = repr(mask_url(raw))
-        try:
-            parts = urlsplit(raw)
-        except ValueError as exc:
-            raise _error(alias, key, f"{shown} is not a valid URL ({exc}).") from exc
-        if parts.scheme not in URL_SCHEMES:
-            raise _error(alias, key, f"{shown} is not a redis://, rediss:// or unix:// URL.")
-        try:
-            port = parts.port
-        except ValueError as exc:
-            raise _error(alias, key, f"{shown} has a bad port.") from exc
-        if port == 0 and parts.scheme != "unix":
-            raise _error(
-                alias, key, f"{shown} has port 0: redis-py would silently use port 6379 instead."
-            )
-        if parts.scheme == "unix" and not parts.path:
-            raise _error(alias, key, f"{shown} names no socket path.")
-        if parts.scheme != "unix" and not parts.hostname:
-            raise _error(alias, key, f"{shown} names no host.")
-        problem = url_problem(raw)
-        if problem is not None:
-            raise _error(alias, key, f"{shown} {mask_secrets(problem, raw)}")
-        return NodeSpec(url=raw)
+        return NodeSpec(url=_url(alias, key, raw))
+    if isinstance(raw, Mapping) and "SENTINELS" in raw:
+        return _sentinel_node(alias, key, raw)
     if isinstance(raw, Mapping):
         if set(raw) != {"CACHE"} or not isinstance(raw["CACHE"], str):
-            raise _error(alias, key, 'a node given as a dict must be {"CACHE": "<cache alias>"}.')
+            raise _error(
+                alias,
+                key,
+                'a node given as a dict must be {"CACHE": "<cache alias>"} or '
+                '{"SENTINELS": [...], "SERVICE": "<name>"}.',
+            )
         cache = raw["CACHE"]
-        if cache not in getattr(settings, "CACHES", {}):
+        caches = getattr(settings, "CACHES", {})
+        if cache not in caches:
             raise _error(alias, key, f"CACHES has no alias {cache!r}.")
+        backend = caches[cache].get("BACKEND") if isinstance(caches[cache], Mapping) else None
+        problem = cache_backend_problem(backend)
+        if problem is not None:
+            raise _error(alias, key, f"CACHES[{cache!r}] {problem}")
         return NodeSpec(cache=cache)
     raise _error(alias, key, f"must be a URL string or a {{'CACHE': alias}} dict, not {raw!r}.")
+
+
+SENTINEL_KEYS = ("SENTINELS", "SERVICE", "DB", "USERNAME", "PASSWORD")
+
+
+def _sentinel_node(alias: str, key: str, raw: Mapping[str, Any]) -> NodeSpec:
+    """``{"SENTINELS": [urls], "SERVICE": name}`` (optional ``DB``, ``USERNAME``,
+    ``PASSWORD`` of the master; the sentinels' own credentials are in their URLs)."""
+    unknown = sorted(set(raw) - set(SENTINEL_KEYS), key=str)
+    if unknown:
+        raise _error(
+            alias,
+            f"{key}.{unknown[0]}",
+            f"unknown key of a sentinel node; known keys are {', '.join(SENTINEL_KEYS)}.",
+        )
+    urls = raw["SENTINELS"]
+    if isinstance(urls, str | bytes) or not isinstance(urls, list | tuple) or not urls:
+        raise _error(alias, f"{key}.SENTINELS", "must be a non-empty list of sentinel URLs.")
+    for i, url in enumerate(urls):
+        where = f"{key}.SENTINELS[{i}]"
+        if not isinstance(url, str):
+            raise _error(alias, where, f"must be a redis:// or rediss:// URL, not {url!r}.")
+        _url(alias, where, url, ("redis", "rediss"))
+    service = raw.get("SERVICE")
+    if not isinstance(service, str) or not service:
+        raise _error(alias, f"{key}.SERVICE", "must name the sentinels' master (a str).")
+    db = raw.get("DB", 0)
+    if isinstance(db, bool) or not isinstance(db, int) or db < 0:
+        raise _error(alias, f"{key}.DB", f"must be a database number >= 0, not {db!r}.")
+    credentials: dict[str, str | None] = {}
+    for name in ("USERNAME", "PASSWORD"):
+        value = raw.get(name)
+        if value is not None and not isinstance(value, str):
+            raise _error(alias, f"{key}.{name}", f"must be a str, not {type(value).__name__}.")
+        credentials[name.lower()] = value
+    return NodeSpec(sentinels=tuple(urls), service=service, db=db, **credentials)
 
 
 def parse_alias(alias: str, raw: Any) -> AliasConfig:

@@ -1,8 +1,10 @@
-"""Build connection factories for an alias's nodes from URLs or django-redis caches.
+"""Build connection factories for an alias's nodes from URLs or Redis caches.
 
 Lock connections are separate sockets from cache traffic (a lock call must never queue behind
 a slow cache read), but a ``{"CACHE": alias}`` node reuses that cache's connection pool settings:
-the same server, credentials, TLS options and connection class.
+the same server, credentials, TLS options and connection class. The cache is a django-redis
+cache or Django's own ``django.core.cache.backends.redis.RedisCache`` (its first server, the
+one it writes to).
 """
 
 from __future__ import annotations
@@ -18,14 +20,17 @@ import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from .sentinels import AsyncSentinelMasterConnection, sentinel_pool
+
 if TYPE_CHECKING:  # conf imports this module to validate node URLs
     from .conf import AliasConfig, NodeSpec
 
-_pools: dict[tuple[str, float], redis.ConnectionPool] = {}
+_pools: dict[tuple[NodeSpec, float], redis.ConnectionPool] = {}
 _pools_guard = threading.Lock()
 
 # Keyword arguments we set ourselves; anything the cache sets for these is overridden.
 _ASYNC_CLASSES: dict[str, type[Any]] = {
+    "SentinelMasterConnection": AsyncSentinelMasterConnection,
     "Connection": redis.asyncio.Connection,
     "SSLConnection": redis.asyncio.SSLConnection,
     "UnixDomainSocketConnection": redis.asyncio.UnixDomainSocketConnection,
@@ -45,20 +50,71 @@ def socket_timeout(config: AliasConfig) -> float:
 
 
 def _pool_for(spec: NodeSpec, timeout: float) -> redis.ConnectionPool:
-    """A process-wide pool per (URL or cache, timeout): only its settings are used here."""
-    key = (spec.url or f"cache:{spec.cache}", timeout)
+    """A process-wide pool per (node, timeout): only its settings are used here (and, for a
+    sentinel node, its :class:`~.sentinels.Sentinels`, shared by every connection)."""
+    key = (spec, timeout)
     with _pools_guard:
         pool = _pools.get(key)
         if pool is None:
             if spec.url is not None:
                 pool = redis.ConnectionPool.from_url(spec.url)
+            elif spec.service is not None:
+                pool = sentinel_pool(
+                    spec.sentinels,
+                    spec.service,
+                    timeout,
+                    db=spec.db,
+                    username=spec.username,
+                    password=spec.password,
+                )
             else:
-                from django_redis import get_redis_connection
-
                 assert spec.cache is not None
-                pool = get_redis_connection(spec.cache).connection_pool
+                pool = cache_pool(spec.cache)
             _pools[key] = pool
         return pool
+
+
+#: The cache backends a ``{"CACHE": alias}`` node may name (or subclasses of them).
+CACHE_BACKENDS = ("django_redis.cache.RedisCache", "django.core.cache.backends.redis.RedisCache")
+
+
+def cache_backend_problem(backend: Any) -> str | None:
+    """Why the ``BACKEND`` of a cache cannot be a node (None if it can): it must be, or
+    subclass, one of :data:`CACHE_BACKENDS`."""
+    from django.utils.module_loading import import_string
+
+    try:
+        cls = import_string(backend) if isinstance(backend, str) else backend
+    except ImportError as exc:
+        return f"has BACKEND {backend!r}, which cannot be imported ({exc})."
+    for name in CACHE_BACKENDS:
+        try:
+            base = import_string(name)
+        except ImportError:  # pragma: no cover - django-redis is a dependency
+            continue
+        if isinstance(cls, type) and issubclass(cls, base):
+            return None
+    return (
+        f"has BACKEND {backend!r}, which does not talk to Redis: a lock node must be a "
+        f"{' or a '.join(CACHE_BACKENDS)} cache."
+    )
+
+
+def cache_pool(alias: str) -> redis.ConnectionPool:
+    """The connection pool of the Redis cache ``alias`` (django-redis's, or that of the first
+    server of Django's own ``RedisCache``, the one it writes to)."""
+    from django.core.cache import caches
+    from django.core.cache.backends.redis import RedisCache
+
+    cache = caches[alias]
+    if isinstance(cache, RedisCache):
+        # ``_cache`` is Django's RedisCacheClient; get_client(write=True) uses servers[0]
+        client: redis.Redis = cache._cache.get_client(write=True)
+        return client.connection_pool
+    from django_redis import get_redis_connection
+
+    pool: redis.ConnectionPool = get_redis_connection(alias).connection_pool
+    return pool
 
 
 def _kwargs(pool: redis.ConnectionPool, timeout: float) -> dict[str, Any]:
@@ -142,6 +198,16 @@ def client_factory(spec: NodeSpec, config: AliasConfig) -> Callable[[], redis.Re
         )
 
     return make
+
+
+def current_master(spec: NodeSpec, config: AliasConfig) -> str | None:
+    """``host:port`` of the master a sentinel node connected to last (None for other nodes,
+    or before any connection)."""
+    if spec.service is None:
+        return None
+    sentinels = _pool_for(spec, socket_timeout(config)).connection_kwargs["sentinels"]
+    address = sentinels.last_master
+    return None if address is None else f"{address[0]}:{address[1]}"
 
 
 def reset_pools() -> None:

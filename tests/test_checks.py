@@ -195,7 +195,8 @@ def test_e002_and_w005_mask_query_passwords() -> None:
 def test_check_deploy_never_crashes() -> None:
     """M6: a node URL redis-py rejects is E002 under ``check`` (was: missed, then
     ``check --deploy`` crashed with ValueError), and a node whose probe raises anything (here a
-    CACHE alias that is not a django-redis cache) is a W005 naming the node."""
+    CACHE alias whose server is down) is a W005 naming the node; a CACHE alias that is not a
+    Redis cache is an E002 naming the alias and the key."""
     bad = {"default": {"NODES": ["redis://127.0.0.1:7301/0?socket_timeout=abc"]}}
     with override_settings(REDLOCK=bad):
         assert _check_ids(checks.check_settings()) == ["django_redlock.E002"]
@@ -203,8 +204,21 @@ def test_check_deploy_never_crashes() -> None:
         assert "django_redlock.E002" in _check_ids(messages)
     with override_settings(REDLOCK={"default": {"NODES": [{"CACHE": "default"}]}}):
         messages = django_checks.run_checks(include_deployment_checks=True)
+    (error,) = [m for m in messages if m.id == "django_redlock.E002"]
+    assert "REDLOCK['default']['NODES[0]']: CACHES['default'] has BACKEND" in error.msg
+    assert "does not talk to Redis" in error.msg
+    caches = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "down": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": "redis://127.0.0.1:1/0",
+        },
+    }
+    alias = {"default": {"NODES": [{"CACHE": "down"}], "NODE_TIMEOUT": 0.05}}
+    with override_settings(CACHES=caches, REDLOCK=alias):
+        messages = django_checks.run_checks(include_deployment_checks=True)
     (warning,) = [m for m in messages if m.id == "django_redlock.W005"]
-    assert "node cache:default cannot be reached: NotImplementedError" in warning.msg
+    assert "node cache:down cannot be reached: ConnectionError" in warning.msg
 
 
 def test_deploy_checks_with_the_documented_acl_user(redis_node_factory) -> None:

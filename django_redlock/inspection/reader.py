@@ -13,7 +13,7 @@ import redis
 
 from ..checks import valid_aliases
 from ..conf import AliasConfig
-from ..connections import client_factory
+from ..connections import client_factory, current_master
 from ..engine import WAITING, Keyspace, LockValue, as_text, escape_glob
 from ..engine.keyspace import SEMAPHORE_MARKER
 from ..manager import LockManager
@@ -244,7 +244,7 @@ class AliasInspector:
                     NodeHealth(self.alias, index, node.label, False, error=self.failures[index])
                 )
                 continue
-            server, memory, policy = replies
+            server, memory, policy, role = replies
             report.append(
                 NodeHealth(
                     self.alias,
@@ -257,19 +257,26 @@ class AliasInspector:
                     maxmemory_policy=policy,
                     used_memory=_maybe_int(memory.get("used_memory")),
                     used_memory_human=str(memory.get("used_memory_human", "")) or None,
+                    role=role,
+                    master=current_master(node, self.config),
                 )
             )
         return report
 
 
-def _health_pipeline(client: redis.Redis) -> tuple[dict[str, Any], dict[str, Any], str]:
-    """``INFO server``, ``INFO memory`` and ``CONFIG GET maxmemory-policy`` in one round trip;
-    the policy is ``"unknown"`` when an ACL denies ``CONFIG``."""
+def _health_pipeline(
+    client: redis.Redis,
+) -> tuple[dict[str, Any], dict[str, Any], str, str | None]:
+    """``INFO server``, ``INFO memory``, ``CONFIG GET maxmemory-policy`` and ``INFO
+    replication`` in one round trip; the policy is ``"unknown"`` when an ACL denies
+    ``CONFIG``, the role None when it denies ``INFO replication``."""
     pipe = client.pipeline(transaction=False)
     pipe.info("server")
     pipe.info("memory")
     pipe.config_get("maxmemory-policy")
-    server, memory, config = pipe.execute(raise_on_error=False)
+    pipe.info("replication")
+    server, memory, config, replication = pipe.execute(raise_on_error=False)
+    role = replication.get("role") if isinstance(replication, dict) else None
     for reply in (server, memory):
         if isinstance(reply, Exception):
             raise reply
@@ -278,7 +285,7 @@ def _health_pipeline(client: redis.Redis) -> tuple[dict[str, Any], dict[str, Any
         value = config.get("maxmemory-policy", config.get(b"maxmemory-policy"))
         if value is not None:
             policy = as_text(value)
-    return server, memory, policy
+    return server, memory, policy, None if role is None else as_text(role)
 
 
 def _maybe_int(value: Any) -> int | None:

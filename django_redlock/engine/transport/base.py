@@ -27,6 +27,8 @@ MAX_UNREAD = 64
 #: First and longest pause between reconnection attempts to a node that is down, seconds.
 RECONNECT_MIN = 0.05
 RECONNECT_MAX = 2.0
+#: The error prefix of a write refused by a replica: a master demoted by a failover.
+READONLY = "READONLY"
 #: Sent on every new connection in one write: learn the node's incarnation, load the scripts.
 HANDSHAKE: list[tuple[str, ...]] = [("INFO", "server")] + [
     ("SCRIPT", "LOAD", script.source) for script in ALL_SCRIPTS
@@ -155,7 +157,7 @@ class LinkBase:
     def _read_replies(self) -> bool:
         """Fill unread slots, in order, from what the reader has parsed; True if any was
         filled (or the link failed on a protocol error)."""
-        progressed = False
+        progressed = demoted = False
         while self._unread:
             try:
                 reply = self._reader.gets()
@@ -165,9 +167,12 @@ class LinkBase:
             if reply is False:
                 break
             if isinstance(reply, hiredis.ReplyError):
+                demoted = demoted or str(reply).startswith(READONLY)
                 reply = NodeFailure(f"ResponseError: {reply}")
             self._unread.popleft().fill(reply)
             progressed = True
+        if demoted:  # reconnecting finds the new master (a sentinel node) or fails meanwhile
+            self.fail("ReadOnlyError: the node is a replica now")
         return progressed
 
 

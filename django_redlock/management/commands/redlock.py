@@ -376,7 +376,7 @@ def _node_row(node: NodeHealth) -> list[object]:
         return [node.alias, node.node, "down", "", "", "", "", node.error]
     return [
         node.alias,
-        node.node,
+        node.shown,
         "up",
         f"{node.latency_ms:.2f} ms",
         node.run_id,

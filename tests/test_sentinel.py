@@ -1,0 +1,201 @@
+"""Sentinel nodes: settings, locking through the master the sentinels name, a failover (the
+promoted replica quarantined as a restarted node), and a sentinel node in a Redlock set."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from django_redlock import locks
+from django_redlock.conf import parse_alias
+from django_redlock.exceptions import LockNotAcquired, NodesUnavailable
+from django_redlock.inspection import node_health
+from django_redlock.testing.sentinel import SentinelGroup
+
+S1, S2 = "redis://127.0.0.1:26001", "redis://127.0.0.1:26002"
+
+
+@pytest.fixture
+def group() -> Iterator[SentinelGroup]:
+    """A fresh master, replica and three sentinels (failovers change them)."""
+    with SentinelGroup.start() as started:
+        yield started
+
+
+def _alias(group: SentinelGroup, **extra: Any) -> dict[str, Any]:
+    return {"default": {"NODES": [group.node_setting()], "TTL": 1.0, **extra}}
+
+
+@pytest.mark.parametrize(
+    ("node", "key", "says"),
+    [
+        ({"SENTINELS": [], "SERVICE": "m"}, ".SENTINELS", "non-empty list"),
+        ({"SENTINELS": S1, "SERVICE": "m"}, ".SENTINELS", "non-empty list"),
+        ({"SENTINELS": [S1, "http://x:1"], "SERVICE": "m"}, ".SENTINELS[1]", "redis://"),
+        ({"SENTINELS": [S1, 5], "SERVICE": "m"}, ".SENTINELS[1]", "not 5"),
+        ({"SENTINELS": ["redis://h:0"], "SERVICE": "m"}, ".SENTINELS[0]", "port 0"),
+        ({"SENTINELS": ["redis://h:1?x=1"], "SERVICE": "m"}, ".SENTINELS[0]", "refused"),
+        ({"SENTINELS": [S1]}, ".SERVICE", "must name"),
+        ({"SENTINELS": [S1], "SERVICE": ""}, ".SERVICE", "must name"),
+        ({"SENTINELS": [S1], "SERVICE": "m", "DB": -1}, ".DB", ">= 0"),
+        ({"SENTINELS": [S1], "SERVICE": "m", "DB": "0"}, ".DB", ">= 0"),
+        ({"SENTINELS": [S1], "SERVICE": "m", "PASSWORD": 5}, ".PASSWORD", "a str"),
+        ({"SENTINELS": [S1], "SERVICE": "m", "HOST": "x"}, ".HOST", "unknown key"),
+    ],
+)
+def test_bad_sentinel_nodes_name_the_alias_and_key(node: Any, key: str, says: str) -> None:
+    """Each malformed sentinel entry is ImproperlyConfigured naming the alias and the key."""
+    with pytest.raises(ImproperlyConfigured) as info:
+        parse_alias("jobs", {"NODES": ["redis://127.0.0.1:7001/0", node]})
+    message = str(info.value)
+    assert message.startswith(f"REDLOCK['jobs']['NODES[1]{key}']: "), message
+    assert says in message
+
+
+def test_sentinel_passwords_never_show() -> None:
+    """The master's password and the sentinels' URL passwords are in no label, repr or
+    error; the label names the service, the sentinels and the db."""
+    node = {
+        "SENTINELS": ["redis://:sentpw@127.0.0.1:26001", S2],
+        "SERVICE": "mymaster",
+        "DB": 2,
+        "USERNAME": "locker",
+        "PASSWORD": "masterpw",
+    }
+    config = parse_alias("default", {"NODES": [node]})
+    (spec,) = config.nodes
+    assert spec.label == "sentinel:mymaster@localhost:26001,localhost:26002/2"
+    for shown in (spec.label, repr(spec), repr(config)):
+        assert "sentpw" not in shown and "masterpw" not in shown
+    bad = {**node, "SENTINELS": ["redis://:sentpw@127.0.0.1:0"]}
+    with pytest.raises(ImproperlyConfigured) as info:
+        parse_alias("default", {"NODES": [bad]})
+    assert "sentpw" not in str(info.value) and ":***@" in str(info.value)
+
+
+def test_locks_through_the_sentinels_master(group: SentinelGroup) -> None:
+    """Single-node mode on a sentinel node: sync and asyncio locks exclude, tokens increase,
+    the keys are on the master (and replicated); node health names the master."""
+    with override_settings(REDLOCK=_alias(group)):
+        manager = locks["default"]
+        with manager.lock("job", timeout=0) as lease:
+            with pytest.raises(LockNotAcquired):
+                manager.acquire("job", timeout=0)
+            assert group.master.client().exists("lock:job") == 1
+            first = lease.token
+
+        async def main() -> int:
+            alease = await manager.aacquire("job", timeout=0)
+            await alease.arelease()
+            return alease.token
+
+        assert asyncio.run(main()) > first
+        (health,) = node_health(["default"])
+        assert health.up and health.node.startswith("sentinel:mymaster@")
+        assert health.master == f"127.0.0.1:{group.master.port}" and health.role == "master"
+        assert health.shown.endswith(f"[master 127.0.0.1:{group.master.port}]")
+
+
+def test_failover_quarantines_the_promoted_replica(group: SentinelGroup) -> None:
+    """SIGKILL the master while a lease is held: the sentinels promote the replica, which the
+    engine finds again and treats as a restarted node: it grants nothing until the longest TTL
+    has passed since it was first seen (not even the held name), then tokens go on above
+    every earlier one."""
+    with override_settings(REDLOCK=_alias(group)):
+        manager = locks["default"]
+        held = manager.acquire("held", ttl=1.0, timeout=0)
+        time.sleep(0.2)  # replicated
+        old = group.kill_master()
+        killed = time.monotonic()
+        new = group.wait_failover(old)
+        assert new is not old
+        promoted = time.monotonic()
+        outcomes = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                lease = manager.acquire("other", timeout=0)
+            except NodesUnavailable as exc:
+                outcomes.append(str(exc))
+                time.sleep(0.05)
+                continue
+            break
+        else:
+            pytest.fail(f"no lock after the failover: {outcomes[-3:]}")
+        outage, after = time.monotonic() - killed, time.monotonic() - promoted
+        print(f"\nsentinel failover: locks {outage:.2f} s after the kill ({after:.2f} s after)")
+        assert outcomes and all("quarantined" in o for o in outcomes), outcomes[-1:]
+        assert lease.token > held.token
+        lease.release()
+        assert after >= 0.9  # the longest TTL (1 s) from when the promoted replica was seen
+        again = manager.acquire("held", timeout=0)  # the old lease has expired by now
+        assert again.token > lease.token
+        again.release()
+
+
+def test_sentinel_failover_command_demotes_without_a_kill(group: SentinelGroup) -> None:
+    """``SENTINEL FAILOVER`` demotes a live master: connections to it close (or answer
+    READONLY and are dropped) and the engine follows the sentinels to the new master."""
+    with override_settings(REDLOCK=_alias(group)):
+        manager = locks["default"]
+        before = manager.acquire("x", timeout=0)
+        before.release()
+        old = group.master
+        group.sentinels[0].client().execute_command("SENTINEL", "FAILOVER", group.service)
+        new = group.wait_failover(old)
+        deadline = time.monotonic() + 15  # the sentinels demote the old master after that
+        while old.client(decode_responses=True).info("replication")["role"] != "slave":
+            assert time.monotonic() < deadline, "the old master was never demoted"
+            time.sleep(0.05)
+        lease = manager.acquire("x", timeout=15)
+        assert lease.token > before.token
+        assert new.client().exists("lock:x") == 1
+        lease.release()
+
+
+def test_sentinel_node_in_a_redlock_set(group: SentinelGroup, redis_node_factory) -> None:
+    """A sentinel node is one of three Redlock nodes: while its master is down and being
+    failed over, the two plain nodes are a quorum, so locking never stops."""
+    plain = redis_node_factory(2)
+    nodes = [group.node_setting(), *plain.urls]
+    with override_settings(REDLOCK={"default": {"NODES": nodes, "TTL": 1.0}}):
+        manager = locks["default"]
+        tokens = [manager.acquire("r", timeout=0)]
+        tokens[0].release()
+        old = group.kill_master()
+        for _ in range(20):
+            lease = manager.acquire("r", timeout=1)
+            tokens.append(lease)
+            lease.release()
+            time.sleep(0.1)
+        group.wait_failover(old)
+        values = [t.token for t in tokens]
+        assert values == sorted(set(values))
+
+
+def test_readonly_reply_drops_the_connection(redis_node_factory) -> None:
+    """A master turned replica behind our back (``REPLICAOF``, no client killed) answers
+    READONLY: the engine drops that connection, so the next connect asks the sentinels (here a
+    plain node: it reconnects to the same address) instead of failing on it forever."""
+    nodes = redis_node_factory(2)
+    with override_settings(REDLOCK={"default": {"NODES": [nodes[0].url]}}):
+        manager = locks["default"]
+        manager.acquire("a", timeout=0).release()
+        admin = nodes[0].client(decode_responses=True)
+        own = admin.client_id()
+        before = {c["id"] for c in admin.client_list()} - {str(own)}
+        assert before
+        admin.replicaof("127.0.0.1", nodes[1].port)
+        with pytest.raises(NodesUnavailable, match="READONLY"):
+            manager.acquire("b", timeout=0)
+        time.sleep(0.2)
+        after = {c["id"] for c in admin.client_list() if c["flags"] != "M"} - {str(own)}
+        assert not before & after, (before, after)
+        admin.replicaof("no", "one")
+        manager.acquire("b", timeout=5).release()
