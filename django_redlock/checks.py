@@ -46,6 +46,7 @@ CHECK_IDS = {
     "W004": "A node's maxmemory-policy can evict lock keys (deploy).",
     "W005": "A node cannot be reached (deploy).",
     "W006": "A node answered but its maxmemory-policy could not be read (deploy).",
+    "W007": "A node is a replica (deploy).",
 }
 
 
@@ -87,6 +88,8 @@ def _node_id(node: NodeSpec) -> str:
     named ``localhost`` and ``127.0.0.1`` is one node and two dbs of it are two. A CACHE node
     is the primary its ``LOCATION`` names (first of a list, or of a comma or semicolon list)."""
     url = node.url
+    if node.service is not None:  # the master moves: the service (and its db) is the node
+        return node.label
     if url is None:
         cache = getattr(settings, "CACHES", {}).get(node.cache)
         location = cache.get("LOCATION") if isinstance(cache, dict) else None
@@ -207,21 +210,27 @@ def _topology(config: AliasConfig) -> list[checks.CheckMessage]:
     return messages
 
 
-def _eviction_policy(node: NodeSpec, config: AliasConfig) -> str | None:
-    """The node's ``maxmemory-policy``: from ``INFO memory``, which the ACL user of
-    docs/algorithm.md may run, else from ``CONFIG GET`` (often denied, or disabled by managed
-    services). A ``ResponseError`` (NOPERM, unknown command) means the node answered."""
+def _eviction_policy(node: NodeSpec, config: AliasConfig) -> tuple[str | None, str | None]:
+    """The node's ``maxmemory-policy`` and role: the policy from ``INFO memory``, which the
+    ACL user of docs/algorithm.md may run, else from ``CONFIG GET`` (often denied, or disabled
+    by managed services); the role from ``INFO replication`` (None if denied). A
+    ``ResponseError`` (NOPERM, unknown command) means the node answered. A sentinel node is
+    probed on the master the sentinels name now."""
     from .connections import client_factory
 
     client = client_factory(node, config)()
     try:
+        try:
+            role = client.info("replication").get("role")
+        except redis.ResponseError:
+            role = None
         try:
             policy = client.info("memory").get("maxmemory_policy")
         except redis.ResponseError:
             policy = None
         if policy is None:
             policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
-        return None if policy is None else str(policy)
+        return (None if policy is None else str(policy)), (None if role is None else str(role))
     finally:
         client.close()
         client.connection_pool.disconnect()
@@ -234,7 +243,7 @@ def _nodes_health(config: AliasConfig) -> list[checks.CheckMessage]:
     for node in config.nodes:
         where = f"REDLOCK[{config.alias!r}] node {node.label}"
         try:
-            policy = _eviction_policy(node, config)
+            policy, role = _eviction_policy(node, config)
         except redis.ResponseError as exc:
             messages.append(
                 checks.Warning(
@@ -262,6 +271,16 @@ def _nodes_health(config: AliasConfig) -> list[checks.CheckMessage]:
                     "fence counters.",
                     hint="Set maxmemory-policy noeviction on lock nodes.",
                     id="django_redlock.W004",
+                )
+            )
+        if role == "slave":
+            messages.append(
+                checks.Warning(
+                    f"{where} is a replica: it refuses the lock scripts' writes (READONLY), "
+                    "or, if writable, keeps locks its master never sees.",
+                    hint="Point the node at the master, or use a sentinel node "
+                    '({"SENTINELS": [...], "SERVICE": ...}) that follows failovers.',
+                    id="django_redlock.W007",
                 )
             )
     return messages

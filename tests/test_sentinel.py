@@ -58,6 +58,22 @@ def test_bad_sentinel_nodes_name_the_alias_and_key(node: Any, key: str, says: st
     assert says in message
 
 
+def test_prefix_checks_tell_sentinel_services_apart() -> None:
+    """E003 sees two sentinel nodes as one node only when they name the same service and db
+    (was: every sentinel node looked like the same one)."""
+    from django_redlock import checks
+
+    def alias(service: str, prefix: str) -> dict[str, Any]:
+        return {"NODES": [{"SENTINELS": [S1], "SERVICE": service}], "KEY_PREFIX": prefix}
+
+    apart = {"a": alias("one", "app:"), "b": alias("two", "app:v2:")}
+    with override_settings(REDLOCK=apart):
+        assert checks.check_settings() == []
+    shared = {"a": alias("one", "app:"), "b": alias("one", "app:v2:")}
+    with override_settings(REDLOCK=shared):
+        assert [m.id for m in checks.check_settings()] == ["django_redlock.E003"]
+
+
 def test_sentinel_passwords_never_show() -> None:
     """The master's password and the sentinels' URL passwords are in no label, repr or
     error; the label names the service, the sentinels and the db."""
@@ -199,3 +215,19 @@ def test_readonly_reply_drops_the_connection(redis_node_factory) -> None:
         assert not before & after, (before, after)
         admin.replicaof("no", "one")
         manager.acquire("b", timeout=5).release()
+
+
+def test_deploy_checks_probe_the_sentinels_master(group: SentinelGroup) -> None:
+    """``check --deploy`` probes a sentinel node on its current master (W004 for an evicting
+    policy there), and warns W007 for a replica named directly as a node."""
+    from django_redlock import checks
+
+    replica = next(node for node in group.servers if node is not group.master)
+    nodes = [group.node_setting(), replica.url]
+    group.master.client().config_set("maxmemory-policy", "allkeys-lru")
+    with override_settings(REDLOCK={"default": {"NODES": nodes, "NODE_TIMEOUT": 0.5}}):
+        messages = checks.check_deployment()
+    found = {(m.id, m.msg.split(" node ")[1][:9]) for m in messages if " node " in m.msg}
+    assert ("django_redlock.W004", "sentinel:") in found
+    assert ("django_redlock.W007", "redis://1") in found
+    assert "django_redlock.W005" not in {m.id for m in messages}
