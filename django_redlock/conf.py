@@ -11,7 +11,7 @@ import ipaddress
 import math
 import os.path
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import unquote, unquote_plus, urlsplit
 
@@ -66,6 +66,10 @@ class NodeSpec:
     db: int = 0
     username: str | None = None
     password: str | None = None
+    #: a Redis Cluster used as one node: its seed URLs, and the ``KEY_PREFIX`` whose hash tag
+    #: puts every key of the alias in one slot (set by ``parse_alias``)
+    cluster: tuple[str, ...] = ()
+    hash_tag_of: str = ""
 
     def __repr__(self) -> str:  # also in AliasConfig's repr: tracebacks show it
         return f"NodeSpec({self.label!r})"
@@ -78,6 +82,8 @@ class NodeSpec:
         if self.service is not None:
             hosts = ",".join(_sentinel_host(url) for url in self.sentinels)
             return f"sentinel:{self.service}@{hosts}/{self.db}"
+        if self.cluster:
+            return f"cluster:{','.join(_sentinel_host(url) for url in self.cluster)}"
         return mask_url(self.url or "")
 
     @property
@@ -258,13 +264,15 @@ def _node(alias: str, index: int, raw: Any) -> NodeSpec:
         return NodeSpec(url=_url(alias, key, raw))
     if isinstance(raw, Mapping) and "SENTINELS" in raw:
         return _sentinel_node(alias, key, raw)
+    if isinstance(raw, Mapping) and "CLUSTER" in raw:
+        return _cluster_node(alias, key, raw)
     if isinstance(raw, Mapping):
         if set(raw) != {"CACHE"} or not isinstance(raw["CACHE"], str):
             raise _error(
                 alias,
                 key,
-                'a node given as a dict must be {"CACHE": "<cache alias>"} or '
-                '{"SENTINELS": [...], "SERVICE": "<name>"}.',
+                'a node given as a dict must be {"CACHE": "<cache alias>"}, '
+                '{"SENTINELS": [...], "SERVICE": "<name>"} or {"CLUSTER": [...]}.',
             )
         cache = raw["CACHE"]
         caches = getattr(settings, "CACHES", {})
@@ -281,6 +289,39 @@ def _node(alias: str, index: int, raw: Any) -> NodeSpec:
 SENTINEL_KEYS = ("SENTINELS", "SERVICE", "DB", "USERNAME", "PASSWORD")
 
 
+def _url_list(alias: str, key: str, urls: Any, what: str) -> tuple[str, ...]:
+    """A non-empty list of redis:// or rediss:// URLs (of sentinels, or of cluster seeds)."""
+    if isinstance(urls, str | bytes) or not isinstance(urls, list | tuple) or not urls:
+        raise _error(alias, key, f"must be a non-empty list of {what} URLs.")
+    for i, url in enumerate(urls):
+        where = f"{key}[{i}]"
+        if not isinstance(url, str):
+            raise _error(alias, where, f"must be a redis:// or rediss:// URL, not {url!r}.")
+        _url(alias, where, url, ("redis", "rediss"))
+    return tuple(urls)
+
+
+def _cluster_node(alias: str, key: str, raw: Mapping[str, Any]) -> NodeSpec:
+    """``{"CLUSTER": [seed urls]}``: a Redis Cluster used as one node (credentials and TLS
+    from the first seed's URL)."""
+    if set(raw) != {"CLUSTER"}:
+        extra = sorted(set(raw) - {"CLUSTER"}, key=str)[0]
+        raise _error(alias, f"{key}.{extra}", "unknown key of a cluster node; only CLUSTER.")
+    urls = _url_list(alias, f"{key}.CLUSTER", raw["CLUSTER"], "cluster node")
+    for i, url in enumerate(urls):
+        if url_identity(url)[1] != 0:
+            raise _error(alias, f"{key}.CLUSTER[{i}]", "a cluster has only database 0.")
+    return NodeSpec(cluster=urls)
+
+
+def hash_tag(prefix: str) -> str | None:
+    """The hash tag Redis Cluster hashes keys starting with ``prefix`` by: what lies between
+    its first ``{`` and the next ``}`` (None when there is none, or it is empty)."""
+    start = prefix.find("{")
+    end = prefix.find("}", start + 1) if start >= 0 else -1
+    return prefix[start + 1 : end] if end > start + 1 else None
+
+
 def _sentinel_node(alias: str, key: str, raw: Mapping[str, Any]) -> NodeSpec:
     """``{"SENTINELS": [urls], "SERVICE": name}`` (optional ``DB``, ``USERNAME``,
     ``PASSWORD`` of the master; the sentinels' own credentials are in their URLs)."""
@@ -291,14 +332,7 @@ def _sentinel_node(alias: str, key: str, raw: Mapping[str, Any]) -> NodeSpec:
             f"{key}.{unknown[0]}",
             f"unknown key of a sentinel node; known keys are {', '.join(SENTINEL_KEYS)}.",
         )
-    urls = raw["SENTINELS"]
-    if isinstance(urls, str | bytes) or not isinstance(urls, list | tuple) or not urls:
-        raise _error(alias, f"{key}.SENTINELS", "must be a non-empty list of sentinel URLs.")
-    for i, url in enumerate(urls):
-        where = f"{key}.SENTINELS[{i}]"
-        if not isinstance(url, str):
-            raise _error(alias, where, f"must be a redis:// or rediss:// URL, not {url!r}.")
-        _url(alias, where, url, ("redis", "rediss"))
+    urls = _url_list(alias, f"{key}.SENTINELS", raw["SENTINELS"], "sentinel")
     service = raw.get("SERVICE")
     if not isinstance(service, str) or not service:
         raise _error(alias, f"{key}.SERVICE", "must name the sentinels' master (a str).")
@@ -311,7 +345,13 @@ def _sentinel_node(alias: str, key: str, raw: Mapping[str, Any]) -> NodeSpec:
         if value is not None and not isinstance(value, str):
             raise _error(alias, f"{key}.{name}", f"must be a str, not {type(value).__name__}.")
         credentials[name.lower()] = value
-    return NodeSpec(sentinels=tuple(urls), service=service, db=db, **credentials)
+    return NodeSpec(
+        sentinels=urls,
+        service=service,
+        db=db,
+        username=credentials["username"],
+        password=credentials["password"],
+    )
 
 
 def parse_alias(alias: str, raw: Any) -> AliasConfig:
@@ -335,6 +375,15 @@ def parse_alias(alias: str, raw: Any) -> AliasConfig:
         raise _error(
             alias, "KEY_PREFIX", f"must not contain glob characters ({' '.join(GLOB_CHARACTERS)})."
         )
+    if any(node.cluster for node in nodes):
+        if hash_tag(prefix) is None:
+            raise _error(
+                alias,
+                "KEY_PREFIX",
+                f"{prefix!r} has no hash tag: a cluster node keeps every key of the alias in "
+                "one hash slot, so KEY_PREFIX must hold a non-empty {tag}, e.g. '{lock}:'.",
+            )
+        nodes = tuple(replace(n, hash_tag_of=prefix) if n.cluster else n for n in nodes)
     timeout = merged["TIMEOUT"]
     drift = _drift_factor(alias, merged["DRIFT_FACTOR"])
     return AliasConfig(

@@ -20,7 +20,9 @@ import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from .sentinels import AsyncSentinelMasterConnection, sentinel_pool
+from .cluster import ClusterSlot, slot_of
+from .located import ASYNC_TWINS, located_pool
+from .sentinels import Sentinels
 
 if TYPE_CHECKING:  # conf imports this module to validate node URLs
     from .conf import AliasConfig, NodeSpec
@@ -30,7 +32,7 @@ _pools_guard = threading.Lock()
 
 # Keyword arguments we set ourselves; anything the cache sets for these is overridden.
 _ASYNC_CLASSES: dict[str, type[Any]] = {
-    "SentinelMasterConnection": AsyncSentinelMasterConnection,
+    **ASYNC_TWINS,
     "Connection": redis.asyncio.Connection,
     "SSLConnection": redis.asyncio.SSLConnection,
     "UnixDomainSocketConnection": redis.asyncio.UnixDomainSocketConnection,
@@ -59,19 +61,30 @@ def _pool_for(spec: NodeSpec, timeout: float) -> redis.ConnectionPool:
             if spec.url is not None:
                 pool = redis.ConnectionPool.from_url(spec.url)
             elif spec.service is not None:
-                pool = sentinel_pool(
-                    spec.sentinels,
-                    spec.service,
-                    timeout,
+                pool = located_pool(
+                    Sentinels(spec.sentinels, spec.service, timeout),
                     db=spec.db,
                     username=spec.username,
                     password=spec.password,
                 )
+            elif spec.cluster:
+                pool = _cluster_pool(spec, timeout)
             else:
                 assert spec.cache is not None
                 pool = cache_pool(spec.cache)
             _pools[key] = pool
         return pool
+
+
+def _cluster_pool(spec: NodeSpec, timeout: float) -> redis.ConnectionPool:
+    """Connections to the master serving the alias's slot, with the first seed's credentials
+    and TLS options."""
+    seed = redis.ConnectionPool.from_url(spec.cluster[0])
+    kwargs = {k: v for k, v in seed.connection_kwargs.items() if k not in ("host", "port")}
+    locator = ClusterSlot(spec.cluster, slot_of(spec.hash_tag_of), timeout)
+    return located_pool(
+        locator, ssl=issubclass(seed.connection_class, redis.SSLConnection), **kwargs
+    )
 
 
 #: The cache backends a ``{"CACHE": alias}`` node may name (or subclasses of them).
@@ -201,12 +214,15 @@ def client_factory(spec: NodeSpec, config: AliasConfig) -> Callable[[], redis.Re
 
 
 def current_master(spec: NodeSpec, config: AliasConfig) -> str | None:
-    """``host:port`` of the master a sentinel node connected to last (None for other nodes,
-    or before any connection)."""
-    if spec.service is None:
+    """Where a sentinel or cluster node's server was found last: ``host:port`` of the
+    sentinels' master, or the cluster's slot, its master and the slot coverage (None for
+    other nodes, or before any connection)."""
+    if spec.service is None and not spec.cluster:
         return None
-    sentinels = _pool_for(spec, socket_timeout(config)).connection_kwargs["sentinels"]
-    address = sentinels.last_master
+    locator = _pool_for(spec, socket_timeout(config)).connection_kwargs["locator"]
+    if isinstance(locator, ClusterSlot):
+        return locator.describe() if locator.last else None
+    address = locator.last
     return None if address is None else f"{address[0]}:{address[1]}"
 
 

@@ -129,13 +129,16 @@ class NodeHealth:
     error: str = ""
     #: ``master`` or ``slave`` (a replica), from ``INFO replication``
     role: str | None = None
-    #: a sentinel node's master now, ``host:port`` (None for other nodes)
+    #: a sentinel node's master now (``host:port``), or a cluster node's slot, master and
+    #: coverage (None for other nodes)
     master: str | None = None
 
     @property
     def shown(self) -> str:
-        """The node's label, with the master a sentinel node resolved to."""
-        return self.node if self.master is None else f"{self.node} [master {self.master}]"
+        """The node's label, with where a sentinel or cluster node was found."""
+        if self.master is None:
+            return self.node
+        return f"{self.node} [{'' if self.master.startswith('slot') else 'master '}{self.master}]"
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

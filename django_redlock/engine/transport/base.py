@@ -27,8 +27,9 @@ MAX_UNREAD = 64
 #: First and longest pause between reconnection attempts to a node that is down, seconds.
 RECONNECT_MIN = 0.05
 RECONNECT_MAX = 2.0
-#: The error prefix of a write refused by a replica: a master demoted by a failover.
-READONLY = "READONLY"
+#: Error prefixes that mean "this server is no longer the right one": a write refused by a
+#: replica (a master demoted by a failover), a cluster slot served elsewhere now.
+RELOCATE = ("READONLY", "MOVED")
 #: Sent on every new connection in one write: learn the node's incarnation, load the scripts.
 HANDSHAKE: list[tuple[str, ...]] = [("INFO", "server")] + [
     ("SCRIPT", "LOAD", script.source) for script in ALL_SCRIPTS
@@ -167,12 +168,12 @@ class LinkBase:
             if reply is False:
                 break
             if isinstance(reply, hiredis.ReplyError):
-                demoted = demoted or str(reply).startswith(READONLY)
+                demoted = demoted or str(reply).startswith(RELOCATE)
                 reply = NodeFailure(f"ResponseError: {reply}")
             self._unread.popleft().fill(reply)
             progressed = True
-        if demoted:  # reconnecting finds the new master (a sentinel node) or fails meanwhile
-            self.fail("ReadOnlyError: the node is a replica now")
+        if demoted:  # reconnecting finds the new master or slot owner (or fails meanwhile)
+            self.fail("ConnectionError: the node is a replica now, or no longer has the keys")
         return progressed
 
 

@@ -1,0 +1,149 @@
+"""Cluster nodes: settings, every primitive on the master of the alias's slot, node health
+with the slot and the cluster's coverage, a slot migration followed through MOVED."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from django_redlock import locks
+from django_redlock.cluster import slot_of
+from django_redlock.conf import hash_tag, parse_alias
+from django_redlock.exceptions import LockNotAcquired, NodesUnavailable
+from django_redlock.inspection import list_locks, node_health
+from django_redlock.testing.cluster import ClusterGroup
+
+PREFIX = "{lock}:"
+SEED = "redis://127.0.0.1:7001"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ClusterGroup]:
+    """Three masters, no replicas (the fault suite fails masters over)."""
+    with ClusterGroup.start(3) as started:
+        yield started
+
+
+def _alias(cluster: ClusterGroup, prefix: str = PREFIX, **extra: Any) -> dict[str, Any]:
+    return {"default": {"NODES": [cluster.node_setting()], "KEY_PREFIX": prefix, **extra}}
+
+
+@pytest.mark.parametrize(
+    ("raw", "key", "says"),
+    [
+        ({"NODES": [{"CLUSTER": [SEED]}]}, "KEY_PREFIX", "no hash tag"),
+        ({"NODES": [{"CLUSTER": [SEED]}], "KEY_PREFIX": "{}:"}, "KEY_PREFIX", "no hash tag"),
+        ({"NODES": [{"CLUSTER": []}], "KEY_PREFIX": PREFIX}, "NODES[0].CLUSTER", "non-empty"),
+        ({"NODES": [{"CLUSTER": SEED}], "KEY_PREFIX": PREFIX}, "NODES[0].CLUSTER", "non-empty"),
+        (
+            {"NODES": [{"CLUSTER": [SEED, "unix:///x.sock"]}], "KEY_PREFIX": PREFIX},
+            "NODES[0].CLUSTER[1]",
+            "redis://",
+        ),
+        (
+            {"NODES": [{"CLUSTER": [f"{SEED}/2"]}], "KEY_PREFIX": PREFIX},
+            "NODES[0].CLUSTER[0]",
+            "only database 0",
+        ),
+        (
+            {"NODES": [{"CLUSTER": [SEED], "DB": 0}], "KEY_PREFIX": PREFIX},
+            "NODES[0].DB",
+            "unknown key",
+        ),
+    ],
+)
+def test_bad_cluster_nodes_name_the_alias_and_key(raw: Any, key: str, says: str) -> None:
+    """A cluster node needs seed URLs and a KEY_PREFIX with a hash tag; each mistake is
+    ImproperlyConfigured naming the alias and the key."""
+    with pytest.raises(ImproperlyConfigured) as info:
+        parse_alias("c", raw)
+    assert str(info.value).startswith(f"REDLOCK['c']['{key}']: "), str(info.value)
+    assert says in str(info.value)
+
+
+def test_hash_tag_is_what_redis_cluster_hashes() -> None:
+    """The tag is between the first ``{`` and the next ``}``, as Redis Cluster reads it; all
+    of an alias's keys land in that tag's slot."""
+    assert hash_tag("{lock}:") == "lock"
+    assert hash_tag("app:{jobs}:x{y}") == "jobs"
+    assert hash_tag("a{}b{c}") is None and hash_tag("lock:") is None
+    prefix = "app:{jobs}:"
+    keys = [f"{prefix}name", f"{prefix}__fence__", f"{prefix}__waiters__:name"]
+    assert {slot_of(key) for key in keys} == {slot_of(prefix)}
+
+
+def test_every_primitive_on_a_cluster_node(cluster: ClusterGroup) -> None:
+    """Locks (sync and asyncio), semaphores, read-write locks and lock_many work on a
+    cluster node: every key sits on the master serving the prefix's slot, one fence hash."""
+    with override_settings(REDLOCK=_alias(cluster)):
+        manager = locks["default"]
+        with manager.lock("a", timeout=0) as first, pytest.raises(LockNotAcquired):
+            manager.acquire("a", timeout=0)
+
+        async def main() -> int:
+            lease = await manager.aacquire("a", timeout=0)
+            await lease.arelease()
+            return lease.token
+
+        assert asyncio.run(main()) > first.token
+        permit = manager.semaphore("pool", 2, timeout=0)
+        with permit, manager.semaphore("pool", 2, timeout=0), pytest.raises(LockNotAcquired):
+            manager.acquire("pool", permits=2, timeout=0)
+        reader = manager.read_lock("doc", timeout=0)
+        with reader, manager.read_lock("doc", timeout=0), pytest.raises(LockNotAcquired):
+            manager.acquire("doc", rw="write", timeout=0)
+        with manager.lock_many(["x", "y", "z"], timeout=0) as held:
+            assert sorted(held.tokens) == ["x", "y", "z"]
+            master = cluster.master_of(slot_of(PREFIX))
+            assert master.client().exists(f"{PREFIX}x", f"{PREFIX}y", f"{PREFIX}z") == 3
+            assert sorted(i.name for i in list_locks(["default"]).locks) == ["x", "y", "z"]
+        slot = slot_of(PREFIX)
+        assert master.client().exists(f"{PREFIX}__fence__") == 1
+        others = [n for n in cluster.nodes if n is not master]
+        assert [n.client().execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) for n in others] == [
+            0,
+            0,
+        ]
+
+
+def test_cluster_node_health_shows_slot_and_coverage(cluster: ClusterGroup) -> None:
+    """``redlock nodes`` and the admin show the slot, its master and the slot coverage."""
+    with override_settings(REDLOCK=_alias(cluster)):
+        locks["default"].acquire("h", timeout=0).release()
+        (health,) = node_health(["default"])
+    master = cluster.master_of(slot_of(PREFIX))
+    assert health.up and health.node.startswith("cluster:localhost:")
+    assert health.master == (
+        f"slot {slot_of(PREFIX)} on 127.0.0.1:{master.port}; 3 masters, 16384/16384 slots covered"
+    )
+    assert health.shown.endswith(f"[{health.master}]")
+
+
+def test_slot_migration_is_followed(cluster: ClusterGroup) -> None:
+    """The alias's slot (with its lock and fence keys) is migrated to another master: the
+    old owner answers MOVED, the engine connects to the new one, which, holding a fence
+    marker of another server, is quarantined for the longest TTL; then tokens go on
+    increasing. The held lock's key moved with its TTL."""
+    prefix = "{migrate}:"
+    slot = slot_of(prefix)
+    with override_settings(REDLOCK=_alias(cluster, prefix, TTL=1.0)):
+        manager = locks["default"]
+        before = manager.acquire("before", timeout=0)
+        held = manager.acquire("held", timeout=0)
+        source = cluster.master_of(slot)
+        target = next(m for m in cluster.masters() if m is not source)
+        cluster.migrate_slot(slot, target)
+        assert 0 < target.client().pttl(f"{prefix}held") <= 1000
+        with pytest.raises(NodesUnavailable, match="MOVED"):  # the old owner redirects
+            manager.acquire("after", timeout=0)
+        with pytest.raises(NodesUnavailable, match="quarantined"):  # the new one waits a TTL
+            manager.acquire("after", timeout=0)
+        after = manager.acquire("after", timeout=5)
+        assert after.token > max(before.token, held.token)
+        assert target.client().exists(f"{prefix}after") == 1
+        after.release()
