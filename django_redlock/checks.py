@@ -21,6 +21,7 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
+from .cluster_checks import cluster_checks
 from .conf import (
     AliasConfig,
     NodeSpec,
@@ -47,6 +48,7 @@ CHECK_IDS = {
     "W005": "A node cannot be reached (deploy).",
     "W006": "A node answered but its maxmemory-policy could not be read (deploy).",
     "W007": "A node is a replica (deploy).",
+    "W008": "A cluster node shares a server with another node of its Redlock set (deploy).",
 }
 
 
@@ -159,6 +161,7 @@ def check_deployment(
     for config in configs:
         messages += _topology(config)
         messages += _nodes_health(config)
+        messages += cluster_checks(config)
     return messages
 
 

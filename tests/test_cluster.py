@@ -147,3 +147,29 @@ def test_slot_migration_is_followed(cluster: ClusterGroup) -> None:
         assert after.token > max(before.token, held.token)
         assert target.client().exists(f"{prefix}after") == 1
         after.release()
+
+
+def test_deploy_checks_of_a_cluster_node(cluster: ClusterGroup) -> None:
+    """``check --deploy`` reads maxmemory-policy on every master (W004 for the one that
+    evicts, even if it does not serve the alias's slot), and warns W008 when a master of the
+    cluster is also another node of the Redlock set."""
+    from django_redlock import checks
+
+    serving = cluster.master_of(slot_of(PREFIX))
+    other = next(m for m in cluster.masters() if m is not serving)
+    other.client().config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        nodes = [cluster.node_setting(), other.url, "redis://127.0.0.1:1/0"]
+        config = {"default": {"NODES": nodes, "KEY_PREFIX": PREFIX, "NODE_TIMEOUT": 0.5}}
+        with override_settings(REDLOCK=config):
+            messages = checks.check_deployment()
+    finally:
+        other.client().config_set("maxmemory-policy", "noeviction")
+    by_id = {
+        m.id: m.msg for m in messages if m.id in ("django_redlock.W004", "django_redlock.W008")
+    }
+    assert (
+        f"cluster master 127.0.0.1:{other.port} has maxmemory-policy"
+        in by_id["django_redlock.W004"]
+    )
+    assert f"its master localhost:{other.port} is also another node" in by_id["django_redlock.W008"]
