@@ -231,3 +231,22 @@ def test_deploy_checks_probe_the_sentinels_master(group: SentinelGroup) -> None:
     assert ("django_redlock.W004", "sentinel:") in found
     assert ("django_redlock.W007", "redis://1") in found
     assert "django_redlock.W005" not in {m.id for m in messages}
+
+
+def test_command_and_admin_show_the_sentinels_master(
+    group: SentinelGroup, admin_client: Any
+) -> None:
+    """``redlock nodes`` and the admin's node table name the master the sentinels gave."""
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.urls import reverse
+
+    shown = f"[master 127.0.0.1:{group.master.port}]"
+    with override_settings(REDLOCK=_alias(group)):
+        locks["default"].acquire("seen", timeout=0).release()
+        out = StringIO()
+        call_command("redlock", "nodes", stdout=out)
+        assert "sentinel:mymaster@" in out.getvalue() and shown in out.getvalue()
+        html = admin_client.get(reverse("admin:django_redlock_lock_changelist")).content.decode()
+        assert shown in html
