@@ -238,8 +238,9 @@ def _url(alias: str, key: str, raw: str, schemes: tuple[str, ...] = URL_SCHEMES)
     except ValueError as exc:
         raise _error(alias, key, f"{shown} is not a valid URL ({exc}).") from exc
     if parts.scheme not in schemes:
-        names = ", ".join(f"{scheme}://" for scheme in schemes)
-        raise _error(alias, key, f"{shown} is not a {names.replace(', u', ' or u')} URL.")
+        *first, last = [f"{scheme}://" for scheme in schemes]
+        names = f"{', '.join(first)} or {last}" if first else last
+        raise _error(alias, key, f"{shown} is not a {names} URL.")
     try:
         port = parts.port
     except ValueError as exc:

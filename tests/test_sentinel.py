@@ -37,7 +37,11 @@ def _alias(group: SentinelGroup, **extra: Any) -> dict[str, Any]:
     [
         ({"SENTINELS": [], "SERVICE": "m"}, ".SENTINELS", "non-empty list"),
         ({"SENTINELS": S1, "SERVICE": "m"}, ".SENTINELS", "non-empty list"),
-        ({"SENTINELS": [S1, "http://x:1"], "SERVICE": "m"}, ".SENTINELS[1]", "redis://"),
+        (
+            {"SENTINELS": [S1, "http://x:1"], "SERVICE": "m"},
+            ".SENTINELS[1]",
+            "redis:// or rediss:// URL",
+        ),
         ({"SENTINELS": [S1, 5], "SERVICE": "m"}, ".SENTINELS[1]", "not 5"),
         ({"SENTINELS": ["redis://h:0"], "SERVICE": "m"}, ".SENTINELS[0]", "port 0"),
         ({"SENTINELS": ["redis://h:1?x=1"], "SERVICE": "m"}, ".SENTINELS[0]", "refused"),
