@@ -90,8 +90,8 @@ def _node_id(node: NodeSpec) -> str:
     named ``localhost`` and ``127.0.0.1`` is one node and two dbs of it are two. A CACHE node
     is the primary its ``LOCATION`` names (first of a list, or of a comma or semicolon list)."""
     url = node.url
-    if node.service is not None:  # the master moves: the service (and its db) is the node
-        return node.label
+    if node.service is not None or node.cluster:  # the server moves: the service or the
+        return node.label  # cluster's seeds are the node
     if url is None:
         cache = getattr(settings, "CACHES", {}).get(node.cache)
         location = cache.get("LOCATION") if isinstance(cache, dict) else None

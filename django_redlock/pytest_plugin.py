@@ -9,6 +9,8 @@ installed; ``-p no:django_redlock`` turns it off. Needs no Django settings.
   ``RedisNodes.start`` (``unix``, ``persistence``, ``extra_args``, ...). Stopped after the test.
 - ``redis_node_factory_session``: the same, stopped at the end of the session, for suites that
   share nodes between tests.
+- ``redis_sentinel_group``: a master, a replica and three sentinels (``SentinelGroup``).
+- ``redis_cluster``: a 3-master Redis Cluster (``ClusterGroup``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any, Protocol
 import pytest
 
 from django_redlock.testing import RedisNode, RedisNodes, RedisServerNotFound, find_redis_server
+from django_redlock.testing.cluster import ClusterGroup
+from django_redlock.testing.sentinel import SentinelGroup
 
 
 class RedisNodeFactory(Protocol):
@@ -74,6 +78,21 @@ def redis_nodes(redis_node_factory: RedisNodeFactory) -> RedisNodes:
 def redis_node(redis_node_factory: RedisNodeFactory) -> RedisNode:
     """One fresh node on a free loopback port."""
     return redis_node_factory(1)[0]
+
+
+@pytest.fixture
+def redis_sentinel_group() -> Iterator[SentinelGroup]:
+    """A fresh master, replica and three sentinels; ``node_setting()`` is its NODES entry."""
+    with SentinelGroup.start() as group:
+        yield group
+
+
+@pytest.fixture
+def redis_cluster() -> Iterator[ClusterGroup]:
+    """A fresh 3-master Redis Cluster; ``node_setting()`` is its NODES entry (the alias
+    needs a hash tag in KEY_PREFIX)."""
+    with ClusterGroup.start(3) as cluster:
+        yield cluster
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -66,6 +66,21 @@ def test_bad_cluster_nodes_name_the_alias_and_key(raw: Any, key: str, says: str)
     assert says in str(info.value)
 
 
+def test_prefix_checks_tell_clusters_apart() -> None:
+    """E003 sees two cluster nodes as one node only when they name the same seeds (was: every
+    cluster node looked like the same one)."""
+    from django_redlock import checks
+
+    def alias(seed: str, prefix: str) -> dict[str, Any]:
+        return {"NODES": [{"CLUSTER": [seed]}], "KEY_PREFIX": prefix}
+
+    other = "redis://127.0.0.1:7101"
+    with override_settings(REDLOCK={"a": alias(SEED, "{a}:"), "b": alias(other, "{a}:b:")}):
+        assert checks.check_settings() == []
+    with override_settings(REDLOCK={"a": alias(SEED, "{a}:"), "b": alias(SEED, "{a}:b:")}):
+        assert [m.id for m in checks.check_settings()] == ["django_redlock.E003"]
+
+
 def test_hash_tag_is_what_redis_cluster_hashes() -> None:
     """The tag is between the first ``{`` and the next ``}``, as Redis Cluster reads it; all
     of an alias's keys land in that tag's slot."""

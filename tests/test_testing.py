@@ -400,6 +400,42 @@ def test_fixtures_leave_no_process_after_session(tmp_path: Path) -> None:
     assert wait_all_dead(pids, within=0) == []
 
 
+def test_sentinel_and_cluster_fixtures_stop_every_process(tmp_path: Path) -> None:
+    """The ``redis_sentinel_group`` and ``redis_cluster`` fixtures give a working sentinel
+    group (the sentinels name its master) and cluster (every slot served), and leave none of
+    their processes running after the test."""
+    pid_file = tmp_path / "pids.txt"
+    (tmp_path / "test_topologies.py").write_text(
+        textwrap.dedent(
+            f"""
+            def test_both(redis_sentinel_group, redis_cluster):
+                group, cluster = redis_sentinel_group, redis_cluster
+                assert group.master_address()[1] == group.master.port
+                assert group.node_setting()["SERVICE"] == "mymaster"
+                node = cluster.master_of(0)
+                info = node.client(decode_responses=True).execute_command("CLUSTER", "INFO")
+                assert "cluster_slots_ok:16384" in str(info)
+                nodes = [*group.servers, *group.sentinels, *cluster.nodes]
+                with open({str(pid_file)!r}, "w") as f:
+                    f.writelines(f"{{n.pid}}\\n" for n in nodes)
+            """
+        )
+    )
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:django", "-p", "no:cacheprovider"],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    pids = [int(line) for line in pid_file.read_text().split()]
+    assert len(pids) == 8
+    assert wait_all_dead(pids, within=0) == []
+
+
 @pytest.mark.parametrize("how", ["sigterm", "stdin-eof"])
 def test_serve_command(how: str) -> None:
     """``python -m django_redlock.testing serve`` prints REDLOCK_NODES and serves until SIGTERM
