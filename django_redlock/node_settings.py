@@ -1,0 +1,273 @@
+"""One ``NODES`` entry: :class:`NodeSpec`, its parsing and validation (a URL, a ``CACHE``, a
+``SENTINELS`` or a ``CLUSTER`` entry), and how node URLs are shown and identified.
+
+Errors are ``ImproperlyConfigured`` naming the alias and the key; URLs are shown only through
+:func:`mask_url`, the one function that hides passwords. ``conf`` parses the rest of an alias.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os.path
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, unquote_plus, urlsplit
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from redis.connection import parse_url
+
+from .connections import cache_backend_problem, url_problem
+
+URL_SCHEMES = ("redis", "rediss", "unix")
+
+
+@dataclass(frozen=True, repr=False)
+class NodeSpec:
+    """One Redis node: a URL, the alias of a Redis cache whose pool is reused, or the master
+    that a set of sentinels names (``sentinels``, ``service``; ``db`` and credentials are the
+    master's)."""
+
+    url: str | None = None
+    cache: str | None = None
+    sentinels: tuple[str, ...] = ()
+    service: str | None = None
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    #: a Redis Cluster used as one node: its seed URLs, and the ``KEY_PREFIX`` whose hash tag
+    #: puts every key of the alias in one slot (set by ``parse_alias``)
+    cluster: tuple[str, ...] = ()
+    hash_tag_of: str = ""
+
+    def __repr__(self) -> str:  # also in AliasConfig's repr: tracebacks show it
+        return f"NodeSpec({self.label!r})"
+
+    @property
+    def label(self) -> str:
+        """A printable name with any password masked."""
+        if self.cache is not None:
+            return f"cache:{self.cache}"
+        if self.service is not None:
+            hosts = ",".join(_sentinel_host(url) for url in self.sentinels)
+            return f"sentinel:{self.service}@{hosts}/{self.db}"
+        if self.cluster:
+            return f"cluster:{','.join(_sentinel_host(url) for url in self.cluster)}"
+        return mask_url(self.url or "")
+
+    @property
+    def address(self) -> str | None:
+        """The server (see :func:`url_identity`), used to spot duplicate nodes (None for caches
+        and sentinel nodes, whose server is known only at run time)."""
+        return None if self.url is None else url_identity(self.url)[0]
+
+
+def _sentinel_host(url: str) -> str:
+    """``host:port`` of a sentinel URL (never its credentials)."""
+    try:
+        return url_identity(url)[0]
+    except ValueError:
+        return "?"
+
+
+def _secret_spans(url: str) -> list[tuple[int, int]]:
+    """Where ``url`` carries a password: after the first ``:`` of the userinfo (``user:pw@``,
+    ``unix://:pw@``) and in the value of every query parameter named like one (``password``,
+    ``ssl_password``). Found by position, not by parsing, so malformed URLs are masked too."""
+    spans: list[tuple[int, int]] = []
+    start = url.find("://") + 3
+    if start < 3:
+        return spans
+    ends = [i for i in (url.find(m, start) for m in "/?#") if i >= 0]
+    at = url.rfind("@", start, min(ends, default=len(url)))
+    colon = url.find(":", start, at) if at >= 0 else -1
+    if colon >= 0:
+        spans.append((colon + 1, at))
+    query = url.find("?", start)
+    if query >= 0:
+        stop = url.find("#", query)
+        pos = query + 1
+        for part in url[pos : len(url) if stop < 0 else stop].split("&"):
+            name, eq, _ = part.partition("=")
+            if eq and unquote_plus(name).lower().endswith("password"):
+                spans.append((pos + len(name) + 1, pos + len(part)))
+            pos += len(part) + 1
+    return spans
+
+
+def mask_url(url: str) -> str:
+    """Return ``url`` with every password (userinfo and ``?password=``) replaced by ``***``."""
+    for begin, end in reversed(_secret_spans(url)):
+        url = f"{url[:begin]}***{url[end:]}"
+    return url
+
+
+def mask_secrets(text: str, url: str) -> str:
+    """``text`` (say, a redis-py error about ``url``) without ``url``'s passwords."""
+    for begin, end in _secret_spans(url):
+        for secret in {url[begin:end], unquote(url[begin:end])} - {""}:
+            text = text.replace(secret, "***")
+    return text
+
+
+def url_identity(url: str) -> tuple[str, int]:
+    """``(server, db)`` of a node URL as redis-py reads it: the server is ``host:port``, with
+    every loopback name (``localhost``, ``127.0.0.1``, ``::1``) spelled ``localhost``, or the
+    normalised socket path; the db is redis-py's (``?db=`` wins over the path; default 0)."""
+    parts = urlsplit(url)
+    try:
+        db = int(parse_url(url).get("db", 0))
+    except ValueError:
+        db = 0
+    if parts.scheme == "unix":
+        return os.path.normpath(unquote(parts.path)), db
+    return f"{_server_host(parts.hostname or '')}:{parts.port or 6379}", db
+
+
+def _server_host(host: str) -> str:
+    """``localhost`` for the names a local server answers on by default (``localhost``,
+    ``127.0.0.1``, ``::1``); other hosts lowercased, IPs in their canonical form."""
+    try:
+        ip: Any = ipaddress.ip_address(host)
+    except ValueError:
+        return host.lower().rstrip(".")
+    ip = getattr(ip, "ipv4_mapped", None) or ip
+    if str(ip) in ("127.0.0.1", "::1"):
+        return "localhost"
+    return f"[{ip}]" if ip.version == 6 else str(ip)
+
+
+def setting_error(alias: str, key: str, message: str) -> ImproperlyConfigured:
+    """``REDLOCK[alias][key]: message``."""
+    return ImproperlyConfigured(f"REDLOCK[{alias!r}][{key!r}]: {message}")
+
+
+def _url(alias: str, key: str, raw: str, schemes: tuple[str, ...] = URL_SCHEMES) -> str:
+    """A node (or sentinel) URL redis-py reads as written, else ``ImproperlyConfigured``."""
+    shown = repr(mask_url(raw))
+    try:
+        parts = urlsplit(raw)
+    except ValueError as exc:
+        raise setting_error(alias, key, f"{shown} is not a valid URL ({exc}).") from exc
+    if parts.scheme not in schemes:
+        *first, last = [f"{scheme}://" for scheme in schemes]
+        names = f"{', '.join(first)} or {last}" if first else last
+        raise setting_error(alias, key, f"{shown} is not a {names} URL.")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise setting_error(alias, key, f"{shown} has a bad port.") from exc
+    if port == 0 and parts.scheme != "unix":
+        raise setting_error(
+            alias, key, f"{shown} has port 0: redis-py would silently use port 6379 instead."
+        )
+    if parts.scheme == "unix" and not parts.path:
+        raise setting_error(alias, key, f"{shown} names no socket path.")
+    if parts.scheme != "unix" and not parts.hostname:
+        raise setting_error(alias, key, f"{shown} names no host.")
+    problem = url_problem(raw)
+    if problem is not None:
+        raise setting_error(alias, key, f"{shown} {mask_secrets(problem, raw)}")
+    return raw
+
+
+def parse_node(alias: str, index: int, raw: Any) -> NodeSpec:
+    """``NODES[index]`` of ``alias``: a URL, or a ``CACHE``, ``SENTINELS`` or ``CLUSTER`` dict."""
+    key = f"NODES[{index}]"
+    if isinstance(raw, str):
+        return NodeSpec(url=_url(alias, key, raw))
+    if isinstance(raw, Mapping) and "SENTINELS" in raw:
+        return _sentinel_node(alias, key, raw)
+    if isinstance(raw, Mapping) and "CLUSTER" in raw:
+        return _cluster_node(alias, key, raw)
+    if isinstance(raw, Mapping):
+        if set(raw) != {"CACHE"} or not isinstance(raw["CACHE"], str):
+            raise setting_error(
+                alias,
+                key,
+                'a node given as a dict must be {"CACHE": "<cache alias>"}, '
+                '{"SENTINELS": [...], "SERVICE": "<name>"} or {"CLUSTER": [...]}.',
+            )
+        cache = raw["CACHE"]
+        caches = getattr(settings, "CACHES", {})
+        if cache not in caches:
+            raise setting_error(alias, key, f"CACHES has no alias {cache!r}.")
+        backend = caches[cache].get("BACKEND") if isinstance(caches[cache], Mapping) else None
+        problem = cache_backend_problem(backend)
+        if problem is not None:
+            raise setting_error(alias, key, f"CACHES[{cache!r}] {problem}")
+        return NodeSpec(cache=cache)
+    raise setting_error(
+        alias, key, f"must be a URL string or a {{'CACHE': alias}} dict, not {raw!r}."
+    )
+
+
+SENTINEL_KEYS = ("SENTINELS", "SERVICE", "DB", "USERNAME", "PASSWORD")
+
+
+def _url_list(alias: str, key: str, urls: Any, what: str) -> tuple[str, ...]:
+    """A non-empty list of redis:// or rediss:// URLs (of sentinels, or of cluster seeds)."""
+    if isinstance(urls, str | bytes) or not isinstance(urls, list | tuple) or not urls:
+        raise setting_error(alias, key, f"must be a non-empty list of {what} URLs.")
+    for i, url in enumerate(urls):
+        where = f"{key}[{i}]"
+        if not isinstance(url, str):
+            raise setting_error(alias, where, f"must be a redis:// or rediss:// URL, not {url!r}.")
+        _url(alias, where, url, ("redis", "rediss"))
+    return tuple(urls)
+
+
+def _cluster_node(alias: str, key: str, raw: Mapping[str, Any]) -> NodeSpec:
+    """``{"CLUSTER": [seed urls]}``: a Redis Cluster used as one node (credentials and TLS
+    from the first seed's URL)."""
+    if set(raw) != {"CLUSTER"}:
+        extra = sorted(set(raw) - {"CLUSTER"}, key=str)[0]
+        raise setting_error(alias, f"{key}.{extra}", "unknown key of a cluster node; only CLUSTER.")
+    urls = _url_list(alias, f"{key}.CLUSTER", raw["CLUSTER"], "cluster node")
+    for i, url in enumerate(urls):
+        if url_identity(url)[1] != 0:
+            raise setting_error(alias, f"{key}.CLUSTER[{i}]", "a cluster has only database 0.")
+    return NodeSpec(cluster=urls)
+
+
+def hash_tag(prefix: str) -> str | None:
+    """The hash tag Redis Cluster hashes keys starting with ``prefix`` by: what lies between
+    its first ``{`` and the next ``}`` (None when there is none, or it is empty)."""
+    start = prefix.find("{")
+    end = prefix.find("}", start + 1) if start >= 0 else -1
+    return prefix[start + 1 : end] if end > start + 1 else None
+
+
+def _sentinel_node(alias: str, key: str, raw: Mapping[str, Any]) -> NodeSpec:
+    """``{"SENTINELS": [urls], "SERVICE": name}`` (optional ``DB``, ``USERNAME``,
+    ``PASSWORD`` of the master; the sentinels' own credentials are in their URLs)."""
+    unknown = sorted(set(raw) - set(SENTINEL_KEYS), key=str)
+    if unknown:
+        raise setting_error(
+            alias,
+            f"{key}.{unknown[0]}",
+            f"unknown key of a sentinel node; known keys are {', '.join(SENTINEL_KEYS)}.",
+        )
+    urls = _url_list(alias, f"{key}.SENTINELS", raw["SENTINELS"], "sentinel")
+    service = raw.get("SERVICE")
+    if not isinstance(service, str) or not service:
+        raise setting_error(alias, f"{key}.SERVICE", "must name the sentinels' master (a str).")
+    db = raw.get("DB", 0)
+    if isinstance(db, bool) or not isinstance(db, int) or db < 0:
+        raise setting_error(alias, f"{key}.DB", f"must be a database number >= 0, not {db!r}.")
+    credentials: dict[str, str | None] = {}
+    for name in ("USERNAME", "PASSWORD"):
+        value = raw.get(name)
+        if value is not None and not isinstance(value, str):
+            raise setting_error(
+                alias, f"{key}.{name}", f"must be a str, not {type(value).__name__}."
+            )
+        credentials[name.lower()] = value
+    return NodeSpec(
+        sentinels=urls,
+        service=service,
+        db=db,
+        username=credentials["username"],
+        password=credentials["password"],
+    )
