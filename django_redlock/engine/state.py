@@ -53,6 +53,11 @@ class NodeView(Protocol):
     @property
     def last_error(self) -> str: ...
 
+    @property
+    def behind(self) -> bool:
+        """True while a call sent to the node has no reply yet (slow, paused)."""
+        ...
+
 
 @dataclass
 class AliasState:
@@ -66,6 +71,8 @@ class AliasState:
     retry_delay: float = 0.2
     #: how long a sync call may spin for replies before it sleeps in poll(), seconds
     busy_poll: float = 0.0
+    #: ask a quorum of nodes first, the others only when that did not win (``FAN_OUT``)
+    quorum_first: bool = False
     host: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
     longest_ttl_ms: int = 0
