@@ -2,7 +2,9 @@
 
 All are sent with ``sender`` = the :class:`~django_redlock.manager.LockManager` and the keyword
 arguments ``alias`` and ``name``, plus ``lease`` (acquired, released, lost) or ``reason``
-(failed: ``"busy"``, ``"timeout"`` or ``"unavailable"``).
+(failed: ``"busy"``, ``"timeout"`` or ``"unavailable"``). ``lock_acquired`` also gets
+``waited`` (seconds the acquire call took) and ``attempts``; ``lock_failed`` gets ``waited``,
+``attempts`` and ``votes`` (the nodes that granted the last attempt).
 
 They are sent with :func:`emit`: a receiver that raises (a metrics backend that is down) is
 logged and skipped, and never changes what the lock call does; in particular an acquisition
