@@ -1,0 +1,74 @@
+"""The gauges' background refresher: one daemon thread per process probes the nodes of every
+alias (``PING`` with the alias's node timeout, through :mod:`django_redlock.inspection`) and
+reads the engine's count of waiting calls, every ``interval`` seconds.
+
+No lock call ever waits for a probe. The thread starts at the first lock event of a process
+(after a fork too: a gunicorn worker starts its own), so a process that takes no lock, such as
+``manage.py migrate``, never probes anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import TYPE_CHECKING
+
+from ... import inspection
+from ...registry import locks
+from ..nodes import public_label
+
+if TYPE_CHECKING:
+    from .metrics import RedlockMetrics
+
+logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name (records carry .module)
+
+
+class Refresher:
+    """Sets ``redlock_waiters``, ``redlock_node_up`` and ``redlock_node_rtt_seconds``."""
+
+    def __init__(self, metrics: RedlockMetrics, interval: float) -> None:
+        self._metrics = metrics
+        self.interval = interval
+        self._pid = 0
+        self._stop = threading.Event()
+        self._mutex = threading.Lock()
+
+    def ensure_running(self) -> None:
+        """Start the thread unless this process runs one (one attribute check when it does)."""
+        if self._pid == os.getpid():
+            return
+        with self._mutex:
+            if self._pid == os.getpid():
+                return
+            self._pid = os.getpid()
+            self._stop = threading.Event()
+            thread = threading.Thread(
+                target=self._run, args=(self._stop,), name="redlock-metrics", daemon=True
+            )
+            thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._pid = 0
+
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.refresh()
+            except Exception:  # a broken setting must not end the thread silently
+                logger.exception("Refreshing the django_redlock gauges failed")
+            stop.wait(self.interval)
+
+    def refresh(self) -> None:
+        """One round: every alias's waiters and node health."""
+        metrics = self._metrics
+        for alias in list(locks):
+            manager = locks[alias]
+            metrics.waiters.labels(alias).set(manager.engine.waiters.value)
+            nodes = manager.config.nodes
+            for health in inspection.node_health([alias]):
+                node = public_label(nodes[health.index])
+                metrics.node_up.labels(alias, node).set(1 if health.up else 0)
+                if health.latency_ms is not None:
+                    metrics.node_rtt.labels(alias, node).set(health.latency_ms / 1000)
