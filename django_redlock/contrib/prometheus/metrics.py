@@ -15,6 +15,7 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from ... import signals
+from ...registry import locks
 from .refresher import Refresher
 
 #: Acquire durations: a free name takes about a millisecond; waits run to the timeout.
@@ -74,9 +75,14 @@ class RedlockMetrics:
         self._uid = f"django_redlock.prometheus.{id(self)}"
 
     def connect(self) -> None:
-        """Receive the lock signals (the gauges start refreshing at the first lock event)."""
+        """Receive the lock signals (the gauges start refreshing at the first lock event).
+
+        Every configured alias's lost-lease counter is exported from the start, at 0, so an
+        alert on its increase fires on the first lost lease."""
         for signal, receiver in self._receivers():
             signal.connect(receiver, dispatch_uid=self._uid, weak=False)
+        for alias in locks:
+            self.lost.labels(alias)
 
     def disconnect(self) -> None:
         for signal, _ in self._receivers():
