@@ -137,8 +137,9 @@ def test_the_refresher_starts_at_the_first_lock_event(
     metric = RedlockMetrics(registry, interval=0.05)
     metric.connect()
     try:
-        assert not any(t.name == "redlock-metrics" for t in threading.enumerate())
+        assert metric.refresher.thread is None
         locks["default"].acquire(unique_name, timeout=0).release()
+        assert metric.refresher.thread is not None and metric.refresher.thread.is_alive()
         node = public_label(locks["default"].config.nodes[0])
         deadline = time.monotonic() + 5
         while (

@@ -33,6 +33,8 @@ class Refresher:
         self._pid = 0
         self._stop = threading.Event()
         self._mutex = threading.Lock()
+        #: this process's thread (None before the first lock event and after :meth:`stop`)
+        self.thread: threading.Thread | None = None
 
     def ensure_running(self) -> None:
         """Start the thread unless this process runs one (one attribute check when it does)."""
@@ -43,14 +45,17 @@ class Refresher:
                 return
             self._pid = os.getpid()
             self._stop = threading.Event()
-            thread = threading.Thread(
+            self.thread = threading.Thread(
                 target=self._run, args=(self._stop,), name="redlock-metrics", daemon=True
             )
-            thread.start()
+            self.thread.start()
 
     def stop(self) -> None:
+        """Stop this process's thread (waiting for a round in progress)."""
         self._stop.set()
-        self._pid = 0
+        thread, self.thread, self._pid = self.thread, None, 0
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=10)
 
     def _run(self, stop: threading.Event) -> None:
         while not stop.is_set():
