@@ -1,0 +1,112 @@
+"""``redlock.acquire`` and ``redlock.hold`` spans, made from the lock signals.
+
+The acquire span is recorded once the call has ended, backdated to its start (``waited``
+seconds earlier), so a lock call costs no tracing work while it waits. The hold span starts at
+the acquisition and ends at the release. Attributes: ``redlock.alias``, ``redlock.token``,
+``redlock.votes``, ``redlock.waited_ms``, ``redlock.attempts``; a failed acquire also has
+``redlock.outcome`` (busy, timeout, unavailable) and an error status. No span carries the lock
+name, which may hold user data.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
+
+from ... import signals
+
+TRACER_NAME = "django_redlock"
+
+
+class LockSpans:
+    """Span receivers (:meth:`connect`/:meth:`disconnect`) on ``tracer`` (default: the global
+    tracer provider's, looked up at each span, so a provider configured later is used)."""
+
+    def __init__(self, tracer: Tracer | None = None) -> None:
+        self._tracer = tracer if tracer is not None else trace.get_tracer(TRACER_NAME)
+        self._holds: weakref.WeakKeyDictionary[Any, Span] = weakref.WeakKeyDictionary()
+        self._uid = f"django_redlock.otel.{id(self)}"
+
+    def connect(self) -> None:
+        for signal, receiver in self._receivers():
+            signal.connect(receiver, dispatch_uid=self._uid, weak=False)
+
+    def disconnect(self) -> None:
+        for signal, _ in self._receivers():
+            signal.disconnect(dispatch_uid=self._uid)
+
+    @property
+    def open_holds(self) -> int:
+        """How many hold spans are open (leases held and traced)."""
+        return len(self._holds)
+
+    def _receivers(self) -> list[tuple[Any, Any]]:
+        return [
+            (signals.lock_acquired, self.on_acquired),
+            (signals.lock_failed, self.on_failed),
+            (signals.lock_released, self.on_released),
+            (signals.lock_lost, self.on_lost),
+        ]
+
+    def _acquire_span(self, waited: float, attributes: dict[str, Any]) -> tuple[Span, int] | None:
+        """An ended-later acquire span starting ``waited`` s ago; None when not recording."""
+        now = time.time_ns()
+        span = self._tracer.start_span(
+            "redlock.acquire", kind=SpanKind.INTERNAL, start_time=now - int(waited * 1e9)
+        )
+        if not span.is_recording():  # no SDK configured: the no-op tracer
+            return None
+        span.set_attributes(attributes)
+        return span, now
+
+    def on_acquired(
+        self, *, alias: str, lease: Any, waited: float, attempts: int, **_: Any
+    ) -> None:
+        attributes = {
+            "redlock.alias": alias,
+            "redlock.token": lease.token,
+            "redlock.votes": lease.votes,
+            "redlock.waited_ms": waited * 1000,
+            "redlock.attempts": attempts,
+        }
+        started = self._acquire_span(waited, attributes)
+        if started is None:
+            return
+        span, now = started
+        span.end(end_time=now)
+        hold = self._tracer.start_span("redlock.hold", kind=SpanKind.INTERNAL, start_time=now)
+        hold.set_attributes(attributes)
+        self._holds[lease] = hold
+
+    def on_failed(
+        self, *, alias: str, reason: str, waited: float, attempts: int, votes: int, **_: Any
+    ) -> None:
+        attributes = {
+            "redlock.alias": alias,
+            "redlock.votes": votes,
+            "redlock.waited_ms": waited * 1000,
+            "redlock.attempts": attempts,
+            "redlock.outcome": reason,
+        }
+        started = self._acquire_span(waited, attributes)
+        if started is None:
+            return
+        span, now = started
+        span.set_status(Status(StatusCode.ERROR, f"not acquired: {reason}"))
+        span.end(end_time=now)
+
+    def on_released(self, *, lease: Any, **_: Any) -> None:
+        hold = self._holds.pop(lease, None)
+        if hold is not None:
+            hold.set_attribute("redlock.held_ms", lease.held * 1000)
+            hold.end()
+
+    def on_lost(self, *, lease: Any, **_: Any) -> None:
+        hold = self._holds.get(lease)
+        if hold is not None:
+            hold.add_event("redlock.lost")
+            hold.set_status(Status(StatusCode.ERROR, "lease lost while held"))
