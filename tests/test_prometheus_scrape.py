@@ -9,7 +9,6 @@ import json
 import multiprocessing
 import os
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -27,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from django_redlock import locks
 from django_redlock.contrib.nodes import public_label
 from tests.support.metrics_workload import shopper_process
+from tests.support.server_process import server_process
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = 3
@@ -79,28 +79,9 @@ def metrics_server(transactional_db: None, tmp_path: Path) -> Iterator[str]:
         "--config", "python:tests.support.gunicorn_metrics", "--workers", str(WORKERS),
         "--bind", f"127.0.0.1:{port}", "--preload", "--log-level", "warning",
     ]  # fmt: skip
-    log_path = tmp_path / "gunicorn.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, log_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
-            try:
-                urllib.request.urlopen(f"{base}/metrics", timeout=1).read()
-                break
-            except OSError:
-                time.sleep(0.1)
+    with server_process(command, env, f"{base}/metrics", tmp_path / "gunicorn.log"):
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_a_scrape_counts_what_a_contended_workload_did(metrics_server: str) -> None:
