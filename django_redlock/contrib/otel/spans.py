@@ -53,15 +53,16 @@ class LockSpans:
         ]
 
     def _acquire_span(self, waited: float, attributes: dict[str, Any]) -> tuple[Span, int] | None:
-        """An ended-later acquire span starting ``waited`` s ago; None when not recording."""
+        """An acquire span that started ``waited`` s ago (the caller ends it); None when not
+        recording (no SDK configured: the no-op tracer)."""
         now = time.time_ns()
         span = self._tracer.start_span(
-            "redlock.acquire", kind=SpanKind.INTERNAL, start_time=now - int(waited * 1e9)
+            "redlock.acquire",
+            kind=SpanKind.INTERNAL,
+            attributes=attributes,  # given at the start: one copy, no per-attribute calls
+            start_time=now - int(waited * 1e9),
         )
-        if not span.is_recording():  # no SDK configured: the no-op tracer
-            return None
-        span.set_attributes(attributes)
-        return span, now
+        return (span, now) if span.is_recording() else None
 
     def on_acquired(
         self, *, alias: str, lease: Any, waited: float, attempts: int, **_: Any
@@ -78,9 +79,9 @@ class LockSpans:
             return
         span, now = started
         span.end(end_time=now)
-        hold = self._tracer.start_span("redlock.hold", kind=SpanKind.INTERNAL, start_time=now)
-        hold.set_attributes(attributes)
-        self._holds[lease] = hold
+        self._holds[lease] = self._tracer.start_span(
+            "redlock.hold", kind=SpanKind.INTERNAL, attributes=attributes, start_time=now
+        )
 
     def on_failed(
         self, *, alias: str, reason: str, waited: float, attempts: int, votes: int, **_: Any

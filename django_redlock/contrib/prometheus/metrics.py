@@ -72,6 +72,9 @@ class RedlockMetrics:
             multiprocess_mode="livemostrecent",
         )
         self.refresher = Refresher(self, interval)
+        #: the label children of the hot path, per alias
+        self._acquired: dict[str, Any] = {}
+        self._held: dict[str, Any] = {}
         self._uid = f"django_redlock.prometheus.{id(self)}"
 
     def connect(self) -> None:
@@ -99,14 +102,20 @@ class RedlockMetrics:
 
     def on_acquired(self, *, alias: str, waited: float, **_: Any) -> None:
         self.refresher.ensure_running()
-        self.acquire.labels(alias, "acquired").observe(waited)
+        child = self._acquired.get(alias)
+        if child is None:  # labels() takes a lock and builds a key: once per alias
+            child = self._acquired[alias] = self.acquire.labels(alias, "acquired")
+        child.observe(waited)
 
     def on_failed(self, *, alias: str, reason: str, waited: float, **_: Any) -> None:
         self.refresher.ensure_running()
         self.acquire.labels(alias, OUTCOMES.get(reason, "busy")).observe(waited)
 
     def on_released(self, *, alias: str, lease: Any, **_: Any) -> None:
-        self.hold.labels(alias).observe(lease.held)
+        child = self._held.get(alias)
+        if child is None:
+            child = self._held[alias] = self.hold.labels(alias)
+        child.observe(lease.held)
 
     def on_lost(self, *, alias: str, **_: Any) -> None:
         self.lost.labels(alias).inc()

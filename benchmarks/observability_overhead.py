@@ -1,0 +1,148 @@
+"""What the observability apps cost per lock (issue 17): prints a table.
+
+One process makes acquire (one attempt, ``timeout=0``) + release pairs back to back, on one
+node and on three, in interleaved rounds of four cases:
+
+1. bare: no receiver on the lock signals;
+2. ``contrib.prometheus``: the metrics in prometheus-client's default registry (and its
+   background refresher running);
+3. ``contrib.prometheus`` + ``contrib.otel`` with the OpenTelemetry SDK configured (a
+   ``TracerProvider`` whose ``BatchSpanProcessor`` hands every span to an exporter that drops
+   it): each pair records a ``redlock.acquire`` and a ``redlock.hold`` span;
+4. ``contrib.prometheus`` + ``contrib.otel`` without an SDK (the API's no-op tracer).
+
+A case's receivers are connected for its rounds only, exactly as the apps' ``ready()`` does.
+pairs/s is the median over the rounds (the SDK case includes flushing its spans); "cost" is
+bare's pairs/s over the case's. "CPU us/pair" is this process's CPU time per pair
+(``time.process_time()``, the exporter thread's included): what the apps add whatever the
+network and the other processes on the machine do.
+
+    .venv/bin/python benchmarks/observability_overhead.py [--pairs 1000] [--rounds 12]
+    PROMETHEUS_MULTIPROC_DIR=$(mktemp -d) .venv/bin/python benchmarks/observability_overhead.py
+
+(the second form measures prometheus-client's multiprocess mode, as under gunicorn: every
+observation is written to a memory-mapped file). Starts its own redis-server processes on
+free loopback ports and stops them at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def run_pairs(manager: Any, pairs: int, offset: int) -> None:
+    for i in range(offset, offset + pairs):
+        manager.acquire(f"bench:obs:{i}", timeout=0).release()
+
+
+def observers() -> dict[str, tuple[Callable[[], None], Callable[[], None]]]:
+    """case -> (connect, disconnect)."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    from django_redlock.contrib.otel.spans import LockSpans
+    from django_redlock.contrib.prometheus.metrics import default_metrics
+
+    class Discard(SpanExporter):
+        def export(self, spans: Sequence[Any]) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Discard()))
+    metrics = default_metrics()
+    recording = LockSpans(provider.get_tracer("django_redlock"))
+    noop = LockSpans(trace.get_tracer("django_redlock"))  # no global provider: no-op
+
+    def both(spans: LockSpans, flush: bool) -> tuple[Callable[[], None], Callable[[], None]]:
+        def connect() -> None:
+            metrics.connect()
+            spans.connect()
+
+        def disconnect() -> None:
+            spans.disconnect()
+            metrics.disconnect()
+            if flush:  # the exporter thread's work stays inside this case's time
+                provider.force_flush()
+
+        return connect, disconnect
+
+    return {
+        "bare": (lambda: None, lambda: None),
+        "prometheus": (metrics.connect, metrics.disconnect),
+        "prometheus + otel (SDK)": both(recording, flush=True),
+        "prometheus + otel (no SDK)": both(noop, flush=False),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pairs", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=12)
+    args = parser.parse_args()
+
+    from django_redlock.testing import RedisNodes
+
+    with RedisNodes.start(3) as nodes:
+        import django
+        from django.conf import settings
+
+        settings.configure(
+            INSTALLED_APPS=["django_redlock"],
+            REDLOCK={
+                "one": {"NODES": nodes.urls[:1], "KEY_PREFIX": "one:"},
+                "three": {"NODES": nodes.urls, "KEY_PREFIX": "three:"},
+            },
+        )
+        django.setup()
+        from django_redlock import locks
+
+        cases = observers()
+        results: dict[tuple[str, str], list[float]] = {}
+        cpu_results: dict[tuple[str, str], list[float]] = {}
+        offset = 0
+        for alias in ("one", "three"):
+            run_pairs(locks[alias], 300, offset)  # warm up connections and scripts
+            offset += 300
+            names = list(cases)
+            for round_ in range(args.rounds):  # interleaved and rotated: same machine for all
+                shift = round_ % len(names)
+                for case in names[shift:] + names[:shift]:
+                    connect, disconnect = cases[case]
+                    connect()
+                    try:
+                        started, cpu = time.perf_counter(), time.process_time()
+                        run_pairs(locks[alias], args.pairs, offset)
+                    finally:
+                        disconnect()
+                    rate = args.pairs / (time.perf_counter() - started)
+                    cpu_us = (time.process_time() - cpu) / args.pairs * 1e6
+                    offset += args.pairs
+                    results.setdefault((alias, case), []).append(rate)
+                    cpu_results.setdefault((alias, case), []).append(cpu_us)
+
+    header = f"{'nodes':<7}{'case':<30}{'pairs/s':>10}{'us/pair':>10}{'cost':>8}"
+    print(f"{header}{'CPU us/pair':>14}{'CPU cost':>10}")
+    for alias, count in (("one", 1), ("three", 3)):
+        bare = statistics.median(results[(alias, "bare")])
+        bare_cpu = statistics.median(cpu_results[(alias, "bare")])
+        for case in cases:
+            rate = statistics.median(results[(alias, case)])
+            cpu = statistics.median(cpu_results[(alias, case)])
+            print(
+                f"{count:<7}{case:<30}{rate:>10.0f}{1e6 / rate:>10.1f}{bare / rate:>7.2f}x"
+                f"{cpu:>14.1f}{cpu / bare_cpu:>9.2f}x"
+            )
+
+
+if __name__ == "__main__":
+    main()
