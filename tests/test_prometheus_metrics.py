@@ -22,7 +22,9 @@ from django_redlock.manager import LockManager
 @pytest.fixture
 def metrics() -> Iterator[tuple[RedlockMetrics, CollectorRegistry]]:
     registry = CollectorRegistry()
-    metrics = RedlockMetrics(registry, interval=3600)  # the test refreshes by hand
+    metrics = RedlockMetrics(
+        registry, waiters_interval=3600, nodes_interval=3600
+    )  # the test refreshes by hand
     metrics.connect()
     yield metrics, registry
     metrics.disconnect()
@@ -134,7 +136,7 @@ def test_the_refresher_starts_at_the_first_lock_event(
 ) -> None:
     """No thread before any lock call; the first acquire starts it and it sets the gauges."""
     registry = CollectorRegistry()
-    metric = RedlockMetrics(registry, interval=0.05)
+    metric = RedlockMetrics(registry, waiters_interval=0.05, nodes_interval=0.05)
     metric.connect()
     try:
         assert metric.refresher.thread is None

@@ -32,7 +32,12 @@ class RedlockMetrics:
     Gauges get a multiprocess mode, so prometheus-client's multiprocess mode (gunicorn) adds
     up the waiters of the live workers and keeps the freshest node reading."""
 
-    def __init__(self, registry: CollectorRegistry = REGISTRY, interval: float = 5.0) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry = REGISTRY,
+        waiters_interval: float = 0.5,
+        nodes_interval: float = 5.0,
+    ) -> None:
         self.acquire = Histogram(
             "redlock_acquire_seconds",
             "Seconds an acquire call took, by outcome (acquired, busy, unavailable).",
@@ -71,7 +76,7 @@ class RedlockMetrics:
             registry=registry,
             multiprocess_mode="livemostrecent",
         )
-        self.refresher = Refresher(self, interval)
+        self.refresher = Refresher(self, waiters_interval, nodes_interval)
         #: the label children of the hot path, per alias
         self._acquired: dict[str, Any] = {}
         self._held: dict[str, Any] = {}

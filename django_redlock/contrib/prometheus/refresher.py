@@ -1,6 +1,7 @@
-"""The gauges' background refresher: one daemon thread per process probes the nodes of every
-alias (``PING`` with the alias's node timeout, through :mod:`django_redlock.inspection`) and
-reads the engine's count of waiting calls, every ``interval`` seconds.
+"""The gauges' background refresher: one daemon thread per process reads every alias's count
+of waiting calls from its engine (no I/O) every ``waiters_interval`` seconds, and probes its
+nodes (``PING``, ``INFO``, within the alias's node timeout, through
+:mod:`django_redlock.inspection`) every ``nodes_interval`` seconds.
 
 No lock call ever waits for a probe. The thread starts at the first lock event of a process
 (after a fork too: a gunicorn worker starts its own), so a process that takes no lock, such as
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from ... import inspection
@@ -27,9 +29,12 @@ logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name (records
 class Refresher:
     """Sets ``redlock_waiters``, ``redlock_node_up`` and ``redlock_node_rtt_seconds``."""
 
-    def __init__(self, metrics: RedlockMetrics, interval: float) -> None:
+    def __init__(
+        self, metrics: RedlockMetrics, waiters_interval: float, nodes_interval: float
+    ) -> None:
         self._metrics = metrics
-        self.interval = interval
+        self.waiters_interval = waiters_interval
+        self.nodes_interval = nodes_interval
         self._pid = 0
         self._stop = threading.Event()
         self._mutex = threading.Lock()
@@ -58,20 +63,32 @@ class Refresher:
             thread.join(timeout=10)
 
     def _run(self, stop: threading.Event) -> None:
+        probe_at = 0.0
         while not stop.is_set():
             try:
-                self.refresh()
+                self.refresh_waiters()
+                if time.monotonic() >= probe_at:
+                    probe_at = time.monotonic() + self.nodes_interval
+                    self.refresh_nodes()
             except Exception:  # a broken setting must not end the thread silently
                 logger.exception("Refreshing the django_redlock gauges failed")
-            stop.wait(self.interval)
+            stop.wait(self.waiters_interval)
 
     def refresh(self) -> None:
-        """One round: every alias's waiters and node health."""
+        """One full round now: waiters and nodes."""
+        self.refresh_waiters()
+        self.refresh_nodes()
+
+    def refresh_waiters(self) -> None:
+        """Every alias's engine's count of waiting calls (no I/O)."""
+        for alias in list(locks):
+            self._metrics.waiters.labels(alias).set(locks[alias].engine.waiters.value)
+
+    def refresh_nodes(self) -> None:
+        """Probe every node of every alias: up (1/0) and the probe's round-trip time."""
         metrics = self._metrics
         for alias in list(locks):
-            manager = locks[alias]
-            metrics.waiters.labels(alias).set(manager.engine.waiters.value)
-            nodes = manager.config.nodes
+            nodes = locks[alias].config.nodes
             for health in inspection.node_health([alias]):
                 node = public_label(nodes[health.index])
                 metrics.node_up.labels(alias, node).set(1 if health.up else 0)
