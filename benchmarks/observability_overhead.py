@@ -1,7 +1,7 @@
 """What the observability apps cost per lock (issue 17): prints a table.
 
 One process makes acquire (one attempt, ``timeout=0``) + release pairs back to back, on one
-node and on three, in interleaved rounds of four cases:
+node and on three, in interleaved rounds of five cases:
 
 1. bare: no receiver on the lock signals;
 2. ``contrib.prometheus``: the metrics in prometheus-client's default registry (and its
@@ -9,7 +9,9 @@ node and on three, in interleaved rounds of four cases:
 3. ``contrib.prometheus`` + ``contrib.otel`` with the OpenTelemetry SDK configured (a
    ``TracerProvider`` whose ``BatchSpanProcessor`` hands every span to an exporter that drops
    it): each pair records a ``redlock.acquire`` and a ``redlock.hold`` span;
-4. ``contrib.prometheus`` + ``contrib.otel`` without an SDK (the API's no-op tracer).
+4. the same with the SDK sampling 10% of the traces (``ParentBased(TraceIdRatioBased(0.1))``,
+   as production tracing usually runs);
+5. ``contrib.prometheus`` + ``contrib.otel`` without an SDK (the API's no-op tracer).
 
 A case's receivers are connected for its rounds only, exactly as the apps' ``ready()`` does.
 pairs/s is the median over the rounds (the SDK case includes flushing its spans); "cost" is
@@ -49,6 +51,7 @@ def observers() -> dict[str, tuple[Callable[[], None], Callable[[], None]]]:
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
     from django_redlock.contrib.otel.spans import LockSpans
     from django_redlock.contrib.prometheus.metrics import default_metrics
@@ -59,8 +62,11 @@ def observers() -> dict[str, tuple[Callable[[], None], Callable[[], None]]]:
 
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(Discard()))
+    sampled = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.1)))
+    sampled.add_span_processor(BatchSpanProcessor(Discard()))
     metrics = default_metrics()
     recording = LockSpans(provider.get_tracer("django_redlock"))
+    tenth = LockSpans(sampled.get_tracer("django_redlock"))
     noop = LockSpans(trace.get_tracer("django_redlock"))  # no global provider: no-op
 
     def both(spans: LockSpans, flush: bool) -> tuple[Callable[[], None], Callable[[], None]]:
@@ -71,8 +77,9 @@ def observers() -> dict[str, tuple[Callable[[], None], Callable[[], None]]]:
         def disconnect() -> None:
             spans.disconnect()
             metrics.disconnect()
-            if flush:  # the exporter thread's work stays inside this case's time
+            if flush:  # the exporter threads' work stays inside this case's time
                 provider.force_flush()
+                sampled.force_flush()
 
         return connect, disconnect
 
@@ -80,6 +87,7 @@ def observers() -> dict[str, tuple[Callable[[], None], Callable[[], None]]]:
         "bare": (lambda: None, lambda: None),
         "prometheus": (metrics.connect, metrics.disconnect),
         "prometheus + otel (SDK)": both(recording, flush=True),
+        "prometheus + otel (SDK, 10%)": both(tenth, flush=True),
         "prometheus + otel (no SDK)": both(noop, flush=False),
     }
 
@@ -130,7 +138,7 @@ def main() -> None:
                     results.setdefault((alias, case), []).append(rate)
                     cpu_results.setdefault((alias, case), []).append(cpu_us)
 
-    header = f"{'nodes':<7}{'case':<30}{'pairs/s':>10}{'us/pair':>10}{'cost':>8}"
+    header = f"{'nodes':<7}{'case':<32}{'pairs/s':>10}{'us/pair':>10}{'cost':>8}"
     print(f"{header}{'CPU us/pair':>14}{'CPU cost':>10}")
     for alias, count in (("one", 1), ("three", 3)):
         bare = statistics.median(results[(alias, "bare")])
@@ -139,7 +147,7 @@ def main() -> None:
             rate = statistics.median(results[(alias, case)])
             cpu = statistics.median(cpu_results[(alias, case)])
             print(
-                f"{count:<7}{case:<30}{rate:>10.0f}{1e6 / rate:>10.1f}{bare / rate:>7.2f}x"
+                f"{count:<7}{case:<32}{rate:>10.0f}{1e6 / rate:>10.1f}{bare / rate:>7.2f}x"
                 f"{cpu:>14.1f}{cpu / bare_cpu:>9.2f}x"
             )
 

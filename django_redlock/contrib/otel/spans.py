@@ -28,6 +28,8 @@ class LockSpans:
 
     def __init__(self, tracer: Tracer | None = None) -> None:
         self._tracer = tracer if tracer is not None else trace.get_tracer(TRACER_NAME)
+        #: the global tracer: nothing to do while no tracer provider is configured
+        self._global = tracer is None
         self._holds: weakref.WeakKeyDictionary[Any, Span] = weakref.WeakKeyDictionary()
         self._uid = f"django_redlock.otel.{id(self)}"
 
@@ -52,9 +54,13 @@ class LockSpans:
             (signals.lock_lost, self.on_lost),
         ]
 
+    def _off(self) -> bool:
+        """True while the global tracer has no provider (the API alone: nothing to record)."""
+        return self._global and isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
     def _acquire_span(self, waited: float, attributes: dict[str, Any]) -> tuple[Span, int] | None:
         """An acquire span that started ``waited`` s ago (the caller ends it); None when not
-        recording (no SDK configured: the no-op tracer)."""
+        recording (no SDK configured, or not sampled)."""
         now = time.time_ns()
         span = self._tracer.start_span(
             "redlock.acquire",
@@ -67,6 +73,8 @@ class LockSpans:
     def on_acquired(
         self, *, alias: str, lease: Any, waited: float, attempts: int, **_: Any
     ) -> None:
+        if self._off():
+            return
         attributes = {
             "redlock.alias": alias,
             "redlock.token": lease.token,
@@ -86,6 +94,8 @@ class LockSpans:
     def on_failed(
         self, *, alias: str, reason: str, waited: float, attempts: int, votes: int, **_: Any
     ) -> None:
+        if self._off():
+            return
         attributes = {
             "redlock.alias": alias,
             "redlock.votes": votes,
@@ -101,13 +111,15 @@ class LockSpans:
         span.end(end_time=now)
 
     def on_released(self, *, lease: Any, **_: Any) -> None:
+        if not self._holds:
+            return
         hold = self._holds.pop(lease, None)
         if hold is not None:
             hold.set_attribute("redlock.held_ms", lease.held * 1000)
             hold.end()
 
     def on_lost(self, *, lease: Any, **_: Any) -> None:
-        hold = self._holds.get(lease)
+        hold = self._holds.get(lease) if self._holds else None
         if hold is not None:
             hold.add_event("redlock.lost")
             hold.set_status(Status(StatusCode.ERROR, "lease lost while held"))
