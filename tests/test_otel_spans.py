@@ -60,7 +60,7 @@ def test_acquire_and_hold_are_children_of_the_current_span(
     assert waited.context.trace_id == parent.trace_id
     attrs = dict(waited.attributes or {})
     assert attrs["redlock.alias"] == "multi" and attrs["redlock.token"] == lease.token
-    assert attrs["redlock.votes"] == 3 and attrs["redlock.attempts"] >= 2
+    assert attrs["redlock.votes"] >= 2 and attrs["redlock.attempts"] >= 2  # a quorum of 3
     assert attrs["redlock.waited_ms"] >= 200
     assert (waited.end_time - waited.start_time) / 1e6 >= 199
     holds = [s for s in by_name(exporter, "redlock.hold") if s.parent is not None]

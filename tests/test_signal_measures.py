@@ -48,8 +48,9 @@ def test_a_waiting_acquire_reports_its_wait_and_attempts(
     holder = manager.acquire(unique_name, timeout=0)
     kind, first = sent[-1]
     assert kind == "acquired" and first["attempts"] == 1 and 0 <= first["waited"] < 0.3
-    assert first["lease"] is holder and holder.votes == len(manager.config.nodes)
-    assert len(holder.voters) == holder.votes
+    # the grants that arrived before a quorum settled the attempt
+    assert first["lease"] is holder and manager.config.quorum <= holder.votes
+    assert len(holder.voters) == holder.votes <= len(manager.config.nodes)
     thread = _release_later(holder, 0.3)
     with manager.lock(unique_name, timeout=5) as lease:
         kind, kwargs = sent[-1]
