@@ -237,7 +237,7 @@ class LockManager(KindBlocks):
             raise self._failed(wanted, outcome)
         leases = {record.name: Lease(self, record) for record in outcome}
         context.activate_all(list(leases.values()))  # guard FencedModel writes (SPEC 10)
-        if signals.lock_acquired.receivers:
+        if signals.wanted(signals.lock_acquired):
             for lease in leases.values():
                 self._send_acquired(lease)
         if auto_extend:

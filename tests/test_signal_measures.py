@@ -123,3 +123,39 @@ def test_lock_many_and_semaphores_send_the_measures(
         manager.read_lock(f"{unique_name}:rw", timeout=0),
     ):
         assert [kw["attempts"] for _, kw in sent] == [1, 1]
+
+
+def test_an_observer_gets_the_signals_and_a_raising_one_changes_nothing(
+    unique_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """signals.observe(): the observer is called with the receivers' arguments (lock_many's
+    acquisitions too); one that raises is logged on django_redlock and the lock call goes on."""
+    seen: list[dict[str, Any]] = []
+
+    def observer(**kwargs: Any) -> None:
+        seen.append(kwargs)
+
+    def broken(**kwargs: Any) -> None:
+        raise RuntimeError("exporter down")
+
+    signals.observe(signals.lock_acquired, observer)
+    signals.observe(signals.lock_acquired, observer)  # once, however often added
+    signals.observe(signals.lock_acquired, broken)
+    try:
+        assert signals.wanted(signals.lock_acquired)
+        with caplog.at_level("ERROR", logger="django_redlock"):
+            with locks["default"].lock_many([f"{unique_name}:1", f"{unique_name}:2"], timeout=0):
+                pass
+    finally:
+        signals.unobserve(signals.lock_acquired, observer)
+        signals.unobserve(signals.lock_acquired, broken)
+    assert [kw["name"] for kw in seen] == [f"{unique_name}:1", f"{unique_name}:2"]
+    assert seen[0]["sender"] is locks["default"] and seen[0]["attempts"] == 1
+    assert (
+        sum(
+            "exporter down" in r.getMessage() or "exporter down" in str(r.exc_info)
+            for r in caplog.records
+        )
+        == 2
+    )
+    assert not signals.wanted(signals.lock_acquired) or signals.lock_acquired.receivers

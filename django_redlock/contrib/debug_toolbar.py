@@ -86,7 +86,7 @@ def _on_lost(*, lease: Any, **_: Any) -> None:
                 recording.rows[index]["lost"] = True
 
 
-_RECEIVERS = (
+_OBSERVERS = (
     (signals.lock_acquired, _on_acquired),
     (signals.lock_failed, _on_failed),
     (signals.lock_lost, _on_lost),
@@ -110,8 +110,8 @@ class LocksPanel(Panel):
         return text % {"n": count, "ms": stats.get("waited_ms", 0.0)}
 
     def enable_instrumentation(self) -> None:
-        for signal, receiver in _RECEIVERS:  # connected once per process (dispatch_uid)
-            signal.connect(receiver, dispatch_uid=f"django_redlock.toolbar.{receiver.__name__}")
+        for signal, observer in _OBSERVERS:  # added once per process
+            signals.observe(signal, observer)
         self._recording = _Recording()
         self._token = _current.set(self._recording)
 

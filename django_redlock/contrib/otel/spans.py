@@ -23,23 +23,24 @@ TRACER_NAME = "django_redlock"
 
 
 class LockSpans:
-    """Span receivers (:meth:`connect`/:meth:`disconnect`) on ``tracer`` (default: the global
-    tracer provider's, looked up at each span, so a provider configured later is used)."""
+    """Signal observers (:meth:`connect`/:meth:`disconnect`) making spans on ``tracer``
+    (default: the global tracer provider's, looked up at each span, so a provider configured
+    later is used)."""
 
     def __init__(self, tracer: Tracer | None = None) -> None:
         self._tracer = tracer if tracer is not None else trace.get_tracer(TRACER_NAME)
         #: the global tracer: nothing to do while no tracer provider is configured
         self._global = tracer is None
         self._holds: weakref.WeakKeyDictionary[Any, Span] = weakref.WeakKeyDictionary()
-        self._uid = f"django_redlock.otel.{id(self)}"
 
     def connect(self) -> None:
+        """Observe the lock signals."""
         for signal, receiver in self._receivers():
-            signal.connect(receiver, dispatch_uid=self._uid, weak=False)
+            signals.observe(signal, receiver)
 
     def disconnect(self) -> None:
-        for signal, _ in self._receivers():
-            signal.disconnect(dispatch_uid=self._uid)
+        for signal, receiver in self._receivers():
+            signals.unobserve(signal, receiver)
 
     @property
     def open_holds(self) -> int:

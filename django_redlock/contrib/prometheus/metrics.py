@@ -27,7 +27,7 @@ OUTCOMES = {"busy": "busy", "timeout": "busy", "unavailable": "unavailable"}
 
 
 class RedlockMetrics:
-    """The metrics in ``registry`` and their receivers (:meth:`connect`/:meth:`disconnect`).
+    """The metrics in ``registry`` and their signal observers (:meth:`connect`/:meth:`disconnect`).
 
     Gauges get a multiprocess mode, so prometheus-client's multiprocess mode (gunicorn) adds
     up the waiters of the live workers and keeps the freshest node reading."""
@@ -80,21 +80,20 @@ class RedlockMetrics:
         #: the label children of the hot path, per alias
         self._acquired: dict[str, Any] = {}
         self._held: dict[str, Any] = {}
-        self._uid = f"django_redlock.prometheus.{id(self)}"
 
     def connect(self) -> None:
-        """Receive the lock signals (the gauges start refreshing at the first lock event).
+        """Observe the lock signals (the gauges start refreshing at the first lock event).
 
         Every configured alias's lost-lease counter is exported from the start, at 0, so an
         alert on its increase fires on the first lost lease."""
         for signal, receiver in self._receivers():
-            signal.connect(receiver, dispatch_uid=self._uid, weak=False)
+            signals.observe(signal, receiver)
         for alias in locks:
             self.lost.labels(alias)
 
     def disconnect(self) -> None:
-        for signal, _ in self._receivers():
-            signal.disconnect(dispatch_uid=self._uid)
+        for signal, receiver in self._receivers():
+            signals.unobserve(signal, receiver)
         self.refresher.stop()
 
     def _receivers(self) -> list[tuple[Any, Any]]:
