@@ -1,4 +1,4 @@
-"""The app config: connects the span receivers to the lock signals when Django is ready."""
+"""The app config: makes the spans observe the lock signals when Django is ready."""
 
 from __future__ import annotations
 

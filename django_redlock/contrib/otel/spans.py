@@ -35,19 +35,19 @@ class LockSpans:
 
     def connect(self) -> None:
         """Observe the lock signals."""
-        for signal, receiver in self._receivers():
-            signals.observe(signal, receiver)
+        for signal, observer in self._observers():
+            signals.observe(signal, observer)
 
     def disconnect(self) -> None:
-        for signal, receiver in self._receivers():
-            signals.unobserve(signal, receiver)
+        for signal, observer in self._observers():
+            signals.unobserve(signal, observer)
 
     @property
     def open_holds(self) -> int:
         """How many hold spans are open (leases held and traced)."""
         return len(self._holds)
 
-    def _receivers(self) -> list[tuple[Any, Any]]:
+    def _observers(self) -> list[tuple[Any, Any]]:
         return [
             (signals.lock_acquired, self.on_acquired),
             (signals.lock_failed, self.on_failed),

@@ -1,4 +1,4 @@
-"""The app config: connects the metric receivers to the lock signals when Django is ready."""
+"""The app config: makes the metrics observe the lock signals when Django is ready."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The metrics of SPEC 14 and the signal receivers that feed them.
+"""The metrics of SPEC 14 and the signal observers that feed them.
 
 ``redlock_acquire_seconds`` (histogram; ``alias``, ``outcome``): how long acquire calls took,
 by how they ended (``acquired``; ``busy`` for busy and timed-out calls; ``unavailable``).
@@ -86,17 +86,17 @@ class RedlockMetrics:
 
         Every configured alias's lost-lease counter is exported from the start, at 0, so an
         alert on its increase fires on the first lost lease."""
-        for signal, receiver in self._receivers():
-            signals.observe(signal, receiver)
+        for signal, observer in self._observers():
+            signals.observe(signal, observer)
         for alias in locks:
             self.lost.labels(alias)
 
     def disconnect(self) -> None:
-        for signal, receiver in self._receivers():
-            signals.unobserve(signal, receiver)
+        for signal, observer in self._observers():
+            signals.unobserve(signal, observer)
         self.refresher.stop()
 
-    def _receivers(self) -> list[tuple[Any, Any]]:
+    def _observers(self) -> list[tuple[Any, Any]]:
         return [
             (signals.lock_acquired, self.on_acquired),
             (signals.lock_failed, self.on_failed),
