@@ -63,15 +63,18 @@ class Refresher:
             thread.join(timeout=10)
 
     def _run(self, stop: threading.Event) -> None:
-        probe_at = 0.0
+        probe_at, failed = 0.0, ""
         while not stop.is_set():
             try:
                 self.refresh_waiters()
                 if time.monotonic() >= probe_at:
                     probe_at = time.monotonic() + self.nodes_interval
                     self.refresh_nodes()
-            except Exception:  # a broken setting must not end the thread silently
-                logger.exception("Refreshing the django_redlock gauges failed")
+                failed = ""
+            except Exception as exc:  # a broken setting must not end the thread silently
+                if repr(exc) != failed:  # logged once, not every round
+                    failed = repr(exc)
+                    logger.exception("Refreshing the django_redlock gauges failed")
             stop.wait(self.waiters_interval)
 
     def refresh(self) -> None:
