@@ -483,6 +483,31 @@ def test_acquire_on_brand_new_cluster_initialises_it(state: plans.AliasState) ->
     assert first != second == run.result.owner
 
 
+def test_acquire_piped_behind_a_wait_sends_it_once_and_waits_longer(
+    state: plans.AliasState,
+) -> None:
+    """An attempt piped behind a BLPOP: the first try's call carries the BLPOP ahead of it and
+    its request waits ``wait`` seconds longer; the retry after a rejoin carries nothing."""
+    blpop = ("BLPOP", "t:__wake__:job", "0.500")
+    fresh = [probe("", 0, 0, 0)]
+    run = drive(
+        plans.acquire_plan(
+            state, fake_nodes(1), NAME, 5.0, waiter="w", woken=True, before=(blpop,), wait=0.55
+        ),
+        [
+            answer(ACQUIRE, UNTRUSTED),
+            answer(PROBE, *fresh),
+            answer(REJOIN, FLOOR),
+            answer(ACQUIRE, granted(FLOOR + 1)),
+        ],
+    )
+    assert run.result.token == FLOOR + 1
+    assert run.calls(0)[0].before == (blpop,) and run.calls(0)[0].args[5] == "1"
+    assert run.requests[0].timeout == pytest.approx(state.node_timeout + 0.55)
+    assert run.calls(3)[0].before == ()
+    assert run.requests[3].timeout == state.node_timeout
+
+
 def test_acquire_retries_when_another_process_initialised_the_new_cluster(
     state: plans.AliasState,
 ) -> None:
@@ -919,7 +944,7 @@ def test_force_release_counts_deletions(state: plans.AliasState) -> None:
     )
     assert run.result == 1
     call = run.calls(0)[0]
-    assert call.keys == ("t:job", "t:__fence__", "t:__wake__:job")
+    assert call.keys == ("t:job", "t:__fence__", "t:__wake__:job", "t:__readers__:job")
     assert call.args == ("v", plans.WAKE_TTL_MS)
     assert run.requests[0].timeout == 4 * state.node_timeout
     run = drive(

@@ -14,7 +14,7 @@ import pytest
 from django.conf import settings
 
 from django_redlock import locks
-from django_redlock.exceptions import LockError, LockNotAcquired
+from django_redlock.exceptions import LockError, LockLost, LockNotAcquired
 from django_redlock.testing import RedisNodes
 from tests.support import engine_workers as workers
 
@@ -177,3 +177,22 @@ def test_readers_kept_out_by_a_writer_go_in_together(alias: str, unique_name: st
         thread.join(10)
     assert len(entered) == 3
     assert max(entered) - released < 0.09, [round(t - released, 3) for t in entered]
+
+
+@pytest.mark.parametrize("alias", ["default", "five"])
+def test_a_force_released_reader_cannot_renew_over_the_next_writer(
+    alias: str, unique_name: str
+) -> None:
+    """Force-releasing a read-write lock evicts its readers: a reader's later renewal finds
+    its lease lost and never turns the writer who came next back into readers (which would let
+    new readers in beside that writer)."""
+    manager = locks[alias]
+    reader = manager.acquire(unique_name, rw="read", ttl=5, timeout=0)
+    assert manager.force_release(unique_name) >= 1
+    writer = manager.acquire(unique_name, rw="write", ttl=2, timeout=0)
+    with pytest.raises(LockLost):
+        reader.extend(5)
+    with pytest.raises(LockNotAcquired):  # the writer still excludes new readers
+        manager.acquire(unique_name, rw="read", timeout=0)
+    assert writer.token > reader.token
+    assert writer.release() is True

@@ -18,9 +18,10 @@ from .lease_plans import release_many_plan
 from .many_plans import acquire_many_plan
 from .plans import acquire_plan, extend_plan, force_release_plan, register_plan, release_plan
 from .policy import AcquireStep, Attempt, AwaitRelease, Stepper, acquire_policy, registration_ms
-from .replies import Request
+from .replies import NodeFailure, Request
 from .state import (
     HANDOFF_MS,
+    WAIT_MARK_MS,
     Abandoned,
     AcquireFailure,
     AliasState,
@@ -30,7 +31,7 @@ from .state import (
     Renewal,
 )
 from .transport.aio import AsyncChannel, AsyncConnectionFactory
-from .transport.blpop import ReleaseWaiter
+from .transport.blpop import MIN_BLOCK, SLACK, ReleaseWaiter, blpop_command
 from .transport.sync import Channel, ConnectionFactory
 
 T = TypeVar("T")
@@ -39,6 +40,9 @@ Outcome = LeaseRecord | AcquireFailure
 
 #: At most this many recent hand-offs are remembered per alias (then forgotten at once).
 HANDOFFS_KEPT = 1024
+#: How late (seconds) a piped wait's attempt may run and still register only within the
+#: caller's timeout (see :meth:`Engine._piped_wait`).
+PIPE_MARGIN = 0.25
 
 
 class Engine:
@@ -80,6 +84,12 @@ class Engine:
         self._handoffs: dict[str, float] = {}
         #: the acquire calls of this process waiting for a busy name now (for metrics)
         self.waiters = WaiterCount()
+        #: channels for waits piped with the next attempt (see :meth:`_piped_wait`); never
+        #: pinned by a lease, so a wait never delays another lease's renewal
+        self._blocking_free: list[Channel] = []
+        self._blocking_all: list[Channel] = []
+        #: False once a node refused a piped ``BLPOP`` (an ACL without it): wait the old way
+        self._piping = True
 
     @property
     def node_count(self) -> int:
@@ -121,12 +131,78 @@ class Engine:
                 if isinstance(run.step, Attempt):
                     run.send(target.seen(*self._run(target.attempt(waiting, run.step.woken))))
                 elif isinstance(run.step, AwaitRelease):
-                    mark = waiting if run.step.mark or target.many else None
-                    run.send(self.wait_release(target.name, run.step.seconds, mark=mark))
+                    piped = self._piped_wait(target, waiting, run.step)
+                    if piped is None:
+                        mark = waiting if run.step.mark or target.many else None
+                        run.send(self.wait_release(target.name, run.step.seconds, mark=mark))
+                    else:
+                        woken, outcome = piped
+                        run.send(woken)
+                        assert isinstance(run.step, Attempt)  # the attempt piped with the wait
+                        run.send(outcome)
                 else:
                     time.sleep(run.step.seconds)
                     run.send(None)
         return run.result
+
+    def _piped_wait(
+        self, target: _Target, waiting: _Waiting | None, step: AwaitRelease
+    ) -> tuple[bool, Outcome] | None:
+        """On a single node: block in ``BLPOP`` and make the next attempt in one write, so the
+        server runs the attempt the moment a release wakes us (a hand-off then costs no round
+        trip after the wake-up). Returns (woken, the attempt's outcome), or None where this
+        does not apply (several nodes, ``lock_many``, a short wait, a node that refused)."""
+        if not (self._piping and waiting is not None and self.node_count == 1):
+            return None
+        if target.many or step.seconds < MIN_BLOCK:
+            return None
+        # The piped attempt's registration is sized before the wait, and a BLPOP can return
+        # late on a loaded server: near the caller's deadline it could outlive the caller, so
+        # the last stretch of a finite timeout waits the usual way.
+        if waiting.deadline is not None and (
+            waiting.deadline - time.monotonic() - step.seconds < PIPE_MARGIN + WAIT_MARK_MS / 1000
+        ):
+            return None
+        name = target.name
+        before: tuple[tuple[str | int, ...], ...] = ()
+        mark_ms = registration_ms(waiting.deadline) if step.mark else 0
+        if mark_ms > 0:
+            before = (self.state.mark_command(name, waiting.waiter, mark_ms),)
+        before += (blpop_command(self.state.keys.wake(name), step.seconds),)
+        plan = target.attempt(waiting, True, before, step.seconds)
+        outcome, popped = self._run_blocking(plan)
+        if isinstance(popped, NodeFailure) and popped.reason.startswith("ResponseError"):
+            self._piping = False  # e.g. NOPERM: BLPOP is refused, so the attempt did not wait
+        return isinstance(popped, list), target.seen(outcome, None)
+
+    def _run_blocking(self, make_plan: PlanMaker[T]) -> tuple[T, Any]:
+        """Run a plan whose first call blocks, on a channel of its own; returns its result
+        and the reply of the last command sent ahead (the ``BLPOP``). A channel given up
+        mid-call, or with replies still due, is closed, not reused: whatever was written
+        before the close runs in full or not at all (the server drops a blocked client's
+        unread commands), so the plan's own give-back stays behind its attempt."""
+        with self._mutex:
+            channel = self._blocking_free.pop() if self._blocking_free else None
+        if channel is None:
+            channel = Channel(self.labels, self._factories)
+            with self._mutex:
+                self._blocking_all.append(channel)
+        reusable = False
+        try:
+            with channel.mutex:
+                channel.ahead = []
+                result = _drive(make_plan, channel)
+                ahead = channel.ahead[-1] if channel.ahead else None
+                reusable = not channel.pending()
+            return result, ahead
+        finally:
+            with self._mutex:
+                if reusable:
+                    self._blocking_free.append(channel)
+                else:
+                    self._blocking_all.remove(channel)
+            if not reusable:
+                channel.close()
 
     def extend(self, lease: LeaseRecord, ttl: float) -> Renewal:
         """Renew ``lease`` to ``ttl`` (renewed, lost, or unconfirmed: see ``extend_plan``)."""
@@ -358,6 +434,8 @@ class Engine:
         self.waiter.close()
         with self._mutex:
             channels, self._all, self._free = self._all, [], []
+            channels += self._blocking_all
+            self._blocking_all, self._blocking_free = [], []
         for channel in channels:
             with channel.mutex:
                 channel.close()
@@ -398,11 +476,21 @@ class _Target:
         self.started = time.monotonic()
         self.attempts = 0
 
-    def attempt(self, waiting: _Waiting | None, woken: bool) -> PlanMaker[Any]:
+    def attempt(
+        self,
+        waiting: _Waiting | None,
+        woken: bool,
+        before: tuple[tuple[str | int, ...], ...] = (),
+        wait: float = 0.0,
+    ) -> PlanMaker[Any]:
+        """The attempt's plan; ``before`` (a single lock, semaphore or read-write lease):
+        commands sent ahead of it that block up to ``wait`` seconds (a ``BLPOP``)."""
         state, ttl = self.state, self.ttl
         waiter, mark_ms = "", 0
         if waiting is not None:  # None: timeout=0, never registers as a waiter
-            waiter, mark_ms = waiting.waiter, registration_ms(waiting.deadline)
+            # an attempt piped behind a wait registers when it runs: after the wait, at worst
+            waiter, mark_ms = waiting.waiter, registration_ms(waiting.deadline, wait)
+        wait += SLACK if wait else 0.0
         if self.many:
             names = self.names
             return lambda nodes: acquire_many_plan(
@@ -419,12 +507,14 @@ class _Target:
             woken=woken,
             permits=permits,
             rw=rw,
+            before=before,
+            wait=wait,
         )
 
-    def seen(self, result: Any, channel: Channel | AsyncChannel) -> Any:
+    def seen(self, result: Any, channel: Channel | AsyncChannel | None) -> Any:
         """Count the attempt and stamp its outcome with the call's wait so far (what signals
-        and metrics report); pin won leases to ``channel``; after a failed set, wait for its
-        busy name."""
+        and metrics report); pin won leases to ``channel`` (None: to none); after a failed
+        set, wait for its busy name."""
         self.attempts += 1
         now = time.monotonic()
         if isinstance(result, AcquireFailure):
@@ -460,7 +550,7 @@ class _Waiting:
         return cls(new_waiter(), None if timeout is None else started + timeout)
 
 
-def _pin(result: Outcome, channel: Channel | AsyncChannel) -> Outcome:
+def _pin(result: Outcome, channel: Channel | AsyncChannel | None) -> Outcome:
     """Remember the channel a won lease was acquired on (its renewals and release follow it)
     and the process generation it belongs to."""
     if isinstance(result, LeaseRecord):

@@ -163,14 +163,15 @@ def force_release_plan(
     state: AliasState, nodes: Sequence[NodeView], name: str, expected: str = "", key: str = ""
 ) -> Plan[int]:
     """Delete ``name`` (or ``key``, one of its semaphore's slot keys) on every node whoever
-    holds it; returns how many nodes deleted it. A waiter of ``name`` is woken."""
+    holds it (a read-write lock's readers: all of them); returns how many nodes deleted it.
+    A waiter of ``name`` is woken."""
     keys = state.keys
     calls: list[Call | None] = [
         None
         if node.run_id is None
         else Call(
             scripts.FORCE_RELEASE,
-            (key or keys.lock(name), keys.fence, keys.wake(name)),
+            (key or keys.lock(name), keys.fence, keys.wake(name), keys.readers(name)),
             (expected, WAKE_TTL_MS),
         )
         for node in nodes

@@ -93,6 +93,8 @@ def acquire_plan(
     woken: bool = False,
     permits: int = 0,
     rw: str = "",
+    before: tuple[tuple[str | int, ...], ...] = (),
+    wait: float = 0.0,
 ) -> Plan[LeaseRecord | AcquireFailure]:
     """One acquisition attempt; returns a :class:`LeaseRecord` or an :class:`AcquireFailure`.
 
@@ -101,7 +103,9 @@ def acquire_plan(
     ``woken``: a release woke this caller, so it may take a name reserved for the hand-off.
     ``permits`` > 0: one permit of the semaphore ``name`` (one of its slots held on a quorum:
     the same slot, since each slot excludes like a lock) instead of the lock ``name``.
-    ``rw``: ``"read"`` or ``"write"`` for a lease of the read-write lock ``name``."""
+    ``rw``: ``"read"`` or ``"write"`` for a lease of the read-write lock ``name``.
+    ``before``/``wait``: commands sent ahead of the first call on each node (a waiter's
+    ``BLPOP``) and how much longer than ``NODE_TIMEOUT`` their replies may take."""
     total = len(nodes)
     needed = quorum(total)
     keys = state.keys
@@ -141,7 +145,7 @@ def acquire_plan(
 
     args = (mark_ms, "1" if woken else "0", waiter, *extra)
     owner, calls, replies, statuses, started = yield from attempt_round(
-        state, nodes, script, touched, ttl, args, settled, give_back
+        state, nodes, script, touched, ttl, args, settled, give_back, before, wait
     )
     try:
         granted = [
@@ -211,12 +215,15 @@ def attempt_round(
     args: tuple[str | int, ...],
     settled: Callable[[list[Slot]], bool],
     give_back: Callable[[list[Call | None], Sequence[Any], str], Plan[None]],
+    before: tuple[tuple[str | int, ...], ...] = (),
+    wait: float = 0.0,
 ) -> Plan[Attempted]:
     """Send an acquiring ``script`` to every trusted node, with the args ``(owner, ttl_ms,
     run_id, value suffix, *args)``; when untrusted nodes kept it from a quorum, rejoin them
     if that is safe (or another process just did) and try once more with a new owner, after
     ``give_back`` (fire and forget) released what the first try got. If the caller gives up
-    meanwhile, ``give_back`` releases everything it may have got."""
+    meanwhile, ``give_back`` releases everything it may have got. ``before``: commands sent
+    ahead of the first try's calls, whose replies may take ``wait`` seconds longer."""
     needed = quorum(len(nodes))
     ttl_ms = math.ceil(ttl * 1000)
     state.longest_ttl_ms = max(state.longest_ttl_ms, ttl_ms)
@@ -228,10 +235,11 @@ def attempt_round(
             calls = [
                 None
                 if node.run_id is None
-                else Call(script, touched, (owner, ttl_ms, node.run_id, suffix, *args))
+                else Call(script, touched, (owner, ttl_ms, node.run_id, suffix, *args), before)
                 for node in nodes
             ]
-            replies = yield Request(calls, state.node_timeout, settled)
+            replies = yield Request(calls, state.node_timeout + wait, settled)
+            before, wait = (), 0.0
             statuses = [None if isinstance(r, NodeFailure) else int(r[0]) for r in replies]
             seen = [i for i, st in enumerate(statuses) if st == scripts.UNTRUSTED]
             if seen and statuses.count(scripts.GRANTED) < needed and not rejoined:

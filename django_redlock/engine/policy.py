@@ -86,13 +86,14 @@ def backoff_delay(base: float, attempt: int) -> float:
     return random.uniform(min(base / 2, ceiling), ceiling)
 
 
-def registration_ms(deadline: float | None) -> int:
-    """How long a waiter registered now stays registered, ms: ``WAIT_MARK_MS``, or less when
-    the caller's ``deadline`` (``time.monotonic()``; None: none) comes sooner, so a caller that
-    gives up stops counting then; 0 (do not register) once the deadline has passed."""
+def registration_ms(deadline: float | None, after: float = 0.0) -> int:
+    """How long a waiter registered now (or ``after`` seconds from now: an attempt piped
+    behind a wait) stays registered, ms: ``WAIT_MARK_MS``, or less when the caller's
+    ``deadline`` (``time.monotonic()``; None: none) comes sooner, so a caller that gives up
+    stops counting then; 0 (do not register) once the deadline has passed."""
     if deadline is None:
         return WAIT_MARK_MS
-    return max(0, min(WAIT_MARK_MS, int((deadline - time.monotonic()) * 1000)))
+    return max(0, min(WAIT_MARK_MS, int((deadline - time.monotonic() - after) * 1000)))
 
 
 class Patience:

@@ -281,7 +281,9 @@ return wake_one(KEYS[3], KEYS[4], KEYS[5], ARGV[4] == '1')
 )
 
 # KEYS: readers, fence, the name's key. ARGV: owner, ttl_ms, run_id.
-# Renews a read lease that has not lapsed, and the marker with it. Replies as EXTEND.
+# Renews a read lease that has not lapsed, and the marker with it; a lease whose name is held
+# by anything but readers (a writer after a force-release evicted the readers) is lost.
+# Replies as EXTEND.
 READ_EXTEND = Script(
     "read_extend",
     _TAKE
@@ -289,6 +291,10 @@ READ_EXTEND = Script(
 local ok, _, max_ttl = trusted(KEYS[2])
 if not ok then
   return -1
+end
+local held = redis.call('GET', KEYS[3])
+if held and held ~= 'rwlock|readers' then
+  return 0
 end
 local now = now_ms()
 local lapses = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or 0)

@@ -12,11 +12,14 @@ from .scripts import Script
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """One script call for one node."""
+    """One script call for one node. ``before``: commands written ahead of it in the same
+    write (a waiter's ``BLPOP``: the server then runs the script the moment the ``BLPOP``
+    returns, with no round trip in between); their replies land in :attr:`Slot.ahead`."""
 
     script: Script
     keys: tuple[str, ...]
     args: tuple[str | int, ...]
+    before: tuple[tuple[str | int, ...], ...] = ()
 
     def packed_args(self, *, by_sha: bool) -> tuple[str | int, ...]:
         head = ("EVALSHA", self.script.sha) if by_sha else ("EVAL", self.script.source)
@@ -50,13 +53,15 @@ class Slot:
     """The reply to one call, filled when the node answers (or fails); ``notify`` (asyncio)
     is called after each fill, so a waiting request wakes once it is settled."""
 
-    __slots__ = ("call", "done", "notify", "value")
+    __slots__ = ("ahead", "call", "done", "notify", "value")
 
     def __init__(self, call: Call | None, notify: Callable[[], None] | None = None) -> None:
         self.call = call
         self.done = False
         self.value: Any = None
         self.notify = notify
+        #: the slots of the call's ``before`` commands, in order
+        self.ahead: tuple[Slot, ...] = ()
 
     def fill(self, value: Any) -> None:
         self.value = value

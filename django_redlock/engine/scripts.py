@@ -315,10 +315,12 @@ return {meta[1] or '', tonumber(meta[2]) or 0, tonumber(meta[3]) or 0,
 """,
 )
 
-# KEYS: lock, fence, wake-up list. ARGV: expected value ('' = any owner), wake-up TTL in ms.
+# KEYS: lock, fence, wake-up list, the name's readers (of a read-write lock). ARGV: expected
+# value ('' = any owner), wake-up TTL in ms.
 # Force-release: delete whatever holds the name (or only the expected value), advance the
 # counter so the evicted holder's token is older than every later one, and wake one waiter.
-# Returns 1 when a key was deleted, 0 otherwise.
+# Readers' marker: every read lease goes with it (else a reader's renewal would mark the name
+# "readers" again over the writer that came next). Returns 1 when a key was deleted, 0 otherwise.
 FORCE_RELEASE = Script(
     "force_release",
     """
@@ -327,6 +329,9 @@ if not value or (ARGV[1] ~= '' and value ~= ARGV[1]) then
   return 0
 end
 redis.call('DEL', KEYS[1], KEYS[3])
+if string.sub(value, 1, 7) == 'rwlock|' then
+  redis.call('DEL', KEYS[4])
+end
 if redis.call('HEXISTS', KEYS[2], 'token') == 1 then
   redis.call('HINCRBY', KEYS[2], 'token', 1)
 end

@@ -185,3 +185,18 @@ def read_write_sections(
             time.sleep(0.003)
             counter.decr(f"{name}:{mine}")
     return rounds
+
+
+def acquire_and_report(
+    redlock: dict[str, Any], alias: str, name: str, timeout: float, url: str, key: str
+) -> None:
+    """Acquire ``name`` (waiting up to ``timeout``), push the token to ``key`` on the node at
+    ``url``, release."""
+    setup_django(redlock)
+    import redis
+
+    from django_redlock import locks
+
+    lease = locks[alias].acquire(name, timeout=timeout)
+    redis.Redis.from_url(url).rpush(key, lease.token)
+    lease.release()

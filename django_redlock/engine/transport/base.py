@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import hiredis
@@ -134,14 +135,22 @@ class LinkBase:
             return failed_slot(call, f"not answering ({len(self._unread)} calls queued)")
         slot = Slot(call, notify)
         assert self._output is not None
+        commands = (*call.before, call.packed_args(by_sha=by_sha))
         try:
-            self._output(hiredis.pack_command(call.packed_args(by_sha=by_sha)))  # type: ignore[arg-type]
+            self._output(b"".join(hiredis.pack_command(c) for c in commands))  # type: ignore[arg-type]
         except OSError as exc:  # includes a full send buffer on a non-blocking socket
             self.fail(describe(exc))
             slot.fill(NodeFailure(f"down: {describe(exc)}"))
             return slot
+        if call.before:
+            slot.ahead = tuple(Slot(None) for _ in call.before)
+            self._unread.extend(slot.ahead)
         self._unread.append(slot)
         return slot
+
+    def pending(self) -> bool:
+        """True while a call sent on this connection has no reply read yet."""
+        return bool(self._unread)
 
     def _read_replies(self) -> bool:
         """Fill unread slots, in order, from what the reader has parsed; True if any was
@@ -186,7 +195,8 @@ def resend_unknown_scripts(
     caches the script again); True if any was."""
     retry = [i for i, s in enumerate(slots) if s.done and is_noscript(s.value)]
     for i in retry:
-        call = slots[i].call
+        call, ahead = slots[i].call, slots[i].ahead
         assert call is not None
-        slots[i] = links[i].send(call, by_sha=False, notify=notify)
+        slots[i] = links[i].send(replace(call, before=()), by_sha=False, notify=notify)
+        slots[i].ahead = ahead  # what ran ahead of it ran once, the first time
     return bool(retry)

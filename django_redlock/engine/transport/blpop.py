@@ -33,7 +33,8 @@ MIN_BLOCK = 0.003
 SLACK = 0.05
 
 
-def _blpop_args(key: str, seconds: float) -> tuple[str, str, str]:
+def blpop_command(key: str, seconds: float) -> tuple[str, str, str]:
+    """``BLPOP key seconds`` (ms precision, at least 1 ms: 0 would block forever)."""
     return ("BLPOP", key, f"{max(seconds, 0.001):.3f}")
 
 
@@ -58,7 +59,7 @@ class _BlockingConnection:
         ``before``: a command sent ahead of the BLPOP in the same write (registering the
         waiter)."""
         commands = [before] if before else []
-        commands.append(_blpop_args(key, seconds))
+        commands.append(blpop_command(key, seconds))
         self._sock.sendall(b"".join(hiredis.pack_command(c) for c in commands))  # type: ignore[arg-type]
         for _ in commands[:-1]:
             self._read(deadline)
@@ -167,7 +168,7 @@ class ReleaseWaiter:
                     conn = self._async_factories[node]()
                 left = seconds - (time.monotonic() - started)
                 commands = [before] if before else []
-                commands.append(_blpop_args(key, left))
+                commands.append(blpop_command(key, left))
                 await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
                 for _ in commands[:-1]:
                     await conn.read_response(timeout=left + SLACK)

@@ -200,6 +200,8 @@ class Channel:
         self.links = [Link(label, f) for label, f in zip(labels, factories, strict=True)]
         self.spinner = Spinner(busy_poll)
         self.mutex = threading.RLock()
+        #: the replies of the last ``before`` commands sent (see :class:`~..replies.Call`)
+        self.ahead: list[Any] = []
         self._poller = select.poll()
         threads = [
             threading.Thread(target=link.connect_detached, daemon=True) for link in self.links
@@ -240,6 +242,9 @@ class Channel:
         if _resend(self.links, slots):
             self._collect(slots, deadline, request.settled)
         expired = time.monotonic() >= deadline
+        for slot in slots:
+            if slot.ahead:
+                self.ahead = [s.result(expired=expired) for s in slot.ahead]
         return [s.result(expired=expired) for s in slots]
 
     def _collect(
@@ -285,6 +290,10 @@ class Channel:
                     poller.unregister(fd)
             for fd, _ in ready:
                 by_fd[fd].drain(receive=True)
+
+    def pending(self) -> bool:
+        """True while a call sent on this channel has no reply read yet."""
+        return any(link.pending() for link in self.links)
 
     def close(self) -> None:
         for link in self.links:

@@ -1,0 +1,137 @@
+"""A waiter on a single node sends its ``BLPOP`` and its next attempt in one write, so the
+server runs the attempt the moment a release wakes it: the hand-off needs no round trip from
+the waiter after the wake-up (issue 18). Real nodes and processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from django_redlock.manager import LockManager
+from django_redlock.testing import RedisNode, RedisNodes
+from tests.support import engine_workers as workers
+from tests.support.redis_acl import ACL_COMMANDS, acl_user_urls
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def _until(test: Callable[[], bool], seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not test():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+def _blocked(node: RedisNode) -> bool:
+    return any(c["cmd"] == "blpop" and "b" in c["flags"] for c in node.client().client_list())
+
+
+def test_the_server_hands_the_lock_to_a_stopped_waiter(
+    redis_node_factory: Callable[..., RedisNodes], redlock_alias: Callable[..., LockManager]
+) -> None:
+    """The waiter process is SIGSTOPped while it blocks; the holder releases: the node grants
+    the name to the waiter at once (its attempt was already queued behind its BLPOP), though
+    the waiter cannot run. Resumed, it holds the lease the server gave it (token above the
+    holder's). With a wake-up followed by a fresh attempt, the name would stay free."""
+    node = redis_node_factory(1)[0]
+    manager = redlock_alias([node.url], TTL=10)
+    alias = next(a for a, c in settings.REDLOCK.items() if c["NODES"] == [node.url])
+    prefix = manager.config.key_prefix
+    holder = manager.acquire("n", timeout=0)
+    proc = SPAWN.Process(
+        target=workers.acquire_and_report,
+        args=(settings.REDLOCK, alias, "n", 30, node.url, "tokens"),
+    )
+    proc.start()
+    try:
+        _until(lambda: _blocked(node))
+        os.kill(proc.pid or 0, signal.SIGSTOP)
+        assert holder.release() is True
+        client = node.client()
+        # taken while the waiter is stopped, with a token above the holder's
+        _until(lambda: client.exists(f"{prefix}n") == 1, 2.0)
+        value = client.get(f"{prefix}n")
+        assert value is not None and int(value.split(b"|")[1]) > holder.token
+        os.kill(proc.pid or 0, signal.SIGCONT)
+        reply = node.client(socket_timeout=35).blpop(["tokens"], timeout=30)
+        assert reply is not None and int(reply[1]) > holder.token
+    finally:
+        os.kill(proc.pid or 0, signal.SIGCONT)
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+    assert manager.acquire("n", timeout=1).release() is True
+
+
+def test_a_node_that_refuses_blpop_gets_no_busy_loop(
+    redis_node_factory: Callable[..., RedisNodes], redlock_alias: Callable[..., LockManager]
+) -> None:
+    """An ACL user without BLPOP: the first piped wait is refused (NOPERM), so the attempt
+    behind it ran at once; the engine then waits the usual way (a sleep when BLPOP fails), so
+    a waiter makes a handful of attempts per second, not thousands, and still gets the name."""
+    nodes = redis_node_factory(1)
+    without = " ".join(c for c in ACL_COMMANDS.split() if c != "+blpop")
+    urls = acl_user_urls(nodes, "noblpop", "pw", "acl:", without)
+    manager = redlock_alias(urls, KEY_PREFIX="acl:", RETRY_DELAY=0.05)
+    holder = manager.acquire("n", ttl=5, timeout=0)
+    admin = nodes[0].client()
+    admin.config_resetstat()
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(manager.acquire("n", timeout=5)))
+    thread.start()
+    time.sleep(1.0)
+    attempts = int(admin.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+    assert 1 <= attempts <= 40
+    assert holder.release() is True
+    thread.join(10)
+    assert got and got[0].token > holder.token
+    assert got[0].release() is True
+
+
+class _Interrupted(Exception):
+    pass
+
+
+@pytest.fixture
+def alarm() -> Iterator[Callable[[float], None]]:
+    """``alarm(seconds)``: raise :class:`_Interrupted` in the main thread after ``seconds``
+    (as a worker timeout or Ctrl-C would, in the middle of whatever call is running)."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    yield lambda seconds: signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def test_an_interrupted_piped_wait_leaves_nothing_behind(
+    redis_node_factory: Callable[..., RedisNodes],
+    redlock_alias: Callable[..., LockManager],
+    alarm: Callable[[float], None],
+) -> None:
+    """Interrupted while it blocks: its connection is closed (not reused with a BLPOP still
+    due), no blocked client stays on the node, and once its registration has lapsed (<= 1 s)
+    the holder's release reserves the name for nobody: the next caller gets it at once."""
+    node = redis_node_factory(1)[0]
+    manager = redlock_alias([node.url], TTL=10)
+    holder = manager.acquire("n", timeout=0)
+    alarm(0.4)
+    with pytest.raises(_Interrupted):
+        manager.acquire("n", timeout=20)
+    assert manager.engine._blocking_all == []  # closed, not pooled
+    _until(lambda: not _blocked(node), 2.0)
+    time.sleep(1.05)
+    assert holder.release() is True
+    again = manager.acquire("n", timeout=0)
+    assert again.token > holder.token
+    assert again.release() is True
