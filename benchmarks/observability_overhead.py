@@ -13,7 +13,8 @@ node and on three, in interleaved rounds of five cases:
    as production tracing usually runs);
 5. ``contrib.prometheus`` + ``contrib.otel`` without an SDK (the API's no-op tracer).
 
-A case's receivers are connected for its rounds only, exactly as the apps' ``ready()`` does.
+A case's observers are registered for its rounds only (as the apps' ``ready()`` registers
+them); the metrics' background refresher runs throughout, as in a process with the app.
 pairs/s is the median over the rounds (the SDK case includes flushing its spans); "cost" is
 bare's pairs/s over the case's. "CPU us/pair" is this process's CPU time per pair
 (``time.process_time()``, the exporter thread's included): what the apps add whatever the
@@ -46,13 +47,17 @@ def run_pairs(manager: Any, pairs: int, offset: int) -> None:
         manager.acquire(f"bench:obs:{i}", timeout=0).release()
 
 
-def observers() -> dict[str, tuple[Callable[[], None], Callable[[], None]]]:
-    """case -> (connect, disconnect)."""
+Case = tuple[Callable[[], None], Callable[[], None], Callable[[], None]]
+
+
+def observers() -> dict[str, Case]:
+    """case -> (connect, flush, disconnect); flush runs inside the timed part."""
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
+    from django_redlock import signals
     from django_redlock.contrib.otel.spans import LockSpans
     from django_redlock.contrib.prometheus.metrics import default_metrics
 
@@ -60,35 +65,40 @@ def observers() -> dict[str, tuple[Callable[[], None], Callable[[], None]]]:
         def export(self, spans: Sequence[Any]) -> SpanExportResult:
             return SpanExportResult.SUCCESS
 
-    provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(Discard()))
-    sampled = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.1)))
-    sampled.add_span_processor(BatchSpanProcessor(Discard()))
     metrics = default_metrics()
-    recording = LockSpans(provider.get_tracer("django_redlock"))
-    tenth = LockSpans(sampled.get_tracer("django_redlock"))
-    noop = LockSpans(trace.get_tracer("django_redlock"))  # no global provider: no-op
+    # started once, as in a process that runs the app: its probe every 5 s is a background
+    # cost every case shares (restarting it per case would charge a probe to each round)
+    metrics.refresher.ensure_running()
 
-    def both(spans: LockSpans, flush: bool) -> tuple[Callable[[], None], Callable[[], None]]:
+    def case(*spans: LockSpans, flush: Callable[[], None] = lambda: None) -> Case:
+        pairs = [*metrics.observers(), *(pair for s in spans for pair in s.observers())]
+
         def connect() -> None:
-            metrics.connect()
-            spans.connect()
+            for signal, observer in pairs:
+                signals.observe(signal, observer)
 
         def disconnect() -> None:
-            spans.disconnect()
-            metrics.disconnect()
-            if flush:  # the exporter threads' work stays inside this case's time
-                provider.force_flush()
-                sampled.force_flush()
+            for signal, observer in pairs:
+                signals.unobserve(signal, observer)
 
-        return connect, disconnect
+        return connect, flush, disconnect
 
+    def tracing(sampler: Any = None) -> tuple[LockSpans, Callable[[], None]]:
+        provider = TracerProvider() if sampler is None else TracerProvider(sampler=sampler)
+        provider.add_span_processor(BatchSpanProcessor(Discard()))
+        # the exporter thread's work stays inside the case's time
+        return LockSpans(provider.get_tracer("django_redlock")), lambda: provider.force_flush()
+
+    recording, flush_all = tracing()
+    tenth, flush_tenth = tracing(ParentBased(TraceIdRatioBased(0.1)))
+    noop = LockSpans(trace.get_tracer("django_redlock"))  # no global provider: no-op
+    nothing = (lambda: None, lambda: None, lambda: None)
     return {
-        "bare": (lambda: None, lambda: None),
-        "prometheus": (metrics.connect, metrics.disconnect),
-        "prometheus + otel (SDK)": both(recording, flush=True),
-        "prometheus + otel (SDK, 10%)": both(tenth, flush=True),
-        "prometheus + otel (no SDK)": both(noop, flush=False),
+        "bare": nothing,
+        "prometheus": case(),
+        "prometheus + otel (SDK)": case(recording, flush=flush_all),
+        "prometheus + otel (SDK, 10%)": case(tenth, flush=flush_tenth),
+        "prometheus + otel (no SDK)": case(noop),
     }
 
 
@@ -125,15 +135,16 @@ def main() -> None:
             for round_ in range(args.rounds):  # interleaved and rotated: same machine for all
                 shift = round_ % len(names)
                 for case in names[shift:] + names[:shift]:
-                    connect, disconnect = cases[case]
+                    connect, flush, disconnect = cases[case]
                     connect()
                     try:
                         started, cpu = time.perf_counter(), time.process_time()
                         run_pairs(locks[alias], args.pairs, offset)
+                        flush()
+                        rate = args.pairs / (time.perf_counter() - started)
+                        cpu_us = (time.process_time() - cpu) / args.pairs * 1e6
                     finally:
                         disconnect()
-                    rate = args.pairs / (time.perf_counter() - started)
-                    cpu_us = (time.process_time() - cpu) / args.pairs * 1e6
                     offset += args.pairs
                     results.setdefault((alias, case), []).append(rate)
                     cpu_results.setdefault((alias, case), []).append(cpu_us)

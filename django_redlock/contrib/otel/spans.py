@@ -35,11 +35,11 @@ class LockSpans:
 
     def connect(self) -> None:
         """Observe the lock signals."""
-        for signal, observer in self._observers():
+        for signal, observer in self.observers():
             signals.observe(signal, observer)
 
     def disconnect(self) -> None:
-        for signal, observer in self._observers():
+        for signal, observer in self.observers():
             signals.unobserve(signal, observer)
 
     @property
@@ -47,7 +47,8 @@ class LockSpans:
         """How many hold spans are open (leases held and traced)."""
         return len(self._holds)
 
-    def _observers(self) -> list[tuple[Any, Any]]:
+    def observers(self) -> list[tuple[Any, Any]]:
+        """(signal, observer) pairs, as :meth:`connect` registers them."""
         return [
             (signals.lock_acquired, self.on_acquired),
             (signals.lock_failed, self.on_failed),

@@ -86,17 +86,18 @@ class RedlockMetrics:
 
         Every configured alias's lost-lease counter is exported from the start, at 0, so an
         alert on its increase fires on the first lost lease."""
-        for signal, observer in self._observers():
+        for signal, observer in self.observers():
             signals.observe(signal, observer)
         for alias in locks:
             self.lost.labels(alias)
 
     def disconnect(self) -> None:
-        for signal, observer in self._observers():
+        for signal, observer in self.observers():
             signals.unobserve(signal, observer)
         self.refresher.stop()
 
-    def _observers(self) -> list[tuple[Any, Any]]:
+    def observers(self) -> list[tuple[Any, Any]]:
+        """(signal, observer) pairs, as :meth:`connect` registers them."""
         return [
             (signals.lock_acquired, self.on_acquired),
             (signals.lock_failed, self.on_failed),
