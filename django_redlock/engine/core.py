@@ -85,6 +85,8 @@ class Engine:
         ] = weakref.WeakKeyDictionary()
         #: name -> until when (monotonic) a release here reserved it for a woken waiter
         self._handoffs: dict[str, float] = {}
+        #: the acquire calls of this process waiting for a busy name now (for metrics)
+        self.waiters = WaiterCount()
         #: channels for waits piped with the next attempt (see :meth:`_piped_wait`); never
         #: pinned by a lease, so a wait never delays another lease's renewal
         self._blocking_free: list[Channel] = []
@@ -119,7 +121,7 @@ class Engine:
 
     def _acquire(self, target: _Target, timeout: float | None) -> Any:
         self._check_fork()
-        started, queue_first = time.monotonic(), self._queue_first(target, timeout)
+        started, queue_first = target.started, self._queue_first(target, timeout)
         waiting = _Waiting.of(started, timeout)
         first = None
         if not queue_first:  # the common case: one attempt, no policy needed if it wins
@@ -127,22 +129,23 @@ class Engine:
             if not isinstance(first, AcquireFailure) or timeout == 0:
                 return first
         run = Stepper(self._policy(timeout, queue_first, first, started))
-        while run.step is not None:
-            if isinstance(run.step, Attempt):
-                run.send(target.seen(*self._run(target.attempt(waiting, run.step.woken))))
-            elif isinstance(run.step, AwaitRelease):
-                piped = self._piped_wait(target, waiting, run.step)
-                if piped is None:
-                    mark = waiting if run.step.mark or target.many else None
-                    run.send(self.wait_release(target.name, run.step.seconds, mark=mark))
+        with self.waiters:
+            while run.step is not None:
+                if isinstance(run.step, Attempt):
+                    run.send(target.seen(*self._run(target.attempt(waiting, run.step.woken))))
+                elif isinstance(run.step, AwaitRelease):
+                    piped = self._piped_wait(target, waiting, run.step)
+                    if piped is None:
+                        mark = waiting if run.step.mark or target.many else None
+                        run.send(self.wait_release(target.name, run.step.seconds, mark=mark))
+                    else:
+                        woken, outcome = piped
+                        run.send(woken)
+                        assert isinstance(run.step, Attempt)  # the attempt piped with the wait
+                        run.send(outcome)
                 else:
-                    woken, outcome = piped
-                    run.send(woken)
-                    assert isinstance(run.step, Attempt)  # the attempt the wait was piped with
-                    run.send(outcome)
-            else:
-                time.sleep(run.step.seconds)
-                run.send(None)
+                    time.sleep(run.step.seconds)
+                    run.send(None)
         return run.result
 
     def _piped_wait(
@@ -264,7 +267,7 @@ class Engine:
 
     async def _aacquire(self, target: _Target, timeout: float | None) -> Any:
         self._check_fork()
-        started, queue_first = time.monotonic(), self._queue_first(target, timeout)
+        started, queue_first = target.started, self._queue_first(target, timeout)
         waiting = _Waiting.of(started, timeout)
         first = None
         if not queue_first:
@@ -272,23 +275,25 @@ class Engine:
             if not isinstance(first, AcquireFailure) or timeout == 0:
                 return first
         run = Stepper(self._policy(timeout, queue_first, first, started))
-        while run.step is not None:
-            if isinstance(run.step, Attempt):
-                attempt = target.attempt(waiting, run.step.woken)
-                run.send(target.seen(*await self._arun(attempt)))
-            elif isinstance(run.step, AwaitRelease):
-                piped = await self._apiped_wait(target, waiting, run.step)
-                if piped is None:
-                    mark = waiting if run.step.mark or target.many else None
-                    run.send(await self.await_release(target.name, run.step.seconds, mark=mark))
+        with self.waiters:
+            while run.step is not None:
+                if isinstance(run.step, Attempt):
+                    attempt = target.attempt(waiting, run.step.woken)
+                    run.send(target.seen(*await self._arun(attempt)))
+                elif isinstance(run.step, AwaitRelease):
+                    piped = await self._apiped_wait(target, waiting, run.step)
+                    if piped is None:
+                        mark = waiting if run.step.mark or target.many else None
+                        woken = await self.await_release(target.name, run.step.seconds, mark=mark)
+                        run.send(woken)
+                    else:
+                        woken, outcome = piped
+                        run.send(woken)
+                        assert isinstance(run.step, Attempt)  # the attempt piped with the wait
+                        run.send(outcome)
                 else:
-                    woken, outcome = piped
-                    run.send(woken)
-                    assert isinstance(run.step, Attempt)  # the attempt the wait was piped with
-                    run.send(outcome)
-            else:
-                await asyncio.sleep(run.step.seconds)
-                run.send(None)
+                    await asyncio.sleep(run.step.seconds)
+                    run.send(None)
         return run.result
 
     async def aextend(self, lease: LeaseRecord, ttl: float) -> Renewal:
@@ -477,12 +482,31 @@ class Engine:
                 channel.close()
 
 
+class WaiterCount:
+    """How many acquire calls are waiting now: ``with count:`` around one call's waiting.
+    Entered only by a call whose first attempt failed, so a free name costs nothing."""
+
+    __slots__ = ("_mutex", "value")
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self.value = 0
+
+    def __enter__(self) -> None:
+        with self._mutex:
+            self.value += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._mutex:
+            self.value -= 1
+
+
 class _Target:
     """What one acquire call asks for: a lock, one permit of a semaphore (``permits`` > 0)
     or a set of names (``lock_many``), and the name it waits for (for a set: the one its last
     attempt found busy)."""
 
-    __slots__ = ("many", "name", "names", "permits", "rw", "state", "ttl")
+    __slots__ = ("attempts", "many", "name", "names", "permits", "rw", "started", "state", "ttl")
 
     def __init__(
         self, state: AliasState, names: tuple[str, ...], ttl: float, permits: int, rw: str = ""
@@ -490,6 +514,8 @@ class _Target:
         self.state, self.names, self.ttl, self.permits, self.rw = state, names, ttl, permits, rw
         self.name = names[0]
         self.many = len(names) > 1
+        self.started = time.monotonic()
+        self.attempts = 0
 
     def attempt(
         self,
@@ -527,14 +553,23 @@ class _Target:
         )
 
     def seen(self, result: Any, channel: Channel | AsyncChannel | None) -> Any:
-        """Pin won leases to ``channel`` (None: to none); after a failed set, wait for its
-        busy name."""
+        """Count the attempt and stamp its outcome with the call's wait so far (what signals
+        and metrics report); pin won leases to ``channel`` (None: to none); after a failed
+        set, wait for its busy name."""
+        self.attempts += 1
+        now = time.monotonic()
         if isinstance(result, AcquireFailure):
+            result.waited, result.attempts = now - self.started, self.attempts
             if result.busy_name is not None:
                 self.name = result.busy_name
             return result
         for record in result if isinstance(result, list) else (result,):
             _pin(record, channel)
+            record.waited, record.attempts, record.acquired_at = (
+                now - self.started,
+                self.attempts,
+                now,
+            )
         return result
 
 

@@ -197,9 +197,8 @@ def acquire_plan(
                 if mark_ms:
                     yield from _withdraw(state, nodes, statuses, name, waiter)
                 marker = keys.lock(name) if kind in (PERMIT, READ) else ""
-                record = LeaseRecord(
-                    name, key, owner, token, ttl, validity_deadline, reached=reached
-                )
+                record = LeaseRecord(name, key, owner, token, ttl, validity_deadline)
+                record.reached, record.voters = reached, tuple(won)
                 return record.with_kind(marker, kind)
 
         yield from _release_calls(

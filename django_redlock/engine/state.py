@@ -148,6 +148,12 @@ class LeaseRecord:
     marker: str = ""
     #: :data:`PERMIT`, :data:`READ` or :data:`WRITE`; '' for a lock
     kind: str = ""
+    #: the nodes (indexes) whose grant made the quorum
+    voters: tuple[int, ...] = ()
+    #: set by the driver: seconds the acquire call took, its attempts, when it won (monotonic)
+    waited: float = 0.0
+    attempts: int = 0
+    acquired_at: float = 0.0
 
     def with_kind(self, marker: str, kind: str) -> LeaseRecord:
         """This record, for a permit, a read or a write lease (``marker``: a permit's
@@ -194,3 +200,6 @@ class AcquireFailure:
     retry_after: float | None = None
     #: ``lock_many``: the name found busy (the one to wait for)
     busy_name: str | None = None
+    #: set by the driver: seconds the acquire call took until it gave up, and its attempts
+    waited: float = 0.0
+    attempts: int = 0

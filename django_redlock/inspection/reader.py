@@ -227,6 +227,20 @@ class AliasInspector:
         return [self._call(index, fetch) for index in range(self.total)]
 
     # -- health ----------------------------------------------------------------------------
+    def fence_marks(self) -> list[tuple[str, int] | None]:
+        """Per node, what its fence hash says: the ``run_id`` it was (re)initialised under
+        ('' if none) and the longest TTL it has granted, ms (0: it never granted a lease);
+        None for a node that could not be read. A node whose mark differs from its current
+        ``run_id`` is in the restart quarantine (see ``engine/trust.py``)."""
+        fence = self.keys.fence
+
+        def fetch(client: redis.Redis) -> tuple[str, int]:
+            run_id, longest = client.hmget(fence, ["run_id", "max_ttl"])
+            text = "" if longest is None else as_text(longest)
+            return ("" if run_id is None else as_text(run_id)), int(text) if text.isdigit() else 0
+
+        return [self._call(index, fetch) for index in range(self.total)]
+
     def health(self) -> list[NodeHealth]:
         """PING latency, ``INFO`` and ``maxmemory-policy`` of every node."""
         report = []
