@@ -38,7 +38,11 @@ DEFAULTS: dict[str, Any] = {
     "RETRY_DELAY": 0.2,
     "DRIFT_FACTOR": 0.01,
     "TIMEOUT": 10.0,
+    "FAN_OUT": "all",
 }
+#: ``FAN_OUT``: "all" asks every node at once; "quorum" asks a quorum of nodes first and the
+#: others only when that did not win (docs/algorithm.md).
+FAN_OUTS = ("quorum", "all")
 #: Bounds no sane deployment reaches (docs/index.md): below 1 ms no node answers a call in time,
 #: and the socket timeouts derived from NODE_TIMEOUT must stay finite; a RETRY_DELAY below 1 ms
 #: makes each waiter retry thousands of times a second; a DRIFT_FACTOR above 0.5 spends more than
@@ -72,6 +76,7 @@ class AliasConfig:
     retry_delay: float
     drift_factor: float
     timeout: float | None
+    fan_out: str = "all"
 
     @property
     def quorum(self) -> int:
@@ -172,7 +177,15 @@ def parse_alias(alias: str, raw: Any) -> AliasConfig:
         ),
         drift_factor=drift,
         timeout=None if timeout is None else _number(alias, "TIMEOUT", timeout, allow_zero=True),
+        fan_out=_fan_out(alias, merged["FAN_OUT"]),
     )
+
+
+def _fan_out(alias: str, value: Any) -> str:
+    if value not in FAN_OUTS:
+        choices = " or ".join(map(repr, FAN_OUTS))
+        raise _error(alias, "FAN_OUT", f"must be {choices}, not {value!r}.")
+    return str(value)
 
 
 #: Default of ``REDLOCK_BUSY_POLL``, seconds; and the largest value it accepts.

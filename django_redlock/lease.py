@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -42,6 +43,8 @@ class Lease:
         self._renewal_task: asyncio.Task[None] | None = None
         #: called once when the lease is found lost (``alock(on_lost="cancel")``)
         self.on_lost: Callable[[], None] | None = None
+        #: when the lease was released (``time.monotonic()``; None while not released)
+        self._released_at: float | None = None
 
     @property
     def name(self) -> str:
@@ -58,6 +61,33 @@ class Lease:
     @property
     def ttl(self) -> float:
         return self._record.ttl
+
+    @property
+    def waited(self) -> float:
+        """Seconds the acquire call took (its waits and attempts)."""
+        return self._record.waited
+
+    @property
+    def attempts(self) -> int:
+        """How many attempts the acquire call made (1: the name was free)."""
+        return self._record.attempts
+
+    @property
+    def votes(self) -> int:
+        """How many nodes granted the lease (at least a quorum)."""
+        return len(self._record.voters)
+
+    @property
+    def voters(self) -> list[str]:
+        """The nodes that granted the lease (their labels, passwords masked)."""
+        labels = self._engine.labels
+        return [labels[i] for i in self._record.voters]
+
+    @property
+    def held(self) -> float:
+        """Seconds from the acquisition until the release (until now while not released)."""
+        end = time.monotonic() if self._released_at is None else self._released_at
+        return max(0.0, end - self._record.acquired_at)
 
     @property
     def validity(self) -> float:
@@ -152,6 +182,7 @@ class Lease:
         return not self._record.released
 
     def _released(self, held: bool) -> bool:
+        self._released_at = time.monotonic()
         if not held:
             self._mark_lost("it had expired or was taken when it was released")
         signals.emit(

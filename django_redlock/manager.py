@@ -237,11 +237,9 @@ class LockManager(KindBlocks):
             raise self._failed(wanted, outcome)
         leases = {record.name: Lease(self, record) for record in outcome}
         context.activate_all(list(leases.values()))  # guard FencedModel writes (SPEC 10)
-        if signals.lock_acquired.receivers:
+        if signals.wanted(signals.lock_acquired):
             for lease in leases.values():
-                signals.emit(
-                    signals.lock_acquired, self, alias=self.alias, name=lease.name, lease=lease
-                )
+                self._send_acquired(lease)
         if auto_extend:
             for lease in leases.values():
                 if asyncio_task:
@@ -288,8 +286,19 @@ class LockManager(KindBlocks):
     def _won(self, record: LeaseRecord) -> Lease:
         lease = Lease(self, record)
         context.activate(lease)  # guards FencedModel writes here until released (SPEC 10)
-        signals.emit(signals.lock_acquired, self, alias=self.alias, name=record.name, lease=lease)
+        self._send_acquired(lease)
         return lease
+
+    def _send_acquired(self, lease: Lease) -> None:
+        signals.emit(
+            signals.lock_acquired,
+            self,
+            alias=self.alias,
+            name=lease.name,
+            lease=lease,
+            waited=lease.waited,
+            attempts=lease.attempts,
+        )
 
     def _failed(self, wanted: _Wanted, failure: AcquireFailure) -> Exception:
         name, timeout, quorum = wanted.name, wanted.timeout, self.config.quorum
@@ -328,5 +337,14 @@ class LockManager(KindBlocks):
                 errors=failure.errors,
                 retry_after=failure.retry_after,
             )
-        signals.emit(signals.lock_failed, self, alias=self.alias, name=name, reason=reason)
+        signals.emit(
+            signals.lock_failed,
+            self,
+            alias=self.alias,
+            name=name,
+            reason=reason,
+            waited=failure.waited,
+            attempts=failure.attempts,
+            votes=failure.votes,
+        )
         return exc

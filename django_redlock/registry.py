@@ -59,6 +59,7 @@ class LockManagers:
             ttl=config.ttl,
             retry_delay=config.retry_delay,
             busy_poll=busy_poll_setting(),
+            quorum_first=config.fan_out == "quorum",
         )
         engine = Engine(
             state,

@@ -2,7 +2,9 @@
 
 ``DATABASE_URL`` (postgres://...) selects PostgreSQL, else SQLite in ``demo.sqlite3``.
 ``REDLOCK_NODES`` is a comma-separated list of node URLs; it defaults to the three nodes that
-README's demo command starts on ports 7001-7003.
+README's demo command starts on ports 7001-7003. ``REDLOCK_DEMO_METRICS=1`` adds
+django-prometheus and ``django_redlock.contrib.prometheus`` (``/metrics``; needs the
+``prometheus`` extra and django-prometheus; set ``PROMETHEUS_MULTIPROC_DIR`` for gunicorn).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ INSTALLED_APPS = [
     "django_redlock",
     "testproject.inventory",
 ]
+if os.environ.get("REDLOCK_DEMO_METRICS") == "1":
+    INSTALLED_APPS += ["django_prometheus", "django_redlock.contrib.prometheus"]
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

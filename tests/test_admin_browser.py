@@ -21,28 +21,11 @@ import pytest
 
 from django_redlock import inspect, locks
 from django_redlock.testing.server import find_redis_server
-
-try:
-    from playwright import sync_api as playwright_api
-except ImportError:  # pragma: no cover - depends on the machine
-    playwright_api = None  # type: ignore[assignment]
+from tests.support.browser import chromium_page, find_chromium, in_ci, playwright_api
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS_IMAGES = ROOT / "docs" / "images"
 BROWSER_TEST = "tests/test_admin_browser.py::test_login_see_and_force_release"
-
-
-def in_ci() -> bool:
-    """``$CI`` is set (GitHub Actions, GitLab, ``.ci/run`` ...) and not ``0``/``false``."""
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
-def find_chromium() -> str | None:
-    """``$CHROMIUM`` if it is an executable, else ``chromium``/``chromium-browser`` on PATH."""
-    override = os.environ.get("CHROMIUM")
-    if override:
-        return shutil.which(override)
-    return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 CHROMIUM = find_chromium()
@@ -84,12 +67,9 @@ def page(browser_available: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[A
     # Playwright's sync API keeps an event loop on this thread; the test's own ORM calls are
     # still plain synchronous code.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with playwright_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            yield browser.new_page(viewport={"width": 1400, "height": 900})
-        finally:
-            browser.close()
+    assert CHROMIUM is not None
+    with chromium_page(CHROMIUM) as page:
+        yield page
 
 
 def shoot(page: Any, tmp_path: Path, name: str) -> None:

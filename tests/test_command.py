@@ -60,6 +60,23 @@ def test_list_json_and_table(unique_name: str) -> None:
     assert "No locks are held." in run("list", "--prefix", unique_name)
 
 
+def test_list_limit_prints_the_first_locks(unique_name: str) -> None:
+    leases = [locks["multi"].acquire(f"{unique_name}:{i}", ttl=30, timeout=0) for i in range(5)]
+    try:
+        rows = json.loads(run("list", "--prefix", unique_name, "--limit", "3", "--json"))
+        assert len(rows) == 3 and len({row["name"] for row in rows}) == 3
+        assert all(row["name"].startswith(f"{unique_name}:") for row in rows)
+        for args in ((), ("--limit", "5"), ("--limit", "50")):
+            assert len(json.loads(run("list", "--prefix", unique_name, "--json", *args))) == 5
+        assert run("list", "--prefix", unique_name, "--limit", "2").count(f"{unique_name}:") == 2
+        for bad in ("0", "-1", "x"):
+            with pytest.raises(CommandError, match="--limit"):
+                run("list", "--limit", bad)
+    finally:
+        for lease in leases:
+            lease.release()
+
+
 def test_show(unique_name: str) -> None:
     with locks["default"].lock(unique_name, ttl=30, timeout=0) as lease:
         doc = json.loads(run("show", unique_name, "--json"))

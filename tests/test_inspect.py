@@ -7,6 +7,7 @@ import json
 import os
 import socket
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,16 @@ from django_redlock.testing import RedisNode, RedisNodes
 def owner_of(lease: object) -> str:
     owner: str = lease._record.owner  # type: ignore[attr-defined]
     return owner
+
+
+def bulk_locks(client: Any, prefix: str, count: int) -> None:
+    """``count`` lock values ``<prefix>bulk:<i>`` written in one pipeline, then the node's
+    command statistics reset."""
+    pipe = client.pipeline(transaction=False)
+    for i in range(count):
+        pipe.set(f"{prefix}bulk:{i}", f"{'ab' * 16}|{i}|0|h|1", px=30_000)
+    pipe.execute()
+    client.config_resetstat()
 
 
 def test_escape_glob() -> None:
@@ -105,17 +116,61 @@ def test_scan_stops_when_the_page_is_full(
     """5 locks out of 3,000 keys take one SCAN call, not a walk over the whole keyspace."""
     manager = redlock_alias([redis_node.url])
     client = redis_node.client()
-    pipe = client.pipeline(transaction=False)
-    for i in range(3000):
-        pipe.set(f"{manager.config.key_prefix}bulk:{i}", f"{'ab' * 16}|{i}|0|h|1", px=30_000)
-    pipe.execute()
-    client.config_resetstat()
+    bulk_locks(client, manager.config.key_prefix, 3000)
     page = inspect.list_locks([manager.alias], limit=5)
     assert len(page.locks) == 5 and page.has_more
     stats = client.info("commandstats")
     assert stats["cmdstat_scan"]["calls"] == 1
     assert "cmdstat_keys" not in stats
     assert stats["cmdstat_get"]["calls"] == 5
+
+
+def test_every_node_is_scanned_and_pages_come_in_node_order(
+    redis_nodes: RedisNodes, redlock_alias: Callable[..., LockManager]
+) -> None:
+    """Names held only on a later node are listed too, after the earlier nodes' names; pages
+    cover every name once and match the one-pass listing."""
+    manager = redlock_alias(redis_nodes)
+    prefix = manager.config.key_prefix
+    for index, node in enumerate(redis_nodes):
+        client = node.client()
+        for i in range(4):
+            client.set(f"{prefix}n{index}:{i}", f"{'ab' * 16}|{i}|0|h|1", px=30_000)
+        client.close()
+    seen: list[str] = []
+    for number in range(3):
+        page = inspect.list_locks([manager.alias], offset=number * 5, limit=5)
+        assert page.has_more == (number < 2)
+        seen.extend(info.name for info in page.locks)
+        assert {(info.nodes_held, info.nodes_total) for info in page.locks} == {(1, 3)}
+    assert [sorted(seen[i : i + 4]) for i in (0, 4, 8)] == [
+        [f"n{index}:{i}" for i in range(4)] for index in range(3)
+    ]
+    infos, errors = inspect.all_locks(manager.alias)
+    assert [info.name for info in infos] == seen and errors == []
+    infos, _ = inspect.all_locks(manager.alias, prefix="n2:", batch=3)
+    assert sorted(info.name for info in infos) == [f"n2:{i}" for i in range(4)]
+
+
+def test_first_page_takes_one_scan_per_node_and_a_walk_few_calls(
+    redis_nodes: RedisNodes, redlock_alias: Callable[..., LockManager]
+) -> None:
+    """A full first page takes one SCAN call on each node; a prefix that matches nothing walks
+    each node's whole keyspace with COUNT doubling, in fewer calls than a fixed COUNT."""
+    manager = redlock_alias(redis_nodes)
+    clients = [node.client() for node in redis_nodes]
+    for client in clients:
+        bulk_locks(client, manager.config.key_prefix, 3000)
+    page = inspect.list_locks([manager.alias], limit=5)
+    assert len(page.locks) == 5 and page.has_more
+    assert [c.info("commandstats")["cmdstat_scan"]["calls"] for c in clients] == [1, 1, 1]
+    for client in clients:
+        client.config_resetstat()
+    assert inspect.list_locks([manager.alias], prefix="nothing").locks == []
+    for client in clients:
+        calls = client.info("commandstats")["cmdstat_scan"]["calls"]
+        assert 1 < calls < 3000 // inspect.SCAN_COUNT
+        client.close()
 
 
 def test_node_down_is_reported_and_locks_still_listed(

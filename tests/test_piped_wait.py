@@ -4,6 +4,7 @@ the waiter after the wake-up (issue 18). Real nodes and processes."""
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import os
 import signal
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
+from django_redlock.lease import Lease
 from django_redlock.manager import LockManager
 from django_redlock.testing import RedisNode, RedisNodes
 from tests.support import engine_workers as workers
@@ -34,8 +36,22 @@ def _blocked(node: RedisNode) -> bool:
     return any(c["cmd"] == "blpop" and "b" in c["flags"] for c in node.client().client_list())
 
 
+def _assert_nothing_left(node: RedisNode, manager: LockManager, holder: Lease) -> None:
+    """The waiter that gave up left no blocked client and, once its last registration lapsed
+    (<= 1 s), no claim: the holder's release reserves the name for nobody."""
+    _until(lambda: not _blocked(node), 2.0)
+    time.sleep(1.05)
+    assert holder.release() is True
+    again = manager.acquire("n", timeout=0)
+    assert again.token > holder.token
+    assert again.release() is True
+
+
+@pytest.mark.parametrize("how", ["sync", "asyncio"])
 def test_the_server_hands_the_lock_to_a_stopped_waiter(
-    redis_node_factory: Callable[..., RedisNodes], redlock_alias: Callable[..., LockManager]
+    redis_node_factory: Callable[..., RedisNodes],
+    redlock_alias: Callable[..., LockManager],
+    how: str,
 ) -> None:
     """The waiter process is SIGSTOPped while it blocks; the holder releases: the node grants
     the name to the waiter at once (its attempt was already queued behind its BLPOP), though
@@ -46,8 +62,9 @@ def test_the_server_hands_the_lock_to_a_stopped_waiter(
     alias = next(a for a, c in settings.REDLOCK.items() if c["NODES"] == [node.url])
     prefix = manager.config.key_prefix
     holder = manager.acquire("n", timeout=0)
+    worker = workers.acquire_and_report if how == "sync" else workers.aacquire_and_report
     proc = SPAWN.Process(
-        target=workers.acquire_and_report,
+        target=worker,
         args=(settings.REDLOCK, alias, "n", 30, node.url, "tokens"),
     )
     proc.start()
@@ -129,9 +146,28 @@ def test_an_interrupted_piped_wait_leaves_nothing_behind(
     with pytest.raises(_Interrupted):
         manager.acquire("n", timeout=20)
     assert manager.engine._blocking_all == []  # closed, not pooled
-    _until(lambda: not _blocked(node), 2.0)
-    time.sleep(1.05)
-    assert holder.release() is True
-    again = manager.acquire("n", timeout=0)
-    assert again.token > holder.token
-    assert again.release() is True
+    _assert_nothing_left(node, manager, holder)
+
+
+def test_a_cancelled_piped_wait_leaves_nothing_behind(
+    redis_node_factory: Callable[..., RedisNodes], redlock_alias: Callable[..., LockManager]
+) -> None:
+    """asyncio: a task cancelled while it blocks closes its blocking channel (not pooled with
+    a BLPOP still due), no blocked client stays on the node, and once its registration has
+    lapsed the holder's release reserves the name for nobody."""
+    node = redis_node_factory(1)[0]
+    manager = redlock_alias([node.url], TTL=10)
+    holder = manager.acquire("n", timeout=0)
+
+    async def main() -> None:
+        task = asyncio.create_task(manager.aacquire("n", timeout=20))
+        await asyncio.sleep(0.4)
+        assert _blocked(node)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        loop = asyncio.get_running_loop()
+        assert manager.engine._async_blocking[loop] == []  # closed, not pooled
+
+    asyncio.run(main())
+    _assert_nothing_left(node, manager, holder)

@@ -1144,3 +1144,102 @@ def test_release_many_is_one_call_per_node_and_judges_each_lease(
     assert call.keys[0::4] == ("t:a", "t:b")
     assert records[0].handed_off and not records[1].handed_off
     assert all(record.released for record in records)
+
+
+# -- quorum first (FAN_OUT "quorum") -----------------------------------------------------
+
+
+@pytest.fixture
+def qstate() -> plans.AliasState:
+    return plans.AliasState(
+        prefix="t:", node_timeout=0.05, drift_factor=0.01, ttl=5.0, host="h", pid=7,
+        quorum_first=True,
+    )  # fmt: skip
+
+
+WAKE5 = plans.wake_node(NAME, 5)
+FIRST5 = [(WAKE5 + k) % 5 for k in range(3)]
+REST5 = [i for i in range(5) if i not in FIRST5]
+
+
+def _per_node(values: dict[int, Any], count: int = 5) -> list[Any]:
+    return [values.get(i) for i in range(count)]
+
+
+def test_quorum_first_asks_the_wake_node_and_the_next_ones_only(qstate: plans.AliasState) -> None:
+    """Three grants from the three nodes asked first win: one request, the other two nodes
+    never asked, and the lease reaches only the three (its renewals and release go there)."""
+    run = drive(
+        plans.acquire_plan(qstate, fake_nodes(5), NAME, 5.0),
+        [answer(ACQUIRE, *_per_node({i: granted(9) for i in FIRST5}))],
+    )
+    assert run.sent_to(0) == sorted(FIRST5)
+    assert run.result.token == 9
+    assert run.result.reached == tuple(i in FIRST5 for i in range(5))
+
+
+def test_quorum_first_asks_the_rest_when_the_first_did_not_win(qstate: plans.AliasState) -> None:
+    """One of the first three says busy, before the others answer: the first half still waits
+    for them (a "no" is not the end while the rest may make a quorum), then the other two are
+    asked; four grants win, the token is the highest counter among them, and the busy node is
+    not reached."""
+    first = {FIRST5[0]: granted(9), FIRST5[1]: granted(9), FIRST5[2]: busy(9, 300)}
+    rest = {REST5[0]: granted(7), REST5[1]: granted(11)}
+    run = drive(
+        plans.acquire_plan(qstate, fake_nodes(5), NAME, 5.0),
+        [
+            answer(ACQUIRE, *_per_node(first), order=[FIRST5[2], FIRST5[0], FIRST5[1]]),
+            answer(ACQUIRE, *_per_node(rest)),
+            answer(RAISE, *_per_node({i: scripts.STILL_HELD for i in (*FIRST5[:2], REST5[0])})),
+        ],
+    )
+    assert run.settled_after[0] == 3
+    assert run.requests[0].timeout == qstate.hedge_delay() == 0.002  # nothing learned yet
+    assert run.sent_to(1) == REST5
+    assert run.requests[1].timeout == qstate.node_timeout
+    assert run.result.token == 11
+    assert run.result.reached == tuple(i != FIRST5[2] for i in range(5))
+
+
+def test_quorum_first_does_not_ask_the_rest_when_they_cannot_win(
+    qstate: plans.AliasState,
+) -> None:
+    """All three asked first say busy: the other two could not make a quorum, so they are not
+    asked; the failure is "busy" and names no node as failing."""
+    run = drive(
+        plans.acquire_plan(qstate, fake_nodes(5), NAME, 5.0, waiter="w"),
+        [answer(ACQUIRE, *_per_node({i: busy(9, 300) for i in FIRST5}))],
+    )
+    assert len(run.requests) == 1
+    assert run.result.reason == "busy" and run.result.errors == {}
+
+
+def test_quorum_first_skips_nodes_down_or_behind(qstate: plans.AliasState) -> None:
+    """A node with a call still unanswered (paused) or down is skipped: the next healthy ones
+    are asked instead; with fewer healthy nodes than a quorum, every node is asked."""
+    nodes = fake_nodes(5)
+    nodes[FIRST5[1]].behind = True
+    next_one = (FIRST5[2] + 1) % 5
+    assert plans.quorum_first(qstate, nodes, NAME) == [FIRST5[0], FIRST5[2], next_one]
+    nodes = fake_nodes(5, down=FIRST5[:2])
+    nodes[FIRST5[2]].behind = True
+    assert plans.quorum_first(qstate, nodes, NAME) is None
+    assert plans.quorum_first(qstate, fake_nodes(1), NAME) is None
+
+
+def test_quorum_first_hedges_a_slow_first_node(qstate: plans.AliasState) -> None:
+    """A node of the first three does not answer within the hedge delay: the other two are
+    asked; the slow node may still run the call, so it counts as reached (a release goes
+    there), and the hedge delay follows the first half's usual duration (3x, >= 2 ms)."""
+    first = {FIRST5[0]: granted(9), FIRST5[1]: granted(9), FIRST5[2]: TIMED_OUT}
+    rest = {REST5[0]: granted(9), REST5[1]: granted(9)}
+    run = drive(
+        plans.acquire_plan(qstate, fake_nodes(5), NAME, 5.0),
+        [answer(ACQUIRE, *_per_node(first)), answer(ACQUIRE, *_per_node(rest))],
+    )
+    assert run.result.token == 9
+    assert all(run.result.reached)
+    qstate.note_first_round(0.004)
+    assert qstate.hedge_delay() == pytest.approx(0.012)
+    qstate.note_first_round(1.0)
+    assert qstate.hedge_delay() == qstate.node_timeout

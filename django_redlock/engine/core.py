@@ -80,8 +80,13 @@ class Engine:
         self._async_waiting: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, list[list[Any]]
         ] = weakref.WeakKeyDictionary()
+        self._async_blocking: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, list[AsyncChannel]
+        ] = weakref.WeakKeyDictionary()
         #: name -> until when (monotonic) a release here reserved it for a woken waiter
         self._handoffs: dict[str, float] = {}
+        #: the acquire calls of this process waiting for a busy name now (for metrics)
+        self.waiters = WaiterCount()
         #: channels for waits piped with the next attempt (see :meth:`_piped_wait`); never
         #: pinned by a lease, so a wait never delays another lease's renewal
         self._blocking_free: list[Channel] = []
@@ -116,7 +121,7 @@ class Engine:
 
     def _acquire(self, target: _Target, timeout: float | None) -> Any:
         self._check_fork()
-        started, queue_first = time.monotonic(), self._queue_first(target, timeout)
+        started, queue_first = target.started, self._queue_first(target, timeout)
         waiting = _Waiting.of(started, timeout)
         first = None
         if not queue_first:  # the common case: one attempt, no policy needed if it wins
@@ -124,22 +129,23 @@ class Engine:
             if not isinstance(first, AcquireFailure) or timeout == 0:
                 return first
         run = Stepper(self._policy(timeout, queue_first, first, started))
-        while run.step is not None:
-            if isinstance(run.step, Attempt):
-                run.send(target.seen(*self._run(target.attempt(waiting, run.step.woken))))
-            elif isinstance(run.step, AwaitRelease):
-                piped = self._piped_wait(target, waiting, run.step)
-                if piped is None:
-                    mark = waiting if run.step.mark or target.many else None
-                    run.send(self.wait_release(target.name, run.step.seconds, mark=mark))
+        with self.waiters:
+            while run.step is not None:
+                if isinstance(run.step, Attempt):
+                    run.send(target.seen(*self._run(target.attempt(waiting, run.step.woken))))
+                elif isinstance(run.step, AwaitRelease):
+                    piped = self._piped_wait(target, waiting, run.step)
+                    if piped is None:
+                        mark = waiting if run.step.mark or target.many else None
+                        run.send(self.wait_release(target.name, run.step.seconds, mark=mark))
+                    else:
+                        woken, outcome = piped
+                        run.send(woken)
+                        assert isinstance(run.step, Attempt)  # the attempt piped with the wait
+                        run.send(outcome)
                 else:
-                    woken, outcome = piped
-                    run.send(woken)
-                    assert isinstance(run.step, Attempt)  # the attempt the wait was piped with
-                    run.send(outcome)
-            else:
-                time.sleep(run.step.seconds)
-                run.send(None)
+                    time.sleep(run.step.seconds)
+                    run.send(None)
         return run.result
 
     def _piped_wait(
@@ -149,6 +155,24 @@ class Engine:
         server runs the attempt the moment a release wakes us (a hand-off then costs no round
         trip after the wake-up). Returns (woken, the attempt's outcome), or None where this
         does not apply (several nodes, ``lock_many``, a short wait, a node that refused)."""
+        plan = self._piped_plan(target, waiting, step)
+        if plan is None:
+            return None
+        return self._piped_outcome(target, *self._run_blocking(plan))
+
+    async def _apiped_wait(
+        self, target: _Target, waiting: _Waiting | None, step: AwaitRelease
+    ) -> tuple[bool, Outcome] | None:
+        """Asyncio twin of :meth:`_piped_wait`."""
+        plan = self._piped_plan(target, waiting, step)
+        if plan is None:
+            return None
+        return self._piped_outcome(target, *await self._arun_blocking(plan))
+
+    def _piped_plan(
+        self, target: _Target, waiting: _Waiting | None, step: AwaitRelease
+    ) -> PlanMaker[Any] | None:
+        """The attempt to pipe behind ``step``'s wait, or None where piping does not apply."""
         if not (self._piping and waiting is not None and self.node_count == 1):
             return None
         if target.many or step.seconds < MIN_BLOCK:
@@ -166,8 +190,9 @@ class Engine:
         if mark_ms > 0:
             before = (self.state.mark_command(name, waiting.waiter, mark_ms),)
         before += (blpop_command(self.state.keys.wake(name), step.seconds),)
-        plan = target.attempt(waiting, True, before, step.seconds)
-        outcome, popped = self._run_blocking(plan)
+        return target.attempt(waiting, True, before, step.seconds)
+
+    def _piped_outcome(self, target: _Target, outcome: Any, popped: Any) -> tuple[bool, Outcome]:
         if isinstance(popped, NodeFailure) and popped.reason.startswith("ResponseError"):
             self._piping = False  # e.g. NOPERM: BLPOP is refused, so the attempt did not wait
         return isinstance(popped, list), target.seen(outcome, None)
@@ -242,7 +267,7 @@ class Engine:
 
     async def _aacquire(self, target: _Target, timeout: float | None) -> Any:
         self._check_fork()
-        started, queue_first = time.monotonic(), self._queue_first(target, timeout)
+        started, queue_first = target.started, self._queue_first(target, timeout)
         waiting = _Waiting.of(started, timeout)
         first = None
         if not queue_first:
@@ -250,16 +275,25 @@ class Engine:
             if not isinstance(first, AcquireFailure) or timeout == 0:
                 return first
         run = Stepper(self._policy(timeout, queue_first, first, started))
-        while run.step is not None:
-            if isinstance(run.step, Attempt):
-                attempt = target.attempt(waiting, run.step.woken)
-                run.send(target.seen(*await self._arun(attempt)))
-            elif isinstance(run.step, AwaitRelease):
-                mark = waiting if run.step.mark or target.many else None
-                run.send(await self.await_release(target.name, run.step.seconds, mark=mark))
-            else:
-                await asyncio.sleep(run.step.seconds)
-                run.send(None)
+        with self.waiters:
+            while run.step is not None:
+                if isinstance(run.step, Attempt):
+                    attempt = target.attempt(waiting, run.step.woken)
+                    run.send(target.seen(*await self._arun(attempt)))
+                elif isinstance(run.step, AwaitRelease):
+                    piped = await self._apiped_wait(target, waiting, run.step)
+                    if piped is None:
+                        mark = waiting if run.step.mark or target.many else None
+                        woken = await self.await_release(target.name, run.step.seconds, mark=mark)
+                        run.send(woken)
+                    else:
+                        woken, outcome = piped
+                        run.send(woken)
+                        assert isinstance(run.step, Attempt)  # the attempt piped with the wait
+                        run.send(outcome)
+                else:
+                    await asyncio.sleep(run.step.seconds)
+                    run.send(None)
         return run.result
 
     async def aextend(self, lease: LeaseRecord, ttl: float) -> Renewal:
@@ -371,7 +405,8 @@ class Engine:
         if pool is None:
             pool = self._async_free[loop] = []
             waiting = self._async_waiting[loop] = self.waiter.new_idle()
-            closer = _close_at_loop_shutdown(pool, waiting)
+            blocking = self._async_blocking[loop] = []
+            closer = _close_at_loop_shutdown(pool, waiting, blocking)
             await closer.asend(None)
             self._closers[loop] = closer
         idle = [c for c in pool if not c.mutex.locked()]
@@ -393,19 +428,29 @@ class Engine:
     async def _arun(self, make_plan: PlanMaker[T], pinned: Any = None) -> tuple[T, AsyncChannel]:
         self._check_fork()
         async with self.achannel(pinned) as channel:
-            await channel.prepare()
-            plan = make_plan(channel.links)
-            try:
-                request = next(plan)
-                while True:
-                    try:
-                        replies = await channel.execute(request)
-                    except BaseException:  # cancelled (task.cancel, wait_for, timeout) mid-call
-                        _abandon(plan, channel.send_now)
-                        raise
-                    request = plan.send(replies)
-            except StopIteration as done:
-                return done.value, channel
+            return await _adrive(make_plan, channel), channel
+
+    async def _arun_blocking(self, make_plan: PlanMaker[T]) -> tuple[T, Any]:
+        """Asyncio twin of :meth:`_run_blocking` (this event loop's own blocking channels)."""
+        async with self.achannel():  # makes sure this loop's state (and its closer) exists
+            pass
+        idle = self._async_blocking[asyncio.get_running_loop()]
+        channel = idle.pop() if idle else None
+        reusable = False
+        try:
+            if channel is None:
+                channel = AsyncChannel(self.labels, self._async_factories, self.state.node_timeout)
+                await channel.connect()
+            channel.ahead = []
+            result = await _adrive(make_plan, channel)
+            reusable = not channel.pending()
+            return result, channel.ahead[-1] if channel.ahead else None
+        finally:
+            if channel is not None:
+                if reusable:
+                    idle.append(channel)
+                else:  # given up mid-call (cancelled) or a reply still due: never reused
+                    channel.close_now()
 
     async def await_release(
         self, name: str, seconds: float, *, mark: _Waiting | None = None
@@ -437,12 +482,31 @@ class Engine:
                 channel.close()
 
 
+class WaiterCount:
+    """How many acquire calls are waiting now: ``with count:`` around one call's waiting.
+    Entered only by a call whose first attempt failed, so a free name costs nothing."""
+
+    __slots__ = ("_mutex", "value")
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self.value = 0
+
+    def __enter__(self) -> None:
+        with self._mutex:
+            self.value += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._mutex:
+            self.value -= 1
+
+
 class _Target:
     """What one acquire call asks for: a lock, one permit of a semaphore (``permits`` > 0)
     or a set of names (``lock_many``), and the name it waits for (for a set: the one its last
     attempt found busy)."""
 
-    __slots__ = ("many", "name", "names", "permits", "rw", "state", "ttl")
+    __slots__ = ("attempts", "many", "name", "names", "permits", "rw", "started", "state", "ttl")
 
     def __init__(
         self, state: AliasState, names: tuple[str, ...], ttl: float, permits: int, rw: str = ""
@@ -450,6 +514,8 @@ class _Target:
         self.state, self.names, self.ttl, self.permits, self.rw = state, names, ttl, permits, rw
         self.name = names[0]
         self.many = len(names) > 1
+        self.started = time.monotonic()
+        self.attempts = 0
 
     def attempt(
         self,
@@ -487,14 +553,23 @@ class _Target:
         )
 
     def seen(self, result: Any, channel: Channel | AsyncChannel | None) -> Any:
-        """Pin won leases to ``channel`` (None: to none); after a failed set, wait for its
-        busy name."""
+        """Count the attempt and stamp its outcome with the call's wait so far (what signals
+        and metrics report); pin won leases to ``channel`` (None: to none); after a failed
+        set, wait for its busy name."""
+        self.attempts += 1
+        now = time.monotonic()
         if isinstance(result, AcquireFailure):
+            result.waited, result.attempts = now - self.started, self.attempts
             if result.busy_name is not None:
                 self.name = result.busy_name
             return result
         for record in result if isinstance(result, list) else (result,):
             _pin(record, channel)
+            record.waited, record.attempts, record.acquired_at = (
+                now - self.started,
+                self.attempts,
+                now,
+            )
         return result
 
 
@@ -554,8 +629,25 @@ def _abandon(plan: Plan[Any], send_now: Callable[[Request], Any]) -> None:
         pass
 
 
+async def _adrive(make_plan: PlanMaker[T], channel: AsyncChannel) -> T:
+    """Asyncio twin of :func:`_drive`."""
+    await channel.prepare()
+    plan = make_plan(channel.links)
+    try:
+        request = next(plan)
+        while True:
+            try:
+                replies = await channel.execute(request)
+            except BaseException:  # cancelled (task.cancel, wait_for, timeout) mid-call
+                _abandon(plan, channel.send_now)
+                raise
+            request = plan.send(replies)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
 async def _close_at_loop_shutdown(
-    pool: list[AsyncChannel], waiting: list[list[Any]]
+    pool: list[AsyncChannel], waiting: list[list[Any]], blocking: list[AsyncChannel]
 ) -> AsyncGenerator[None, None]:
     """Suspended once per event loop; ``loop.shutdown_asyncgens()`` (run by ``asyncio.run``)
     closes it, which closes that loop's connections before the loop goes away."""
@@ -563,8 +655,9 @@ async def _close_at_loop_shutdown(
         yield
         await asyncio.Event().wait()  # never resumed on purpose
     finally:
-        channels = list(pool)
+        channels = [*pool, *blocking]
         pool.clear()
+        blocking.clear()
         for channel in channels:
             await channel.close()
         for conns in waiting:

@@ -125,9 +125,12 @@ def extend_plan(
     state.longest_ttl_ms = max(state.longest_ttl_ms, ttl_ms)
     script = more.READ_EXTEND if lease.kind == READ else scripts.EXTEND
     extended = (lease.key, state.keys.fence, *((lease.marker,) if lease.marker else ()))
+    reached = lease.reached or (True,) * total  # nodes that said no never hold it
     calls: list[Call | None] = [
-        None if node.run_id is None else Call(script, extended, (lease.owner, ttl_ms, node.run_id))
-        for node in nodes
+        None
+        if node.run_id is None or not reached[i]
+        else Call(script, extended, (lease.owner, ttl_ms, node.run_id))
+        for i, node in enumerate(nodes)
     ]
 
     def settled(slots: list[Slot]) -> bool:
@@ -143,7 +146,8 @@ def extend_plan(
         lease.deadline = deadline
         lease.ttl = ttl
         return Renewal(RENEWED, answered)
-    refused = sum(1 for r in replies if r == scripts.NOT_HELD)
+    # a node the acquire did not win holds nothing: it counts as a "not yours"
+    refused = sum(1 for r in replies if r == scripts.NOT_HELD) + reached.count(False)
     if refused <= total - needed and lease.validity() > 0:
         return Renewal(UNCONFIRMED, answered, node_errors(nodes, replies))
     lease.lost = True

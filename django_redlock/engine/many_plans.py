@@ -83,7 +83,14 @@ def acquire_many_plan(
                 reached = tuple(g is not False for g in granted_per_node(replies, _granted))
                 return [
                     LeaseRecord(
-                        name, lock, owner, first + j, ttl, validity_deadline, reached=reached
+                        name,
+                        lock,
+                        owner,
+                        first + j,
+                        ttl,
+                        validity_deadline,
+                        reached=reached,
+                        voters=tuple(won),
                     )
                     for j, (name, lock) in enumerate(zip(names, locks, strict=True))
                 ]

@@ -17,7 +17,16 @@ from . import primitive_scripts as more
 from . import scripts
 from .keyspace import TOKEN_LIMIT, LockValue, new_owner, quorum, wake_node
 from .lease_plans import extend_plan, force_release_plan, release_plan
-from .replies import SILENT, Call, NodeFailure, Request, Slot, granted_per_node, node_errors
+from .replies import (
+    NOT_ASKED,
+    SILENT,
+    Call,
+    NodeFailure,
+    Request,
+    Slot,
+    granted_per_node,
+    node_errors,
+)
 from .state import (
     HANDOFF_MS,
     LOST,
@@ -143,9 +152,18 @@ def acquire_plan(
     def give_back(calls: list[Call | None], replies: Sequence[Any], owner: str) -> Plan[None]:
         return _release_calls(state, nodes, calls, replies, owner, name, tried, kind=kind)
 
+    def votes(replies: Sequence[Any]) -> int:
+        granted = [
+            _granted_slot(r)
+            for r in replies
+            if not isinstance(r, NodeFailure) and int(r[0]) == scripts.GRANTED
+        ]
+        return _best_slot(granted)[1] if permits else len(granted)
+
     args = (mark_ms, "1" if woken else "0", waiter, *extra)
+    first = quorum_first(state, nodes, name)
     owner, calls, replies, statuses, started = yield from attempt_round(
-        state, nodes, script, touched, ttl, args, settled, give_back, before, wait
+        state, nodes, script, touched, ttl, args, settled, give_back, before, wait, first, votes
     )
     try:
         granted = [
@@ -179,9 +197,8 @@ def acquire_plan(
                 if mark_ms:
                     yield from _withdraw(state, nodes, statuses, name, waiter)
                 marker = keys.lock(name) if kind in (PERMIT, READ) else ""
-                record = LeaseRecord(
-                    name, key, owner, token, ttl, validity_deadline, reached=reached
-                )
+                record = LeaseRecord(name, key, owner, token, ttl, validity_deadline)
+                record.reached, record.voters = reached, tuple(won)
                 return record.with_kind(marker, kind)
 
         yield from _release_calls(
@@ -218,29 +235,61 @@ def attempt_round(
     give_back: Callable[[list[Call | None], Sequence[Any], str], Plan[None]],
     before: tuple[tuple[str | int, ...], ...] = (),
     wait: float = 0.0,
+    first: Collection[int] | None = None,
+    votes: Callable[[Sequence[Any]], int] | None = None,
 ) -> Plan[Attempted]:
     """Send an acquiring ``script`` to every trusted node, with the args ``(owner, ttl_ms,
     run_id, value suffix, *args)``; when untrusted nodes kept it from a quorum, rejoin them
     if that is safe (or another process just did) and try once more with a new owner, after
     ``give_back`` (fire and forget) released what the first try got. If the caller gives up
     meanwhile, ``give_back`` releases everything it may have got. ``before``: commands sent
-    ahead of the first try's calls, whose replies may take ``wait`` seconds longer."""
-    needed = quorum(len(nodes))
+    ahead of the first try's calls, whose replies may take ``wait`` seconds longer.
+
+    ``first``: the nodes to ask first (a quorum, see :func:`quorum_first`); the others are
+    asked only when those did not win and still can with them (``votes(replies)``: how many
+    nodes voted for one outcome; default: how many granted)."""
+    total = len(nodes)
+    needed = quorum(total)
     ttl_ms = math.ceil(ttl * 1000)
     state.longest_ttl_ms = max(state.longest_ttl_ms, ttl_ms)
     suffix = LockValue.suffix(int(time.time() * 1000), state.host, state.pid)
-    owner, calls, rejoined = new_owner(), [], False
+    owner, rejoined = new_owner(), False
+    calls: list[Call | None] = []
+    count = votes or _granted_count
+
+    def call(node: NodeView, ahead: tuple[tuple[str | int, ...], ...] = ()) -> Call | None:
+        if node.run_id is None:
+            return None
+        return Call(script, touched, (owner, ttl_ms, node.run_id, suffix, *args), ahead)
+
+    def won_first(slots: list[Slot]) -> bool:
+        # the first half settles once it won or all of it answered: a "no" there is not the
+        # end while the nodes not asked yet may still make a quorum
+        if all(s.done for s, c in zip(slots, calls, strict=True) if c is not None):
+            return True
+        return count([s.value if s.done else _NOT_ASKED for s in slots]) >= needed
+
     try:
         while True:
             started = time.monotonic()
-            calls = [
-                None
-                if node.run_id is None
-                else Call(script, touched, (owner, ttl_ms, node.run_id, suffix, *args), before)
-                for node in nodes
-            ]
-            replies = yield Request(calls, state.node_timeout + wait, settled)
+            asked = range(total) if first is None or rejoined else first
+            calls = [call(node, before) if i in asked else None for i, node in enumerate(nodes)]
+            if len(asked) == total:
+                replies = yield Request(calls, state.node_timeout + wait, settled)
+            else:  # a slow node among the first is not waited for past the hedge delay
+                replies = yield Request(calls, state.hedge_delay(), won_first)
+                if not any(isinstance(r, NodeFailure) and r.reason in SILENT for r in replies):
+                    state.note_first_round(time.monotonic() - started)
             before, wait = (), 0.0
+            if len(asked) < total:
+                replies = [r if i in asked else _NOT_ASKED for i, r in enumerate(replies)]
+                rest = [i for i in range(total) if i not in asked]
+                won = count(replies)
+                if won < needed and won + len(rest) >= needed:
+                    more: list[Call | None] = [None] * total
+                    for i in rest:
+                        calls[i] = more[i] = call(nodes[i])
+                    replies = yield from _ask_the_rest(state, more, replies, settled)
             statuses = [None if isinstance(r, NodeFailure) else int(r[0]) for r in replies]
             seen = [i for i, st in enumerate(statuses) if st == scripts.UNTRUSTED]
             if seen and statuses.count(scripts.GRANTED) < needed and not rejoined:
@@ -254,6 +303,55 @@ def attempt_round(
         # the caller gave up while a call was in flight: any node may have granted it
         yield from give_back(calls, [None] * len(nodes), owner)
         raise
+
+
+_NOT_ASKED = NodeFailure(NOT_ASKED, sent=False)
+
+
+def _granted_count(replies: Sequence[Any]) -> int:
+    return sum(1 for r in replies if not isinstance(r, NodeFailure) and r[0] == scripts.GRANTED)
+
+
+def _ask_the_rest(
+    state: AliasState,
+    calls: list[Call | None],
+    replies: list[Any],
+    settled: Callable[[list[Slot]], bool],
+) -> Plan[list[Any]]:
+    """The second half of a quorum-first attempt: ``calls`` to the nodes not asked yet,
+    settled on what all nodes said; returns the replies of both halves, per node."""
+    known: list[Slot] = []
+    for reply in replies:
+        slot = Slot(None)
+        slot.fill(reply)
+        known.append(slot)
+
+    def settled_with_known(slots: list[Slot]) -> bool:
+        pairs = zip(slots, known, calls, strict=True)
+        return settled([slot if c is not None else k for slot, k, c in pairs])
+
+    more = yield Request(calls, state.node_timeout, settled_with_known)
+    return [m if c is not None else r for m, r, c in zip(more, replies, calls, strict=True)]
+
+
+def quorum_first(state: AliasState, nodes: Sequence[NodeView], name: str) -> list[int] | None:
+    """The quorum of nodes a quorum-first attempt on ``name`` asks first (None: ask all):
+    the node its waiters block on, then the next ones in order, skipping nodes that are down
+    or behind (a call still unanswered). Every caller of a name picks the same nodes while
+    they are healthy, so its waiters, releases and reservations meet on them."""
+    total = len(nodes)
+    needed = quorum(total)
+    if not state.quorum_first or total < 3:
+        return None
+    start = wake_node(name, total)
+    chosen = []
+    for step in range(total):
+        i = (start + step) % total
+        if nodes[i].run_id is not None and not nodes[i].behind:
+            chosen.append(i)
+            if len(chosen) == needed:
+                return chosen
+    return None
 
 
 def write_back(

@@ -31,8 +31,11 @@ TIMED_OUT = "timed out"
 #: The reason of a call still unanswered when the request was settled early (its outcome was
 #: already decided by the other replies): the node may be healthy, it was just not waited for.
 NOT_AWAITED = "not awaited (the attempt was decided without its reply)"
-#: Reasons that say nothing against the node: it may answer (and have run the call) later.
-SILENT = (TIMED_OUT, NOT_AWAITED)
+#: The reason of a node left out because a quorum of the others was asked first (and won).
+NOT_ASKED = "not asked (a quorum of the other nodes was asked first)"
+#: Reasons that say nothing against the node: it may answer (and have run the call) later,
+#: or was not asked.
+SILENT = (TIMED_OUT, NOT_AWAITED, NOT_ASKED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +116,7 @@ def node_errors(nodes: Sequence[Labelled], replies: Sequence[Any]) -> dict[str, 
     return {
         node.label: str(reply)
         for node, reply in zip(nodes, replies, strict=True)
-        if isinstance(reply, NodeFailure) and reply.reason != NOT_AWAITED
+        if isinstance(reply, NodeFailure) and reply.reason not in (NOT_AWAITED, NOT_ASKED)
     }
 
 

@@ -53,6 +53,17 @@ class NodeView(Protocol):
     @property
     def last_error(self) -> str: ...
 
+    @property
+    def behind(self) -> bool:
+        """True while a call sent to the node has no reply yet (slow, paused)."""
+        ...
+
+
+#: The hedge delay of a quorum-first attempt is HEDGE_FACTOR times the first half's usual
+#: duration, at least HEDGE_MIN seconds (scheduling on a busy host alone can take that long).
+HEDGE_FACTOR = 3.0
+HEDGE_MIN = 0.002
+
 
 @dataclass
 class AliasState:
@@ -66,6 +77,10 @@ class AliasState:
     retry_delay: float = 0.2
     #: how long a sync call may spin for replies before it sleeps in poll(), seconds
     busy_poll: float = 0.0
+    #: ask a quorum of nodes first, the others only when that did not win (``FAN_OUT``)
+    quorum_first: bool = False
+    #: how long the first half of a quorum-first attempt usually takes (moving average, s)
+    first_round: float = 0.0
     host: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
     longest_ttl_ms: int = 0
@@ -112,6 +127,17 @@ class AliasState:
         wake-up connection, which loads no scripts: hence ``EVAL``, cached by the server."""
         return ("EVAL", scripts.REGISTER.source, 1, self.keys.waiters(name), waiter, mark_ms)
 
+    def hedge_delay(self) -> float:
+        """How long the first half of a quorum-first attempt waits before the other nodes are
+        asked: a few of its usual durations, at least ``HEDGE_MIN``, at most ``NODE_TIMEOUT``."""
+        return min(self.node_timeout, max(HEDGE_MIN, HEDGE_FACTOR * self.first_round))
+
+    def note_first_round(self, seconds: float) -> None:
+        """A first half where every node asked answered took ``seconds``."""
+        self.first_round = (
+            seconds if not self.first_round else 0.9 * self.first_round + 0.1 * seconds
+        )
+
     def drift(self, ttl: float) -> float:
         return ttl * self.drift_factor + 0.002
 
@@ -141,6 +167,12 @@ class LeaseRecord:
     marker: str = ""
     #: :data:`PERMIT`, :data:`READ` or :data:`WRITE`; '' for a lock
     kind: str = ""
+    #: the nodes (indexes) whose grant made the quorum
+    voters: tuple[int, ...] = ()
+    #: set by the driver: seconds the acquire call took, its attempts, when it won (monotonic)
+    waited: float = 0.0
+    attempts: int = 0
+    acquired_at: float = 0.0
 
     def with_kind(self, marker: str, kind: str) -> LeaseRecord:
         """This record, for a permit, a read or a write lease (``marker``: a permit's
@@ -187,3 +219,6 @@ class AcquireFailure:
     retry_after: float | None = None
     #: ``lock_many``: the name found busy (the one to wait for)
     busy_name: str | None = None
+    #: set by the driver: seconds the acquire call took until it gave up, and its attempts
+    waited: float = 0.0
+    attempts: int = 0

@@ -1,9 +1,11 @@
 """Read held locks and node health from Redis; the only package the admin and command use.
 
-Locks are found with ``SCAN MATCH <prefix>*`` (never ``KEYS``), stopping as soon as enough names
-are known for the page asked for, so the cost grows with the locks shown, not the database size.
-The values and TTLs of one page are read with one pipelined ``GET``/``PTTL`` round trip per node
-(:mod:`.reader`); what comes back is described in :mod:`.records`.
+Locks are found with ``SCAN MATCH <prefix>*`` (never ``KEYS``) on every node at once, stopping as
+soon as enough names are known for the page asked for, so the cost of a page grows with the locks
+shown, not the database size (a name prefix that few locks match is the exception: every node is
+read to its end). The values and TTLs of one page are read with one pipelined ``GET``/``PTTL``
+round trip per node (:mod:`.reader`); what comes back is described in :mod:`.records`.
+:func:`all_locks` reads everything in one pass (the ``list`` command without ``--limit``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ __all__ = [
     "NotHeld",
     "Unreachable",
     "aliases",
+    "all_locks",
     "escape_glob",
     "force_release",
     "get_lock",
@@ -84,6 +87,20 @@ def list_locks(
     order = {key: i for i, key in enumerate(page)}
     infos.sort(key=lambda info: order[(info.alias, info.name)])
     return LockPage(infos, len(found) > offset + limit, errors)
+
+
+def all_locks(
+    alias: str, prefix: str = "", batch: int = 500
+) -> tuple[list[LockInfo], list[NodeError]]:
+    """Every held lock of ``alias`` whose name starts with ``prefix``, in listing order: one
+    SCAN pass over the nodes, then the values read ``batch`` names at a time (paging with
+    :func:`list_locks` would scan the names before each page again)."""
+    with AliasInspector(locks[alias]) as inspector:
+        names = inspector.scan_names(prefix)
+        infos: list[LockInfo] = []
+        for start in range(0, len(names), batch):
+            infos.extend(inspector.lock_infos(names[start : start + batch]))
+        return infos, inspector.errors
 
 
 def get_lock(alias: str, name: str) -> tuple[LockInfo | None, list[NodeError]]:

@@ -67,9 +67,10 @@ def _forget_alias() -> Any:
     locks.reset()
 
 
+@pytest.mark.parametrize("fan_out", ["all", "quorum"])
 @pytest.mark.parametrize("seed", SEEDS)
 def test_one_or_two_of_five_nodes_paused_at_random(
-    shop: Shop, redis_node_factory: Nodes, report: Callable[..., None], seed: int
+    shop: Shop, redis_node_factory: Nodes, report: Callable[..., None], seed: int, fan_out: str
 ) -> None:
     """While the workload runs, 1 or 2 of 5 nodes are SIGSTOPped and resumed at random: the
     quorum survives, so mutual exclusion holds (no overlapping critical sections), tokens
@@ -95,8 +96,8 @@ def test_one_or_two_of_five_nodes_paused_at_random(
                 if node.is_paused:
                     node.resume()
 
-    run = shop.run(shop.settings(nodes), stock=20, seed=seed, during=chaos)
-    report("1-2 of 5 paused", run, pause_rounds=len(pauses))
+    run = shop.run(shop.settings(nodes, FAN_OUT=fan_out), stock=20, seed=seed, during=chaos)
+    report(f"1-2 of 5 paused, FAN_OUT {fan_out}", run, pause_rounds=len(pauses))
     assert len(pauses) >= 3
     assert_data_oracles(run)
     assert token_anomalies(run.history) == []
@@ -133,17 +134,22 @@ def test_three_of_five_stopped_fails_fast_and_leaves_no_key(
     assert lease.release() is True
 
 
+@pytest.mark.parametrize("fan_out", ["all", "quorum"])
 def test_empty_restart_of_a_quorum_node_is_quarantined(
-    shop: Shop, redis_node_factory: Nodes
+    shop: Shop, redis_node_factory: Nodes, fan_out: str
 ) -> None:
-    """A holds a lock on 3 nodes. Node 2 loses A's key (as if its clock jumped) and node 0 is
-    killed (-9) and restarted empty. Without the restart quarantine nodes 0 and 2 would be a
-    quorum for B while A still holds the lock; with it B is refused."""
+    """A holds a lock on 3 nodes (FAN_OUT "all"; "quorum": on 2 of them, then node 2 gets the
+    key by hand). Node 2 loses A's key (as if its clock jumped) and node 0 is killed (-9) and
+    restarted empty. Without the restart quarantine nodes 0 and 2 would be a quorum for B
+    while A still holds the lock; with it B is refused."""
     nodes = redis_node_factory(3)
-    use_alias(shop, nodes, TTL=10.0)
+    use_alias(shop, nodes, TTL=10.0, FAN_OUT=fan_out)
     manager = locks[SHOP_ALIAS]
     a = manager.acquire("product:1", ttl=10, timeout=0)
     key = f"{shop.prefix}product:1"
+    value = next(v for n in nodes if (v := n.client().get(key)) is not None)
+    for node in nodes:
+        node.client().set(key, value, px=10_000, nx=True)  # quorum-first left one node out
     assert nodes[2].client().delete(key) == 1
     nodes[0].restart(keep_data=False)
     # the fault took effect: nodes 0 and 2 are free, so a naive SET NX would win a quorum
@@ -156,15 +162,16 @@ def test_empty_restart_of_a_quorum_node_is_quarantined(
     a.release()  # ...and its release may say so (False); B never got in
 
 
+@pytest.mark.parametrize("fan_out", ["all", "quorum"])
 def test_token_amnesia_never_hands_out_an_older_token(
-    shop: Shop, redis_node_factory: Nodes
+    shop: Shop, redis_node_factory: Nodes, fan_out: str
 ) -> None:
     """5 nodes: tokens are committed only on nodes {0,1,2} (3 and 4 answer busy), then node 0
     restarts empty and nodes 1 and 2 stop. The reachable majority {0,3,4} has no counter >= T:
     a naive "max of a majority + 1" would reissue T or less. The engine must refuse, or hand
     out a token larger than T."""
     nodes = redis_node_factory(5)
-    use_alias(shop, nodes, TTL=0.5)
+    use_alias(shop, nodes, TTL=0.5, FAN_OUT=fan_out)
     manager = locks[SHOP_ALIAS]
     key = f"{shop.prefix}amnesia"
     for i in (3, 4):  # a foreign holder on 3 and 4: they answer busy, counters stay put

@@ -203,6 +203,11 @@ def test_busy_polling_backs_off_from_a_slow_node(
     (slow_channel,) = slow.engine._free
     (fast_channel,) = fast.engine._free
     assert not slow_channel.spinner.active
+    for _ in range(5):  # a loaded machine can make a direct node late 4 times in a row too
+        if fast_channel.spinner.active:
+            break
+        for i in range(70):  # past the pause of 64 calls, then calls that spin in time
+            fast.acquire(f"n{i}", timeout=0).release()
     assert fast_channel.spinner.active
     assert px.counters.forwarded["up"] > 0  # the slow alias really went through the proxy
 

@@ -61,6 +61,7 @@ BAD_SETTINGS = {
     "node-timeout-tiny": {"NODES": [URL], "NODE_TIMEOUT": 1e-9},
     "node-timeout-huge": {"NODES": [URL], "NODE_TIMEOUT": 1e300},
     "retry-delay-tiny": {"NODES": [URL], "RETRY_DELAY": 1e-12},
+    "fan-out-unknown": {"NODES": [URL], "FAN_OUT": "some"},
 }
 
 

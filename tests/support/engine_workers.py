@@ -200,3 +200,22 @@ def acquire_and_report(
     lease = locks[alias].acquire(name, timeout=timeout)
     redis.Redis.from_url(url).rpush(key, lease.token)
     lease.release()
+
+
+def aacquire_and_report(
+    redlock: dict[str, Any], alias: str, name: str, timeout: float, url: str, key: str
+) -> None:
+    """:func:`acquire_and_report` with ``aacquire()`` in an event loop."""
+    setup_django(redlock)
+    import asyncio
+
+    import redis
+
+    from django_redlock import locks
+
+    async def main() -> None:
+        lease = await locks[alias].aacquire(name, timeout=timeout)
+        redis.Redis.from_url(url).rpush(key, lease.token)
+        await lease.arelease()
+
+    asyncio.run(main())

@@ -40,6 +40,7 @@ class FakeNode:
     run_id: str | None = None
     up: float | None = 3600.0
     last_error: str = ""
+    behind: bool = False
 
     def uptime(self) -> float | None:
         return self.up

@@ -172,6 +172,8 @@ class AsyncChannel:
     ) -> None:
         self.links = [AsyncLink(lb, f, timeout) for lb, f in zip(labels, factories, strict=True)]
         self.mutex = asyncio.Lock()
+        #: the replies of the last ``before`` commands sent (see :class:`~..replies.Call`)
+        self.ahead: list[Any] = []
 
     async def connect(self) -> None:
         await asyncio.gather(*(link.connect() for link in self.links))
@@ -198,8 +200,19 @@ class AsyncChannel:
         if resend_unknown_scripts(self.links, slots, gather.check):
             await gather.wait(deadline)
         expired = time.monotonic() >= deadline
+        for slot in slots:
+            if slot.ahead:
+                self.ahead = [s.result(expired=expired) for s in slot.ahead]
         return [s.result(expired=expired) for s in slots]
 
-    async def close(self) -> None:
+    def pending(self) -> bool:
+        """True while a call sent on this channel has no reply read yet."""
+        return any(link.pending() for link in self.links)
+
+    def close_now(self) -> None:
+        """Close every connection at once (no await: usable while being cancelled)."""
         for link in self.links:
             link.close_link()
+
+    async def close(self) -> None:
+        self.close_now()

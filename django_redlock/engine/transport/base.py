@@ -155,6 +155,10 @@ class LinkBase:
         """True while a call sent on this connection has no reply read yet."""
         return bool(self._unread)
 
+    @property
+    def behind(self) -> bool:
+        return bool(self._unread)
+
     def _read_replies(self) -> bool:
         """Fill unread slots, in order, from what the reader has parsed; True if any was
         filled (or the link failed on a protocol error)."""

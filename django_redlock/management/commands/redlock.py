@@ -100,6 +100,14 @@ class Failure(CommandError):
         self.code = code
 
 
+def positive_int(text: str) -> int:
+    """An ``int`` option that must be at least 1."""
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
 def _failure(problems: Sequence[NodeError | Failure]) -> Failure | None:
     """The first problem as one line (``(and N more)``), or None."""
     if not problems:
@@ -141,6 +149,9 @@ class Command(BaseCommand):
         p = sub.add_parser("list", help="List held locks.")
         p.add_argument("--using", help=every)
         p.add_argument("--prefix", default="", help="Only names starting with this.")
+        p.add_argument(
+            "--limit", type=positive_int, help="Print at most this many locks (default: all)."
+        )
         p.add_argument("--json", action="store_true", help="Print one JSON list.")
 
         p = sub.add_parser("show", help="Show one lock.")
@@ -277,18 +288,20 @@ class Command(BaseCommand):
             sys.exit(status)
 
     def list_locks(self, options: dict[str, Any]) -> None:
-        """Every held lock (no page limit; SCAN cost grows with the locks there are)."""
+        """Every held lock, or the first ``--limit`` (SCAN cost grows with the locks read)."""
         found: list[LockInfo] = []
         problems: list[NodeError | Failure] = []
+        limit: int | None = options.get("limit")
         for alias in self._usable(options["using"], problems):
-            offset = 0
-            while True:
-                page = inspection.list_locks([alias], options["prefix"], offset, CLEAR_BATCH)
+            if limit is None:  # one pass over the names, not a new scan before each page
+                infos, errors = inspection.all_locks(alias, options["prefix"], CLEAR_BATCH)
+                found.extend(infos)
+                problems.extend(e for e in errors if e not in problems)
+                continue
+            if len(found) < limit:
+                page = inspection.list_locks([alias], options["prefix"], 0, limit - len(found))
                 found.extend(page.locks)
                 problems.extend(e for e in page.errors if e not in problems)
-                if not page.has_more:
-                    break
-                offset += CLEAR_BATCH
         if options["json"]:
             self._json([info.as_dict() for info in found])
         elif found:
