@@ -62,6 +62,18 @@ def test_bad_sentinel_nodes_name_the_alias_and_key(node: Any, key: str, says: st
     assert says in message
 
 
+def test_metric_labels_of_sentinel_and_cluster_nodes() -> None:
+    """Metrics and traces name a sentinel or cluster node by its label, without credentials
+    (was: ``cache:None`` for both)."""
+    from django_redlock.contrib.nodes import public_label
+
+    node = {"SENTINELS": ["redis://:sentpw@127.0.0.1:26001"], "SERVICE": "m", "PASSWORD": "pw"}
+    seeds = {"CLUSTER": ["redis://u:seedpw@127.0.0.1:7001"]}
+    config = parse_alias("x", {"NODES": [node, seeds, S1], "KEY_PREFIX": "{x}:"})
+    labels = [public_label(spec) for spec in config.nodes]
+    assert labels == ["sentinel:m@localhost:26001/0", "cluster:localhost:7001", "localhost:26001/0"]
+
+
 def test_prefix_checks_tell_sentinel_services_apart() -> None:
     """E003 sees two sentinel nodes as one node only when they name the same service and db
     (was: every sentinel node looked like the same one)."""
