@@ -274,12 +274,9 @@ def attempt_round(
             started = time.monotonic()
             asked = range(total) if first is None or rejoined else first
             calls = [call(node, before) if i in asked else None for i, node in enumerate(nodes)]
-            if len(asked) == total:
-                replies = yield Request(calls, state.node_timeout + wait, settled)
-            else:  # a slow node among the first is not waited for past the hedge delay
-                replies = yield Request(calls, state.hedge_delay(), won_first)
-                if not any(isinstance(r, NodeFailure) and r.reason in SILENT for r in replies):
-                    state.note_first_round(time.monotonic() - started)
+            replies = yield Request(
+                calls, state.node_timeout + wait, settled if len(asked) == total else won_first
+            )
             before, wait = (), 0.0
             if len(asked) < total:
                 replies = [r if i in asked else _NOT_ASKED for i, r in enumerate(replies)]

@@ -59,12 +59,6 @@ class NodeView(Protocol):
         ...
 
 
-#: The hedge delay of a quorum-first attempt is HEDGE_FACTOR times the first half's usual
-#: duration, at least HEDGE_MIN seconds (scheduling on a busy host alone can take that long).
-HEDGE_FACTOR = 3.0
-HEDGE_MIN = 0.002
-
-
 @dataclass
 class AliasState:
     """One alias's settings, and what its plans learn and share across calls."""
@@ -79,8 +73,6 @@ class AliasState:
     busy_poll: float = 0.0
     #: ask a quorum of nodes first, the others only when that did not win (``FAN_OUT``)
     quorum_first: bool = False
-    #: how long the first half of a quorum-first attempt usually takes (moving average, s)
-    first_round: float = 0.0
     host: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
     longest_ttl_ms: int = 0
@@ -126,17 +118,6 @@ class AliasState:
         without a failed attempt (which registers it otherwise). Sent with the ``BLPOP`` on the
         wake-up connection, which loads no scripts: hence ``EVAL``, cached by the server."""
         return ("EVAL", scripts.REGISTER.source, 1, self.keys.waiters(name), waiter, mark_ms)
-
-    def hedge_delay(self) -> float:
-        """How long the first half of a quorum-first attempt waits before the other nodes are
-        asked: a few of its usual durations, at least ``HEDGE_MIN``, at most ``NODE_TIMEOUT``."""
-        return min(self.node_timeout, max(HEDGE_MIN, HEDGE_FACTOR * self.first_round))
-
-    def note_first_round(self, seconds: float) -> None:
-        """A first half where every node asked answered took ``seconds``."""
-        self.first_round = (
-            seconds if not self.first_round else 0.9 * self.first_round + 0.1 * seconds
-        )
 
     def drift(self, ttl: float) -> float:
         return ttl * self.drift_factor + 0.002
