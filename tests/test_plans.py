@@ -599,6 +599,8 @@ def test_acquire_keeps_quarantined_node_out(state: plans.AliasState) -> None:
         [
             answer(ACQUIRE, granted(12), TIMED_OUT, UNTRUSTED),
             answer(PROBE, probe("r0", 12), probe("r1", 12), probe("", 0, 0, 0)),
+            # a node without any fence state next to granted ones: looked at once more
+            answer(PROBE, probe("r0", 12), probe("r1", 12), probe("", 0, 0, 0)),
             fire(RELEASE, to=[0, 1]),
         ],
     )
@@ -610,6 +612,27 @@ def test_acquire_keeps_quarantined_node_out(state: plans.AliasState) -> None:
         None,
     )
     assert state.untrusted_seen == {("n2", "r2"): START}
+
+
+def test_acquire_looks_again_when_probes_straddle_another_first_acquire(
+    state: plans.AliasState,
+) -> None:
+    """First acquires racing on a new cluster: node 0 was probed before another process's
+    initialisation reached it (no fence state) and the others after its first grant. One
+    more look finds node 0 initialised by that process, so the attempt is retried and wins
+    (it used to fail "unavailable": the first look alone says "quarantined")."""
+    floor = FLOOR + 5
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
+        [
+            answer(ACQUIRE, UNTRUSTED, UNTRUSTED, granted(floor)),
+            answer(PROBE, probe("", 0, 0, 0), probe("r1", floor), probe("r2", floor)),
+            answer(PROBE, probe("r0", floor, 0), probe("r1", floor), probe("r2", floor)),
+            fire(RELEASE, to=[2]),
+            answer(ACQUIRE, granted(floor + 1), granted(floor + 1), granted(floor + 1)),
+        ],
+    )
+    assert run.result.token == floor + 1
 
 
 def test_acquire_does_not_probe_when_quorum_won(state: plans.AliasState) -> None:

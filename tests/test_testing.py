@@ -298,7 +298,9 @@ def test_parent_killed_with_sigkill_leaves_no_orphan() -> None:
     kernel kills its redis-server children (PR_SET_PDEATHSIG)."""
     script = textwrap.dedent(
         """
-        import sys, time
+        import signal, sys, time
+        # as in a terminal, whatever this test's parent does (a background job ignores SIGINT)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from django_redlock.testing import RedisNodes
         nodes = RedisNodes.start(2)
         print(*nodes.pids, flush=True)
@@ -322,7 +324,9 @@ def test_interrupted_run_stops_nodes(how: str) -> None:
     nodes run, stops every node by PID (signal handler / atexit)."""
     script = textwrap.dedent(
         """
-        import sys, time
+        import signal, sys, time
+        # as in a terminal, whatever this test's parent does (a background job ignores SIGINT)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from django_redlock.testing import RedisNodes
         nodes = RedisNodes.start(2)
         nodes[1].pause()

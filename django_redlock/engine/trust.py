@@ -47,23 +47,30 @@ def rejoin_plan(
     calls: list[Call | None] = [
         None if node.run_id is None else Call(scripts.PROBE, (fence,), ()) for node in nodes
     ]
-    probes = yield Request(calls, state.node_timeout * 2, None)
-    reachable = [i for i, p in enumerate(probes) if not isinstance(p, NodeFailure)]
-    if len(reachable) < needed:
-        return False
-    markers = {i: as_text(probes[i][0]) for i in reachable}
+    for look in range(2):
+        probes = yield Request(calls, state.node_timeout * 2, None)
+        reachable = [i for i, p in enumerate(probes) if not isinstance(p, NodeFailure)]
+        if len(reachable) < needed:
+            return False
+        markers = {i: as_text(probes[i][0]) for i in reachable}
+        trusted = [i for i in reachable if markers[i] == nodes[i].run_id]
+        untrusted = [i for i in reachable if i not in trusted]
+        # No reachable node has ever granted a lease (a grant records its TTL in the fence
+        # hash): a brand-new cluster, or one whose first acquires of several processes race to
+        # initialise it (some nodes initialised by another process, the rest not yet). With
+        # every node answering, no lease can exist, so every untrusted node may join at once.
+        never_granted = not any(int(probes[i][3]) and int(probes[i][2]) for i in reachable)
+        # The probes of the nodes do not run at one instant: a node this caller found without
+        # any fence state may have been probed just before another process's initialisation
+        # reached it, and another node just after that process's first grant. Look once more.
+        racing = any(i in seen_untrusted and not int(probes[i][3]) for i in untrusted)
+        if look or never_granted or not racing:
+            break
     counters = {i: int(probes[i][1]) for i in reachable}
     longest = max([state.longest_ttl_ms, *(int(probes[i][2]) for i in reachable)])
     state.longest_ttl_ms = longest
-    trusted = [i for i in reachable if markers[i] == nodes[i].run_id]
-    untrusted = [i for i in reachable if i not in trusted]
     rejoined_elsewhere = any(i in trusted for i in seen_untrusted)
     floor = int(time.time() * 1000) * CLOCK_FLOOR
-    # No reachable node has ever granted a lease (a grant records its TTL in the fence hash):
-    # a brand-new cluster, or one whose first acquires of several processes race to initialise
-    # it (some nodes initialised by another process, the rest not yet). With every node
-    # answering, no lease can exist, so every untrusted node may join at once.
-    never_granted = not any(int(probes[i][3]) and int(probes[i][2]) for i in reachable)
     if len(reachable) == total and never_granted:
         targets, value = untrusted, max([floor, *counters.values()])
     else:
