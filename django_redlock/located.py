@@ -70,60 +70,48 @@ class Locator:
         raise redis.ConnectionError(f"{self.what} ({'; '.join(errors)})")
 
 
-class LocatedConnection(redis.Connection):
+class _Locating:
+    """Mixin for a redis-py connection class: connects to what its ``locator`` names."""
+
+    def __init__(self, *, locator: Callable[[], Address], **kwargs: Any) -> None:
+        self.locator = locator
+        kwargs.setdefault("host", "")
+        super().__init__(**kwargs)
+
+    def connect(self) -> None:
+        if self._sock is None:  # type: ignore[attr-defined]  # redis-py's connected socket
+            self.host, self.port = self.locator()
+        super().connect()  # type: ignore[misc]
+
+
+class _AsyncLocating:
+    """Asyncio twin of :class:`_Locating` (the lookup runs in a thread)."""
+
+    def __init__(self, *, locator: Callable[[], Address], **kwargs: Any) -> None:
+        self.locator = locator
+        kwargs.setdefault("host", "")
+        super().__init__(**kwargs)
+
+    async def connect(self) -> None:
+        if self._writer is None:  # type: ignore[attr-defined]
+            self.host, self.port = await asyncio.to_thread(self.locator)
+        await super().connect()  # type: ignore[misc]
+
+
+class LocatedConnection(_Locating, redis.Connection):
     """A redis-py connection that connects to what its ``locator`` names."""
 
-    def __init__(self, *, locator: Callable[[], Address], **kwargs: Any) -> None:
-        self.locator = locator
-        kwargs.setdefault("host", "")
-        super().__init__(**kwargs)  # type: ignore[no-untyped-call]
 
-    def connect(self) -> None:
-        if self._sock is None:  # redis-py keeps the connected socket here (see transport)
-            self.host, self.port = self.locator()
-        super().connect()  # type: ignore[no-untyped-call]
-
-
-class LocatedSSLConnection(redis.SSLConnection):
+class LocatedSSLConnection(_Locating, redis.SSLConnection):
     """The TLS twin of :class:`LocatedConnection`."""
 
-    def __init__(self, *, locator: Callable[[], Address], **kwargs: Any) -> None:
-        self.locator = locator
-        kwargs.setdefault("host", "")
-        super().__init__(**kwargs)
 
-    def connect(self) -> None:
-        if self._sock is None:
-            self.host, self.port = self.locator()
-        super().connect()  # type: ignore[no-untyped-call]
+class AsyncLocatedConnection(_AsyncLocating, redis.asyncio.Connection):
+    """The asyncio twin of :class:`LocatedConnection`."""
 
 
-class AsyncLocatedConnection(redis.asyncio.Connection):
-    """The asyncio twin of :class:`LocatedConnection` (the lookup runs in a thread)."""
-
-    def __init__(self, *, locator: Callable[[], Address], **kwargs: Any) -> None:
-        self.locator = locator
-        kwargs.setdefault("host", "")
-        super().__init__(**kwargs)
-
-    async def connect(self) -> None:
-        if self._writer is None:
-            self.host, self.port = await asyncio.to_thread(self.locator)
-        await super().connect()  # type: ignore[no-untyped-call]
-
-
-class AsyncLocatedSSLConnection(redis.asyncio.SSLConnection):
+class AsyncLocatedSSLConnection(_AsyncLocating, redis.asyncio.SSLConnection):
     """The asyncio twin of :class:`LocatedSSLConnection`."""
-
-    def __init__(self, *, locator: Callable[[], Address], **kwargs: Any) -> None:
-        self.locator = locator
-        kwargs.setdefault("host", "")
-        super().__init__(**kwargs)
-
-    async def connect(self) -> None:
-        if self._writer is None:
-            self.host, self.port = await asyncio.to_thread(self.locator)
-        await super().connect()  # type: ignore[no-untyped-call]
 
 
 #: ``connections`` maps a sync connection class to its asyncio twin by name.

@@ -139,10 +139,7 @@ class Engine:
                         mark = waiting if run.step.mark or target.many else None
                         run.send(self.wait_release(target.name, run.step.seconds, mark=mark))
                     else:
-                        woken, outcome = piped
-                        run.send(woken)
-                        assert isinstance(run.step, Attempt)  # the attempt piped with the wait
-                        run.send(outcome)
+                        _answer_piped(run, *piped)
                 else:
                     time.sleep(run.step.seconds)
                     run.send(None)
@@ -287,10 +284,7 @@ class Engine:
                         woken = await self.await_release(target.name, run.step.seconds, mark=mark)
                         run.send(woken)
                     else:
-                        woken, outcome = piped
-                        run.send(woken)
-                        assert isinstance(run.step, Attempt)  # the attempt piped with the wait
-                        run.send(outcome)
+                        _answer_piped(run, *piped)
                 else:
                     await asyncio.sleep(run.step.seconds)
                     run.send(None)
@@ -589,6 +583,13 @@ class _Waiting:
         if timeout == 0:
             return None
         return cls(new_waiter(), None if timeout is None else started + timeout)
+
+
+def _answer_piped(run: Stepper[Any], woken: bool, outcome: Outcome) -> None:
+    """Answer a policy's wait, and the attempt it asks next, with a piped wait's outcome."""
+    run.send(woken)
+    assert isinstance(run.step, Attempt)  # the attempt that was piped with the wait
+    run.send(outcome)
 
 
 def _pin(result: Outcome, channel: Channel | AsyncChannel | None) -> Outcome:
