@@ -17,12 +17,12 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
-from ... import signals
+from ..observers import LockObserver
 
 TRACER_NAME = "django_redlock"
 
 
-class LockSpans:
+class LockSpans(LockObserver):
     """Signal observers (:meth:`connect`/:meth:`disconnect`) making spans on ``tracer``
     (default: the global tracer provider's, looked up at each span, so a provider configured
     later is used)."""
@@ -33,28 +33,10 @@ class LockSpans:
         self._global = tracer is None
         self._holds: weakref.WeakKeyDictionary[Any, Span] = weakref.WeakKeyDictionary()
 
-    def connect(self) -> None:
-        """Observe the lock signals."""
-        for signal, observer in self.observers():
-            signals.observe(signal, observer)
-
-    def disconnect(self) -> None:
-        for signal, observer in self.observers():
-            signals.unobserve(signal, observer)
-
     @property
     def open_holds(self) -> int:
         """How many hold spans are open (leases held and traced)."""
         return len(self._holds)
-
-    def observers(self) -> list[tuple[Any, Any]]:
-        """(signal, observer) pairs, as :meth:`connect` registers them."""
-        return [
-            (signals.lock_acquired, self.on_acquired),
-            (signals.lock_failed, self.on_failed),
-            (signals.lock_released, self.on_released),
-            (signals.lock_lost, self.on_lost),
-        ]
 
     def _off(self) -> bool:
         """True while the global tracer has no provider (the API alone: nothing to record)."""

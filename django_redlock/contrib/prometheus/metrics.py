@@ -14,8 +14,8 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-from ... import signals
 from ...registry import locks
+from ..observers import LockObserver
 from .refresher import Refresher
 
 #: Acquire durations: a free name takes about a millisecond; waits run to the timeout.
@@ -26,7 +26,7 @@ HOLD_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 
 OUTCOMES = {"busy": "busy", "timeout": "busy", "unavailable": "unavailable"}
 
 
-class RedlockMetrics:
+class RedlockMetrics(LockObserver):
     """The metrics in ``registry`` and their signal observers (:meth:`connect`/:meth:`disconnect`).
 
     Gauges get a multiprocess mode, so prometheus-client's multiprocess mode (gunicorn) adds
@@ -86,24 +86,13 @@ class RedlockMetrics:
 
         Every configured alias's lost-lease counter is exported from the start, at 0, so an
         alert on its increase fires on the first lost lease."""
-        for signal, observer in self.observers():
-            signals.observe(signal, observer)
+        super().connect()
         for alias in locks:
             self.lost.labels(alias)
 
     def disconnect(self) -> None:
-        for signal, observer in self.observers():
-            signals.unobserve(signal, observer)
+        super().disconnect()
         self.refresher.stop()
-
-    def observers(self) -> list[tuple[Any, Any]]:
-        """(signal, observer) pairs, as :meth:`connect` registers them."""
-        return [
-            (signals.lock_acquired, self.on_acquired),
-            (signals.lock_failed, self.on_failed),
-            (signals.lock_released, self.on_released),
-            (signals.lock_lost, self.on_lost),
-        ]
 
     def on_acquired(self, *, alias: str, waited: float, **_: Any) -> None:
         self.refresher.ensure_running()
