@@ -43,7 +43,7 @@ def release_plan(state: AliasState, nodes: Sequence[NodeView], lease: LeaseRecor
     waking = wake_node(lease.name, total)
     reached = lease.reached or (True,) * total
     calls: list[Call | None] = [
-        _release_of(state, lease, wakes=i == waking)
+        _release_of(state, lease, wakes=i == waking, unsure=i not in lease.voters)
         if node.run_id is not None and reached[i]
         else None
         for i, node in enumerate(nodes)
@@ -153,7 +153,7 @@ def extend_plan(
     lease.lost = True
     waking = wake_node(lease.name, total)
     release = [
-        _release_of(state, lease, wakes=i == waking)
+        _release_of(state, lease, wakes=i == waking, unsure=i not in lease.voters)
         if calls[i] is not None and renewed is not False
         else None
         for i, renewed in enumerate(granted_per_node(replies, _renewed))
@@ -184,8 +184,9 @@ def force_release_plan(
     return sum(1 for r in replies if r == scripts.DELETED)
 
 
-def _release_of(state: AliasState, lease: LeaseRecord, *, wakes: bool) -> Call:
-    """The call releasing ``lease`` (a lock, a permit, a read or a write lease) on one node."""
-    return state.release_call(
-        lease.name, lease.owner, wakes=wakes, held=(lease.key,), kind=lease.kind
-    )
+def _release_of(state: AliasState, lease: LeaseRecord, *, wakes: bool, unsure: bool) -> Call:
+    """The call releasing ``lease`` (a lock, a permit, a read or a write lease) on one node;
+    ``unsure``: the node's grant is unknown (it had not answered), so a permit's release there
+    frees whichever slot holds the owner."""
+    held = lease.slots if unsure and lease.slots else (lease.key,)
+    return state.release_call(lease.name, lease.owner, wakes=wakes, held=held, kind=lease.kind)

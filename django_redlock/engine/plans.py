@@ -199,6 +199,8 @@ def acquire_plan(
                 marker = keys.lock(name) if kind in (PERMIT, READ) else ""
                 record = LeaseRecord(name, key, owner, token, ttl, validity_deadline)
                 record.reached, record.voters = reached, tuple(won)
+                if permits:
+                    record.slots = tried
                 return record.with_kind(marker, kind)
 
         yield from _release_calls(

@@ -150,6 +150,9 @@ class LeaseRecord:
     kind: str = ""
     #: the nodes (indexes) whose grant made the quorum
     voters: tuple[int, ...] = ()
+    #: a permit's slot keys: a node that had not answered the acquire when it was decided
+    #: may have granted any of them (its slot 1 taken, say), so its release looks in all
+    slots: tuple[str, ...] = field(default=(), repr=False)
     #: set by the driver: seconds the acquire call took, its attempts, when it won (monotonic)
     waited: float = 0.0
     attempts: int = 0
