@@ -635,6 +635,47 @@ def test_acquire_looks_again_when_probes_straddle_another_first_acquire(
     assert run.result.token == floor + 1
 
 
+def test_acquire_does_not_count_its_own_grant_as_a_used_cluster(
+    state: plans.AliasState,
+) -> None:
+    """First acquires racing on a new cluster: another process's initialisation reached node
+    2 only, and this attempt got a grant there; nodes 0 and 1 have no fence state yet. The
+    only grant node 2 shows is this caller's own (one token drawn since it joined), so the
+    cluster is still new: nodes 0 and 1 are initialised at once and the attempt wins (its
+    own grant used to put nodes 0 and 1 in quarantine: "unavailable")."""
+    floor = FLOOR + 5
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
+        [
+            answer(ACQUIRE, UNTRUSTED, UNTRUSTED, granted(floor + 1)),
+            answer(PROBE, probe("", 0, 0, 0), probe("", 0, 0, 0), [*probe("r2", floor + 1), floor]),
+            answer(REJOIN, floor + 1, floor + 1, None),
+            fire(RELEASE, to=[2]),
+            answer(ACQUIRE, granted(floor + 2), granted(floor + 2), granted(floor + 2)),
+        ],
+    )
+    assert run.result.token == floor + 2
+
+
+def test_acquire_counts_a_grant_beside_its_own_as_a_used_cluster(
+    state: plans.AliasState,
+) -> None:
+    """As above, but two tokens were drawn on node 2 since it joined: one is someone else's,
+    who may hold a lease that nodes 0 and 1 lost, so they stay in quarantine."""
+    floor = FLOOR + 5
+    used = [*probe("r2", floor + 2), floor]
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
+        [
+            answer(ACQUIRE, UNTRUSTED, UNTRUSTED, granted(floor + 2)),
+            answer(PROBE, probe("", 0, 0, 0), probe("", 0, 0, 0), used),
+            answer(PROBE, probe("", 0, 0, 0), probe("", 0, 0, 0), used),
+            fire(RELEASE, to=[2]),
+        ],
+    )
+    assert run.result.reason == "unavailable"
+
+
 def test_acquire_does_not_probe_when_quorum_won(state: plans.AliasState) -> None:
     """An untrusted node does not trigger a rejoin when a quorum granted anyway."""
     run = drive(

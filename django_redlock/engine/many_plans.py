@@ -64,7 +64,7 @@ def acquire_many_plan(
 
     args = (mark_ms, "1" if woken else "0", waiter)
     owner, calls, replies, statuses, started = yield from attempt_round(
-        state, nodes, more.ACQUIRE_MANY, touched, ttl, args, settled, give_back
+        state, nodes, more.ACQUIRE_MANY, touched, ttl, args, settled, give_back, tokens=len(names)
     )
     try:
         won = [i for i, st in enumerate(statuses) if st == scripts.GRANTED]

@@ -239,6 +239,7 @@ def attempt_round(
     wait: float = 0.0,
     first: Collection[int] | None = None,
     votes: Callable[[Sequence[Any]], int] | None = None,
+    tokens: int = 1,
 ) -> Plan[Attempted]:
     """Send an acquiring ``script`` to every trusted node, with the args ``(owner, ttl_ms,
     run_id, value suffix, *args)``; when untrusted nodes kept it from a quorum, rejoin them
@@ -249,7 +250,8 @@ def attempt_round(
 
     ``first``: the nodes to ask first (a quorum, see :func:`quorum_first`); the others are
     asked only when those did not win and still can with them (``votes(replies)``: how many
-    nodes voted for one outcome; default: how many granted)."""
+    nodes voted for one outcome; default: how many granted). ``tokens``: how many tokens one
+    grant draws from a node's counter (``lock_many``: one per name)."""
     total = len(nodes)
     needed = quorum(total)
     ttl_ms = math.ceil(ttl * 1000)
@@ -293,7 +295,8 @@ def attempt_round(
             seen = [i for i, st in enumerate(statuses) if st == scripts.UNTRUSTED]
             if seen and statuses.count(scripts.GRANTED) < needed and not rejoined:
                 rejoined = True
-                if (yield from rejoin_plan(state, nodes, seen)):
+                drawn = [tokens if st == scripts.GRANTED else 0 for st in statuses]
+                if (yield from rejoin_plan(state, nodes, seen, drawn)):
                     yield from give_back(calls, replies, owner)
                     owner = new_owner()
                     continue

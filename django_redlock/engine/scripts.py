@@ -290,7 +290,8 @@ return 1
 STILL_HELD = 1
 
 # KEYS: fence. ARGV: run_id, floor.
-# Make a restarted or new node trusted again: counter = max(counter, floor), run_id = ARGV[1].
+# Make a restarted or new node trusted again: counter = max(counter, floor), run_id = ARGV[1];
+# 'joined' keeps the counter it rejoined with (the tokens drawn since are counter - joined).
 # Returns the counter.
 REJOIN = Script(
     "rejoin",
@@ -298,20 +299,20 @@ REJOIN = Script(
 local counter = tonumber(redis.call('HGET', KEYS[1], 'token')) or 0
 if counter < tonumber(ARGV[2]) then
   counter = tonumber(ARGV[2])
-  redis.call('HSET', KEYS[1], 'token', ARGV[2])
 end
-redis.call('HSET', KEYS[1], 'run_id', ARGV[1])
+redis.call('HSET', KEYS[1], 'token', string.format('%d', counter), 'joined',
+           string.format('%d', counter), 'run_id', ARGV[1])
 return counter
 """,
 )
 
-# KEYS: fence. Returns {run_id or '', counter, max_ttl, exists(0/1)}.
+# KEYS: fence. Returns {run_id or '', counter, max_ttl, exists(0/1), joined (-1: unknown)}.
 PROBE = Script(
     "probe",
     """
-local meta = redis.call('HMGET', KEYS[1], 'run_id', 'token', 'max_ttl')
+local meta = redis.call('HMGET', KEYS[1], 'run_id', 'token', 'max_ttl', 'joined')
 return {meta[1] or '', tonumber(meta[2]) or 0, tonumber(meta[3]) or 0,
-        redis.call('EXISTS', KEYS[1])}
+        redis.call('EXISTS', KEYS[1]), tonumber(meta[4]) or -1}
 """,
 )
 

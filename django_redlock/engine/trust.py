@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from . import scripts
 from .keyspace import TOKEN_LIMIT, as_text, quorum
@@ -25,11 +26,16 @@ REJOIN_INTERVAL = 0.5
 
 
 def rejoin_plan(
-    state: AliasState, nodes: Sequence[NodeView], seen_untrusted: Sequence[int] = ()
+    state: AliasState,
+    nodes: Sequence[NodeView],
+    seen_untrusted: Sequence[int] = (),
+    drawn: Sequence[int] = (),
 ) -> Plan[bool]:
     """Make restarted or new nodes trusted again when it is safe; returns True if any rejoined,
     here or, for a node in ``seen_untrusted`` (the caller found it untrusted), in another
     process since (several processes' first acquires on a new cluster race to initialise it).
+    ``drawn``: per node, the tokens the caller's own failed attempt drew there (its grants
+    are no lease, so they do not make a new cluster look used).
 
     * A brand-new cluster (every node answers and none has granted a lease yet) is initialised
       at once.
@@ -59,7 +65,8 @@ def rejoin_plan(
         # hash): a brand-new cluster, or one whose first acquires of several processes race to
         # initialise it (some nodes initialised by another process, the rest not yet). With
         # every node answering, no lease can exist, so every untrusted node may join at once.
-        never_granted = not any(int(probes[i][3]) and int(probes[i][2]) for i in reachable)
+        # The caller's own grants of its failed attempt are no lease: they do not count.
+        never_granted = not any(_granted_by_others(probes[i], drawn, i) for i in reachable)
         # The probes of the nodes do not run at one instant: a node this caller found without
         # any fence state may have been probed just before another process's initialisation
         # reached it, and another node just after that process's first grant. Look once more.
@@ -88,6 +95,17 @@ def rejoin_plan(
             rejoin[i] = Call(scripts.REJOIN, (fence,), (run_id, value))
     replies = yield Request(rejoin, state.node_timeout * 2, None)
     return rejoined_elsewhere or any(not isinstance(replies[i], NodeFailure) for i in targets)
+
+
+def _granted_by_others(probe: Sequence[Any], drawn: Sequence[int], index: int) -> bool:
+    """A PROBE reply shows grants other than the caller's own: a lease was granted there
+    (a grant records its TTL) and more tokens were drawn since the node joined than the
+    caller drew (a node that does not say when it joined counts as used)."""
+    if not (int(probe[3]) and int(probe[2])):
+        return False
+    joined = int(probe[4]) if len(probe) > 4 else -1
+    own = drawn[index] if index < len(drawn) else 0
+    return joined < 0 or int(probe[1]) - joined > own
 
 
 def quarantine_over(state: AliasState, node: NodeView, now: float, longest_ms: int) -> bool:
