@@ -28,6 +28,11 @@ T = TypeVar("T")
 SCAN_COUNT = 500
 #: ...up to this (a call over 2,000 keys kept a node of the 2-core benchmark VM busy 1.6 ms).
 SCAN_COUNT_MAX = 2000
+#: A node holding at most this many keys (all kinds, ``DBSIZE``) is scanned to its end, so a
+#: listing of such nodes is in name order: pages stay stable while other keys come and go (a
+#: resize of the node's hash table reorders SCAN, which repeated a name across two pages).
+#: Beyond it, a first page must not read the whole keyspace: names come in SCAN order.
+SORTED_LISTING_MAX_KEYS = 20_000
 #: What other kinds keep at a name's own key (a semaphore's size, a rwlock's readers).
 KIND_MARKERS = (SEMAPHORE_MARKER, "rwlock|")
 
@@ -109,25 +114,31 @@ class AliasInspector:
         Every node is scanned, all at the same time (one thread each, so the cost is that of
         the slowest node, not the sum), each until it has seen ``need`` names or reached its
         end; so names held only on some nodes (say, the first node is down) are still found.
-        The names come in node order, each node's in SCAN order, so the same keyspace gives
-        the same pages; the nodes still scanning stop once the nodes before them already give
-        ``need`` names. ``COUNT`` starts at :data:`SCAN_COUNT` (a first page takes one call)
-        and doubles up to :data:`SCAN_COUNT_MAX` (fewer round trips through a large keyspace,
-        each call still short).
+        Nodes of at most :data:`SORTED_LISTING_MAX_KEYS` keys are read to their end and the
+        names sorted. Otherwise the names come in node order, each node's in SCAN order, and
+        the nodes still scanning stop once the nodes before them already give ``need`` names.
+        ``COUNT`` starts at :data:`SCAN_COUNT` (a first page takes one call) and doubles up to
+        :data:`SCAN_COUNT_MAX` (fewer round trips through a large keyspace, each call still
+        short).
         """
         match = escape_glob(self.keys.lock(name_prefix)) + "*"
         settled = threading.Event()
+        large: set[int] = set()  # nodes over SORTED_LISTING_MAX_KEYS
 
-        def scan(client: redis.Redis) -> list[str]:
+        def scan(client: redis.Redis, index: int) -> list[str]:
             found: dict[str, None] = {}
             cursor, count = 0, SCAN_COUNT
-            while not settled.is_set():
+            enough = None
+            if _key_count(client) > SORTED_LISTING_MAX_KEYS:
+                large.add(index)
+                enough = need
+            while not (enough is not None and settled.is_set()):
                 cursor, keys = client.scan(cursor, match=match, count=count)
                 for raw in keys:
                     name = self._lock_name(as_text(raw))
                     if name is not None:
                         found.setdefault(name, None)
-                if cursor == 0 or (need is not None and len(found) >= need):
+                if cursor == 0 or (enough is not None and len(found) >= enough):
                     break
                 count = min(count * 2, SCAN_COUNT_MAX)
             return list(found)
@@ -143,18 +154,21 @@ class AliasInspector:
                 names.update(dict.fromkeys(per_node[index]))
             return list(names)
 
+        def scan_node(index: int) -> list[str]:
+            return self._call(index, lambda client: scan(client, index)) or []
+
         if self.total == 1:
-            per_node[0] = self._call(0, scan) or []
+            per_node[0] = scan_node(0)
         else:
             with ThreadPoolExecutor(max_workers=self.total) as pool:
-                running = {pool.submit(self._call, i, scan): i for i in range(self.total)}
+                running = {pool.submit(scan_node, i): i for i in range(self.total)}
                 while running:
                     done, _ = wait(running, return_when=FIRST_COMPLETED)
                     for future in done:
-                        per_node[running.pop(future)] = future.result() or []
+                        per_node[running.pop(future)] = future.result()
                     if need is not None and len(merged()) >= need:
                         settled.set()  # later nodes' names would be cut off: stop them
-        names = merged()
+        names = merged() if large else sorted(merged())
         return names if need is None else names[:need]
 
     def read_values(self, names: Sequence[str]) -> list[list[tuple[LockValue, int] | None]]:
@@ -331,6 +345,14 @@ def _health_pipeline(
         if value is not None:
             policy = as_text(value)
     return server, memory, policy, None if role is None else as_text(role)
+
+
+def _key_count(client: redis.Redis) -> int:
+    """``DBSIZE``, or "too many to sort" for a user whose ACL does not allow it."""
+    try:
+        return int(client.dbsize())
+    except redis.ResponseError:
+        return SORTED_LISTING_MAX_KEYS + 1
 
 
 def _maybe_int(value: Any) -> int | None:
