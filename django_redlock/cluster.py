@@ -1,13 +1,18 @@
-"""Redis Cluster nodes: a cluster used as one lock node, on the master of one hash slot.
+"""Redis Cluster nodes: a cluster used as one lock node.
 
-A ``{"CLUSTER": [seed urls]}`` node needs a ``KEY_PREFIX`` with a hash tag (``"{lock}:"``):
-every key the alias writes (locks, waiters, wake-ups, the fence hash) then hashes to that tag's
-slot, so each script's keys share a slot, the fence counter is one key, and every primitive
-works (``lock_many`` included). Each new connection asks the seeds (``CLUSTER SLOTS``) which
-master serves the slot (:mod:`.located`). A ``MOVED`` reply (the slot was migrated) or a
-closed connection (the master failed) makes the engine connect again, to the new owner; a
-master promoted by a failover has another ``run_id`` and is quarantined like a restarted node.
-Locks of one alias live on one master; aliases with different tags spread over the masters.
+An alias with a ``{"CLUSTER": [seed urls]}`` node and a ``KEY_PREFIX`` without braces
+(``"lock:"``) is **spread**: it runs as :data:`SHARDS` shards, each with the prefix plus a hash
+tag of its own (``"lock:{s3}:"``), whose slots lie evenly over the slot range, so the shards'
+masters are all the cluster's masters. A name belongs to one shard (:func:`shard_of`, by the
+name's own hash tag if it has one), so each lock's keys share a slot and there are
+:data:`SHARDS` fence counters, whatever the number of names. A ``KEY_PREFIX`` with a hash tag
+(``"{lock}:"``) keeps every key of the alias in that tag's slot instead (one master, one fence
+counter, ``lock_many`` over any names).
+
+Each new connection asks the seeds (``CLUSTER SLOTS``) which master serves its shard's slot
+(:mod:`.located`). A ``MOVED`` reply (the slot was migrated) or a closed connection (the master
+failed) makes the engine connect again, to the new owner; a master promoted by a failover has
+another ``run_id`` and is quarantined like a restarted node, shard by shard.
 """
 
 from __future__ import annotations
@@ -22,6 +27,34 @@ from .located import Address, Locator
 
 #: Redis Cluster's number of hash slots.
 SLOTS = 16384
+#: Shards of a spread cluster alias: enough to reach every master of a cluster of a dozen
+#: or so (each shard's slot lies in its own sixteenth of the slot range), few enough that
+#: a process keeps few connections.
+SHARDS = 16
+
+
+def _shard_tag(index: int, count: int) -> str:
+    """The first of ``s<index>``, ``s<index>.1``, ... whose slot lies in the ``index``-th of
+    ``count`` equal parts of the slot range."""
+    width = SLOTS // count
+    attempt = 0
+    while True:
+        tag = f"s{index}" if attempt == 0 else f"s{index}.{attempt}"
+        if int(key_slot(tag.encode())) // width == index:
+            return tag
+        attempt += 1
+
+
+def shard_prefixes(prefix: str, count: int = SHARDS) -> tuple[str, ...]:
+    """The key prefixes of a spread alias's shards: ``prefix`` (without braces) and a hash
+    tag per shard, e.g. ``"lock:{s0}:"``."""
+    return tuple(f"{prefix}{{{_shard_tag(i, count)}}}:" for i in range(count))
+
+
+def shard_of(name: str, count: int) -> int:
+    """The shard of lock ``name``: by its slot, so names with one hash tag (``"{cart:7}a"``,
+    ``"{cart:7}b"``) share a shard (and may be taken together by ``lock_many``)."""
+    return int(key_slot(name.encode())) % count
 
 
 def slot_of(prefix: str) -> int:
@@ -54,6 +87,13 @@ class ClusterSlot(Locator):
                 found = address
         self.masters, self.covered = sorted(masters), covered
         return found
+
+    def describe_spread(self, shards: int) -> str:
+        """``N shards over M masters, C/16384 slots covered`` (a spread alias)."""
+        return (
+            f"{shards} shards over {len(self.masters)} masters, "
+            f"{self.covered}/{SLOTS} slots covered"
+        )
 
     def describe(self) -> str:
         """``slot S on host:port; N masters, C/16384 slots covered``."""

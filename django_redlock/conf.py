@@ -16,6 +16,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from .cluster import shard_prefixes
 from .engine import GLOB_CHARACTERS, MAX_NAME_LENGTH, TOKEN_LIMIT, quorum
 from .node_settings import (
     URL_SCHEMES,
@@ -77,10 +78,24 @@ class AliasConfig:
     drift_factor: float
     timeout: float | None
     fan_out: str = "all"
+    #: a spread cluster alias: the key prefixes of its shards (see :mod:`.cluster`); else ()
+    shards: tuple[str, ...] = ()
 
     @property
     def quorum(self) -> int:
         return quorum(len(self.nodes))
+
+    def shard_configs(self) -> list[AliasConfig]:
+        """One config per shard (its prefix, its cluster nodes on its slot); ``[self]`` for
+        an alias that is not spread."""
+        return [_pinned(self, prefix, shards=()) for prefix in self.shards] or [self]
+
+
+def _pinned(config: AliasConfig, prefix: str, *, shards: tuple[str, ...]) -> AliasConfig:
+    """``config`` with ``prefix`` as its key prefix and its cluster nodes on that prefix's
+    hash slot."""
+    nodes = tuple(replace(n, hash_tag_of=prefix) if n.cluster else n for n in config.nodes)
+    return replace(config, key_prefix=prefix, nodes=nodes, shards=shards)
 
 
 def _number(alias: str, key: str, value: Any, *, allow_zero: bool = False) -> float:
@@ -144,18 +159,18 @@ def parse_alias(alias: str, raw: Any) -> AliasConfig:
         raise _error(
             alias, "KEY_PREFIX", f"must not contain glob characters ({' '.join(GLOB_CHARACTERS)})."
         )
-    if any(node.cluster for node in nodes):
-        if hash_tag(prefix) is None:
-            raise _error(
-                alias,
-                "KEY_PREFIX",
-                f"{prefix!r} has no hash tag: a cluster node keeps every key of the alias in "
-                "one hash slot, so KEY_PREFIX must hold a non-empty {tag}, e.g. '{lock}:'.",
-            )
-        nodes = tuple(replace(n, hash_tag_of=prefix) if n.cluster else n for n in nodes)
+    spread = any(node.cluster for node in nodes) and hash_tag(prefix) is None
+    if spread and "{" in prefix:
+        raise _error(
+            alias,
+            "KEY_PREFIX",
+            f"{prefix!r} has a '{{' but no hash tag: with a cluster node, KEY_PREFIX either "
+            "has no braces (the alias's locks spread over the cluster's masters, e.g. "
+            "'lock:') or a non-empty {tag} (every key in that tag's slot, e.g. '{lock}:').",
+        )
     timeout = merged["TIMEOUT"]
     drift = _drift_factor(alias, merged["DRIFT_FACTOR"])
-    return AliasConfig(
+    config = AliasConfig(
         alias=alias,
         nodes=nodes,
         ttl=_ttl(alias, merged["TTL"], drift),
@@ -179,6 +194,13 @@ def parse_alias(alias: str, raw: Any) -> AliasConfig:
         timeout=None if timeout is None else _number(alias, "TIMEOUT", timeout, allow_zero=True),
         fan_out=_fan_out(alias, merged["FAN_OUT"]),
     )
+    if spread:
+        # the alias's own nodes (health, checks) look at its first shard's slot
+        shards = shard_prefixes(prefix)
+        return replace(_pinned(config, shards[0], shards=shards), key_prefix=prefix)
+    if any(node.cluster for node in nodes):
+        return _pinned(config, prefix, shards=())
+    return config
 
 
 def _fan_out(alias: str, value: Any) -> str:

@@ -213,15 +213,18 @@ def client_factory(spec: NodeSpec, config: AliasConfig) -> Callable[[], redis.Re
     return make
 
 
-def current_master(spec: NodeSpec, config: AliasConfig) -> str | None:
+def current_master(spec: NodeSpec, config: AliasConfig, shards: int = 1) -> str | None:
     """Where a sentinel or cluster node's server was found last: ``host:port`` of the
     sentinels' master, or the cluster's slot, its master and the slot coverage (None for
-    other nodes, or before any connection)."""
+    other nodes, or before any connection). ``shards`` > 1: the node of a spread alias, shown
+    as its shards over the cluster's masters."""
     if spec.service is None and not spec.cluster:
         return None
     locator = _pool_for(spec, socket_timeout(config)).connection_kwargs["locator"]
     if isinstance(locator, ClusterSlot):
-        return locator.describe() if locator.last else None
+        if not locator.last:
+            return None
+        return locator.describe() if shards == 1 else locator.describe_spread(shards)
     address = locator.last
     return None if address is None else f"{address[0]}:{address[1]}"
 

@@ -35,7 +35,7 @@ class Lease:
 
     def __init__(self, manager: LockManager, record: LeaseRecord) -> None:
         self._manager = manager
-        self._engine = manager.engine
+        self._engine = manager.engine_for(record.name)
         self._record = record
         self._lost_sent = False
         self._signal_mutex = threading.Lock()

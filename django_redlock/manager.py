@@ -7,12 +7,13 @@ module turns its outcomes into leases, exceptions, signals and log lines.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict, Unpack, cast
 
 from . import context, signals
 from .block import AsyncLockBlock, BlockOptions, LockBlock
+from .cluster import shard_of
 from .conf import AliasConfig
 from .engine import AcquireFailure, Engine, LeaseRecord, Outcome
 from .exceptions import LockError, LockNotAcquired, NodesUnavailable
@@ -59,9 +60,18 @@ class _Wanted:
 class LockManager(KindBlocks):
     """The locks of one ``REDLOCK`` alias (``locks["default"]``)."""
 
-    def __init__(self, config: AliasConfig, engine: Engine) -> None:
+    def __init__(self, config: AliasConfig, engine: Engine, shards: Sequence[Engine] = ()) -> None:
         self.config = config
+        #: the alias's engine (a spread cluster alias: its first shard's)
         self.engine = engine
+        #: a spread cluster alias: one engine per shard (see :mod:`.cluster`); else [engine]
+        self.shards: list[Engine] = list(shards) or [engine]
+
+    def engine_for(self, name: str) -> Engine:
+        """The engine that holds ``name``: its shard's on a spread cluster alias."""
+        if len(self.shards) == 1:
+            return self.engine
+        return self.shards[shard_of(name, len(self.shards))]
 
     @property
     def alias(self) -> str:
@@ -91,7 +101,7 @@ class LockManager(KindBlocks):
         another kind (a lock, or a semaphore with another number of permits).
         """
         wanted = self._wanted(name, ttl, timeout, max_hold, permits, rw)
-        outcome = self.engine.acquire(
+        outcome = self.engine_for(wanted.name).acquire(
             wanted.name, wanted.ttl, wanted.timeout, wanted.permits, wanted.rw
         )
         lease = self._lease(wanted, outcome)
@@ -112,7 +122,7 @@ class LockManager(KindBlocks):
     ) -> Lease:
         """Asyncio twin of :meth:`acquire` (auto-extended from an asyncio task)."""
         wanted = self._wanted(name, ttl, timeout, max_hold, permits, rw)
-        outcome = await self.engine.aacquire(
+        outcome = await self.engine_for(wanted.name).aacquire(
             wanted.name, wanted.ttl, wanted.timeout, wanted.permits, wanted.rw
         )
         lease = self._lease(wanted, outcome)
@@ -179,7 +189,7 @@ class LockManager(KindBlocks):
         """Every name of ``names`` or none, waiting up to ``timeout`` (see :meth:`lock_many`);
         ``auto_extend``/``max_hold`` as for :meth:`acquire`."""
         checked, wanted, auto_extend = self._many(names, ttl, timeout, options)
-        outcome = self.engine.acquire_many(checked, wanted.ttl, wanted.timeout)
+        outcome = self.engine_for(checked[0]).acquire_many(checked, wanted.ttl, wanted.timeout)
         return self._held_many(checked, wanted, outcome, auto_extend, asyncio_task=False)
 
     async def aacquire_many(
@@ -191,7 +201,8 @@ class LockManager(KindBlocks):
     ) -> HeldLocks:
         """Asyncio twin of :meth:`acquire_many`."""
         checked, wanted, auto_extend = self._many(names, ttl, timeout, options)
-        outcome = await self.engine.aacquire_many(checked, wanted.ttl, wanted.timeout)
+        engine = self.engine_for(checked[0])
+        outcome = await engine.aacquire_many(checked, wanted.ttl, wanted.timeout)
         return self._held_many(checked, wanted, outcome, auto_extend, asyncio_task=True)
 
     def lock_many(
@@ -220,6 +231,14 @@ class LockManager(KindBlocks):
         """The checked names and arguments of a ``lock_many`` call (before any network call)."""
         check_keywords(options, RenewOptions.__annotations__)
         checked = check_names(names)
+        if len(self.shards) > 1 and len({shard_of(n, len(self.shards)) for n in checked}) > 1:
+            raise LockError(
+                f"lock_many on alias {self.alias!r} needs names of one shard: its locks are "
+                "spread over a cluster's masters, and one call holds names of one hash slot "
+                "group. Give the names a common hash tag (e.g. '{cart:7}book', "
+                "'{cart:7}pen'), or keep the alias in one slot with a tagged KEY_PREFIX "
+                "('{lock}:')."
+            )
         wanted = self._wanted("-", ttl, timeout, options.get("max_hold"))
         return checked, wanted, bool(options.get("auto_extend", False))
 
@@ -254,7 +273,8 @@ class LockManager(KindBlocks):
 
         Returns the number of nodes that deleted it. For the admin and ``manage.py redlock``.
         """
-        return self.engine.force_release(check_name(name), expected_value)
+        name = check_name(name)
+        return self.engine_for(name).force_release(name, expected_value)
 
     # -- outcomes --------------------------------------------------------------------------
     def _wanted(

@@ -16,7 +16,7 @@ from django.dispatch import receiver
 
 from . import connections
 from .block import BlockOptions, LockBlock
-from .conf import alias_config, busy_poll_setting, redlock_settings
+from .conf import AliasConfig, alias_config, busy_poll_setting, redlock_settings
 from .engine import AliasState, Engine
 from .manager import LockManager
 from .validation import UNSET
@@ -52,30 +52,36 @@ class LockManagers:
     @staticmethod
     def _create(alias: str) -> LockManager:
         config = alias_config(alias)
-        state = AliasState(
-            prefix=config.key_prefix,
-            node_timeout=config.node_timeout,
-            drift_factor=config.drift_factor,
-            ttl=config.ttl,
-            retry_delay=config.retry_delay,
-            busy_poll=busy_poll_setting(),
-            quorum_first=config.fan_out == "quorum",
-        )
-        engine = Engine(
-            state,
-            [node.label for node in config.nodes],
-            [connections.sync_factory(node, config) for node in config.nodes],
-            [connections.async_factory(node, config) for node in config.nodes],
-        )
-        return LockManager(config, engine)
+        engines = [_engine(shard) for shard in config.shard_configs()]
+        return LockManager(config, engines[0], engines)
 
     def reset(self) -> None:
         """Close every engine and forget the managers."""
         with self._mutex:
             managers, self._managers = self._managers, {}
         for manager in managers.values():
-            manager.engine.close()
+            for engine in manager.shards:
+                engine.close()
         connections.reset_pools()
+
+
+def _engine(config: AliasConfig) -> Engine:
+    """The engine of one alias (or of one shard of a spread cluster alias)."""
+    state = AliasState(
+        prefix=config.key_prefix,
+        node_timeout=config.node_timeout,
+        drift_factor=config.drift_factor,
+        ttl=config.ttl,
+        retry_delay=config.retry_delay,
+        busy_poll=busy_poll_setting(),
+        quorum_first=config.fan_out == "quorum",
+    )
+    return Engine(
+        state,
+        [node.label for node in config.nodes],
+        [connections.sync_factory(node, config) for node in config.nodes],
+        [connections.async_factory(node, config) for node in config.nodes],
+    )
 
 
 locks = LockManagers()

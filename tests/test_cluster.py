@@ -1,5 +1,7 @@
 """Cluster nodes: settings, every primitive on the master of the alias's slot, node health
-with the slot and the cluster's coverage, a slot migration followed through MOVED."""
+with the slot and the cluster's coverage, a slot migration followed through MOVED; a spread
+alias (no hash tag in KEY_PREFIX): locks over every master, a bounded set of fence counters,
+every primitive, lock_many within a hash tag, the listing and force-release over its shards."""
 
 from __future__ import annotations
 
@@ -12,9 +14,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from django_redlock import locks
-from django_redlock.cluster import slot_of
+from django_redlock.cluster import SHARDS, shard_of, slot_of
 from django_redlock.conf import hash_tag, parse_alias
-from django_redlock.exceptions import LockNotAcquired, NodesUnavailable
+from django_redlock.exceptions import LockError, LockNotAcquired, NodesUnavailable
 from django_redlock.inspection import list_locks, node_health
 from django_redlock.testing.cluster import ClusterGroup
 
@@ -36,8 +38,8 @@ def _alias(cluster: ClusterGroup, prefix: str = PREFIX, **extra: Any) -> dict[st
 @pytest.mark.parametrize(
     ("raw", "key", "says"),
     [
-        ({"NODES": [{"CLUSTER": [SEED]}]}, "KEY_PREFIX", "no hash tag"),
         ({"NODES": [{"CLUSTER": [SEED]}], "KEY_PREFIX": "{}:"}, "KEY_PREFIX", "no hash tag"),
+        ({"NODES": [{"CLUSTER": [SEED]}], "KEY_PREFIX": "a{b:"}, "KEY_PREFIX", "no hash tag"),
         ({"NODES": [{"CLUSTER": []}], "KEY_PREFIX": PREFIX}, "NODES[0].CLUSTER", "non-empty"),
         ({"NODES": [{"CLUSTER": SEED}], "KEY_PREFIX": PREFIX}, "NODES[0].CLUSTER", "non-empty"),
         (
@@ -58,8 +60,8 @@ def _alias(cluster: ClusterGroup, prefix: str = PREFIX, **extra: Any) -> dict[st
     ],
 )
 def test_bad_cluster_nodes_name_the_alias_and_key(raw: Any, key: str, says: str) -> None:
-    """A cluster node needs seed URLs and a KEY_PREFIX with a hash tag; each mistake is
-    ImproperlyConfigured naming the alias and the key."""
+    """A cluster node needs seed URLs and a KEY_PREFIX with a hash tag or no braces at all;
+    each mistake is ImproperlyConfigured naming the alias and the key."""
     with pytest.raises(ImproperlyConfigured) as info:
         parse_alias("c", raw)
     assert str(info.value).startswith(f"REDLOCK['c']['{key}']: "), str(info.value)
@@ -188,3 +190,98 @@ def test_deploy_checks_of_a_cluster_node(cluster: ClusterGroup) -> None:
         in by_id["django_redlock.W004"]
     )
     assert f"its master localhost:{other.port} is also another node" in by_id["django_redlock.W008"]
+
+
+def _keys_per_master(cluster: ClusterGroup, pattern: str) -> list[int]:
+    return [len(list(m.client().scan_iter(match=pattern, count=1000))) for m in cluster.masters()]
+
+
+def test_a_spread_alias_puts_locks_on_every_master(cluster: ClusterGroup) -> None:
+    """KEY_PREFIX without a hash tag: 300 names held at once land on all three masters (none
+    holds more than half), with at most 16 fence hashes whatever the number of names; every
+    name's tokens increase; a name's keys share its shard's slot."""
+    with override_settings(REDLOCK=_alias(cluster, "spread:")):
+        manager = locks["default"]
+        assert len(manager.shards) == SHARDS
+        held = [manager.acquire(f"order:{i}", ttl=30, timeout=0) for i in range(300)]
+        per_master = _keys_per_master(cluster, "spread:{*}:order:*")
+        assert sum(per_master) == 300 and max(per_master) <= 150, per_master
+        again = []
+        for lease in held:
+            assert lease.release() is True
+            again.append(manager.acquire(lease.name, ttl=30, timeout=0))
+        assert all(a.token > b.token for a, b in zip(again, held, strict=True))
+        for lease in again:
+            lease.release()
+        fences = _keys_per_master(cluster, "spread:{*}:__fence__")
+        assert 0 < sum(fences) <= SHARDS and min(fences) > 0, fences
+        for lease in again[:5]:
+            shard = manager.config.shards[shard_of(lease.name, SHARDS)]
+            assert slot_of(shard) == slot_of(f"{shard}{lease.name}")
+
+
+def test_every_primitive_on_a_spread_alias(cluster: ClusterGroup) -> None:
+    """Locks (sync and asyncio), semaphores, read-write locks, lock_many of names with one
+    hash tag; lock_many across shards is refused before any network call, naming the rule."""
+    with override_settings(REDLOCK=_alias(cluster, "spread:")):
+        manager = locks["default"]
+        with manager.lock("a", timeout=0) as first, pytest.raises(LockNotAcquired):
+            manager.acquire("a", timeout=0)
+
+        async def main() -> int:
+            lease = await manager.aacquire("a", timeout=0)
+            await lease.arelease()
+            return lease.token
+
+        assert asyncio.run(main()) > first.token
+        permit, reader = (
+            manager.semaphore("pool", 2, timeout=0),
+            manager.read_lock("doc", timeout=0),
+        )
+        with permit, manager.semaphore("pool", 2, timeout=0), pytest.raises(LockNotAcquired):
+            manager.acquire("pool", permits=2, timeout=0)
+        with reader, manager.read_lock("doc", timeout=0), pytest.raises(LockNotAcquired):
+            manager.acquire("doc", rw="write", timeout=0)
+        cart = ["{cart:7}book", "{cart:7}pen", "{cart:7}ink"]
+        with manager.lock_many(cart, timeout=0) as held:
+            assert sorted(held.tokens) == sorted(cart)
+            with pytest.raises(LockNotAcquired):
+                manager.acquire("{cart:7}pen", timeout=0)
+        names = [f"item:{i}" for i in range(40)]  # 40 names over 16 shards: several shards
+        assert len({shard_of(n, SHARDS) for n in names}) > 1
+        with pytest.raises(LockError, match=r"needs names of one shard.*common hash tag"):
+            manager.acquire_many(names, timeout=0)
+        assert list_locks(["default"]).locks == []  # nothing was taken
+        (health,) = node_health(["default"])
+        assert health.master == f"{SHARDS} shards over 3 masters, 16384/16384 slots covered"
+
+
+def test_listing_and_force_release_over_the_shards(cluster: ClusterGroup) -> None:
+    """The listing reads every shard (name order, pages covering each name once), ``get_lock``
+    and force-release find a name's shard, and the held lease then learns it was lost."""
+    from django_redlock import inspect
+
+    with override_settings(REDLOCK=_alias(cluster, "spread:")):
+        manager = locks["default"]
+        names = [f"job:{i:02d}" for i in range(12)]
+        held = {name: manager.acquire(name, ttl=30, timeout=0) for name in names}
+        assert [i.name for i in list_locks(["default"]).locks] == names
+        paged = [
+            info.name
+            for page in range(3)
+            for info in list_locks(["default"], offset=page * 5, limit=5).locks
+        ]
+        assert paged == names
+        infos, errors = inspect.all_locks("default")
+        assert [i.name for i in infos] == names and errors == []
+        info, _ = inspect.get_lock("default", "job:07")
+        assert info is not None and info.token == held["job:07"].token
+        deleted, _ = inspect.force_release("default", "job:07", token=held["job:07"].token)
+        assert deleted == 1
+        assert held["job:07"].release() is False
+        assert [i.name for i in list_locks(["default"]).locks] == [
+            n for n in names if n != "job:07"
+        ]
+        for name, lease in held.items():
+            if name != "job:07":
+                lease.release()

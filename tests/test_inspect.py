@@ -164,8 +164,9 @@ def test_every_node_is_scanned_and_pages_come_in_node_order(
 def test_first_page_takes_one_scan_per_node_and_a_walk_few_calls(
     redis_nodes: RedisNodes, redlock_alias: Callable[..., LockManager]
 ) -> None:
-    """A full first page takes at most one SCAN call on each node; a prefix that matches nothing walks
-    each node's whole keyspace with COUNT doubling, in fewer calls than a fixed COUNT."""
+    """A full first page takes at most one SCAN call on each node; a prefix that matches
+    nothing walks each node's whole keyspace with COUNT doubling, in fewer calls than a fixed
+    COUNT."""
     manager = redlock_alias(redis_nodes)
     clients = [node.client() for node in redis_nodes]
     for client in clients:

@@ -193,7 +193,7 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
                 "Task %s[%s]: malformed %s header", self.name, request.id, ENQUEUED_HEADER
             )
             return
-        engine = locks[self.lock_using].engine
+        engine = locks[self.lock_using].engine_for(name)
         record = LeaseRecord(name, engine.state.keys.lock(name), owner, deadline=time.monotonic())
         try:
             engine.release(record)  # compare-and-delete: only a marker of that owner

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..engine import escape_glob
+from ..manager import LockManager
 from ..registry import locks
 from .reader import SCAN_COUNT, AliasInspector
 from .records import (
@@ -46,6 +47,8 @@ __all__ = [
     "escape_glob",
     "force_release",
     "get_lock",
+    "inspector_for",
+    "inspectors_of",
     "lease_id",
     "list_locks",
     "mask_owner",
@@ -62,31 +65,56 @@ def list_locks(
     using: Iterable[str] | None = None, prefix: str = "", offset: int = 0, limit: int = 50
 ) -> LockPage:
     """Locks ``offset``..``offset + limit`` over the aliases in order, names starting with
-    ``prefix``. Reads at most ``offset + limit + 1`` names per alias."""
+    ``prefix``. Reads at most ``offset + limit + 1`` names per alias (and shard)."""
     wanted = offset + limit + 1
-    found: list[tuple[str, str]] = []
-    errors: list[NodeError] = []
-    inspectors: dict[str, AliasInspector] = {}
+    found: list[tuple[AliasInspector, str]] = []
+    opened: list[AliasInspector] = []
     try:
         for alias in aliases() if using is None else using:
             if len(found) >= wanted:
                 break
-            inspector = inspectors[alias] = AliasInspector(locks[alias])
-            names = inspector.scan_names(prefix, wanted - len(found))
-            found.extend((alias, name) for name in names)
+            shards = inspectors_of(locks[alias])
+            opened.extend(shards)
+            found.extend(_scan_shards(shards, prefix, wanted - len(found)))
         page = found[offset : offset + limit]
         infos: list[LockInfo] = []
-        for alias, inspector in inspectors.items():
-            names = [name for a, name in page if a == alias]
+        for inspector in opened:
+            names = [name for owner, name in page if owner is inspector]
             if names:
                 infos.extend(inspector.lock_infos(names))
-            errors.extend(inspector.errors)
+        errors = _errors_of(opened)
     finally:
-        for inspector in inspectors.values():
+        for inspector in opened:
             inspector.close()
-    order = {key: i for i, key in enumerate(page)}
+    order = {(owner.alias, name): i for i, (owner, name) in enumerate(page)}
     infos.sort(key=lambda info: order[(info.alias, info.name)])
     return LockPage(infos, len(found) > offset + limit, errors)
+
+
+def _scan_shards(
+    shards: list[AliasInspector], prefix: str, need: int | None
+) -> list[tuple[AliasInspector, str]]:
+    """The names of one alias (each with the inspector of its shard), up to ``need``: in
+    name order when every shard gave name order, else shard after shard."""
+    found = [(shard, name) for shard in shards for name in shard.scan_names(prefix, need)]
+    if len(shards) > 1 and all(shard.in_name_order for shard in shards):
+        found.sort(key=lambda entry: entry[1])
+    return found if need is None else found[:need]
+
+
+def _errors_of(inspectors: Iterable[AliasInspector]) -> list[NodeError]:
+    """Each failed node once (the shards of an alias share its nodes)."""
+    return list(dict.fromkeys(error for inspector in inspectors for error in inspector.errors))
+
+
+def inspectors_of(manager: LockManager) -> list[AliasInspector]:
+    """One inspector per shard of ``manager``'s alias (one for an alias that is not spread)."""
+    return [AliasInspector(manager, shard) for shard in range(len(manager.shards))]
+
+
+def inspector_for(manager: LockManager, name: str) -> AliasInspector:
+    """The inspector of the shard that holds ``name``."""
+    return AliasInspector(manager, manager.shards.index(manager.engine_for(name)))
 
 
 def all_locks(
@@ -95,17 +123,27 @@ def all_locks(
     """Every held lock of ``alias`` whose name starts with ``prefix``, in listing order: one
     SCAN pass over the nodes, then the values read ``batch`` names at a time (paging with
     :func:`list_locks` would scan the names before each page again)."""
-    with AliasInspector(locks[alias]) as inspector:
-        names = inspector.scan_names(prefix)
+    shards = inspectors_of(locks[alias])
+    try:
+        found = _scan_shards(shards, prefix, None)
         infos: list[LockInfo] = []
-        for start in range(0, len(names), batch):
-            infos.extend(inspector.lock_infos(names[start : start + batch]))
-        return infos, inspector.errors
+        for start in range(0, len(found), batch):
+            chunk = found[start : start + batch]
+            for inspector in shards:
+                names = [name for owner, name in chunk if owner is inspector]
+                if names:
+                    infos.extend(inspector.lock_infos(names))
+        order = {name: i for i, (_, name) in enumerate(found)}
+        infos.sort(key=lambda info: order[info.name])
+        return infos, _errors_of(shards)
+    finally:
+        for inspector in shards:
+            inspector.close()
 
 
 def get_lock(alias: str, name: str) -> tuple[LockInfo | None, list[NodeError]]:
     """The merged state of one lock (None when no reachable node holds it)."""
-    with AliasInspector(locks[alias]) as inspector:
+    with inspector_for(locks[alias], name) as inspector:
         infos = inspector.lock_infos([name])
         return (infos[0] if infos else None), inspector.errors
 
@@ -132,7 +170,7 @@ def force_release(
     :class:`Unreachable` instead when a node that could hold it did not answer.
     """
     manager = locks[alias]
-    with AliasInspector(manager) as inspector:
+    with inspector_for(manager, name) as inspector:
         values, _, markers = inspector.read_page([name])
         per_node, errors = values[0], inspector.errors
         if markers[0] is not None:  # a semaphore or a read-write lock's readers
@@ -188,7 +226,7 @@ def _force_release_kind(
             f"semaphore {name!r} on alias {alias!r} has another newest permit now (token "
             f"{info.token}); nothing was released"
         )
-    engine = inspector.manager.engine
+    engine = inspector.engine
     permits = info.permits or 0
     deleted = 0
     for slot, per_node in enumerate(inspector.read_slots(name, permits)):

@@ -39,11 +39,15 @@ KIND_MARKERS = (SEMAPHORE_MARKER, "rwlock|")
 
 class AliasInspector:
     """Plain clients to one alias's nodes for one inspection; a node that fails once is
-    treated as down for the rest of it (no repeated timeouts)."""
+    treated as down for the rest of it (no repeated timeouts). ``shard``: which shard of a
+    spread cluster alias (see :mod:`..cluster`); the first one reports the nodes' health."""
 
-    def __init__(self, manager: LockManager) -> None:
-        self.config: AliasConfig = manager.config
+    def __init__(self, manager: LockManager, shard: int = 0) -> None:
+        self.config: AliasConfig = manager.config.shard_configs()[shard]
         self.manager = manager
+        self.engine = manager.shards[shard]
+        #: set by :meth:`scan_names`: whether the names it gave are in name order
+        self.in_name_order = True
         self._factories = [client_factory(node, self.config) for node in self.config.nodes]
         self._clients: dict[int, redis.Redis] = {}
         self.failures: dict[int, str] = {}
@@ -168,6 +172,7 @@ class AliasInspector:
                         per_node[running.pop(future)] = future.result()
                     if need is not None and len(merged()) >= need:
                         settled.set()  # later nodes' names would be cut off: stop them
+        self.in_name_order = not large
         names = merged() if large else sorted(merged())
         return names if need is None else names[:need]
 
@@ -317,7 +322,7 @@ class AliasInspector:
                     used_memory=_maybe_int(memory.get("used_memory")),
                     used_memory_human=str(memory.get("used_memory_human", "")) or None,
                     role=role,
-                    master=current_master(node, self.config),
+                    master=current_master(node, self.config, len(self.manager.shards)),
                 )
             )
         return report

@@ -1,5 +1,6 @@
 """A cluster node under the shop workload: the master of the alias's slot SIGKILLed and failed
-over to its replica, and the slot migrated to another master mid-workload."""
+over to its replica (also for a spread alias, whose locks are on every master), and the slot
+migrated to another master mid-workload."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from django_redlock.cluster import slot_of
+from django_redlock.cluster import SHARDS, shard_of, shard_prefixes, slot_of
 from django_redlock.testing.cluster import ClusterGroup
 from tests.faults.conftest import LONG, TTL, Run, Shop, assert_data_oracles
 from tests.support.shop_workload import WorkerPool, overlap_anomalies, token_anomalies
@@ -68,6 +69,48 @@ def test_slot_master_killed_and_failed_over(
     killed = marks["killed"]
     first_after = min(e["acquired"] for e in run.history.granted if e["acquired"] > killed)
     assert first_after - killed >= TTL * 0.9 * 1e9
+
+
+def test_a_master_of_a_spread_alias_killed_and_failed_over(
+    shop: Shop, cluster: ClusterGroup, report: Callable[..., None]
+) -> None:
+    """A spread alias (no hash tag: its items' locks on every master): the master of its
+    first shard is SIGKILLed a second in and its replica takes over. Its shards are
+    quarantined for one TTL while the other masters' shards go on; the same oracles hold."""
+    prefix = "shopspread:"
+    shards = shard_prefixes(prefix)
+    slot = slot_of(shards[0])
+    marks: dict[str, int] = {}
+    hit: set[int] = set()  # the shards the killed master served
+
+    def crash(pool: WorkerPool) -> None:
+        time.sleep(1.0)
+        victim = cluster.master_of(slot)
+        hit.update(i for i, p in enumerate(shards) if cluster.master_of(slot_of(p)) is victim)
+        marks["fault"] = time.monotonic_ns()
+        old = cluster.kill_master(slot)
+        marks["killed"] = time.monotonic_ns()
+        cluster.wait_failover(slot, old)
+        marks["settled"] = time.monotonic_ns()
+
+    config = shop.settings([cluster.node_setting()], KEY_PREFIX=prefix)
+    run = shop.run(config, stock=10_000, duration=SECONDS, during=crash)
+    seen = _judge(run, marks["fault"], marks["settled"])
+    # The cluster refuses every command until the replica is promoted (its slots are not
+    # covered); then the promoted replica is quarantined for a TTL from when the workers
+    # first see it, while the other masters' shards sell.
+    promoted, quarantine_end = marks["settled"], marks["settled"] + TTL * 0.8 * 1e9
+    granted = run.history.granted
+    on_hit = [
+        e
+        for e in granted
+        if marks["killed"] < e["acquired"] < quarantine_end
+        and shard_of(f"product:{e['pk']}", SHARDS) in hit
+    ]
+    elsewhere = [e for e in granted if promoted < e["acquired"] < quarantine_end]
+    assert on_hit == [], "the promoted replica's shards granted before their quarantine ended"
+    assert elsewhere, "the other masters' shards must go on selling meanwhile"
+    report("spread alias, a cluster master killed", run, sold_meanwhile=len(elsewhere), **seen)
 
 
 def test_slot_migrated_mid_workload(

@@ -85,7 +85,9 @@ class Refresher:
     def refresh_waiters(self) -> None:
         """Every alias's engine's count of waiting calls (no I/O)."""
         for alias in list(locks):
-            self._metrics.waiters.labels(alias).set(locks[alias].engine.waiters.value)
+            self._metrics.waiters.labels(alias).set(
+                sum(engine.waiters.value for engine in locks[alias].shards)
+            )
 
     def refresh_nodes(self) -> None:
         """Probe every node of every alias: up (1/0) and the probe's round-trip time."""
