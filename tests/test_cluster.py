@@ -18,6 +18,7 @@ from django_redlock.cluster import SHARDS, shard_of, slot_of
 from django_redlock.conf import hash_tag, parse_alias
 from django_redlock.exceptions import LockError, LockNotAcquired, NodesUnavailable
 from django_redlock.inspection import list_locks, node_health
+from django_redlock.manager import LockManager
 from django_redlock.testing.cluster import ClusterGroup
 
 PREFIX = "{lock}:"
@@ -94,26 +95,31 @@ def test_hash_tag_is_what_redis_cluster_hashes() -> None:
     assert {slot_of(key) for key in keys} == {slot_of(prefix)}
 
 
+def _locks_semaphores_and_rwlocks(manager: LockManager) -> None:
+    """A lock (sync, then asyncio with a higher token), a semaphore and a read-write lock."""
+    with manager.lock("a", timeout=0) as first, pytest.raises(LockNotAcquired):
+        manager.acquire("a", timeout=0)
+
+    async def main() -> int:
+        lease = await manager.aacquire("a", timeout=0)
+        await lease.arelease()
+        return lease.token
+
+    assert asyncio.run(main()) > first.token
+    permit = manager.semaphore("pool", 2, timeout=0)
+    with permit, manager.semaphore("pool", 2, timeout=0), pytest.raises(LockNotAcquired):
+        manager.acquire("pool", permits=2, timeout=0)
+    reader = manager.read_lock("doc", timeout=0)
+    with reader, manager.read_lock("doc", timeout=0), pytest.raises(LockNotAcquired):
+        manager.acquire("doc", rw="write", timeout=0)
+
+
 def test_every_primitive_on_a_cluster_node(cluster: ClusterGroup) -> None:
     """Locks (sync and asyncio), semaphores, read-write locks and lock_many work on a
     cluster node: every key sits on the master serving the prefix's slot, one fence hash."""
     with override_settings(REDLOCK=_alias(cluster)):
         manager = locks["default"]
-        with manager.lock("a", timeout=0) as first, pytest.raises(LockNotAcquired):
-            manager.acquire("a", timeout=0)
-
-        async def main() -> int:
-            lease = await manager.aacquire("a", timeout=0)
-            await lease.arelease()
-            return lease.token
-
-        assert asyncio.run(main()) > first.token
-        permit = manager.semaphore("pool", 2, timeout=0)
-        with permit, manager.semaphore("pool", 2, timeout=0), pytest.raises(LockNotAcquired):
-            manager.acquire("pool", permits=2, timeout=0)
-        reader = manager.read_lock("doc", timeout=0)
-        with reader, manager.read_lock("doc", timeout=0), pytest.raises(LockNotAcquired):
-            manager.acquire("doc", rw="write", timeout=0)
+        _locks_semaphores_and_rwlocks(manager)
         with manager.lock_many(["x", "y", "z"], timeout=0) as held:
             assert sorted(held.tokens) == ["x", "y", "z"]
             master = cluster.master_of(slot_of(PREFIX))
@@ -225,23 +231,7 @@ def test_every_primitive_on_a_spread_alias(cluster: ClusterGroup) -> None:
     hash tag; lock_many across shards is refused before any network call, naming the rule."""
     with override_settings(REDLOCK=_alias(cluster, "spread:")):
         manager = locks["default"]
-        with manager.lock("a", timeout=0) as first, pytest.raises(LockNotAcquired):
-            manager.acquire("a", timeout=0)
-
-        async def main() -> int:
-            lease = await manager.aacquire("a", timeout=0)
-            await lease.arelease()
-            return lease.token
-
-        assert asyncio.run(main()) > first.token
-        permit, reader = (
-            manager.semaphore("pool", 2, timeout=0),
-            manager.read_lock("doc", timeout=0),
-        )
-        with permit, manager.semaphore("pool", 2, timeout=0), pytest.raises(LockNotAcquired):
-            manager.acquire("pool", permits=2, timeout=0)
-        with reader, manager.read_lock("doc", timeout=0), pytest.raises(LockNotAcquired):
-            manager.acquire("doc", rw="write", timeout=0)
+        _locks_semaphores_and_rwlocks(manager)
         cart = ["{cart:7}book", "{cart:7}pen", "{cart:7}ink"]
         with manager.lock_many(cart, timeout=0) as held:
             assert sorted(held.tokens) == sorted(cart)
