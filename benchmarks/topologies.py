@@ -4,8 +4,8 @@
    sentinel node naming the same master (target: sentinel <= 1.1x the plain node's time).
 2. The same against a cluster node (the master of the alias's slot) and a single plain node.
 3. 8 spawned processes, each on its own names, acquire + release for ``--seconds``: one alias
-   on one master, against three aliases whose hash tags sit on the cluster's three masters
-   (names spread over them): aggregate pairs/s.
+   pinned to one master, against one spread alias (no hash tag: its names over the cluster's
+   masters) and three pinned aliases on the three masters: aggregate pairs/s.
 
     .venv/bin/python benchmarks/topologies.py [--pairs 3000] [--rounds 5] [--seconds 4]
 
@@ -103,6 +103,7 @@ def main() -> None:
             "sentinel": {"NODES": [group.node_setting()], "KEY_PREFIX": "s:"},
             "single": {"NODES": [single[0].url]},
             "cluster": {"NODES": [cluster.node_setting()], "KEY_PREFIX": tags[0]},
+            "spread": {"NODES": [cluster.node_setting()], "KEY_PREFIX": "sp:"},
             **{
                 f"master{i}": {"NODES": [cluster.node_setting()], "KEY_PREFIX": tag}
                 for i, tag in enumerate(tags)
@@ -122,6 +123,7 @@ def main() -> None:
         clustered = rounds({"single": case("single"), "cluster": case("cluster")}, args)
         one_master = spread(redlock, ["master0"], args.seconds)
         three_masters = spread(redlock, [f"master{i}" for i in range(len(tags))], args.seconds)
+        spread_alias = spread(redlock, ["spread"], args.seconds)
 
     print(f"{'case (median of rounds)':<38}{'pairs/s':>10}{'time vs plain':>15}")
     for label, rate in sentinel.items():
@@ -136,6 +138,8 @@ def main() -> None:
     print(f"{'1 alias, 1 cluster master':<38}{one_master:>10,.0f}{1:>14.2f}x")
     label = f"{len(tags)} aliases on {len(tags)} masters"
     print(f"{label:<38}{three_masters:>10,.0f}{three_masters / one_master:>14.2f}x")
+    label = f"1 spread alias on {len(tags)} masters"
+    print(f"{label:<38}{spread_alias:>10,.0f}{spread_alias / one_master:>14.2f}x")
 
 
 if __name__ == "__main__":
