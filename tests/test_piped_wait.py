@@ -161,8 +161,10 @@ def test_a_cancelled_piped_wait_leaves_nothing_behind(
 
     async def main() -> None:
         task = asyncio.create_task(manager.aacquire("n", timeout=20))
-        await asyncio.sleep(0.4)
-        assert _blocked(node)
+        deadline = time.monotonic() + 5.0
+        while not _blocked(node):  # the first wait pipes its BLPOP (not the first backoff)
+            assert time.monotonic() < deadline, "the waiter never blocked in BLPOP"
+            await asyncio.sleep(0.01)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
