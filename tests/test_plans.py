@@ -14,6 +14,7 @@ import pytest
 
 from django_redlock.engine import plans, primitive_scripts, scripts
 from django_redlock.engine.replies import NOT_AWAITED, NodeFailure
+from django_redlock.engine.state import HEDGE_MIN
 from tests.support.scripted import (
     NOT_CONNECTED,
     PENDING,
@@ -1243,24 +1244,67 @@ def test_quorum_first_asks_the_wake_node_and_the_next_ones_only(qstate: plans.Al
 
 
 def test_quorum_first_asks_the_rest_when_the_first_did_not_win(qstate: plans.AliasState) -> None:
-    """One of the first three says busy, before the others answer: the first half still waits
-    for them (a "no" is not the end while the rest may make a quorum), then the other two are
-    asked; four grants win, the token is the highest counter among them, and the busy node is
-    not reached."""
+    """One of the first three says busy: the request is not settled (a "no" is not the end
+    while the rest may make a quorum), so once the first three answered the hedge goes to the
+    other two, in the same request; three grants win, the token is the highest counter among
+    them (the laggards are raised to it), and the busy node is not reached."""
     first = {FIRST5[0]: granted(9), FIRST5[1]: granted(9), FIRST5[2]: busy(9, 300)}
-    rest = {REST5[0]: granted(7), REST5[1]: granted(11)}
+    rest = {REST5[1]: granted(11), REST5[0]: granted(7)}
     run = drive(
         plans.acquire_plan(qstate, fake_nodes(5), NAME, 5.0),
         [
-            answer(ACQUIRE, *_per_node(first), order=[FIRST5[2], FIRST5[0], FIRST5[1]]),
-            answer(ACQUIRE, *_per_node(rest)),
-            answer(RAISE, *_per_node({i: scripts.STILL_HELD for i in (*FIRST5[:2], REST5[0])})),
+            answer(ACQUIRE, *_per_node({**first, **rest}), order=[FIRST5[2], *FIRST5[:2], *rest]),
+            answer(RAISE, *_per_node({i: scripts.STILL_HELD for i in FIRST5[:2]})),
         ],
     )
-    assert run.settled_after[0] == 3
-    assert run.sent_to(1) == REST5
+    assert run.sent_to(0) == sorted(FIRST5) and run.hedged_to(0) == REST5
+    assert run.settled_after[0] == 4  # three grants: the last hedge node is not awaited
     assert run.result.token == 11
     assert run.result.reached == tuple(i != FIRST5[2] for i in range(5))
+
+
+def test_quorum_first_hedges_around_a_slow_first_node(qstate: plans.AliasState) -> None:
+    """A first node does not answer in time: the hedge asks the other two and the slow
+    node's reply still counts when it comes (the quorum here needs it: one of the hedge
+    nodes says busy). The lease reaches the four that granted."""
+    slow = FIRST5[1]
+    replies = {
+        FIRST5[0]: granted(9),
+        FIRST5[2]: granted(9),
+        REST5[0]: busy(9, 300),
+        REST5[1]: TIMED_OUT,
+        slow: granted(9),
+    }
+    run = drive(
+        plans.acquire_plan(qstate, fake_nodes(5), NAME, 5.0),
+        [answer(ACQUIRE, *_per_node(replies), order=[FIRST5[0], FIRST5[2], *REST5, slow])],
+    )
+    assert run.hedged_to(0) == REST5
+    assert run.result.token == 9
+    assert run.result.reached == tuple(i in (*FIRST5, REST5[1]) for i in range(5))
+
+
+def test_hedge_delay_follows_the_round_trips_within_bounds(qstate: plans.AliasState) -> None:
+    """The hedge waits about two usual round trips: at least HEDGE_MIN, at most NODE_TIMEOUT."""
+    for _ in range(100):
+        qstate.saw_round_trip(0.002)
+    assert qstate.hedge_delay() == pytest.approx(0.004, rel=0.01)
+    for _ in range(200):
+        qstate.saw_round_trip(0.00001)
+    assert qstate.hedge_delay() == HEDGE_MIN
+    for _ in range(200):
+        qstate.saw_round_trip(1.0)
+    assert qstate.hedge_delay() == qstate.node_timeout
+
+
+def test_a_hedged_attempt_given_up_releases_on_every_node(qstate: plans.AliasState) -> None:
+    """Cancelled while the hedge may be out: the give-back goes to all five nodes."""
+    plan = plans.acquire_plan(qstate, fake_nodes(5), NAME, 5.0)
+    request = next(plan)
+    assert request.later_nodes() == set(REST5)
+    give_back = plan.throw(plans.Abandoned())
+    assert not give_back.wait
+    assert [i for i, c in enumerate(give_back.calls) if c is not None] == list(range(5))
 
 
 def test_quorum_first_does_not_ask_the_rest_when_they_cannot_win(

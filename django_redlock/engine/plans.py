@@ -152,18 +152,10 @@ def acquire_plan(
     def give_back(calls: list[Call | None], replies: Sequence[Any], owner: str) -> Plan[None]:
         return _release_calls(state, nodes, calls, replies, owner, name, tried, kind=kind)
 
-    def votes(replies: Sequence[Any]) -> int:
-        granted = [
-            _granted_slot(r)
-            for r in replies
-            if not isinstance(r, NodeFailure) and int(r[0]) == scripts.GRANTED
-        ]
-        return _best_slot(granted)[1] if permits else len(granted)
-
     args = (mark_ms, "1" if woken else "0", waiter, *extra)
     first = quorum_first(state, nodes, name)
     owner, calls, replies, statuses, started = yield from attempt_round(
-        state, nodes, script, touched, ttl, args, settled, give_back, before, wait, first, votes
+        state, nodes, script, touched, ttl, args, settled, give_back, before, wait, first
     )
     try:
         granted = [
@@ -238,7 +230,6 @@ def attempt_round(
     before: tuple[tuple[str | int, ...], ...] = (),
     wait: float = 0.0,
     first: Collection[int] | None = None,
-    votes: Callable[[Sequence[Any]], int] | None = None,
     tokens: int = 1,
 ) -> Plan[Attempted]:
     """Send an acquiring ``script`` to every trusted node, with the args ``(owner, ttl_ms,
@@ -249,8 +240,9 @@ def attempt_round(
     ahead of the first try's calls, whose replies may take ``wait`` seconds longer.
 
     ``first``: the nodes to ask first (a quorum, see :func:`quorum_first`); the others are
-    asked only when those did not win and still can with them (``votes(replies)``: how many
-    nodes voted for one outcome; default: how many granted). ``tokens``: how many tokens one
+    asked as a hedge (:class:`~.replies.Request` ``later``) when those have not settled the
+    attempt within :meth:`AliasState.hedge_delay`, or at once when they all answered without
+    settling it, and the replies of every node asked count. ``tokens``: how many tokens one
     grant draws from a node's counter (``lock_many``: one per name)."""
     total = len(nodes)
     needed = quorum(total)
@@ -259,38 +251,34 @@ def attempt_round(
     suffix = LockValue.suffix(int(time.time() * 1000), state.host, state.pid)
     owner, rejoined = new_owner(), False
     calls: list[Call | None] = []
-    count = votes or _granted_count
+    later: list[Call | None] | None = None
 
     def call(node: NodeView, ahead: tuple[tuple[str | int, ...], ...] = ()) -> Call | None:
         if node.run_id is None:
             return None
         return Call(script, touched, (owner, ttl_ms, node.run_id, suffix, *args), ahead)
 
-    def won_first(slots: list[Slot]) -> bool:
-        # the first half settles once it won or all of it answered: a "no" there is not the
-        # end while the nodes not asked yet may still make a quorum
-        if all(s.done for s, c in zip(slots, calls, strict=True) if c is not None):
-            return True
-        return count([s.value if s.done else _NOT_ASKED for s in slots]) >= needed
-
     try:
         while True:
             started = time.monotonic()
             asked = range(total) if first is None or rejoined else first
             calls = [call(node, before) if i in asked else None for i, node in enumerate(nodes)]
+            later = None
+            if len(asked) < total:
+                later = [None if i in asked else call(node) for i, node in enumerate(nodes)]
             replies = yield Request(
-                calls, state.node_timeout + wait, settled if len(asked) == total else won_first
+                calls, state.node_timeout + wait, settled, later=later, hedge=state.hedge_delay()
             )
             before, wait = (), 0.0
-            if len(asked) < total:
-                replies = [r if i in asked else _NOT_ASKED for i, r in enumerate(replies)]
-                rest = [i for i in range(total) if i not in asked]
-                won = count(replies)
-                if won < needed and won + len(rest) >= needed:
-                    more: list[Call | None] = [None] * total
-                    for i in rest:
-                        calls[i] = more[i] = call(nodes[i])
-                    replies = yield from _ask_the_rest(state, more, replies, settled)
+            if later is not None:
+                hedged = [
+                    i for i, c in enumerate(later) if c is not None and replies[i] != _NOT_ASKED
+                ]
+                calls = [later[i] if i in hedged else c for i, c in enumerate(calls)]
+                if not hedged and all(
+                    not isinstance(r, NodeFailure) for r in replies if r != _NOT_ASKED
+                ):
+                    state.saw_round_trip(time.monotonic() - started)
             statuses = [None if isinstance(r, NodeFailure) else int(r[0]) for r in replies]
             seen = [i for i, st in enumerate(statuses) if st == scripts.UNTRUSTED]
             if seen and statuses.count(scripts.GRANTED) < needed and not rejoined:
@@ -302,38 +290,14 @@ def attempt_round(
                     continue
             return Attempted(owner, calls, replies, statuses, started)
     except Abandoned:
-        # the caller gave up while a call was in flight: any node may have granted it
-        yield from give_back(calls, [None] * len(nodes), owner)
+        # the caller gave up while a call was in flight: any node may have granted it (a
+        # hedge call too, if it went out)
+        sent = [c if c is not None else (later[i] if later else None) for i, c in enumerate(calls)]
+        yield from give_back(sent, [None] * len(nodes), owner)
         raise
 
 
 _NOT_ASKED = NodeFailure(NOT_ASKED, sent=False)
-
-
-def _granted_count(replies: Sequence[Any]) -> int:
-    return sum(1 for r in replies if not isinstance(r, NodeFailure) and r[0] == scripts.GRANTED)
-
-
-def _ask_the_rest(
-    state: AliasState,
-    calls: list[Call | None],
-    replies: list[Any],
-    settled: Callable[[list[Slot]], bool],
-) -> Plan[list[Any]]:
-    """The second half of a quorum-first attempt: ``calls`` to the nodes not asked yet,
-    settled on what all nodes said; returns the replies of both halves, per node."""
-    known: list[Slot] = []
-    for reply in replies:
-        slot = Slot(None)
-        slot.fill(reply)
-        known.append(slot)
-
-    def settled_with_known(slots: list[Slot]) -> bool:
-        pairs = zip(slots, known, calls, strict=True)
-        return settled([slot if c is not None else k for slot, k, c in pairs])
-
-    more = yield Request(calls, state.node_timeout, settled_with_known)
-    return [m if c is not None else r for m, r, c in zip(more, replies, calls, strict=True)]
 
 
 def quorum_first(state: AliasState, nodes: Sequence[NodeView], name: str) -> list[int] | None:

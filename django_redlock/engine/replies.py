@@ -97,12 +97,36 @@ def is_noscript(value: Any) -> bool:
 class Request:
     """Send ``calls`` (index = node) and collect replies until ``settled`` or ``timeout``.
 
-    ``wait`` False: fire and forget (the replies are read later, in order, and dropped)."""
+    ``wait`` False: fire and forget (the replies are read later, in order, and dropped).
+    ``later``: calls to more nodes (a hedge), sent only if the request is not settled
+    ``hedge`` seconds after ``calls`` went out, or sooner once every call has answered; their
+    nodes count as still to answer until then, and the replies of all calls are collected
+    from then on. A node of ``later`` never sent to gets ``NodeFailure(NOT_ASKED, sent=False)``.
+    """
 
     calls: list[Call | None]
     timeout: float
     settled: Callable[[list[Slot]], bool] | None = None
     wait: bool = True
+    later: list[Call | None] | None = None
+    hedge: float = 0.0
+
+    def later_nodes(self) -> set[int]:
+        """The nodes ``later`` has a call for."""
+        return {i for i, call in enumerate(self.later or ()) if call is not None}
+
+
+def not_asked_slot() -> Slot:
+    """The slot of a hedge call that was never sent: its node is still to answer while the
+    hedge may go out, and ends ``NOT_ASKED`` if it never does."""
+    return Slot(None)
+
+
+def result_of(slot: Slot, *, expired: bool) -> Any:
+    """A slot's reply; ``NOT_ASKED`` for a hedge call never sent."""
+    if slot.call is None and not slot.done:
+        return NodeFailure(NOT_ASKED, sent=False)
+    return slot.result(expired=expired)
 
 
 class Labelled(Protocol):

@@ -38,6 +38,13 @@ WAKES = {"": "0", PERMIT: "1", READ: "0", WRITE: "2"}
 #: After a release that woke a waiter, only a woken waiter may take the name for this long
 #: (ms); if it never comes (it died, or its timeout ran out) anyone may take it afterwards.
 HANDOFF_MS = 10
+#: Quorum-first (``FAN_OUT = "quorum"``): the other nodes are asked once the first quorum has
+#: not settled after this many of its usual round trips (a moving average), and never
+#: sooner than :data:`HEDGE_MIN` seconds (never later than ``NODE_TIMEOUT``).
+HEDGE_ROUND_TRIPS = 2.0
+HEDGE_MIN = 0.0005
+#: Weight of the newest round trip in that moving average.
+ROUND_TRIP_WEIGHT = 0.1
 
 
 class NodeView(Protocol):
@@ -79,6 +86,8 @@ class AliasState:
     next_rejoin_check: float = 0.0
     #: (node label, run_id) -> when this process first saw that incarnation untrusted
     untrusted_seen: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: moving average of how long a quorum-first round took to settle, seconds
+    round_trip: float = 0.001
     keys: Keyspace = field(init=False)
 
     def __post_init__(self) -> None:
@@ -118,6 +127,14 @@ class AliasState:
         without a failed attempt (which registers it otherwise). Sent with the ``BLPOP`` on the
         wake-up connection, which loads no scripts: hence ``EVAL``, cached by the server."""
         return ("EVAL", scripts.REGISTER.source, 1, self.keys.waiters(name), waiter, mark_ms)
+
+    def hedge_delay(self) -> float:
+        """When a quorum-first attempt asks the other nodes (see :data:`HEDGE_ROUND_TRIPS`)."""
+        return min(self.node_timeout, max(HEDGE_MIN, self.round_trip * HEDGE_ROUND_TRIPS))
+
+    def saw_round_trip(self, seconds: float) -> None:
+        """Fold a quorum-first round that settled without the hedge into the average."""
+        self.round_trip += (seconds - self.round_trip) * ROUND_TRIP_WEIGHT
 
     def drift(self, ttl: float) -> float:
         return ttl * self.drift_factor + 0.002

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from django_redlock.testing import RedisNodes
+from django_redlock.testing import RedisNode, RedisNodes
 from tests.faults.conftest import SEEDS, TTL, Shop, assert_all_oracles, assert_data_oracles
 from tests.support import engine_workers as workers
 from tests.support.shop_workload import WorkerPool, overlap_anomalies, token_anomalies
@@ -32,10 +32,18 @@ def every(interval: float, action: Callable[[], Any], seconds: float) -> int:
     return count
 
 
+#: The key ``pauses_and_a_restart`` sets on its ``flag`` node once its planned faults are
+#: done: the workers go on until it exists, so a fast workload still meets every fault.
+FAULTS_DONE = "faults-done"
+
+
 @contextlib.contextmanager
-def pauses_and_a_restart(nodes: RedisNodes, seed: int) -> Iterator[list[str]]:
+def pauses_and_a_restart(
+    nodes: RedisNodes, seed: int, flag: RedisNode | None = None
+) -> Iterator[list[str]]:
     """While the block runs, pause a random node for 0.15 s every 0.3 s, and kill node 0 and
-    restart it empty after the sixth pause; yields the list of faults done so far."""
+    restart it empty after the sixth pause; two pauses after the restart, set
+    :data:`FAULTS_DONE` on ``flag``. Yields the list of faults done so far."""
     stop = threading.Event()
     faults: list[str] = []
 
@@ -50,6 +58,8 @@ def pauses_and_a_restart(nodes: RedisNodes, seed: int) -> Iterator[list[str]]:
             if len(faults) == 6:
                 nodes[0].restart(keep_data=False)
                 faults.append("restart")
+            if len(faults) == 9 and flag is not None:
+                flag.client().set(FAULTS_DONE, 1)
             time.sleep(0.15)
 
     thread = threading.Thread(target=chaos)
@@ -131,14 +141,14 @@ def test_semaphore_holders_with_nodes_paused_and_restarted(
     counter = redis_node_factory(1)[0]
     redlock = {"sem": {"NODES": nodes.urls, "NODE_TIMEOUT": 0.1, "TTL": 5.0}}
     key = f"holders-{count}"
-    with pauses_and_a_restart(nodes, seed=count) as faults, SPAWN.Pool(8) as pool:
+    with pauses_and_a_restart(nodes, seed=count, flag=counter) as faults, SPAWN.Pool(8) as pool:
         results = pool.starmap(
             workers.hold_permits,
-            [(redlock, "sem", "s", 3, counter.url, key, 25) for _ in range(8)],
+            [(redlock, "sem", "s", 3, counter.url, key, 25, FAULTS_DONE) for _ in range(8)],
         )
     seen = [int(n) for n in counter.client().lrange(f"{key}:seen", 0, -1)]
-    assert len(seen) == 200 and max(seen) <= 3
-    assert "restart" in faults and faults.count("pause") >= 3
+    assert len(seen) >= 200 and max(seen) <= 3
+    assert "restart" in faults and faults.count("pause") >= 8
     tokens = [t for r in results for t in r]
     assert len(set(tokens)) == len(tokens)
 
@@ -150,12 +160,12 @@ def test_read_write_lock_with_nodes_paused_and_restarted(redis_node_factory: Nod
     nodes = redis_node_factory(5)
     counter = redis_node_factory(1)[0]
     redlock = {"rw": {"NODES": nodes.urls, "NODE_TIMEOUT": 0.1, "TTL": 5.0}}
-    args = [(redlock, "rw", "rw", counter.url, 15, False)] * 6
-    args += [(redlock, "rw", "rw", counter.url, 10, True)] * 2
-    with pauses_and_a_restart(nodes, seed=5) as faults, SPAWN.Pool(8) as pool:
+    args = [(redlock, "rw", "rw", counter.url, 15, False, FAULTS_DONE)] * 6
+    args += [(redlock, "rw", "rw", counter.url, 10, True, FAULTS_DONE)] * 2
+    with pauses_and_a_restart(nodes, seed=5, flag=counter) as faults, SPAWN.Pool(8) as pool:
         done = pool.starmap(workers.read_write_sections, args)
-    assert done == [15] * 6 + [10] * 2
+    assert min(done[:6]) >= 15 and min(done[6:]) >= 10
     seen = [v.split() for v in counter.client().lrange("rw:seen", 0, -1)]
     assert all(s[1] == b"1" and s[2] == b"0" for s in seen if s[0] == b"writers")
     assert all(s[2] == b"0" for s in seen if s[0] == b"readers")
-    assert "restart" in faults and faults.count("pause") >= 3
+    assert "restart" in faults and faults.count("pause") >= 8

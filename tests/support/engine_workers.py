@@ -98,9 +98,11 @@ def hold_permits(
     counter_url: str,
     key: str,
     rounds: int,
+    until: str = "",
 ) -> list[int]:
-    """``rounds`` times: take one of ``permits`` permits of ``name``, count the holders inside
-    (an INCR/DECR outside the library: the oracle) and record the most seen; returns tokens."""
+    """``rounds`` times (and on, while the key ``until`` is missing on the counter node): take
+    one of ``permits`` permits of ``name``, count the holders inside (an INCR/DECR outside the
+    library: the oracle) and record the most seen; returns tokens."""
     setup_django(redlock)
     import redis
 
@@ -108,7 +110,7 @@ def hold_permits(
 
     counter = redis.Redis.from_url(counter_url)
     tokens: list[int] = []
-    for _ in range(rounds):
+    while len(tokens) < rounds or (until and not counter.exists(until)):
         with locks[alias].semaphore(name, permits, ttl=5, timeout=60) as lease:
             inside = counter.incr(key)
             counter.rpush(f"{key}:seen", inside)
@@ -164,10 +166,17 @@ def random_sets_under_lock_many(
 
 
 def read_write_sections(
-    redlock: dict[str, Any], alias: str, name: str, counter_url: str, rounds: int, writer: bool
+    redlock: dict[str, Any],
+    alias: str,
+    name: str,
+    counter_url: str,
+    rounds: int,
+    writer: bool,
+    until: str = "",
 ) -> int:
-    """``rounds`` read (or write) sections of ``name``; inside, count readers and writers
-    (INCR/DECR outside the library: the oracle) and record what each section saw."""
+    """``rounds`` read (or write) sections of ``name`` (and on, while the key ``until`` is
+    missing on the counter node); inside, count readers and writers (INCR/DECR outside the
+    library: the oracle) and record what each section saw. Returns the sections done."""
     setup_django(redlock)
     import redis
 
@@ -176,7 +185,9 @@ def read_write_sections(
     counter = redis.Redis.from_url(counter_url)
     manager = locks[alias]
     mine, other = ("writers", "readers") if writer else ("readers", "writers")
-    for _ in range(rounds):
+    done = 0
+    while done < rounds or (until and not counter.exists(until)):
+        done += 1
         block = manager.write_lock if writer else manager.read_lock
         with block(name, ttl=5, timeout=60) as lease:
             inside = counter.incr(f"{name}:{mine}")
@@ -184,7 +195,7 @@ def read_write_sections(
             counter.rpush(f"{name}:seen", f"{mine} {inside} {others} {lease.token}")
             time.sleep(0.003)
             counter.decr(f"{name}:{mine}")
-    return rounds
+    return done
 
 
 def acquire_and_report(

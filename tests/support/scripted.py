@@ -26,10 +26,11 @@ from types import ModuleType
 from typing import Any
 
 from django_redlock.engine import plans
-from django_redlock.engine.replies import Call, NodeFailure, Slot
+from django_redlock.engine.replies import NOT_ASKED, Call, NodeFailure, Slot, result_of
 from django_redlock.engine.scripts import Script
 
 NOT_CONNECTED = NodeFailure("down: not connected", sent=False)
+NOT_ASKED_FAILURE = NodeFailure(NOT_ASKED, sent=False)
 
 
 @dataclass
@@ -128,8 +129,13 @@ class Run:
         return self.requests[index].calls
 
     def sent_to(self, index: int) -> list[int]:
-        """The nodes request ``index`` sent a call to."""
+        """The nodes request ``index`` sent a call to first (not its hedge)."""
         return [i for i, call in enumerate(self.calls(index)) if call is not None]
+
+    def hedged_to(self, index: int) -> list[int]:
+        """The nodes request ``index``'s hedge went to (those answered: never ``NOT_ASKED``)."""
+        hedge = self.requests[index].later_nodes()
+        return [i for i in sorted(hedge) if self.replies[index][i] != NOT_ASKED_FAILURE]
 
     def scripts(self) -> list[str]:
         """The script name of every request, in order."""
@@ -180,31 +186,52 @@ def _answer(index: int, request: plans.Request, step: Step) -> tuple[list[Any], 
     if step.wait and len(step.replies) != count:
         raise AssertionError(f"{where}: script has {len(step.replies)} replies for {count} nodes")
     sent = {i for i, call in enumerate(request.calls) if call is not None}
+    hedge = request.later_nodes()
     expected = step.expected_targets(count)
-    if sent != expected:
+    if sent - expected or expected - sent - hedge:
         raise AssertionError(f"{where}: calls went to {sorted(sent)}, expected {sorted(expected)}")
-    wrong = [i for i in sent if request.calls[i].script is not step.script]  # type: ignore[union-attr]
+    wrong = [
+        i
+        for i in sent | (hedge & expected)
+        if (request.calls[i] or (request.later or [])[i]).script is not step.script  # type: ignore[union-attr]
+    ]
     if wrong:
         raise AssertionError(f"{where}: nodes {wrong} do not call {step.script.name}")
     if not step.wait:
         return [None] * count, None
     slots = [Slot(call) for call in request.calls]
     for i in range(count):
-        if request.calls[i] is None:
+        if request.calls[i] is None and i not in hedge:
             slots[i].fill(NOT_CONNECTED)
     after: int | None = None
-    if step.order is None:
-        for i in sent:
-            slots[i].fill(step.replies[i])
+
+    def settled() -> bool:
+        return request.settled is not None and request.settled(slots)
+
+    def answer(i: int) -> None:
+        if i in hedge and slots[i].call is None:  # the hedge goes out, to all its nodes
+            for k in hedge:
+                slots[k] = Slot(request.later[k])  # type: ignore[index]
+        slots[i].fill(step.replies[i])
+
+    if step.order is None:  # every first call answers; then the hedge, if still unsettled
+        for i in sorted(sent):
+            answer(i)
+        if not settled():
+            for i in sorted(expected - sent):
+                answer(i)
+            missing = sorted(hedge - expected)
+            if missing and not settled():
+                raise AssertionError(f"{where}: the hedge went to {missing}: script no reply")
     else:
-        if set(step.order) != sent:
-            raise AssertionError(f"{where}: order {step.order} must list exactly {sorted(sent)}")
+        if set(step.order) != expected:
+            raise AssertionError(f"{where}: order {step.order} must list {sorted(expected)}")
         for arrived, i in enumerate(step.order, 1):
-            slots[i].fill(step.replies[i])
-            if request.settled is not None and request.settled(slots):
+            answer(i)
+            if settled():
                 after = arrived
                 break
-    return [slot.result(expired=after is None) for slot in slots], after
+    return [result_of(slot, expired=after is None) for slot in slots], after
 
 
 def slots(*values: Any) -> list[Slot]:

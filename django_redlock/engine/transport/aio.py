@@ -15,9 +15,17 @@ from typing import Any
 
 from redis.asyncio.connection import AbstractConnection
 
-from ..replies import Call, Request, Slot
+from ..replies import Call, Request, Slot, result_of
 from . import redis_py
-from .base import HANDSHAKE, LinkBase, describe, request_slots, resend_unknown_scripts
+from .base import (
+    HANDSHAKE,
+    LinkBase,
+    describe,
+    hold_for_later,
+    request_slots,
+    resend_unknown_scripts,
+    send_later,
+)
 
 AsyncConnectionFactory = Callable[[], AbstractConnection]
 
@@ -118,16 +126,21 @@ class _Gather:
     """The slots of one request: wakes the waiting task once, when they are settled (or all
     done), instead of on every reply; no task or event per wait."""
 
-    __slots__ = ("_future", "_settled", "slots")
+    __slots__ = ("_future", "_settled", "skip", "slots")
 
     def __init__(self, settled: Callable[[list[Slot]], bool] | None) -> None:
         self.slots: list[Slot] = []
         self._settled = settled
         self._future: asyncio.Future[None] | None = None
+        #: hedge nodes not asked yet: not waited for
+        self.skip: set[int] = set()
+
+    def settled(self) -> bool:
+        return self._settled is not None and self._settled(self.slots)
 
     def _ready(self) -> bool:
-        slots = self.slots
-        return all(s.done for s in slots) or (self._settled is not None and self._settled(slots))
+        skip = self.skip
+        return all(s.done for i, s in enumerate(self.slots) if i not in skip) or self.settled()
 
     def check(self) -> None:
         """Called by a slot after it was filled."""
@@ -196,6 +209,12 @@ class AsyncChannel:
         if not request.wait:
             return [None] * len(slots)
         deadline = time.monotonic() + request.timeout
+        if request.later:
+            gather.skip = hold_for_later(request, slots)
+            await gather.wait(min(deadline, time.monotonic() + request.hedge))
+            gather.skip = set()
+            if not gather.settled():
+                send_later(self.links, request, slots, gather.send)
         await gather.wait(deadline)
         if resend_unknown_scripts(self.links, slots, gather.check):
             await gather.wait(deadline)
@@ -203,7 +222,7 @@ class AsyncChannel:
         for slot in slots:
             if slot.ahead:
                 self.ahead = [s.result(expired=expired) for s in slot.ahead]
-        return [s.result(expired=expired) for s in slots]
+        return [result_of(s, expired=expired) for s in slots]
 
     def pending(self) -> bool:
         """True while a call sent on this channel has no reply read yet."""

@@ -17,7 +17,15 @@ from typing import Any
 import hiredis
 
 from ..loaded_scripts import ALL_SCRIPTS
-from ..replies import Call, NodeFailure, Request, Slot, failed_slot, is_noscript
+from ..replies import (
+    Call,
+    NodeFailure,
+    Request,
+    Slot,
+    failed_slot,
+    is_noscript,
+    not_asked_slot,
+)
 from ..scripts import RELEASE
 
 #: A node with this many unanswered calls gets no new acquisitions until it catches up. Kept
@@ -196,6 +204,29 @@ def request_slots(
         else:
             slots.append(send(link, call))
     return slots
+
+
+def hold_for_later(request: Request, slots: list[Slot]) -> set[int]:
+    """Put a still-to-answer placeholder in the slots of ``request.later``'s nodes; returns
+    those nodes."""
+    later = request.later_nodes()
+    for i in later:
+        slots[i] = not_asked_slot()
+    return later
+
+
+def send_later(
+    links: Sequence[Any], request: Request, slots: list[Slot], send: Callable[[Any, Call], Slot]
+) -> None:
+    """Send the hedge calls of ``request`` (their placeholders replaced by real slots)."""
+    for i, call in enumerate(request.later or ()):
+        if call is None:
+            continue
+        link = links[i]
+        if link.usable():
+            slots[i] = send(link, call)
+        else:
+            slots[i] = failed_slot(call, f"down: {link.last_error or 'reconnecting'}")
 
 
 def resend_unknown_scripts(

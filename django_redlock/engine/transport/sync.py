@@ -19,9 +19,9 @@ from typing import Any
 
 from redis.connection import AbstractConnection
 
-from ..replies import Request, Slot
+from ..replies import Request, Slot, result_of
 from . import redis_py
-from .base import HANDSHAKE, LinkBase, describe, request_slots
+from .base import HANDSHAKE, LinkBase, describe, hold_for_later, request_slots, send_later
 from .base import resend_unknown_scripts as _resend
 
 ConnectionFactory = Callable[[], AbstractConnection]
@@ -238,6 +238,12 @@ class Channel:
         if not request.wait:
             return [None] * len(slots)
         deadline = time.monotonic() + request.timeout
+        if request.later:
+            later = hold_for_later(request, slots)
+            hedge_at = min(deadline, time.monotonic() + request.hedge)
+            self._collect(slots, hedge_at, request.settled, skip=later)
+            if not (request.settled is not None and request.settled(slots)):
+                send_later(self.links, request, slots, Link.send)
         self._collect(slots, deadline, request.settled)
         if _resend(self.links, slots):
             self._collect(slots, deadline, request.settled)
@@ -245,20 +251,23 @@ class Channel:
         for slot in slots:
             if slot.ahead:
                 self.ahead = [s.result(expired=expired) for s in slot.ahead]
-        return [s.result(expired=expired) for s in slots]
+        return [result_of(s, expired=expired) for s in slots]
 
     def _collect(
         self,
         slots: list[Slot],
         deadline: float,
         settled: Callable[[list[Slot]], bool] | None,
+        skip: set[int] | frozenset[int] = frozenset(),
     ) -> None:
+        """Read replies until ``settled`` says yes, every slot (but ``skip``: hedge nodes not
+        asked yet) is filled, or ``deadline`` passes."""
         poller = self._poller
         links = self.links
         budget = self.spinner.budget()
         spin_until = min(time.monotonic() + budget, deadline)
         while True:
-            waiting = [links[i] for i, slot in enumerate(slots) if not slot.done]
+            waiting = [links[i] for i, slot in enumerate(slots) if not slot.done and i not in skip]
             if not waiting or (settled is not None and settled(slots)):
                 if budget:
                     self.spinner.settled(True)
