@@ -353,11 +353,15 @@ def _health_pipeline(
 
 
 def _key_count(client: redis.Redis) -> int:
-    """``DBSIZE``, or "too many to sort" for a user whose ACL does not allow it."""
+    """How many keys the client's database holds, from ``INFO keyspace`` (``INFO`` is in
+    the documented ACL; ``DBSIZE`` is not); "too many to sort" when it cannot be read."""
     try:
-        return int(client.dbsize())
+        keyspace = client.info("keyspace")
     except redis.ResponseError:
         return SORTED_LISTING_MAX_KEYS + 1
+    db = client.connection_pool.connection_kwargs.get("db", 0)
+    entry = keyspace.get(f"db{db}", {})
+    return int(entry.get("keys", 0)) if isinstance(entry, dict) else SORTED_LISTING_MAX_KEYS + 1
 
 
 def _maybe_int(value: Any) -> int | None:
