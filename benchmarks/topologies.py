@@ -123,7 +123,10 @@ def main() -> None:
         clustered = rounds({"single": case("single"), "cluster": case("cluster")}, args)
         one_master = spread(redlock, ["master0"], args.seconds)
         three_masters = spread(redlock, [f"master{i}" for i in range(len(tags))], args.seconds)
+        for master in cluster.masters():
+            master.client().config_resetstat()
         spread_alias = spread(redlock, ["spread"], args.seconds)
+        shares = [master_calls(master) for master in cluster.masters()]
 
     print(f"{'case (median of rounds)':<38}{'pairs/s':>10}{'time vs plain':>15}")
     for label, rate in sentinel.items():
@@ -140,6 +143,17 @@ def main() -> None:
     print(f"{label:<38}{three_masters:>10,.0f}{three_masters / one_master:>14.2f}x")
     label = f"1 spread alias on {len(tags)} masters"
     print(f"{label:<38}{spread_alias:>10,.0f}{spread_alias / one_master:>14.2f}x")
+    total = sum(shares) or 1
+    print(
+        "script calls per master in the spread run: "
+        + ", ".join(f"{calls / total:.0%}" for calls in shares)
+    )
+
+
+def master_calls(master: Any) -> int:
+    """Script calls (EVALSHA and EVAL) a master ran since its statistics were reset."""
+    stats = master.client().info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval"))
 
 
 if __name__ == "__main__":
