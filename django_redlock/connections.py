@@ -61,12 +61,7 @@ def _pool_for(spec: NodeSpec, timeout: float) -> redis.ConnectionPool:
             if spec.url is not None:
                 pool = redis.ConnectionPool.from_url(spec.url)
             elif spec.service is not None:
-                pool = located_pool(
-                    Sentinels(spec.sentinels, spec.service, timeout),
-                    db=spec.db,
-                    username=spec.username,
-                    password=spec.password,
-                )
+                pool = _sentinel_pool(spec, timeout)
             elif spec.cluster:
                 pool = _cluster_pool(spec, timeout)
             else:
@@ -74,6 +69,24 @@ def _pool_for(spec: NodeSpec, timeout: float) -> redis.ConnectionPool:
                 pool = cache_pool(spec.cache)
             _pools[key] = pool
         return pool
+
+
+def _sentinel_pool(spec: NodeSpec, timeout: float) -> redis.ConnectionPool:
+    """Connections to the master the sentinels name, with the node's ``DB`` and credentials;
+    over TLS when the sentinels are ``rediss://``, with their URL's TLS options (CA, client
+    certificate, verification)."""
+    assert spec.service is not None
+    first = redis.ConnectionPool.from_url(spec.sentinels[0])
+    tls = issubclass(first.connection_class, redis.SSLConnection)
+    options = {k: v for k, v in first.connection_kwargs.items() if k.startswith("ssl")}
+    return located_pool(
+        Sentinels(spec.sentinels, spec.service, timeout),
+        ssl=tls,
+        db=spec.db,
+        username=spec.username,
+        password=spec.password,
+        **(options if tls else {}),
+    )
 
 
 def _cluster_pool(spec: NodeSpec, timeout: float) -> redis.ConnectionPool:

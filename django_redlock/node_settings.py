@@ -250,6 +250,14 @@ def _sentinel_node(alias: str, key: str, raw: Mapping[str, Any]) -> NodeSpec:
             f"unknown key of a sentinel node; known keys are {', '.join(SENTINEL_KEYS)}.",
         )
     urls = _url_list(alias, f"{key}.SENTINELS", raw["SENTINELS"], "sentinel")
+    schemes = {urlsplit(url).scheme for url in urls}
+    if len(schemes) > 1:
+        raise setting_error(
+            alias,
+            f"{key}.SENTINELS",
+            "mixes redis:// and rediss:// URLs: the master is reached over TLS when the "
+            "sentinels are (rediss://), so they must all use one scheme.",
+        )
     service = raw.get("SERVICE")
     if not isinstance(service, str) or not service:
         raise setting_error(alias, f"{key}.SERVICE", "must name the sentinels' master (a str).")

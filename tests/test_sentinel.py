@@ -47,6 +47,7 @@ def _alias(group: SentinelGroup, **extra: Any) -> dict[str, Any]:
         ({"SENTINELS": ["redis://h:0"], "SERVICE": "m"}, ".SENTINELS[0]", "port 0"),
         ({"SENTINELS": ["redis://h:1?x=1"], "SERVICE": "m"}, ".SENTINELS[0]", "refused"),
         ({"SENTINELS": [S1]}, ".SERVICE", "must name"),
+        ({"SENTINELS": [S1, "rediss://h:2"], "SERVICE": "m"}, ".SENTINELS", "one scheme"),
         ({"SENTINELS": [S1], "SERVICE": ""}, ".SERVICE", "must name"),
         ({"SENTINELS": [S1], "SERVICE": "m", "DB": -1}, ".DB", ">= 0"),
         ({"SENTINELS": [S1], "SERVICE": "m", "DB": "0"}, ".DB", ">= 0"),

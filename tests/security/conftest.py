@@ -1,5 +1,6 @@
 """TLS fixture: local certificates (``openssl``) and raw ``redis-server`` processes with
-``--port 0 --tls-port P`` (the launcher pings a plaintext port), stopped by PID."""
+``--port 0 --tls-port P`` (the launcher pings a plaintext port), one of them a sentinel of the
+first, stopped by PID."""
 
 from __future__ import annotations
 
@@ -41,15 +42,26 @@ def _leaf(name: str, ca: str, san: str, cwd: Path) -> None:
              "-out", f"{name}.crt", cwd=cwd)  # fmt: skip
 
 
-def _start(cwd: Path, cert: str) -> tuple[subprocess.Popen[bytes], int]:
+def _start(
+    cwd: Path, cert: str, sentinel_of: int | None = None
+) -> tuple[subprocess.Popen[bytes], int]:
+    """A TLS-only redis-server; ``sentinel_of``: a TLS-only sentinel monitoring the master
+    on that TLS port as service ``tls-service`` (reaching it over TLS too)."""
     port = _free_port()
-    proc = subprocess.Popen(
-        [find_redis_server(), "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
-         "--save", "", "--appendonly", "no", "--dir", str(cwd),
-         "--tls-cert-file", f"{cert}.crt", "--tls-key-file", f"{cert}.key",
-         "--tls-ca-cert-file", "ca.crt", "--tls-auth-clients", "no"],
-        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    tls = ["--tls-port", str(port), "--tls-cert-file", f"{cert}.crt",
+           "--tls-key-file", f"{cert}.key", "--tls-ca-cert-file", "ca.crt",
+           "--tls-auth-clients", "no"]  # fmt: skip
+    if sentinel_of is None:
+        args = [find_redis_server(), "--port", "0", "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--dir", str(cwd), *tls]  # fmt: skip
+    else:
+        config = cwd / f"sentinel-{port}.conf"
+        config.write_text(
+            f"port 0\nbind 127.0.0.1\ndir {cwd}\ntls-replication yes\n"
+            f"sentinel monitor tls-service 127.0.0.1 {sentinel_of} 1\n"
+        )
+        args = [find_redis_server(), str(config), "--sentinel", *tls]
+    proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     context = ssl.create_default_context(cafile=str(cwd / "ca.crt"))
     context.check_hostname = False
     deadline = time.monotonic() + 10
@@ -77,7 +89,8 @@ def _start(cwd: Path, cert: str) -> tuple[subprocess.Popen[bytes], int]:
 @pytest.fixture
 def tls_server(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """A TLS node whose certificate is for 127.0.0.1, and one whose certificate names
-    another host, both signed by ``ca``; ``other_ca`` signed neither."""
+    another host, both signed by ``ca``; ``other_ca`` signed neither. A TLS sentinel
+    (``sentinel_port``) names the first as the master of ``tls-service``."""
     if shutil.which("openssl") is None:
         pytest.skip("openssl not found")
     _ca("ca", tmp_path)
@@ -90,9 +103,12 @@ def tls_server(tmp_path: Path) -> Iterator[dict[str, Any]]:
         procs.append(proc)
         proc2, port2 = _start(tmp_path, "elsewhere")
         procs.append(proc2)
+        proc3, port3 = _start(tmp_path, "server", sentinel_of=port)
+        procs.append(proc3)
         yield {
             "port": port,
             "wrong_host_port": port2,
+            "sentinel_port": port3,
             "certs": {"ca": str(tmp_path / "ca.crt"), "other_ca": str(tmp_path / "other_ca.crt")},
         }
     finally:

@@ -34,7 +34,7 @@ def aliases() -> Iterator[Callable[..., LockManager]]:
     """``make(name, urls, **options)``: a named test-only alias, removed afterwards."""
     added: list[str] = []
 
-    def make(name: str, urls: list[str], **options: Any) -> LockManager:
+    def make(name: str, urls: list[Any], **options: Any) -> LockManager:
         settings.REDLOCK = {**settings.REDLOCK, name: {"NODES": urls, **options}}
         added.append(name)
         locks.reset()
@@ -230,9 +230,9 @@ def test_owner_values_never_leak(
 def test_tls_fails_closed_on_wrong_ca_or_hostname(
     tls_server: dict[str, Any], aliases: Callable[..., LockManager]
 ) -> None:
-    """``rediss://`` with local certificates: the right CA locks; a wrong CA, or a server
-    certificate for another hostname, fails closed with NodesUnavailable (no plaintext
-    fallback, no lock)."""
+    """``rediss://`` with local certificates: the right CA locks (also through a TLS sentinel
+    naming a TLS-only master); a wrong CA, or a server certificate for another hostname,
+    fails closed with NodesUnavailable (no plaintext fallback, no lock)."""
     port, certs = tls_server["port"], tls_server["certs"]
 
     def url(ca: str, port: int = port) -> str:
@@ -254,6 +254,12 @@ def test_tls_fails_closed_on_wrong_ca_or_hostname(
     thread.join(10)
     assert time.monotonic() - released < 0.5  # its first backoff alone would take 0.65 s more
     assert woken and woken[0].token > holder.token and woken[0].release() is True
+    # a sentinel node over TLS: the master it names (TLS-only, no plaintext port) is reached
+    # over TLS with the sentinels' URL options
+    sentinel = url(certs["ca"], tls_server["sentinel_port"]).replace("/0?", "?")
+    named = aliases("tls-sentinel", [{"SENTINELS": [sentinel], "SERVICE": "tls-service"}])
+    lease = named.acquire("s", timeout=0)
+    assert lease.token > 0 and lease.release() is True
     wrong_ca = aliases("tls-wrong-ca", [url(certs["other_ca"])], KEY_PREFIX="tls:")
     with pytest.raises(NodesUnavailable):
         wrong_ca.acquire("x", timeout=0)
