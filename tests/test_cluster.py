@@ -275,3 +275,22 @@ def test_listing_and_force_release_over_the_shards(cluster: ClusterGroup) -> Non
         for name, lease in held.items():
             if name != "job:07":
                 lease.release()
+
+
+def test_the_health_check_of_a_spread_alias_sees_every_shard(cluster: ClusterGroup) -> None:
+    """A shard whose master's fence mark names another server (a failed-over master, before
+    its quarantine ends) makes the cluster node "in the restart quarantine", whichever shard
+    it is (the check used to look at the first shard only)."""
+    from django_redlock.contrib.health.report import alias_status
+
+    with override_settings(REDLOCK=_alias(cluster, "health:")):
+        manager = locks["default"]
+        for i in range(200):  # a grant in every shard
+            manager.acquire(f"h{i}", timeout=0).release()
+        assert alias_status("default").healthy
+        last = manager.config.shards[-1]
+        master = cluster.master_of(slot_of(last))
+        master.client().hset(f"{last}__fence__", "run_id", "0" * 40)
+        status = alias_status("default")
+    assert not status.healthy
+    assert status.problems() == ["node 0 in the restart quarantine"]

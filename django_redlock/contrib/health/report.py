@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ...inspection import AliasInspector, aliases
+from ...inspection import AliasInspector, NodeHealth, aliases, inspectors_of
 from ...registry import locks
 
 #: Policies under which Redis never evicts keys, so a lock key lives until its TTL. Nodes that
@@ -71,25 +71,40 @@ class AliasStatus:
 
 
 def alias_status(alias: str) -> AliasStatus:
-    """Probe every node of ``alias`` (each within the alias's node timeout)."""
+    """Probe every node of ``alias`` (each within the alias's node timeout); a spread cluster
+    alias's nodes through every shard (each shard's master has its own fence mark)."""
     manager = locks[alias]
-    with AliasInspector(manager) as inspector:
-        health = inspector.health()
-        marks = inspector.fence_marks()
-    # a cluster whose nodes never granted a lease is brand new: its first acquire initialises
-    # every node at once (engine/trust.py), so none of them is quarantined yet
-    granted = any(mark is not None and mark[1] > 0 for mark in marks)
+    shards = [_probe(inspector) for inspector in inspectors_of(manager)]
+    first = shards[0][0]
     nodes = tuple(
         NodeStatus(
             index=node.index,
-            up=node.up and mark is not None,
-            quarantined=node.up and mark is not None and granted and mark[0] != node.run_id,
+            up=all(health[i].up and marks[i] is not None for health, marks, _ in shards),
+            quarantined=any(
+                _quarantined(health[i], marks[i], used) for health, marks, used in shards
+            ),
             eviction_policy=node.maxmemory_policy,
             latency_ms=node.latency_ms,
         )
-        for node, mark in zip(health, marks, strict=True)
+        for i, node in enumerate(first)
     )
     return AliasStatus(alias, manager.config.quorum, nodes)
+
+
+def _probe(
+    inspector: AliasInspector,
+) -> tuple[list[NodeHealth], list[tuple[str, int] | None], bool]:
+    """One shard's node health, fence marks, and whether any of its nodes ever granted a
+    lease (a set that never did is brand new: its first acquire initialises every node at
+    once, engine/trust.py, so none is quarantined yet)."""
+    with inspector:
+        health = inspector.health()
+        marks = inspector.fence_marks()
+    return health, marks, any(mark is not None and mark[1] > 0 for mark in marks)
+
+
+def _quarantined(node: NodeHealth, mark: tuple[str, int] | None, used: bool) -> bool:
+    return node.up and mark is not None and used and mark[0] != node.run_id
 
 
 def statuses(using: Iterable[str] | None = None) -> list[AliasStatus]:
