@@ -275,10 +275,9 @@ def attempt_round(
                     i for i, c in enumerate(later) if c is not None and replies[i] != _NOT_ASKED
                 ]
                 calls = [later[i] if i in hedged else c for i, c in enumerate(calls)]
-                if not hedged and all(
-                    not isinstance(r, NodeFailure) for r in replies if r != _NOT_ASKED
-                ):
-                    state.saw_round_trip(time.monotonic() - started)
+                # hedged rounds count too: were they left out, a hedge delay below the real
+                # round trip would never grow again and every attempt would hedge
+                state.saw_round_trip(time.monotonic() - started)
             statuses = [None if isinstance(r, NodeFailure) else int(r[0]) for r in replies]
             seen = [i for i, st in enumerate(statuses) if st == scripts.UNTRUSTED]
             if seen and statuses.count(scripts.GRANTED) < needed and not rejoined:

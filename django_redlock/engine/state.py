@@ -86,7 +86,7 @@ class AliasState:
     next_rejoin_check: float = 0.0
     #: (node label, run_id) -> when this process first saw that incarnation untrusted
     untrusted_seen: dict[tuple[str, str], float] = field(default_factory=dict)
-    #: moving average of how long a quorum-first round took to settle, seconds
+    #: moving average of how long a quorum-first round took, seconds
     round_trip: float = 0.001
     keys: Keyspace = field(init=False)
 
@@ -133,7 +133,7 @@ class AliasState:
         return min(self.node_timeout, max(HEDGE_MIN, self.round_trip * HEDGE_ROUND_TRIPS))
 
     def saw_round_trip(self, seconds: float) -> None:
-        """Fold a quorum-first round that settled without the hedge into the average."""
+        """Fold how long a quorum-first round took into the average."""
         self.round_trip += (seconds - self.round_trip) * ROUND_TRIP_WEIGHT
 
     def drift(self, ttl: float) -> float:
