@@ -1297,6 +1297,32 @@ def test_hedge_delay_follows_the_round_trips_within_bounds(qstate: plans.AliasSt
     assert qstate.hedge_delay() == qstate.node_timeout
 
 
+def test_a_hedged_round_counts_as_the_hedge_delay(qstate: plans.AliasState, clock: Clock) -> None:
+    """A round that needed the hedge counts as one that took the hedge delay, not its whole
+    wait (a paused node's 200 ms would inflate the average); one that did not, as it took."""
+    qstate.round_trip = 0.001  # hedge delay 2 ms
+    slow = {**{i: granted(9) for i in (FIRST5[0], *REST5)}, FIRST5[1]: TIMED_OUT}
+    slow[FIRST5[2]] = TIMED_OUT
+    drive(
+        plans.acquire_plan(qstate, fake_nodes(5), NAME, 5.0),
+        [answer(ACQUIRE, *_per_node(slow), elapsed=0.2)],
+        clock,
+    )
+    assert qstate.round_trip == pytest.approx(0.001 + 0.1 * (0.002 - 0.001))
+    before = qstate.round_trip
+    drive(
+        plans.acquire_plan(qstate, fake_nodes(5), "other", 5.0),
+        [answer(ACQUIRE, *_per_node({i: granted(9) for i in _first("other")}), elapsed=0.0005)],
+        clock,
+    )
+    assert qstate.round_trip == pytest.approx(before + 0.1 * (0.0005 - before))
+
+
+def _first(name: str) -> list[int]:
+    wake = plans.wake_node(name, 5)
+    return [(wake + k) % 5 for k in range(3)]
+
+
 def test_a_hedged_attempt_given_up_releases_on_every_node(qstate: plans.AliasState) -> None:
     """Cancelled while the hedge may be out: the give-back goes to all five nodes."""
     plan = plans.acquire_plan(qstate, fake_nodes(5), NAME, 5.0)
