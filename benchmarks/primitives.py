@@ -31,6 +31,20 @@ def pairs_per_second(take: Callable[[], object], pairs: int) -> float:
     return pairs / (time.perf_counter() - started)
 
 
+def median_rates(
+    cases: dict[str, Callable[[], object]], pairs: int, rounds: int
+) -> dict[str, float]:
+    """Per case, the median pairs/s of ``rounds`` interleaved rounds of ``pairs`` (after a
+    warm-up of each)."""
+    for take in cases.values():
+        pairs_per_second(take, 300)  # warm up
+    rates: dict[str, list[float]] = {label: [] for label in cases}
+    for _ in range(rounds):
+        for label, take in cases.items():
+            rates[label].append(pairs_per_second(take, pairs))
+    return {label: statistics.median(r) for label, r in rates.items()}
+
+
 def acquire_p50_us(take: Callable[[], object], count: int) -> float:
     """Median acquire latency (the release is not timed), microseconds."""
     times = []
@@ -112,16 +126,9 @@ def main() -> None:
                     "bench:sem", timeout=0, permits=3
                 ),
             }
-            for take in cases.values():
-                pairs_per_second(take, 300)  # warm up
-            results: dict[str, list[float]] = {label: [] for label in cases}
-            for _ in range(args.rounds):
-                for label, take in cases.items():
-                    results[label].append(pairs_per_second(take, args.pairs))
-            lock_rate = statistics.median(results["lock"])
-            for label, rates in results.items():
-                rate = statistics.median(rates)
-                rows.append((alias, label, rate, rate / lock_rate))
+            medians = median_rates(cases, args.pairs, args.rounds)
+            for label, rate in medians.items():
+                rows.append((alias, label, rate, rate / medians["lock"]))
         many_rows = []
         ten = [f"bench:many:{i}" for i in range(10)]
         for alias in ("one", "five"):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.primitives import pairs_per_second  # noqa: E402
+from benchmarks.primitives import median_rates  # noqa: E402
 
 
 def spread_worker(redlock: dict[str, Any], aliases: list[str], index: int, seconds: float) -> int:
@@ -71,16 +70,6 @@ def tags_on_each_master(cluster: Any) -> list[str]:
     return list(found.values())
 
 
-def rounds(cases: dict[str, Callable[[], object]], args: argparse.Namespace) -> dict[str, float]:
-    for take in cases.values():
-        pairs_per_second(take, 300)  # warm up
-    rates: dict[str, list[float]] = {label: [] for label in cases}
-    for _ in range(args.rounds):
-        for label, take in cases.items():
-            rates[label].append(pairs_per_second(take, args.pairs))
-    return {label: statistics.median(r) for label, r in rates.items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pairs", type=int, default=3000)
@@ -119,8 +108,12 @@ def main() -> None:
         def case(alias: str) -> Callable[[], object]:
             return lambda: locks[alias].acquire("bench:pair", timeout=0)
 
-        sentinel = rounds({"plain": case("plain"), "sentinel": case("sentinel")}, args)
-        clustered = rounds({"single": case("single"), "cluster": case("cluster")}, args)
+        sentinel = median_rates(
+            {"plain": case("plain"), "sentinel": case("sentinel")}, args.pairs, args.rounds
+        )
+        clustered = median_rates(
+            {"single": case("single"), "cluster": case("cluster")}, args.pairs, args.rounds
+        )
         one_master = spread(redlock, ["master0"], args.seconds)
         three_masters = spread(redlock, [f"master{i}" for i in range(len(tags))], args.seconds)
         for master in cluster.masters():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 from django.conf import settings
@@ -85,10 +86,11 @@ class AliasConfig:
     def quorum(self) -> int:
         return quorum(len(self.nodes))
 
-    def shard_configs(self) -> list[AliasConfig]:
-        """One config per shard (its prefix, its cluster nodes on its slot); ``[self]`` for
+    @cached_property
+    def shard_configs(self) -> tuple[AliasConfig, ...]:
+        """One config per shard (its prefix, its cluster nodes on its slot); ``(self,)`` for
         an alias that is not spread."""
-        return [_pinned(self, prefix, shards=()) for prefix in self.shards] or [self]
+        return tuple(_pinned(self, prefix, shards=()) for prefix in self.shards) or (self,)
 
 
 def _pinned(config: AliasConfig, prefix: str, *, shards: tuple[str, ...]) -> AliasConfig:

@@ -76,28 +76,31 @@ def _sentinel_pool(spec: NodeSpec, timeout: float) -> redis.ConnectionPool:
     over TLS when the sentinels are ``rediss://``, with their URL's TLS options (CA, client
     certificate, verification)."""
     assert spec.service is not None
-    first = redis.ConnectionPool.from_url(spec.sentinels[0])
-    tls = issubclass(first.connection_class, redis.SSLConnection)
-    options = {k: v for k, v in first.connection_kwargs.items() if k.startswith("ssl")}
+    tls, options = _url_options(spec.sentinels[0])
     return located_pool(
         Sentinels(spec.sentinels, spec.service, timeout),
         ssl=tls,
         db=spec.db,
         username=spec.username,
         password=spec.password,
-        **(options if tls else {}),
+        **{k: v for k, v in options.items() if k.startswith("ssl")},
     )
 
 
 def _cluster_pool(spec: NodeSpec, timeout: float) -> redis.ConnectionPool:
     """Connections to the master serving the alias's slot, with the first seed's credentials
     and TLS options."""
-    seed = redis.ConnectionPool.from_url(spec.cluster[0])
-    kwargs = {k: v for k, v in seed.connection_kwargs.items() if k not in ("host", "port")}
+    tls, options = _url_options(spec.cluster[0])
     locator = ClusterSlot(spec.cluster, slot_of(spec.hash_tag_of), timeout)
-    return located_pool(
-        locator, ssl=issubclass(seed.connection_class, redis.SSLConnection), **kwargs
-    )
+    return located_pool(locator, ssl=tls, **options)
+
+
+def _url_options(url: str) -> tuple[bool, dict[str, Any]]:
+    """Whether ``url`` is a TLS URL, and its connection options but the address (its
+    credentials, database and ``ssl_*`` options, as redis-py parses them)."""
+    pool = redis.ConnectionPool.from_url(url)
+    options = {k: v for k, v in pool.connection_kwargs.items() if k not in ("host", "port")}
+    return issubclass(pool.connection_class, redis.SSLConnection), options
 
 
 #: The cache backends a ``{"CACHE": alias}`` node may name (or subclasses of them).

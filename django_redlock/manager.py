@@ -67,11 +67,13 @@ class LockManager(KindBlocks):
         #: a spread cluster alias: one engine per shard (see :mod:`.cluster`); else [engine]
         self.shards: list[Engine] = list(shards) or [engine]
 
+    def shard_index(self, name: str) -> int:
+        """Which of :attr:`shards` holds ``name`` (0 for an alias that is not spread)."""
+        return 0 if len(self.shards) == 1 else shard_of(name, len(self.shards))
+
     def engine_for(self, name: str) -> Engine:
         """The engine that holds ``name``: its shard's on a spread cluster alias."""
-        if len(self.shards) == 1:
-            return self.engine
-        return self.shards[shard_of(name, len(self.shards))]
+        return self.engine if len(self.shards) == 1 else self.shards[self.shard_index(name)]
 
     @property
     def alias(self) -> str:
@@ -231,7 +233,7 @@ class LockManager(KindBlocks):
         """The checked names and arguments of a ``lock_many`` call (before any network call)."""
         check_keywords(options, RenewOptions.__annotations__)
         checked = check_names(names)
-        if len(self.shards) > 1 and len({shard_of(n, len(self.shards)) for n in checked}) > 1:
+        if len({self.shard_index(name) for name in checked}) > 1:
             raise LockError(
                 f"lock_many on alias {self.alias!r} needs names of one shard: its locks are "
                 "spread over a cluster's masters, and one call holds names of one hash slot "

@@ -52,7 +52,7 @@ class LockManagers:
     @staticmethod
     def _create(alias: str) -> LockManager:
         config = alias_config(alias)
-        engines = [_engine(shard) for shard in config.shard_configs()]
+        engines = [_engine(shard) for shard in config.shard_configs]
         return LockManager(config, engines[0], engines)
 
     def reset(self) -> None:

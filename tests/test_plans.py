@@ -49,8 +49,10 @@ def busy(counter: int, pttl: int) -> list[int]:
     return [0, counter, pttl]
 
 
-def probe(run_id: str, counter: int, max_ttl: int = 5000, exists: int = 1) -> list[Any]:
-    return [run_id, counter, max_ttl, exists]
+def probe(
+    run_id: str, counter: int, max_ttl: int = 5000, exists: int = 1, joined: int = -1
+) -> list[Any]:
+    return [run_id, counter, max_ttl, exists, joined]
 
 
 @pytest.fixture(scope="session")
@@ -649,7 +651,9 @@ def test_acquire_does_not_count_its_own_grant_as_a_used_cluster(
         plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
         [
             answer(ACQUIRE, UNTRUSTED, UNTRUSTED, granted(floor + 1)),
-            answer(PROBE, probe("", 0, 0, 0), probe("", 0, 0, 0), [*probe("r2", floor + 1), floor]),
+            answer(
+                PROBE, probe("", 0, 0, 0), probe("", 0, 0, 0), probe("r2", floor + 1, joined=floor)
+            ),
             answer(REJOIN, floor + 1, floor + 1, None),
             fire(RELEASE, to=[2]),
             answer(ACQUIRE, granted(floor + 2), granted(floor + 2), granted(floor + 2)),
@@ -664,7 +668,7 @@ def test_acquire_counts_a_grant_beside_its_own_as_a_used_cluster(
     """As above, but two tokens were drawn on node 2 since it joined: one is someone else's,
     who may hold a lease that nodes 0 and 1 lost, so they stay in quarantine."""
     floor = FLOOR + 5
-    used = [*probe("r2", floor + 2), floor]
+    used = probe("r2", floor + 2, joined=floor)
     run = drive(
         plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
         [

@@ -389,19 +389,25 @@ def test_fixtures_leave_no_process_after_session(tmp_path: Path) -> None:
             """
         )
     )
-    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    _run_pytest_in(tmp_path)
+    pids = [int(line) for line in pid_file.read_text().split()]
+    assert len(pids) == 7
+    assert wait_all_dead(pids, within=0) == []
+
+
+def _run_pytest_in(directory: Path) -> None:
+    """Run pytest (without the Django plugin) on the tests written into ``directory``;
+    they must pass."""
+    (directory / "pytest.ini").write_text("[pytest]\n")
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:django", "-p", "no:cacheprovider"],
-        cwd=tmp_path,
+        cwd=directory,
         env=child_env(),
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    pids = [int(line) for line in pid_file.read_text().split()]
-    assert len(pids) == 7
-    assert wait_all_dead(pids, within=0) == []
 
 
 def test_sentinel_and_cluster_fixtures_stop_every_process(tmp_path: Path) -> None:
@@ -425,16 +431,7 @@ def test_sentinel_and_cluster_fixtures_stop_every_process(tmp_path: Path) -> Non
             """
         )
     )
-    (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:django", "-p", "no:cacheprovider"],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    _run_pytest_in(tmp_path)
     pids = [int(line) for line in pid_file.read_text().split()]
     assert len(pids) == 8
     assert wait_all_dead(pids, within=0) == []

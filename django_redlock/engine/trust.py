@@ -103,8 +103,7 @@ def _granted_by_others(probe: Sequence[Any], drawn: Sequence[int], index: int) -
     caller drew (a node that does not say when it joined counts as used)."""
     if not (int(probe[3]) and int(probe[2])):
         return False
-    joined = int(probe[4]) if len(probe) > 4 else -1
-    own = drawn[index] if index < len(drawn) else 0
+    joined, own = int(probe[4]), drawn[index] if index < len(drawn) else 0
     return joined < 0 or int(probe[1]) - joined > own
 
 

@@ -114,7 +114,7 @@ def inspectors_of(manager: LockManager) -> list[AliasInspector]:
 
 def inspector_for(manager: LockManager, name: str) -> AliasInspector:
     """The inspector of the shard that holds ``name``."""
-    return AliasInspector(manager, manager.shards.index(manager.engine_for(name)))
+    return AliasInspector(manager, manager.shard_index(name))
 
 
 def all_locks(

@@ -43,7 +43,7 @@ class AliasInspector:
     spread cluster alias (see :mod:`..cluster`); the first one reports the nodes' health."""
 
     def __init__(self, manager: LockManager, shard: int = 0) -> None:
-        self.config: AliasConfig = manager.config.shard_configs()[shard]
+        self.config: AliasConfig = manager.config.shard_configs[shard]
         self.manager = manager
         self.engine = manager.shards[shard]
         #: set by :meth:`scan_names`: whether the names it gave are in name order
