@@ -116,14 +116,9 @@ class Request:
         return {i for i, call in enumerate(self.later or ()) if call is not None}
 
 
-def not_asked_slot() -> Slot:
-    """The slot of a hedge call that was never sent: its node is still to answer while the
-    hedge may go out, and ends ``NOT_ASKED`` if it never does."""
-    return Slot(None)
-
-
 def result_of(slot: Slot, *, expired: bool) -> Any:
-    """A slot's reply; ``NOT_ASKED`` for a hedge call never sent."""
+    """A slot's reply; ``NOT_ASKED`` for a hedge call never sent (a slot without a call that
+    was never filled: see ``transport.base.hold_for_later``)."""
     if slot.call is None and not slot.done:
         return NodeFailure(NOT_ASKED, sent=False)
     return slot.result(expired=expired)

@@ -24,7 +24,6 @@ from ..replies import (
     Slot,
     failed_slot,
     is_noscript,
-    not_asked_slot,
 )
 from ..scripts import RELEASE
 
@@ -199,19 +198,23 @@ def request_slots(
         if call is None:
             link.usable()  # a node that is down gets its reconnection started
             slots.append(failed_slot(None, f"down: {link.last_error or 'not connected'}"))
-        elif not link.usable():
-            slots.append(failed_slot(call, f"down: {link.last_error or 'reconnecting'}"))
         else:
-            slots.append(send(link, call))
+            slots.append(_send_one(link, call, send))
     return slots
 
 
+def _send_one(link: Any, call: Call, send: Callable[[Any, Call], Slot]) -> Slot:
+    if not link.usable():
+        return failed_slot(call, f"down: {link.last_error or 'reconnecting'}")
+    return send(link, call)
+
+
 def hold_for_later(request: Request, slots: list[Slot]) -> set[int]:
-    """Put a still-to-answer placeholder in the slots of ``request.later``'s nodes; returns
-    those nodes."""
+    """Put a still-to-answer placeholder (a slot without a call, see
+    :func:`~..replies.result_of`) in the slots of ``request.later``'s nodes; returns them."""
     later = request.later_nodes()
     for i in later:
-        slots[i] = not_asked_slot()
+        slots[i] = Slot(None)
     return later
 
 
@@ -220,13 +223,8 @@ def send_later(
 ) -> None:
     """Send the hedge calls of ``request`` (their placeholders replaced by real slots)."""
     for i, call in enumerate(request.later or ()):
-        if call is None:
-            continue
-        link = links[i]
-        if link.usable():
-            slots[i] = send(link, call)
-        else:
-            slots[i] = failed_slot(call, f"down: {link.last_error or 'reconnecting'}")
+        if call is not None:
+            slots[i] = _send_one(links[i], call, send)
 
 
 def resend_unknown_scripts(
