@@ -144,7 +144,7 @@ def test_failover_quarantines_the_promoted_replica(group: SentinelGroup) -> None
     with override_settings(REDLOCK=_alias(group)):
         manager = locks["default"]
         held = manager.acquire("held", ttl=1.0, timeout=0)
-        time.sleep(0.2)  # replicated
+        group.wait_replicated()  # the replica has the lease and the fence hash
         old = group.kill_master()
         killed = time.monotonic()
         new = group.wait_failover(old)

@@ -148,6 +148,15 @@ class SentinelGroup(StopOnExit):
                 return node
         raise RedisNodeError(f"no server of the group is the master the sentinels name: {address}")
 
+    def wait_replicated(self, timeout: float = 5.0) -> None:
+        """Block until every replica has acknowledged every write the master has taken so far
+        (``WAIT``). A replica reported "online" may still not be streaming: Redis starts the
+        command stream after the replica's first ``REPLCONF ACK``, up to a second later."""
+        replicas = len(self.servers) - 1
+        acked = self.master.client().execute_command("WAIT", replicas, int(timeout * 1000))
+        if int(acked) < replicas:
+            raise RedisNodeError(f"{acked} of {replicas} replicas acknowledged within {timeout} s")
+
     def kill_master(self) -> RedisNode:
         """SIGKILL the current master; returns it (it stays down until restarted)."""
         node = self.master
@@ -183,6 +192,7 @@ class SentinelGroup(StopOnExit):
             if self._in_sync(replicas) and all(
                 self._knows(watcher, replicas, others) for watcher in self.sentinels
             ):
+                self.wait_replicated(max(0.1, deadline - time.monotonic()))
                 return
             time.sleep(0.1)
         raise RedisNodeError(f"the sentinel group did not settle within {timeout} s")
