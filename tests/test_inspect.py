@@ -218,6 +218,58 @@ def test_pages_stay_stable_while_other_keys_come_and_go(
         client.close()
 
 
+def _scan_calls(clients: list[Any]) -> list[int]:
+    return [c.info("commandstats").get("cmdstat_scan", {"calls": 0})["calls"] for c in clients]
+
+
+def test_a_whole_listing_scans_enough_trusted_nodes_to_meet_every_quorum(
+    redis_node_factory: Any, redlock_alias: Callable[..., LockManager]
+) -> None:
+    """A whole listing (``all_locks``, ``list`` without ``--limit``) of 5 nodes scans 3 (any
+    quorum of 3 meets them) and reads the names' values from all 5 (node counts stay exact);
+    a page still scans all 5. Nodes that restarted since (untrusted: they may have lost a
+    valid lease's key) are not counted: a lease whose keys survive on 2 nodes beside 2
+    restarted ones is still found (scanning the first 3 nodes would miss it)."""
+    nodes = redis_node_factory(5)
+    manager = redlock_alias(nodes)
+    prefix = manager.config.key_prefix
+    lease = manager.acquire("kept", ttl=60, timeout=0)
+    extra = manager.acquire("everywhere", ttl=60, timeout=0)
+    clients = [node.client() for node in nodes]
+    for client in clients:
+        client.config_resetstat()
+    infos, errors = inspect.all_locks(manager.alias)
+    assert errors == [] and [i.name for i in infos] == ["everywhere", "kept"]
+    assert [(i.nodes_held, i.nodes_total) for i in infos] == [(5, 5), (5, 5)]
+    assert _scan_calls(clients) == [1, 1, 1, 0, 0]
+    for client in clients:
+        client.config_resetstat()
+    page = inspect.list_locks([manager.alias])
+    assert [i.name for i in page.locks] == ["everywhere", "kept"]
+    assert _scan_calls(clients) == [1, 1, 1, 1, 1]
+    # "kept" was granted by nodes 2-4; nodes 0 and 1 restart empty; node 2 loses the key
+    nodes[0].restart()
+    nodes[1].restart()
+    clients[2].delete(f"{prefix}kept")
+    clients = [node.client() for node in nodes]
+    for client in clients:
+        client.config_resetstat()
+    infos, errors = inspect.all_locks(manager.alias)
+    assert errors == []
+    assert [(i.name, i.nodes_held) for i in infos] == [("everywhere", 3), ("kept", 2)]
+    assert _scan_calls(clients) == [0, 0, 1, 1, 1]
+    assert infos[1].lease_id == inspect.lease_id(owner_of(lease))
+    nodes[3].kill()  # fewer than 3 trusted nodes: every node is scanned
+    for client in clients:
+        if client is not clients[3]:
+            client.config_resetstat()
+    infos, errors = inspect.all_locks(manager.alias)
+    assert [(i.name, i.nodes_held) for i in infos] == [("everywhere", 2), ("kept", 1)]
+    assert [e.node for e in errors] == [manager.config.nodes[3].label]
+    assert _scan_calls([c for i, c in enumerate(clients) if i != 3]) == [1, 1, 1, 1]
+    extra.release()
+
+
 def test_node_down_is_reported_and_locks_still_listed(
     redis_nodes: RedisNodes, redlock_alias: Callable[..., LockManager]
 ) -> None:

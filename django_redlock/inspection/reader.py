@@ -16,7 +16,7 @@ import redis
 from ..checks import valid_aliases
 from ..conf import AliasConfig
 from ..connections import client_factory, current_master
-from ..engine import WAITING, Keyspace, LockValue, as_text, escape_glob
+from ..engine import WAITING, Keyspace, LockValue, as_text, escape_glob, quorum
 from ..engine.keyspace import SEMAPHORE_MARKER
 from ..manager import LockManager
 from .records import LockInfo, NodeError, NodeHealth, merge, merge_readers, merge_semaphore
@@ -115,15 +115,18 @@ class AliasInspector:
     def scan_names(self, name_prefix: str = "", need: int | None = None) -> list[str]:
         """Lock names starting with ``name_prefix``, until ``need`` are known.
 
-        Every node is scanned, all at the same time (one thread each, so the cost is that of
-        the slowest node, not the sum), each until it has seen ``need`` names or reached its
-        end; so names held only on some nodes (say, the first node is down) are still found.
-        Nodes of at most :data:`SORTED_LISTING_MAX_KEYS` keys are read to their end and the
-        names sorted. Otherwise the names come in node order, each node's in SCAN order, and
-        the nodes still scanning stop once the nodes before them already give ``need`` names.
-        ``COUNT`` starts at :data:`SCAN_COUNT` (a first page takes one call) and doubles up to
-        :data:`SCAN_COUNT_MAX` (fewer round trips through a large keyspace, each call still
-        short).
+        The nodes are scanned all at the same time (one thread each, so the cost is that of
+        the slowest node, not the sum). A page (``need`` given) reads every node, each until
+        it has seen ``need`` names or reached its end; so names held only on some nodes (say,
+        the first node is down) are still found. A whole listing (``need`` None) reads only
+        as many *trusted* nodes as :meth:`cover_of` says: enough that every name held on a
+        quorum shows up (the names are then read from every node, so their node counts stay
+        exact). Nodes of at most :data:`SORTED_LISTING_MAX_KEYS` keys are read to their end
+        and the names sorted. Otherwise the names come in node order, each node's in SCAN
+        order, and the nodes still scanning stop once the nodes before them already give
+        ``need`` names. ``COUNT`` starts at :data:`SCAN_COUNT` (a first page takes one call)
+        and doubles up to :data:`SCAN_COUNT_MAX` (fewer round trips through a large keyspace,
+        each call still short).
         """
         match = escape_glob(self.keys.lock(name_prefix)) + "*"
         settled = threading.Event()
@@ -148,11 +151,15 @@ class AliasInspector:
             return list(found)
 
         per_node: dict[int, list[str]] = {}
+        order, cover = (list(range(self.total)), self.total) if need else self.cover_of()
+        skipped = set(order[cover:])  # left out while the nodes scanned answer
 
         def merged() -> list[str]:
             """Names of the nodes done so far, in node order, up to the first still running."""
             names: dict[str, None] = {}
             for index in range(self.total):
+                if index in skipped:
+                    continue
                 if index not in per_node:
                     break
                 names.update(dict.fromkeys(per_node[index]))
@@ -161,20 +168,57 @@ class AliasInspector:
         def scan_node(index: int) -> list[str]:
             return self._call(index, lambda client: scan(client, index)) or []
 
-        if self.total == 1:
-            per_node[0] = scan_node(0)
+        if cover == 1 and not skipped:
+            per_node[order[0]] = scan_node(order[0])
         else:
             with ThreadPoolExecutor(max_workers=self.total) as pool:
-                running = {pool.submit(scan_node, i): i for i in range(self.total)}
+                running = {pool.submit(scan_node, i): i for i in order[:cover]}
+                spare = order[cover:]
                 while running:
                     done, _ = wait(running, return_when=FIRST_COMPLETED)
                     for future in done:
-                        per_node[running.pop(future)] = future.result()
+                        index = running.pop(future)
+                        per_node[index] = future.result()
+                        if index in self.failures and spare:  # scan another in its place
+                            stand_in = spare.pop(0)
+                            skipped.discard(stand_in)
+                            running[pool.submit(scan_node, stand_in)] = stand_in
                     if need is not None and len(merged()) >= need:
                         settled.set()  # later nodes' names would be cut off: stop them
         self.in_name_order = not large
         names = merged() if large else sorted(merged())
         return names if need is None else names[:need]
+
+    def cover_of(self) -> tuple[list[int], int]:
+        """Which nodes a whole listing scans: ``(order, count)``, scan ``order[:count]`` and
+        put the next one in place of each that fails.
+
+        A lease counts only when a quorum of nodes granted it, so ``N - quorum + 1`` nodes
+        share at least one node with any quorum: scanning that many finds every held name.
+        Only while those nodes kept their keys, though: a node that restarted or was wiped
+        since (its fence hash lacks its current ``run_id``: the restart quarantine) may have
+        lost a valid lease's key, so the count is ``N - quorum + 1`` *trusted* nodes (their
+        keys are intact), untrusted ones (and nodes that did not answer) last. One pipelined
+        ``INFO server`` and ``HGET`` per node; with fewer trusted nodes, every node is read.
+        """
+        every = list(range(self.total))
+        if self.total < 3:
+            return every, self.total
+        fence = self.keys.fence
+
+        def marks(client: redis.Redis) -> bool:
+            pipe = client.pipeline(transaction=False)
+            pipe.info("server")
+            pipe.hget(fence, "run_id")
+            server, marker = pipe.execute()
+            return marker is not None and as_text(marker) == str(server.get("run_id", "?"))
+
+        trusted = [i for i in every if self._call(i, marks)]
+        others = [i for i in every if i not in trusted]
+        cover = self.total - quorum(self.total) + 1
+        if len(trusted) < cover:
+            return every, self.total
+        return trusted + others, cover
 
     def read_values(self, names: Sequence[str]) -> list[list[tuple[LockValue, int] | None]]:
         """Per name, per node: the parsed value and PTTL, or None (not held or node down)."""
