@@ -102,8 +102,11 @@ local function note_ttl(fence, max_ttl)
   end
 end
 local function won(fence, waiters, handoff, max_ttl)
-  -- the caller wins: the reservation is used up, it stops waiting, the counter gives a token
-  redis.call('DEL', handoff)
+  -- the caller wins: the reservation (nil: known not to exist) is used up, it stops waiting,
+  -- the counter gives a token
+  if handoff then
+    redis.call('DEL', handoff)
+  end
   if ARGV[7] ~= '' then
     redis.pcall('ZREM', waiters, ARGV[7])  -- the winner stops waiting the moment it wins
   end
@@ -144,17 +147,22 @@ local ok, counter, max_ttl = trusted(KEYS[2])
 if not ok then
   return {-1, counter, 0}
 end
-local pttl = redis.call('PTTL', KEYS[1])
-if pttl == -2 and ARGV[6] ~= '1' then
-  pttl = redis.call('PTTL', KEYS[4])  -- free, but handed to the waiter a release woke
-end
-if pttl ~= -2 then
-  if string.sub(redis.call('GET', KEYS[1]) or '', 1, 10) == 'semaphore|' then
-    return {-2, counter, 0}  -- the name is a semaphore's (only looked at when busy)
+local woken = ARGV[6] == '1'
+-- the common case, in one call: neither the lock nor a hand-off reservation exists
+if redis.call('EXISTS', KEYS[1], KEYS[4]) > 0 then
+  local pttl = redis.call('PTTL', KEYS[1])
+  if pttl == -2 and not woken then
+    pttl = redis.call('PTTL', KEYS[4])  -- free, but handed to the waiter a release woke
   end
-  return busy(KEYS[3], pttl, counter)
+  if pttl ~= -2 then
+    if string.sub(redis.call('GET', KEYS[1]) or '', 1, 10) == 'semaphore|' then
+      return {-2, counter, 0}  -- the name is a semaphore's (only looked at when busy)
+    end
+    return busy(KEYS[3], pttl, counter)
+  end
 end
-return {1, take(KEYS[1], KEYS[2], KEYS[3], KEYS[4], max_ttl), 0}
+-- only a woken caller can find a reservation to use up
+return {1, take(KEYS[1], KEYS[2], KEYS[3], woken and KEYS[4] or nil, max_ttl), 0}
 """,
 )
 #: ACQUIRE reply statuses (the first element of its reply).
