@@ -387,6 +387,8 @@ def pair_of(case: str, urls: Sequence[str]) -> SyncPair:
             _pairs[case] = raw_pair(urls[0], name) if nodes == 1 else raw_fanout_pair(urls, name)
         elif case.startswith("nospin"):
             _pairs[case] = ours_pair(f"nospin-{nodes}", name, busy_poll=0.0)
+        elif case.startswith("quorum"):
+            _pairs[case] = ours_pair(case, name)
         else:
             _pairs[case] = ours_pair(f"ours-{nodes}", name)
     return _pairs[case]
@@ -412,7 +414,8 @@ def pairs_worker(
 
 #: ours / raw on 1 and 5 nodes at every process count; ours without busy polling at the most
 CASES = ("ours-1", "raw-1", "ours-5", "raw-5")
-NOSPIN_CASES = ("nospin-1", "nospin-5")
+#: measured at the largest process count only: busy polling off, and quorum-first on 5 nodes
+NOSPIN_CASES = ("nospin-1", "nospin-5", "quorum-5")
 
 
 def cpu_seconds(pids: Sequence[int | None]) -> float:
@@ -436,11 +439,12 @@ def throughput_phase(nodes: Any, plan: Plan, ctx: Any) -> Throughput:
     """Median pairs/s over the rounds per (case, processes), and CPU per pair."""
     urls = list(nodes.urls)[:5]
     # one KEY_PREFIX per alias: aliases sharing a node and a prefix would share its fence hash
-    redlock = {
+    redlock: dict[str, dict[str, Any]] = {
         f"{kind}-{n}": {"NODES": urls[:n], "KEY_PREFIX": f"{kind}{n}:"}
         for kind in ("ours", "nospin")
         for n in (1, 5)
     }
+    redlock["quorum-5"] = {"NODES": urls, "KEY_PREFIX": "quorum5:", "FAN_OUT": "quorum"}
     most = max(plan.procs)
     runs_of: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
     result = Throughput()
@@ -662,9 +666,12 @@ def markdown(report: Report) -> str:
             for case, label in (
                 (f"ours-{nodes}", "django-redlock"),
                 (f"nospin-{nodes}", "django-redlock, REDLOCK_BUSY_POLL = 0"),
+                (f"quorum-{nodes}", 'django-redlock, FAN_OUT = "quorum"'),
                 (f"raw-{nodes}", "raw redis-py" if nodes == 1 else "raw fan-out"),
             ):
                 key = (case, most)
+                if key not in rate:
+                    continue  # quorum-first: 5 nodes only
                 rows.append(
                     [
                         nodes,

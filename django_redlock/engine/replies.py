@@ -33,9 +33,12 @@ TIMED_OUT = "timed out"
 NOT_AWAITED = "not awaited (the attempt was decided without its reply)"
 #: The reason of a node left out because a quorum of the others was asked first (and won).
 NOT_ASKED = "not asked (a quorum of the other nodes was asked first)"
+#: The reason of a connected node a plan had no call for (a quorum-first lease's renewal or
+#: release skips the nodes the lease never reached).
+NOT_INVOLVED = "not asked (the call does not concern it)"
 #: Reasons that say nothing against the node: it may answer (and have run the call) later,
 #: or was not asked.
-SILENT = (TIMED_OUT, NOT_AWAITED, NOT_ASKED)
+SILENT = (TIMED_OUT, NOT_AWAITED, NOT_ASKED, NOT_INVOLVED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +138,8 @@ def node_errors(nodes: Sequence[Labelled], replies: Sequence[Any]) -> dict[str, 
     return {
         node.label: str(reply)
         for node, reply in zip(nodes, replies, strict=True)
-        if isinstance(reply, NodeFailure) and reply.reason not in (NOT_AWAITED, NOT_ASKED)
+        if isinstance(reply, NodeFailure)
+        and reply.reason not in (NOT_AWAITED, NOT_ASKED, NOT_INVOLVED)
     }
 
 

@@ -163,6 +163,38 @@ def test_empty_restart_of_a_quorum_node_is_quarantined(
 
 
 @pytest.mark.parametrize("fan_out", ["all", "quorum"])
+def test_a_renewal_with_one_holding_node_paused(
+    shop: Shop, redis_node_factory: Nodes, fan_out: str
+) -> None:
+    """The renewal slack docs/algorithm.md names as a reason quorum-first stays opt-in: with
+    one of the lease's nodes SIGSTOPped, a lease on all 5 nodes renews on the other 4, a
+    quorum-first lease (on exactly 3) cannot confirm it: extend() raises NodesUnavailable
+    naming the paused node only (the lease keeps the validity it had)."""
+    nodes = redis_node_factory(5)
+    use_alias(shop, nodes, TTL=5.0, NODE_TIMEOUT=0.1, FAN_OUT=fan_out)
+    manager = locks[SHOP_ALIAS]
+    manager.acquire("warm-up", timeout=0).release()
+    lease = manager.acquire("renewed", ttl=5, timeout=0)
+    key = f"{shop.prefix}renewed"
+    holding = [i for i, node in enumerate(nodes) if node.client().exists(key)]
+    assert len(holding) == (5 if fan_out == "all" else 3)
+    nodes[holding[0]].pause()
+    try:
+        if fan_out == "all":
+            lease.extend(5)
+            assert lease.validity > 4
+        else:
+            before = lease.validity
+            with pytest.raises(NodesUnavailable) as info:
+                lease.extend(5)
+            assert list(info.value.errors) == [manager.config.nodes[holding[0]].label]
+            assert 0 < lease.validity <= before
+    finally:
+        nodes[holding[0]].resume()
+    lease.release()
+
+
+@pytest.mark.parametrize("fan_out", ["all", "quorum"])
 def test_token_amnesia_never_hands_out_an_older_token(
     shop: Shop, redis_node_factory: Nodes, fan_out: str
 ) -> None:

@@ -18,6 +18,7 @@ import hiredis
 
 from ..loaded_scripts import ALL_SCRIPTS
 from ..replies import (
+    NOT_INVOLVED,
     Call,
     NodeFailure,
     Request,
@@ -196,8 +197,11 @@ def request_slots(
     slots: list[Slot] = []
     for link, call in zip(links, request.calls, strict=True):
         if call is None:
-            link.usable()  # a node that is down gets its reconnection started
-            slots.append(failed_slot(None, f"down: {link.last_error or 'not connected'}"))
+            # a node that is down gets its reconnection started
+            reason = (
+                NOT_INVOLVED if link.usable() else f"down: {link.last_error or 'not connected'}"
+            )
+            slots.append(failed_slot(None, reason))
         else:
             slots.append(_send_one(link, call, send))
     return slots
