@@ -151,7 +151,8 @@ class AliasInspector:
             return list(found)
 
         per_node: dict[int, list[str]] = {}
-        order, cover = (list(range(self.total)), self.total) if need else self.cover_of()
+        whole = need is None
+        order, cover = self.cover_of() if whole else (list(range(self.total)), self.total)
         skipped = set(order[cover:])  # left out while the nodes scanned answer
 
         def merged() -> list[str]:
@@ -210,8 +211,11 @@ class AliasInspector:
             pipe = client.pipeline(transaction=False)
             pipe.info("server")
             pipe.hget(fence, "run_id")
-            server, marker = pipe.execute()
-            return marker is not None and as_text(marker) == str(server.get("run_id", "?"))
+            # an error reply (an ACL without HGET on the fence) only makes the node untrusted
+            server, marker = pipe.execute(raise_on_error=False)
+            if not isinstance(server, dict) or not isinstance(marker, bytes | str):
+                return False
+            return as_text(marker) == str(server.get("run_id", "?"))
 
         trusted = [i for i in every if self._call(i, marks)]
         others = [i for i in every if i not in trusted]

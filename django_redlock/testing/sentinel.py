@@ -153,7 +153,11 @@ class SentinelGroup(StopOnExit):
         (``WAIT``). A replica reported "online" may still not be streaming: Redis starts the
         command stream after the replica's first ``REPLCONF ACK``, up to a second later."""
         replicas = len(self.servers) - 1
-        acked = self.master.client().execute_command("WAIT", replicas, int(timeout * 1000))
+        client = self.master.client()
+        try:
+            acked = client.execute_command("WAIT", replicas, int(timeout * 1000))
+        finally:
+            client.close()
         if int(acked) < replicas:
             raise RedisNodeError(f"{acked} of {replicas} replicas acknowledged within {timeout} s")
 
