@@ -151,8 +151,7 @@ class AliasInspector:
             return list(found)
 
         per_node: dict[int, list[str]] = {}
-        whole = need is None
-        order, cover = self.cover_of() if whole else (list(range(self.total)), self.total)
+        order, cover = self.cover_of() if need is None else (list(range(self.total)), self.total)
         skipped = set(order[cover:])  # left out while the nodes scanned answer
 
         def merged() -> list[str]:
@@ -199,25 +198,23 @@ class AliasInspector:
         Only while those nodes kept their keys, though: a node that restarted or was wiped
         since (its fence hash lacks its current ``run_id``: the restart quarantine) may have
         lost a valid lease's key, so the count is ``N - quorum + 1`` *trusted* nodes (their
-        keys are intact), untrusted ones (and nodes that did not answer) last. One pipelined
-        ``INFO server`` and ``HGET`` per node; with fewer trusted nodes, every node is read.
+        keys are intact), untrusted ones (and nodes that did not answer) last: the fence marks
+        of :meth:`fence_marks` against each node's ``INFO server``. With fewer trusted nodes,
+        every node is read.
         """
         every = list(range(self.total))
         if self.total < 3:
             return every, self.total
-        fence = self.keys.fence
+        marks = self.fence_marks()
 
-        def marks(client: redis.Redis) -> bool:
-            pipe = client.pipeline(transaction=False)
-            pipe.info("server")
-            pipe.hget(fence, "run_id")
-            # an error reply (an ACL without HGET on the fence) only makes the node untrusted
-            server, marker = pipe.execute(raise_on_error=False)
-            if not isinstance(server, dict) or not isinstance(marker, bytes | str):
-                return False
-            return as_text(marker) == str(server.get("run_id", "?"))
+        def run_id(client: redis.Redis) -> str:
+            return str(client.info("server").get("run_id", ""))
 
-        trusted = [i for i in every if self._call(i, marks)]
+        trusted = [
+            i
+            for i, mark in enumerate(marks)
+            if mark is not None and mark[0] and mark[0] == self._call(i, run_id)
+        ]
         others = [i for i in every if i not in trusted]
         cover = self.total - quorum(self.total) + 1
         if len(trusted) < cover:
