@@ -14,7 +14,7 @@ import pytest
 
 from django_redlock.engine import plans, primitive_scripts, scripts
 from django_redlock.engine.replies import NOT_AWAITED, NodeFailure
-from django_redlock.engine.state import HEDGE_MIN
+from django_redlock.engine.state import HEDGE_MIN, PERMIT_HANDOFF_MS
 from tests.support.scripted import (
     NOT_CONNECTED,
     PENDING,
@@ -1081,7 +1081,7 @@ def test_permit_takes_the_slot_a_quorum_granted_and_gives_back_the_other(
         plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, permits=3),
         [
             answer(PERMIT, permit(7, 2), permit(7, 1), permit(7, 2)),
-            fire(RELEASE, to=[1]),
+            fire(RELEASE_PERMIT, to=[1]),
         ],
     )
     lease = run.result
@@ -1091,7 +1091,8 @@ def test_permit_takes_the_slot_a_quorum_granted_and_gives_back_the_other(
     assert run.calls(1)[1].args[-1] == "1"  # a permit's release may wake one more waiter
     assert lease.marker == "t:job"
     assert lease.reached == (True, False, True)
-    assert run.calls(1)[1].keys[0] == tried[0]
+    # the slot it granted first, then the others (the release counts the free ones)
+    assert run.calls(1)[1].keys[3:] == (tried[0], tried[1], tried[2])
     assert run.calls(0)[0].args[-1] == 3
 
 
@@ -1104,12 +1105,13 @@ def test_permit_without_a_quorum_on_one_slot_fails_and_releases_every_grant(
         plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, permits=3),
         [
             answer(PERMIT, permit(7, 1), permit(7, 2), busy(7, 300)),
-            fire(RELEASE, to=[0, 1]),
+            fire(RELEASE_PERMIT, to=[0, 1]),
         ],
     )
     assert run.result.reason == "busy"
     tried = run.calls(0)[0].keys[4:]
-    assert [run.calls(1)[i].keys[0] for i in (0, 1)] == [tried[0], tried[1]]
+    assert [run.calls(1)[i].keys[3] for i in (0, 1)] == [tried[0], tried[1]]
+    assert all(sorted(run.calls(1)[i].keys[3:]) == sorted(tried) for i in (0, 1))
 
 
 def test_permit_on_silent_nodes_releases_whichever_slot_has_its_owner(
@@ -1128,6 +1130,28 @@ def test_permit_on_silent_nodes_releases_whichever_slot_has_its_owner(
     assert [len(c.keys) for c in run.calls(1)] == [3 + 2] * 3
 
 
+@pytest.mark.parametrize(
+    ("replies", "queues"),
+    [((2, 2, 1), True), ((2, 1, 1), False), ((2, 1, TIMED_OUT), False)],
+    ids=["quorum-full", "one-full", "one-full-one-silent"],
+)
+def test_a_permit_releaser_queues_only_when_a_quorum_has_no_slot_for_it(
+    state: plans.AliasState, replies: tuple[Any, ...], queues: bool
+) -> None:
+    """A permit's release answers 2 on a node whose free slots all go to woken waiters:
+    its releaser queues at once only when a quorum said so, else it tries for a free slot
+    (how a semaphore below its permits fills up again). Every slot goes with the release,
+    the permit's own first."""
+    slots = tuple(f"t:__permit__:{k}:job" for k in range(3))
+    lease = lease_for()
+    lease.key, lease.slots, lease.voters = slots[1], slots, (0, 1, 2)
+    lease = lease.with_kind("t:job", plans.PERMIT)
+    run = drive(plans.release_plan(state, fake_nodes(3), lease), [answer(RELEASE_PERMIT, *replies)])
+    assert lease.handed_off is queues
+    assert run.calls(0)[0].keys[3:] == (slots[1], slots[0], slots[2])
+    assert run.calls(0)[0].args[2] == PERMIT_HANDOFF_MS
+
+
 def test_permit_write_back_is_strict(state: plans.AliasState) -> None:
     """A lagging node is raised strictly: a node already at the token (another permit got it
     through that node) does not confirm, so two permits never share a token."""
@@ -1136,7 +1160,7 @@ def test_permit_write_back_is_strict(state: plans.AliasState) -> None:
         [
             answer(PERMIT, permit(10, 1), permit(12, 1), busy(12, 400)),
             answer(RAISE, 0, None, None),
-            fire(RELEASE, to=[0, 1]),
+            fire(RELEASE_PERMIT, to=[0, 1]),
         ],
     )
     assert run.calls(1)[0].args[-1] == "1"

@@ -15,6 +15,7 @@ from .replies import Call, NodeFailure, Request, Slot, granted_per_node, node_er
 from .state import (
     HANDOFF_MS,
     LOST,
+    PERMIT,
     READ,
     RENEWED,
     UNCONFIRMED,
@@ -55,7 +56,9 @@ def release_plan(state: AliasState, nodes: Sequence[NodeView], lease: LeaseRecor
         return answered >= needed or all(s.done for s, c in zip(slots, calls, strict=True) if c)
 
     replies = yield Request(calls, state.node_timeout, settled)
-    lease.handed_off = any(r == scripts.HANDED_OFF for r in replies)
+    handed = sum(1 for r in replies if r == scripts.HANDED_OFF)
+    # a permit's releaser queues only when a quorum left no free slot that it could take
+    lease.handed_off = handed >= needed if lease.kind == PERMIT else handed > 0
     # Held unless nodes said "not yours": a release that merely timed out is not a loss (its
     # compare-and-delete still runs when the node answers, in order, on this connection).
     refused = sum(1 for r in replies if r == scripts.NOT_HELD)
@@ -189,4 +192,6 @@ def _release_of(state: AliasState, lease: LeaseRecord, *, wakes: bool, unsure: b
     ``unsure``: the node's grant is unknown (it had not answered), so a permit's release there
     frees whichever slot holds the owner."""
     held = lease.slots if unsure and lease.slots else (lease.key,)
-    return state.release_call(lease.name, lease.owner, wakes=wakes, held=held, kind=lease.kind)
+    return state.release_call(
+        lease.name, lease.owner, wakes=wakes, held=held, kind=lease.kind, slots=lease.slots
+    )

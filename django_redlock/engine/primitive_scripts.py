@@ -74,8 +74,8 @@ return {1, first, 0}
 # in the order they are tried (the same for every caller and node: the plan explains why).
 # ARGV: as ACQUIRE, then N.
 # Returns {1, token, k} (k: the position in KEYS of the slot granted, from 1), {0, counter,
-# pttl} when every slot is taken (pttl: the soonest a slot frees) or the last free one is
-# reserved for a woken waiter, {-1, counter, 0} untrusted, {-2, counter, 0} when the name is
+# pttl} when every slot is taken (pttl: the soonest a slot frees) or the free ones are
+# reserved for woken waiters, {-1, counter, 0} untrusted, {-2, counter, 0} when the name is
 # a lock's or a semaphore's with another N.
 PERMIT = Script(
     "permit",
@@ -90,9 +90,10 @@ local found = redis.call('GET', KEYS[4])
 if found and found ~= marker then
   return {-2, counter, 0}
 end
--- a release that woke a waiter reserved one freed slot for it: others may take a slot only
+-- a release that woke waiters reserved a free slot for each: others may take a slot only
 -- while one more is free
-local reserved = (ARGV[6] ~= '1' and redis.call('EXISTS', KEYS[3]) == 1) and 1 or 0
+local woken = ARGV[6] == '1'
+local reserved = woken and 0 or (tonumber(redis.call('GET', KEYS[3])) or 0)
 local free, free_count, soonest = nil, 0, -2
 for i = 5, #KEYS do
   local pttl = redis.call('PTTL', KEYS[i])
@@ -112,20 +113,27 @@ if free_count <= reserved then
   end
   return busy(KEYS[2], soonest, counter)
 end
-local token = take(KEYS[free], KEYS[1], KEYS[2], KEYS[3], max_ttl)
+local token = take(KEYS[free], KEYS[1], KEYS[2], nil, max_ttl)
+if woken and redis.call('DECR', KEYS[3]) <= 0 then
+  redis.call('DEL', KEYS[3])  -- a woken winner uses up one reserved slot
+end
 mark(KEYS[4], marker, tonumber(ARGV[2]))
 return {1, token, free - 4}
 """,
 )
 
-# KEYS: waiter set, wake-up list, hand-off reservation, then the slot keys the permit may hold.
-# ARGV: as RELEASE. RELEASE on the slot that holds the owner's value (the first one, if any):
-# a permit whose slot is unknown (its acquire got no reply) is released by passing every slot.
+# KEYS: waiter set, wake-up list, hand-off reservation, then every slot key of the semaphore,
+# those the permit may hold first. ARGV: as RELEASE. RELEASE on the slot that holds the
+# owner's value (the first one, if any: a permit whose slot is unknown, its acquire having got
+# no reply, passes every slot as one it may hold); the slots count the waiters it wakes.
 RELEASE_PERMIT = Script(
     "release_permit",
     _RELEASE
     + """
-local lock = KEYS[4]
+local slots, lock = {}, KEYS[4]
+for i = 4, #KEYS do
+  slots[#slots + 1] = KEYS[i]
+end
 for i = 4, #KEYS do
   local value = redis.call('GET', KEYS[i])
   if value and string.sub(value, 1, #ARGV[1] + 1) == ARGV[1] .. '|' then
@@ -133,7 +141,7 @@ for i = 4, #KEYS do
     break
   end
 end
-return release(lock, KEYS[1], KEYS[2], KEYS[3], ARGV[4] == '1')
+return release(lock, KEYS[1], KEYS[2], KEYS[3], ARGV[4] == '1', slots)
 """,
 )
 
@@ -276,7 +284,7 @@ end
 if tonumber(ARGV[5]) > 0 then
   return 1
 end
-return wake_one(KEYS[3], KEYS[4], KEYS[5], ARGV[4] == '1')
+return wake(KEYS[3], KEYS[4], KEYS[5], ARGV[4] == '1')
 """,
 )
 

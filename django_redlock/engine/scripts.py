@@ -179,12 +179,29 @@ GRANTED, BUSY, UNTRUSTED, OTHER_KIND = 1, 0, -1, -2
 # releaser, which needs no wake-up, cannot take it straight back) and, on the node waiters block
 # on, leaves one wake-up that exactly one blocked waiter (BLPOP) takes. Lapsed registrations are
 # dropped; live ones stay: waiters still blocked stay covered for the next release.
-# Returns 2 when deleted and someone was waiting, 1 when deleted, 0 when the key is gone or
-# owned by someone else.
+# A semaphore's release (``slots``: its slot keys) counts in its reservation the slots promised
+# to woken waiters (only woken callers may take those) and, when a free slot is left beyond
+# them, answers 1, so the releaser tries at once instead of queueing: that is how a semaphore
+# that fell below its permits (a free slot whose waiters all block in BLPOP, each release
+# waking one) fills up again.
+# Returns 2 when deleted and the waiters take every free slot (the releaser then queues behind
+# them), 1 when deleted, 0 when the key is gone or owned by someone else.
 _RELEASE = (
     _REGISTER
     + """
-local function wake_one(waiters, wake, handoff, wakes)
+local function wake_permits(waiters, wake_list, handoff, wakes, slots)
+-- a semaphore's: one waiter more may go, for the slot this release freed; the reservation
+-- counts the slots promised to woken waiters (a woken winner takes one off)
+local waiting = redis.call('ZCARD', waiters)
+local promised = math.min(waiting, (tonumber(redis.call('GET', handoff)) or 0) + 1)
+redis.call('SET', handoff, promised, 'PX', ARGV[3])
+if wakes and waiting > redis.call('LLEN', wake_list) then
+  redis.call('RPUSH', wake_list, '1')
+  redis.call('PEXPIRE', wake_list, ARGV[2])
+end
+return #slots - redis.call('EXISTS', unpack(slots)) > promised and 1 or 2
+end
+local function wake(waiters, wake_list, handoff, wakes, slots)
 if redis.call('EXISTS', waiters) == 0 then
   return 1  -- the common case: nobody waits, no clock read
 end
@@ -196,24 +213,26 @@ end
 if lapsed > 0 and redis.call('EXISTS', waiters) == 0 then
   return 1  -- every registration had lapsed (an empty set is deleted)
 end
+if slots then
+  return wake_permits(waiters, wake_list, handoff, wakes, slots)
+end
 redis.call('SET', handoff, '1', 'PX', ARGV[3])
 if wakes then
   if ARGV[7] == '0' then
-    redis.call('DEL', wake)  -- a lock: one wake-up is enough
-    redis.call('RPUSH', wake, '1')
+    redis.call('DEL', wake_list)  -- a lock: one wake-up is enough
+    redis.call('RPUSH', wake_list, '1')
   else
-    -- a permit ('1'): one more waiter may go for each release; a write lease ('2'): every
-    -- waiter may (the readers it kept out go in together)
-    local missing = redis.call('ZCARD', waiters) - redis.call('LLEN', wake)
-    for _ = 1, (ARGV[7] == '1' and math.min(missing, 1) or missing) do
-      redis.call('RPUSH', wake, '1')
+    -- a write lease: every waiter may go (the readers it kept out go in together)
+    local missing = redis.call('ZCARD', waiters) - redis.call('LLEN', wake_list)
+    for _ = 1, missing do
+      redis.call('RPUSH', wake_list, '1')
     end
   end
-  redis.call('PEXPIRE', wake, ARGV[2])
+  redis.call('PEXPIRE', wake_list, ARGV[2])
 end
 return 2
 end
-local function release(lock, waiters, wake, handoff, wakes)
+local function release(lock, waiters, wake_list, handoff, wakes, slots)
 local value = redis.call('GET', lock)
 local mine = value and string.sub(value, 1, #ARGV[1] + 1) == ARGV[1] .. '|'
 if tonumber(ARGV[5]) > 0 then
@@ -227,7 +246,7 @@ if not mine then
   return 0
 end
 redis.call('DEL', lock)
-return wake_one(waiters, wake, handoff, wakes)
+return wake(waiters, wake_list, handoff, wakes, slots)
 end
 """
 )

@@ -38,6 +38,10 @@ WAKES = {"": "0", PERMIT: "1", READ: "0", WRITE: "2"}
 #: After a release that woke a waiter, only a woken waiter may take the name for this long
 #: (ms); if it never comes (it died, or its timeout ran out) anyone may take it afterwards.
 HANDOFF_MS = 10
+#: A semaphore's reservation counts the slots promised to woken waiters, each taken off when its
+#: waiter wins: it lapses this long after the last release (a waiter that gave up or died
+#: keeps its slot from callers that were not woken no longer than that).
+PERMIT_HANDOFF_MS = 100
 #: Quorum-first (``FAN_OUT = "quorum"``): the other nodes are asked once the first quorum has
 #: not settled after this many of its usual round trips (a moving average), and never
 #: sooner than :data:`HEDGE_MIN` seconds (never later than ``NODE_TIMEOUT``).
@@ -104,22 +108,31 @@ class AliasState:
         waiter: str = "",
         held: tuple[str, ...] = (),
         kind: str = "",
+        slots: tuple[str, ...] = (),
     ) -> Call:
         """Compare-and-delete ``name`` for ``owner``; ``wakes`` on the node waiters block on;
         ``mark_ms`` > 0 for a failed attempt that will wait: it registers ``waiter`` for that
         long, as its ACQUIRE would have. ``kind``: the lease's (:attr:`LeaseRecord.kind`).
         ``held``: the keys the lease may hold instead of the name's own (a permit: its slot,
-        or every slot when which one is unknown)."""
+        or every slot when which one is unknown); ``slots``: a permit's semaphore's slots (its
+        release wakes a waiter per free slot)."""
         keys = self.keys
         queue = (keys.waiters(name), keys.wake(name), keys.handoff(name))
         touched: tuple[str, ...]
         if kind == READ:
             script, touched = more.READ_RELEASE, (keys.readers(name), keys.lock(name), *queue)
-        elif len(held) > 1:
-            script, touched = more.RELEASE_PERMIT, (*queue, *held)
+        elif kind == PERMIT:
+            others = tuple(slot for slot in slots if slot not in held)
+            script, touched = more.RELEASE_PERMIT, (*queue, *held, *others)
         else:
             script, touched = scripts.RELEASE, (held[0] if held else keys.lock(name), *queue)
-        args = (owner, WAKE_TTL_MS, HANDOFF_MS, "1" if wakes else "0", mark_ms)
+        args = (
+            owner,
+            WAKE_TTL_MS,
+            PERMIT_HANDOFF_MS if kind == PERMIT else HANDOFF_MS,
+            "1" if wakes else "0",
+            mark_ms,
+        )
         return Call(script, touched, (*args, waiter if mark_ms else "", WAKES[kind]))
 
     def mark_command(self, name: str, waiter: str, mark_ms: int) -> tuple[str | int, ...]:
