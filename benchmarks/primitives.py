@@ -2,7 +2,8 @@
 
 1. Acquire + release pairs, one thread, on 1 and on 5 nodes (same run, interleaved rounds):
    ``acquire(name)`` + ``release()`` against ``acquire(name, permits=3)`` + ``release()``.
-2. Acquire p50 of ``lock_many`` of 10 names against one lock's.
+2. Acquire p50 of ``lock_many`` of 10 names against one lock's (the two take turns call by
+   call).
 3. Contended: 8 spawned processes, each looping for ``--seconds``: take the name (a lock, or
    one of 3 permits), work ``--hold`` ms, let go; sections per second in all.
 
@@ -45,15 +46,19 @@ def median_rates(
     return {label: statistics.median(r) for label, r in rates.items()}
 
 
-def acquire_p50_us(take: Callable[[], object], count: int) -> float:
-    """Median acquire latency (the release is not timed), microseconds."""
-    times = []
+def acquire_p50s_us(cases: list[Callable[[], object]], count: int) -> list[float]:
+    """Per case, the median acquire latency (the release is not timed), microseconds. The
+    cases take turns call by call, so each is timed under the same load: this VM's speed
+    drifts between blocks of a thousand calls (one lock's p50 read 89-160 us in consecutive
+    blocks), which made a ratio of two blocks' medians swing with it."""
+    times: list[list[float]] = [[] for _ in cases]
     for _ in range(count):
-        started = time.perf_counter()
-        held = take()
-        times.append(time.perf_counter() - started)
-        held.release()  # type: ignore[attr-defined]
-    return statistics.median(times) * 1e6
+        for take, timed in zip(cases, times, strict=True):
+            started = time.perf_counter()
+            held = take()
+            timed.append(time.perf_counter() - started)
+            held.release()  # type: ignore[attr-defined]
+    return [statistics.median(timed) * 1e6 for timed in times]
 
 
 def contended_worker(
@@ -135,11 +140,12 @@ def main() -> None:
             manager = locks[alias]
             single = lambda m=manager: m.acquire("bench:single", timeout=0)  # noqa: E731
             many = lambda m=manager: m.acquire_many(ten, timeout=0)  # noqa: E731
-            acquire_p50_us(single, 300), acquire_p50_us(many, 300)  # warm up
+            acquire_p50s_us([single, many], 300)  # warm up
             p50s: dict[str, list[float]] = {"single": [], "many": []}
             for _ in range(args.rounds):
-                p50s["single"].append(acquire_p50_us(single, 1000))
-                p50s["many"].append(acquire_p50_us(many, 1000))
+                one_p50, many_p50 = acquire_p50s_us([single, many], 1000)
+                p50s["single"].append(one_p50)
+                p50s["many"].append(many_p50)
             one, ten_p50 = statistics.median(p50s["single"]), statistics.median(p50s["many"])
             many_rows.append((alias, one, ten_p50))
         busy = []

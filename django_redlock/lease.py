@@ -15,6 +15,7 @@ from .engine import (
     LOST,
     RENEWED,
     UNCONFIRMED,
+    Engine,
     LeaseRecord,
     Renew,
     Renewal,
@@ -28,17 +29,21 @@ if TYPE_CHECKING:
     from .manager import LockManager
 
 logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name (records carry .module)
+#: Makes "lost" reported once per lease (the renewal thread and a release may both find it);
+#: one for all leases: a lease is found lost rarely, and a mutex per lease costs every acquire.
+_LOST_MUTEX = threading.Lock()
 
 
 class Lease:
     """A held lock. ``token`` is its fencing token; ``validity`` the seconds it has left."""
 
-    def __init__(self, manager: LockManager, record: LeaseRecord) -> None:
+    def __init__(
+        self, manager: LockManager, record: LeaseRecord, engine: Engine | None = None
+    ) -> None:
         self._manager = manager
-        self._engine = manager.engine_for(record.name)
+        self._engine = manager.engine_for(record.name) if engine is None else engine
         self._record = record
         self._lost_sent = False
-        self._signal_mutex = threading.Lock()
         self._renewer: _RenewalThread | None = None
         self._renewal_task: asyncio.Task[None] | None = None
         #: called once when the lease is found lost (``alock(on_lost="cancel")``)
@@ -192,7 +197,7 @@ class Lease:
 
     def _mark_lost(self, reason: str) -> None:
         self._record.lost = True
-        with self._signal_mutex:
+        with _LOST_MUTEX:
             if self._lost_sent:
                 return
             self._lost_sent = True

@@ -233,7 +233,7 @@ class LockManager(KindBlocks):
         """The checked names and arguments of a ``lock_many`` call (before any network call)."""
         check_keywords(options, RenewOptions.__annotations__)
         checked = check_names(names)
-        if len({self.shard_index(name) for name in checked}) > 1:
+        if len(self.shards) > 1 and len({self.shard_index(name) for name in checked}) > 1:
             raise LockError(
                 f"lock_many on alias {self.alias!r} needs names of one shard: its locks are "
                 "spread over a cluster's masters, and one call holds names of one hash slot "
@@ -256,7 +256,8 @@ class LockManager(KindBlocks):
         if isinstance(outcome, AcquireFailure):
             wanted.name = outcome.busy_name or names[0]
             raise self._failed(wanted, outcome)
-        leases = {record.name: Lease(self, record) for record in outcome}
+        engine = self.engine_for(names[0])  # one shard holds them all
+        leases = {record.name: Lease(self, record, engine) for record in outcome}
         context.activate_all(list(leases.values()))  # guard FencedModel writes (SPEC 10)
         if signals.wanted(signals.lock_acquired):
             for lease in leases.values():

@@ -20,15 +20,14 @@ local ok, counter, max_ttl = trusted(KEYS[1])
 if not ok then
   return {-1, counter, 0, 0}
 end
-local locks, reservations = {}, {}
+local looked = {}  -- the locks, and the reservations unless a release woke this caller
 for i = 2, #KEYS, 3 do
-  locks[#locks + 1] = KEYS[i]
-  reservations[#reservations + 1] = KEYS[i + 2]
+  looked[#looked + 1] = KEYS[i]
+  if ARGV[6] ~= '1' then
+    looked[#looked + 1] = KEYS[i + 2]
+  end
 end
-local taken = redis.call('EXISTS', unpack(locks))
-if taken == 0 and ARGV[6] ~= '1' then
-  taken = redis.call('EXISTS', unpack(reservations))
-end
+local taken = redis.call('EXISTS', unpack(looked))
 for i = 2, #KEYS, 3 do
   if taken == 0 then
     break  -- the common case: all free, found with one or two calls
