@@ -209,8 +209,7 @@ class Lease:
     # -- auto-extend -----------------------------------------------------------------------
     def start_auto_extend(self, max_hold: float | None) -> None:
         """Renew from a daemon thread every third of the TTL until release or ``max_hold``."""
-        self._renewer = _RenewalThread(self, max_hold)
-        self._renewer.start()
+        start_renewals([self], max_hold)
 
     def astart_auto_extend(self, max_hold: float | None) -> None:
         """Renew from an asyncio task every third of the TTL until release or ``max_hold``."""
@@ -225,7 +224,7 @@ class Lease:
     def stop_auto_extend(self) -> None:
         renewer, self._renewer = self._renewer, None
         if renewer is not None:
-            renewer.stop()
+            renewer.stop(self)
         task, self._renewal_task = self._renewal_task, None
         if task is not None:
             task.cancel()
@@ -253,31 +252,76 @@ class Lease:
             )
 
 
+def start_renewals(leases: list[Lease], max_hold: float | None) -> None:
+    """Renew ``leases`` (a ``lock_many`` set, or one lease) from one daemon thread, each every
+    third of its TTL, until each is released or ``max_hold`` passes: a set of a thousand
+    names is one thread, not a thousand."""
+    renewer = _RenewalThread(leases, max_hold)
+    for lease in leases:
+        lease._renewer = renewer
+    renewer.start()
+
+
+def keep_alive_all(leases: list[Lease], max_hold: float | None) -> None:
+    """:meth:`Lease.keep_alive` for several leases, those not renewed yet sharing one thread."""
+    idle = [lease for lease in leases if lease._renewer is None and lease._renewal_task is None]
+    if idle:
+        start_renewals(idle, max_hold)
+
+
 class _RenewalThread(threading.Thread):
-    """Runs :func:`~.engine.policy.renewal_policy` for one lease until it ends or is stopped."""
+    """Runs :func:`~.engine.policy.renewal_policy` for each of its leases until the policy
+    ends or the lease's renewals are stopped; the thread ends with its last lease."""
 
-    def __init__(self, lease: Lease, max_hold: float | None) -> None:
-        super().__init__(name=f"redlock-renew {lease.name}", daemon=True)
-        self._lease = lease
-        self._max_hold = max_hold
-        self._stop_event = threading.Event()
+    def __init__(self, leases: list[Lease], max_hold: float | None) -> None:
+        names = leases[0].name if len(leases) == 1 else f"{leases[0].name} +{len(leases) - 1}"
+        super().__init__(name=f"redlock-renew {names}", daemon=True)
+        self._runs = {lease: Stepper(renewal_policy(lease._record, max_hold)) for lease in leases}
+        #: held while a renewal runs: a lease stopped meanwhile is renewed no more after stop()
+        #: (re-entrant: a lock_lost receiver may release the lease from this very thread)
+        self._renewing = threading.RLock()
+        self._stopped: set[Lease] = set()
+        self._wakeup = threading.Event()
 
-    def stop(self) -> None:
-        self._stop_event.set()
-        if self is not threading.current_thread():
-            self.join()
+    def stop(self, lease: Lease) -> None:
+        """No renewal of ``lease`` starts after this returns; the last lease stopped also waits
+        for the thread to end."""
+        with self._renewing:
+            self._stopped.add(lease)
+            last = len(self._stopped) == len(self._runs)
+        if last:
+            self._wakeup.set()
+            if self is not threading.current_thread():
+                self.join()
 
     def run(self) -> None:
-        lease = self._lease
-        run = Stepper(renewal_policy(lease._record, self._max_hold))
-        while run.step is not None:
-            if isinstance(run.step, Renew):
+        due: dict[Lease, float] = {}  # when each lease's pause ends
+        for lease in self._runs:
+            self._advance(lease, due)
+        while due:
+            if self._wakeup.wait(max(0.0, min(due.values()) - time.monotonic())):
+                return  # every lease was stopped
+            now = time.monotonic()
+            for lease in [lease for lease, until in due.items() if until <= now]:
+                self._runs[lease].send(None)
+                self._advance(lease, due)
+
+    def _advance(self, lease: Lease, due: dict[Lease, float]) -> None:
+        """Run ``lease``'s renewals up to its policy's next pause and note when it ends; forget
+        the lease once it is stopped or its policy has ended."""
+        run = self._runs[lease]
+        while isinstance(run.step, Renew):
+            with self._renewing:
+                if lease in self._stopped:
+                    due.pop(lease, None)
+                    return
                 run.send(lease._renew_once())
-            elif self._stop_event.wait(run.step.seconds):
-                return
-            else:
-                run.send(None)
-        lease._renewals_ended(run.result)
+        if run.step is None:
+            due.pop(lease, None)
+            if lease not in self._stopped:
+                lease._renewals_ended(run.result)
+        else:
+            due[lease] = time.monotonic() + run.step.seconds
 
 
 async def _renew_in_task(lease: Lease, max_hold: float | None) -> None:

@@ -18,7 +18,7 @@ from .conf import AliasConfig
 from .engine import AcquireFailure, Engine, LeaseRecord, Outcome
 from .exceptions import LockError, LockNotAcquired, NodesUnavailable
 from .kind_blocks import HoldOptions, KindBlocks
-from .lease import Lease
+from .lease import Lease, start_renewals
 from .many import HeldLocks, LockManyBlock, check_names
 from .validation import (
     UNSET,
@@ -262,12 +262,11 @@ class LockManager(KindBlocks):
         if signals.wanted(signals.lock_acquired):
             for lease in leases.values():
                 self._send_acquired(lease)
-        if auto_extend:
+        if auto_extend and asyncio_task:
             for lease in leases.values():
-                if asyncio_task:
-                    lease.astart_auto_extend(wanted.max_hold)
-                else:
-                    lease.start_auto_extend(wanted.max_hold)
+                lease.astart_auto_extend(wanted.max_hold)
+        elif auto_extend:
+            start_renewals(list(leases.values()), wanted.max_hold)  # one thread for the set
         return HeldLocks(leases)
 
     # -- operators -------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import context
 from .exceptions import LockLost
-from .lease import Lease
+from .lease import Lease, keep_alive_all
 from .transactions import in_transaction, release_after_commit
 from .validation import check_name
 
@@ -144,9 +144,11 @@ class LockManyBlock:
         """Inside a transaction the names are released after it commits (SPEC 10)."""
         if not (self._until_commit and in_transaction()):
             return False
+        max_hold = self._kwargs.get("max_hold")
+        keep_alive_all(list(held.leases.values()), max_hold)  # one renewal thread for the set
         for lease in held.leases.values():
             context.deactivate(lease)
-            release_after_commit(lease, self._kwargs.get("max_hold"))
+            release_after_commit(lease, max_hold)
         return True
 
 

@@ -160,3 +160,70 @@ def test_releasing_a_set_frees_every_name_and_wakes_their_waiters(unique_name: s
     assert held.release() is True  # again: nothing left to release, nothing lost
     for name in names:
         manager.acquire(name, timeout=0).release()
+
+
+def _renewal_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("redlock-renew")]
+
+
+@pytest.mark.parametrize("alias", ["default", "five"])
+def test_an_auto_extended_set_is_renewed_by_one_thread(alias: str, unique_name: str) -> None:
+    """20 names, TTL 1 s, held for 2.5 TTLs: every name is renewed, by one thread for the set
+    (one per name before: a set of a thousand names started a thousand threads); the thread
+    ends with the release."""
+    names = [f"{unique_name}:{i}" for i in range(20)]
+    before = len(_renewal_threads())
+    with locks[alias].lock_many(names, ttl=1.0, auto_extend=True) as held:
+        assert len(_renewal_threads()) == before + 1
+        time.sleep(2.5)
+        assert all(lease.validity > 0 and not lease.lost for lease in held.leases.values())
+        with pytest.raises(LockNotAcquired):
+            locks[alias].acquire(names[-1], timeout=0)
+    assert len(_renewal_threads()) == before
+    locks[alias].acquire(names[-1], timeout=0).release()
+
+
+def test_a_set_renewal_finds_one_lost_name_and_keeps_the_others(unique_name: str) -> None:
+    """One name of an auto-extended set is force-released: its lease is found lost by its next
+    renewal (lock_lost for it alone), the other names go on being renewed."""
+    from django_redlock import signals
+
+    names = [f"{unique_name}:{i}" for i in range(3)]
+    lost: list[str] = []
+
+    def on_lost(sender: Any, name: str, **kwargs: Any) -> None:
+        lost.append(name)
+
+    signals.lock_lost.connect(on_lost)
+    try:
+        held = locks["five"].acquire_many(names, ttl=1.0, auto_extend=True)
+        assert locks["five"].force_release(names[1]) == 5
+        time.sleep(1.6)
+        assert lost == [names[1]]
+        assert held.leases[names[1]].lost
+        assert all(held.leases[n].validity > 0 for n in (names[0], names[2]))
+        assert held.release() is False  # one of them was lost
+    finally:
+        signals.lock_lost.disconnect(on_lost)
+    assert not _renewal_threads() or all(not t.is_alive() for t in _renewal_threads())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_set_kept_until_commit_is_renewed_by_one_thread(unique_name: str) -> None:
+    """Inside a transaction the set is released after the commit and renewed meanwhile (TTL
+    1 s, 2.5 s in the transaction), by one thread for the set."""
+    from django.db import transaction
+
+    names = [f"{unique_name}:{i}" for i in range(10)]
+    before = len(_renewal_threads())
+    with transaction.atomic():
+        with locks["default"].lock_many(names, ttl=1.0) as held:
+            pass
+        assert len(_renewal_threads()) == before + 1
+        time.sleep(2.5)
+        assert all(lease.validity > 0 for lease in held.leases.values())
+    deadline = time.monotonic() + 5
+    while any(not lease.released for lease in held.leases.values()):
+        assert time.monotonic() < deadline, "the set was not released after the commit"
+        time.sleep(0.01)
+    locks["default"].acquire(names[0], timeout=0).release()
