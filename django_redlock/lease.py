@@ -15,7 +15,6 @@ from .engine import (
     LOST,
     RENEWED,
     UNCONFIRMED,
-    Engine,
     LeaseRecord,
     Renew,
     Renewal,
@@ -37,11 +36,9 @@ _LOST_MUTEX = threading.Lock()
 class Lease:
     """A held lock. ``token`` is its fencing token; ``validity`` the seconds it has left."""
 
-    def __init__(
-        self, manager: LockManager, record: LeaseRecord, engine: Engine | None = None
-    ) -> None:
+    def __init__(self, manager: LockManager, record: LeaseRecord) -> None:
         self._manager = manager
-        self._engine = manager.engine_for(record.name) if engine is None else engine
+        self._engine = manager.engine_for(record.name)
         self._record = record
         self._lost_sent = False
         self._renewer: _RenewalThread | None = None
@@ -218,8 +215,7 @@ class Lease:
 
     def keep_alive(self, max_hold: float | None) -> None:
         """Renew from a daemon thread unless something renews the lease already."""
-        if self._renewer is None and self._renewal_task is None:
-            self.start_auto_extend(max_hold)
+        keep_alive_all([self], max_hold)
 
     def stop_auto_extend(self) -> None:
         renewer, self._renewer = self._renewer, None

@@ -256,8 +256,7 @@ class LockManager(KindBlocks):
         if isinstance(outcome, AcquireFailure):
             wanted.name = outcome.busy_name or names[0]
             raise self._failed(wanted, outcome)
-        engine = self.engine_for(names[0])  # one shard holds them all
-        leases = {record.name: Lease(self, record, engine) for record in outcome}
+        leases = {record.name: Lease(self, record) for record in outcome}
         context.activate_all(list(leases.values()))  # guard FencedModel writes (SPEC 10)
         if signals.wanted(signals.lock_acquired):
             for lease in leases.values():

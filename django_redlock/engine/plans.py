@@ -459,7 +459,7 @@ def _release_calls(
             waiter=waiter,
             held=held,
             kind=kind,
-            slots=tried if kind == PERMIT else (),
+            slots=tried,
         )
     if any(release):
         yield Request(release, 0.0, wait=False)

@@ -124,7 +124,8 @@ return {1, token, free - 4}
 # KEYS: waiter set, wake-up list, hand-off reservation, then every slot key of the semaphore,
 # those the permit may hold first. ARGV: as RELEASE. RELEASE on the slot that holds the
 # owner's value (the first one, if any: a permit whose slot is unknown, its acquire having got
-# no reply, passes every slot as one it may hold); the slots count the waiters it wakes.
+# no reply, passes every slot as one it may hold); the slots tell whether a free one is left
+# for its releaser.
 RELEASE_PERMIT = Script(
     "release_permit",
     _RELEASE

@@ -102,8 +102,8 @@ local function note_ttl(fence, max_ttl)
   end
 end
 local function won(fence, waiters, handoff, max_ttl)
-  -- the caller wins: the reservation (nil: known not to exist) is used up, it stops waiting,
-  -- the counter gives a token
+  -- the caller wins: the reservation (nil: none, or one the caller counts down itself) is
+  -- used up, it stops waiting, the counter gives a token
   if handoff then
     redis.call('DEL', handoff)
   end

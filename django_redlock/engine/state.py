@@ -115,7 +115,7 @@ class AliasState:
         long, as its ACQUIRE would have. ``kind``: the lease's (:attr:`LeaseRecord.kind`).
         ``held``: the keys the lease may hold instead of the name's own (a permit: its slot,
         or every slot when which one is unknown); ``slots``: a permit's semaphore's slots (its
-        release counts the free ones: see ``_RELEASE``)."""
+        release counts the free ones: see ``_RELEASE``; ignored for the other kinds)."""
         keys = self.keys
         queue = (keys.waiters(name), keys.wake(name), keys.handoff(name))
         touched: tuple[str, ...]
