@@ -116,6 +116,10 @@ class _Frame:
             self.stack = [e for e in stack if not e.dead]
             self.dead = 0
 
+    def holds_any(self) -> bool:
+        """True unless every entry is gone (read only: another thread may own the frame)."""
+        return any(not entry.dead for entry in reversed(self.stack))
+
     def innermost(self) -> TokenHolder | None:
         """The innermost live fencing lease of this frame (dropping dead ones on the way)."""
         stale: list[_Entry] = []
@@ -165,10 +169,14 @@ def _owner() -> object:
 
 
 def _own_frame() -> _Frame:
-    """This thread's or task's frame (started on top of an inherited one when needed)."""
+    """This thread's or task's frame, started on top of an inherited one when needed (a new
+    task or thread; or this task after ``sync_to_async`` copied a thread's frame back into
+    its context: its older frame stays below and is still searched as its own)."""
     frame = _frame.get()
     owner = _owner()
     if frame is None or frame.owner != owner:
+        while frame is not None and not frame.holds_any():
+            frame = frame.parent  # empty frames of finished callers: keep the chain short
         frame = _Frame(owner, frame)
         _frame.set(frame)
     return frame
@@ -251,10 +259,15 @@ def current_token() -> int | None:
 
 
 def _own_entries(alias: str | None, name: str) -> list[_Entry]:
+    """The live entries of ``name`` that this very thread or task made, innermost last."""
+    owner = _owner()
+    found: list[_Entry] = []
     frame = _frame.get()
-    if frame is None or frame.owner != _owner():
-        return []
-    return [entry for entry in frame.by_key.get((alias, name), ()) if entry.live()]
+    while frame is not None:
+        if frame.owner == owner:
+            found[:0] = [e for e in frame.by_key.get((alias, name), ()) if e.live()]
+        frame = frame.parent
+    return found
 
 
 def find(alias: str, name: str, kind: str = "") -> TokenHolder | None:

@@ -419,3 +419,27 @@ def test_bookkeeping_of_many_leases_stays_small(unique_name: str) -> None:
     assert context.current_lease() is list(leases.leases.values())[-1]
     assert leases.release() is True
     assert context.current_lease() is None
+
+
+def test_a_task_reenters_its_lease_after_sync_to_async(unique_name: str) -> None:
+    """asgiref copies a sync_to_async thread's context back into the calling task: a lease the
+    thread acquired stays active for the task, and the task still re-enters its own block's
+    lease afterwards (no wait for itself)."""
+    from asgiref.sync import sync_to_async
+
+    manager = locks["default"]
+
+    def service() -> Any:
+        return manager.acquire(unique_name + ":svc", timeout=0)
+
+    async def scenario() -> None:
+        async with manager.alock(unique_name, timeout=0) as outer:
+            inner_lease = await sync_to_async(service)()
+            assert context.current_lease() is inner_lease
+            async with manager.alock(unique_name, timeout=0) as again:
+                assert again is outer
+            await inner_lease.arelease()
+            assert context.current_lease() is outer
+
+    asyncio.run(scenario())
+    assert free_elsewhere(unique_name)
