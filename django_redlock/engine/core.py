@@ -16,7 +16,14 @@ from . import forks
 from .keyspace import new_waiter
 from .lease_plans import release_many_plan
 from .many_plans import acquire_many_plan
-from .plans import acquire_plan, extend_plan, force_release_plan, register_plan, release_plan
+from .plans import (
+    acquire_plan,
+    extend_plan,
+    force_release_plan,
+    register_plan,
+    release_plan,
+    waited_reply,
+)
 from .policy import AcquireStep, Attempt, AwaitRelease, Stepper, acquire_policy, registration_ms
 from .replies import NodeFailure, Request
 from .state import (
@@ -114,10 +121,10 @@ class Engine:
     ) -> list[LeaseRecord] | AcquireFailure:
         """Every name of ``names`` or none (see :mod:`.many_plans`), attempted as
         :meth:`acquire` does; a waiting caller waits for the name its last attempt found busy."""
-        result: list[LeaseRecord] | AcquireFailure = self._acquire(
+        result: LeaseRecord | list[LeaseRecord] | AcquireFailure = self._acquire(
             _Target(self.state, tuple(names), ttl, 0), timeout
         )
-        return result
+        return [result] if isinstance(result, LeaseRecord) else result  # one name: one lock
 
     def _acquire(self, target: _Target, timeout: float | None) -> Any:
         self._check_fork()
@@ -189,14 +196,19 @@ class Engine:
         before += (blpop_command(self.state.keys.wake(name), step.seconds),)
         return target.attempt(waiting, True, before, step.seconds)
 
-    def _piped_outcome(self, target: _Target, outcome: Any, popped: Any) -> tuple[bool, Outcome]:
-        if isinstance(popped, NodeFailure) and popped.reason.startswith("ResponseError"):
-            self._piping = False  # e.g. NOPERM: BLPOP is refused, so the attempt did not wait
+    def _piped_outcome(
+        self, target: _Target, outcome: Any, ahead: list[Any]
+    ) -> tuple[bool, Outcome]:
+        popped = waited_reply(ahead)
+        if any(_refused(reply) for reply in (popped, *ahead[:1], *ahead[-1:])):
+            # e.g. NOPERM: BLPOP (or TIME) is refused, so the attempt did not wait (or its
+            # validity counted from the write): wait the old way from now on
+            self._piping = False
         return isinstance(popped, list), target.seen(outcome, None)
 
-    def _run_blocking(self, make_plan: PlanMaker[T]) -> tuple[T, Any]:
+    def _run_blocking(self, make_plan: PlanMaker[T]) -> tuple[T, list[Any]]:
         """Run a plan whose first call blocks, on a channel of its own; returns its result
-        and the reply of the last command sent ahead (the ``BLPOP``). A channel given up
+        and the replies of the commands sent ahead of that call. A channel given up
         mid-call, or with replies still due, is closed, not reused: whatever was written
         before the close runs in full or not at all (the server drops a blocked client's
         unread commands), so the plan's own give-back stays behind its attempt."""
@@ -211,7 +223,7 @@ class Engine:
             with channel.mutex:
                 channel.ahead = []
                 result = _drive(make_plan, channel)
-                ahead = channel.ahead[-1] if channel.ahead else None
+                ahead = channel.ahead
                 reusable = not channel.pending()
             return result, ahead
         finally:
@@ -259,8 +271,10 @@ class Engine:
     ) -> list[LeaseRecord] | AcquireFailure:
         """Asyncio twin of :meth:`acquire_many`."""
         target = _Target(self.state, tuple(names), ttl, 0)
-        result: list[LeaseRecord] | AcquireFailure = await self._aacquire(target, timeout)
-        return result
+        result: LeaseRecord | list[LeaseRecord] | AcquireFailure = await self._aacquire(
+            target, timeout
+        )
+        return [result] if isinstance(result, LeaseRecord) else result  # one name: one lock
 
     async def _aacquire(self, target: _Target, timeout: float | None) -> Any:
         self._check_fork()
@@ -424,7 +438,7 @@ class Engine:
         async with self.achannel(pinned) as channel:
             return await _adrive(make_plan, channel), channel
 
-    async def _arun_blocking(self, make_plan: PlanMaker[T]) -> tuple[T, Any]:
+    async def _arun_blocking(self, make_plan: PlanMaker[T]) -> tuple[T, list[Any]]:
         """Asyncio twin of :meth:`_run_blocking` (this event loop's own blocking channels)."""
         async with self.achannel():  # makes sure this loop's state (and its closer) exists
             pass
@@ -438,7 +452,7 @@ class Engine:
             channel.ahead = []
             result = await _adrive(make_plan, channel)
             reusable = not channel.pending()
-            return result, channel.ahead[-1] if channel.ahead else None
+            return result, channel.ahead
         finally:
             if channel is not None:
                 if reusable:
@@ -590,6 +604,11 @@ def _answer_piped(run: Stepper[Any], woken: bool, outcome: Outcome) -> None:
     run.send(woken)
     assert isinstance(run.step, Attempt)  # the attempt that was piped with the wait
     run.send(outcome)
+
+
+def _refused(reply: Any) -> bool:
+    """True for a reply saying the node refuses the command (an ACL without it)."""
+    return isinstance(reply, NodeFailure) and reply.reason.startswith("ResponseError")
 
 
 def _pin(result: Outcome, channel: Channel | AsyncChannel | None) -> Outcome:

@@ -215,6 +215,8 @@ class Attempted(NamedTuple):
     replies: list[Any]
     #: per node: the reply's status code, None for a node that failed
     statuses: list[int | None]
+    #: when the attempt was sent (our clock); for one carried behind a wait, when the node
+    #: could first run it: the write, plus how long the node held the attempt back
     started: float
 
 
@@ -237,7 +239,10 @@ def attempt_round(
     if that is safe (or another process just did) and try once more with a new owner, after
     ``give_back`` (fire and forget) released what the first try got. If the caller gives up
     meanwhile, ``give_back`` releases everything it may have got. ``before``: commands sent
-    ahead of the first try's calls, whose replies may take ``wait`` seconds longer.
+    ahead of the first try's calls, whose replies may take ``wait`` seconds longer (and a
+    node's :attr:`~.state.NodeView.tick`, the lateness of a timed-out ``BLPOP``); they are
+    sent between two readings of the node's clock (see :data:`CLOCK`), so the attempt's
+    validity counts from when the node could run it, not from before the wait.
 
     ``first``: the nodes to ask first (a quorum, see :func:`quorum_first`); the others are
     asked as a hedge (:class:`~.replies.Request` ``later``) when those have not settled the
@@ -252,6 +257,7 @@ def attempt_round(
     owner, rejoined = new_owner(), False
     calls: list[Call | None] = []
     later: list[Call | None] | None = None
+    before = bracketed(before)
 
     def call(node: NodeView, ahead: tuple[tuple[str | int, ...], ...] = ()) -> Call | None:
         if node.run_id is None:
@@ -267,9 +273,15 @@ def attempt_round(
             if len(asked) < total:
                 later = [None if i in asked else call(node) for i, node in enumerate(nodes)]
             hedge = state.hedge_delay()
-            replies = yield Request(
-                calls, state.node_timeout + wait, settled, later=later, hedge=hedge
-            )
+            # a node ends a timed-out BLPOP on its next cycle: wait for that too, rather than
+            # give up on an attempt it is about to run
+            late = max(nodes[i].tick for i in asked) if before and asked else 0.0
+            timeout = state.node_timeout + wait + late
+            request = Request(calls, timeout, settled, later=later, hedge=hedge)
+            replies = yield request
+            held_back = 0.0
+            if before:
+                held_back = _held_back(request, time.monotonic() - started)
             before, wait = (), 0.0
             if later is not None:
                 hedged = [
@@ -291,7 +303,7 @@ def attempt_round(
                     yield from give_back(calls, replies, owner)
                     owner = new_owner()
                     continue
-            return Attempted(owner, calls, replies, statuses, started)
+            return Attempted(owner, calls, replies, statuses, started + held_back)
     except Abandoned:
         # the caller gave up while a call was in flight: any node may have granted it (a
         # hedge call too, if it went out)
@@ -301,6 +313,45 @@ def attempt_round(
 
 
 _NOT_ASKED = NodeFailure(NOT_ASKED, sent=False)
+
+#: A reading of the node's clock, sent first and last among the commands an attempt carries
+#: ahead of it (a waiter's ``BLPOP``). The node runs the attempt after the second reading, so
+#: the time between the two (the wait) is time the lease had not started yet.
+CLOCK: tuple[str] = ("TIME",)
+
+
+def bracketed(before: tuple[tuple[str | int, ...], ...]) -> tuple[tuple[str | int, ...], ...]:
+    """``before`` between two :data:`CLOCK` readings (nothing when it is empty)."""
+    return (CLOCK, *before, CLOCK) if before else ()
+
+
+def waited_reply(ahead: Sequence[Any]) -> Any:
+    """The reply of the last command an attempt carried ahead of it (a waiter's ``BLPOP``),
+    from the replies of everything it carried (see :func:`bracketed`); None without any."""
+    return ahead[-2] if len(ahead) >= 3 else None
+
+
+def _held_back(request: Request, most: float) -> float:
+    """How long the node held the attempt back behind the commands carried ahead of it,
+    seconds on its clock: the least over the nodes that got them, 0.0 where a clock reading is
+    missing. At most ``most``, what our clock saw from the write to the replies, so a node
+    clock stepped forward meanwhile does not stretch the lease."""
+    ahead = request.ahead or {}
+    held: list[float] = []
+    for i, call in enumerate(request.calls):
+        if call is not None and call.before:
+            replies = ahead.get(i, ())
+            first = _clock_seconds(replies[0]) if replies else None
+            last = _clock_seconds(replies[-1]) if replies else None
+            held.append(0.0 if first is None or last is None else last - first)
+    return min(max(min(held, default=0.0), 0.0), most)
+
+
+def _clock_seconds(reply: Any) -> float | None:
+    """A ``TIME`` reply in seconds; None for anything else (a failure)."""
+    if isinstance(reply, list) and len(reply) == 2:
+        return int(reply[0]) + int(reply[1]) / 1_000_000
+    return None
 
 
 def quorum_first(state: AliasState, nodes: Sequence[NodeView], name: str) -> list[int] | None:

@@ -69,6 +69,12 @@ class NodeView(Protocol):
         """True while a call sent to the node has no reply yet (slow, paused)."""
         ...
 
+    @property
+    def tick(self) -> float:
+        """How late the node may answer a blocking command that timed out, seconds: it ends
+        such waits on its next cycle (``1 / hz``)."""
+        ...
+
 
 @dataclass
 class AliasState:
