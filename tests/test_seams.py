@@ -187,7 +187,7 @@ def test_upgrading_a_read_lease_raises_at_once(unique_name: str) -> None:
         pass  # pragma: no cover
     with (
         manager.write_lock(unique_name, ttl=5),
-        pytest.raises(LockError, match="read lease"),
+        pytest.raises(LockError, match="downgrade"),
         manager.read_lock(unique_name, timeout=None),
     ):
         pass  # pragma: no cover
