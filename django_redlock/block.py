@@ -374,7 +374,12 @@ class _Calls:
         return False
 
 
-_KIND_NAMES = {"": "lock", "permit": "semaphore permit", "read": "read lease", "write": "write lease"}
+_KIND_NAMES = {
+    "": "lock",
+    "permit": "semaphore permit",
+    "read": "read lease",
+    "write": "write lease",
+}
 
 
 def refuse_other_kind(alias: str, name: str, kind: str) -> None:

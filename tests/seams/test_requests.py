@@ -10,8 +10,8 @@ from django.db import connection
 from django.test import Client
 
 from testproject.inventory.models import Product
-from tests.attack import urls as attack_urls
-from tests.attack.helpers import free_elsewhere, keys_left
+from tests.seams import urls as attack_urls
+from tests.seams.helpers import free_elsewhere, keys_left
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def atomic_requests() -> Iterator[None]:
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.urls("tests.attack.urls")
+@pytest.mark.urls("tests.seams.urls")
 def test_service_locks_reenter_the_request_lock(atomic_requests: None) -> None:
     """@request_lock("order:{pk}") under ATOMIC_REQUESTS; the view calls a service that
     locks order:{pk} twice: both re-enter the request's lease (same token), both fenced
@@ -43,7 +43,7 @@ def test_service_locks_reenter_the_request_lock(atomic_requests: None) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.urls("tests.attack.urls")
+@pytest.mark.urls("tests.seams.urls")
 def test_service_lock_many_inside_the_request_lock(atomic_requests: None) -> None:
     """The view holds order:{pk}; a service takes lock_many([order:pk, order:other]) (re-enters
     order:pk, takes order:other) and writes both rows the documented way (claim with each
@@ -65,7 +65,7 @@ def test_service_lock_many_inside_the_request_lock(atomic_requests: None) -> Non
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.urls("tests.attack.urls")
+@pytest.mark.urls("tests.seams.urls")
 def test_view_failing_after_the_service_rolls_back_and_releases(atomic_requests: None) -> None:
     """The view raises after the service wrote: the request's transaction rolls back (the
     row is unchanged) and the lock is released at once, nothing left on the node."""

@@ -14,7 +14,7 @@ from django.db import transaction
 from django_redlock import locks
 from django_redlock.exceptions import LockLost, LockNotAcquired, StaleTokenError
 from testproject.inventory.models import Product
-from tests.attack.helpers import free_elsewhere, keys_left, take_elsewhere
+from tests.seams.helpers import free_elsewhere, keys_left, take_elsewhere
 
 
 def make_gen(name: str, alias: str = "default", **options: object):  # type: ignore[no-untyped-def]

@@ -8,7 +8,9 @@ import redis
 from django.conf import settings
 
 from django_redlock import locks
-from django_redlock.exceptions import LockError, LockNotAcquired
+from tests.support.attempts import free_elsewhere
+
+__all__ = ["free_elsewhere", "keys_left", "take_elsewhere"]
 
 
 def keys_left(name: str, alias: str = "default") -> list[tuple[str, bytes]]:
@@ -24,26 +26,6 @@ def keys_left(name: str, alias: str = "default") -> list[tuple[str, bytes]]:
         finally:
             client.close()
     return found
-
-
-def free_elsewhere(name: str, alias: str = "default") -> bool:
-    """True if a caller in another thread can take ``name`` right now (one attempt)."""
-    outcome: list[object] = []
-
-    def attempt() -> None:
-        try:
-            locks[alias].acquire(name, timeout=0).release()
-            outcome.append(True)
-        except LockNotAcquired:
-            outcome.append(False)
-        except LockError as exc:  # another kind: the name is taken
-            outcome.append(exc)
-
-    thread = threading.Thread(target=attempt)
-    thread.start()
-    thread.join(30)
-    assert outcome, "the attempt from another thread hung"
-    return outcome[0] is True
 
 
 def take_elsewhere(name: str, alias: str = "default", ttl: float = 5.0) -> list[object]:

@@ -11,7 +11,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django_redlock import lock, locks
 from django_redlock.exceptions import LockNotAcquired
 from testproject.inventory.models import Product
-from tests.attack.helpers import free_elsewhere, keys_left, take_elsewhere
+from tests.seams.helpers import free_elsewhere, keys_left, take_elsewhere
 
 
 def make_agen(name: str, alias: str = "default"):  # type: ignore[no-untyped-def]
