@@ -1,43 +1,60 @@
-"""``manage.py redlock run NAME -- COMMAND``: flock(1) for a cluster of servers (SPEC 11).
+"""``manage.py redlock run NAME -- COMMAND``: flock(1) for a cluster of servers.
 
-Takes NAME, runs COMMAND as a child process with ``REDLOCK_ALIAS``, ``REDLOCK_NAME`` and
-``REDLOCK_TOKEN`` in its environment, keeps the lease alive while it runs and releases it after
-the child exits. The exit status is the child's (128 + N when a signal N ended it), or:
+Takes NAME, runs COMMAND as the job with ``REDLOCK_ALIAS``, ``REDLOCK_NAME`` and
+``REDLOCK_TOKEN`` in its environment, keeps the lease alive while it runs and releases it once
+no process of the job is left. The exit status is the child's (128 + N when a signal N ended
+it), or:
 
 * 75 (``EX_TEMPFAIL``): NAME is busy; ``--skip-busy`` exits 0 silently instead;
 * 69 (``EX_UNAVAILABLE``): too few nodes answered to reach a quorum;
-* 70 (``EX_SOFTWARE``): the lease was lost while the child ran; the child got SIGTERM (and
-  SIGKILL ``kill_after`` seconds later if it was still running);
+* 70 (``EX_SOFTWARE``): the lease was lost while the job ran; the whole job got SIGTERM (and
+  SIGKILL ``kill_after`` seconds later if a process of it was still running);
 * 126 / 127: COMMAND could not be started (not executable / not found); NAME is released at once.
 
-SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to ``redlock run`` are passed on to the
-child, which runs in a process group of its own (so a terminal's Ctrl-C reaches it once). On Linux
-the child is SIGKILLed if ``redlock run`` itself dies (parent-death signal): a job never runs on
-without the lease that protects it.
+Three processes run a job (docs/jobs.md, "Process trees, terminals and Ctrl-Z"): the *front*
+(:mod:`.front`, the process the caller started), the *holder* (this module: a fork of the front
+that holds and renews the lease) and the *keeper* (:mod:`.keeper`: a small process that starts
+COMMAND in a process group of its own and makes sure none of the job's processes outlives it).
 """
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from ..exceptions import LockError, LockNotAcquired, NodesUnavailable
 from ..lease import Lease
 from ..manager import LockManager
+from .keeper import EX_NOT_EXECUTABLE, EX_NOT_FOUND, SHIELDED, foreground_of, give_terminal
 
 EX_BUSY = 75
 EX_NO_QUORUM = 69
 EX_LOST = 70
-EX_NOT_EXECUTABLE = 126
-EX_NOT_FOUND = 127
+__all__ = [
+    "EX_BUSY",
+    "EX_LOST",
+    "EX_NOT_EXECUTABLE",
+    "EX_NOT_FOUND",
+    "EX_NO_QUORUM",
+    "FORWARDED_SIGNALS",
+    "FrontLink",
+    "Outcome",
+    "RunError",
+    "RunRequest",
+    "ignored_signals",
+    "run_locked",
+]
 FORWARDED_SIGNALS = (
     signal.SIGTERM,
     signal.SIGINT,
@@ -46,7 +63,9 @@ FORWARDED_SIGNALS = (
     signal.SIGUSR1,
     signal.SIGUSR2,
 )
-_PR_SET_PDEATHSIG = 1
+#: Forwarded signals that end a job: a stopped job is continued after them, to act on them.
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+KEEPER = Path(__file__).with_name("keeper.py")
 
 
 class RunError(Exception):
@@ -69,35 +88,76 @@ class RunRequest:
     kill_after: float = 10.0
 
 
-def run_locked(manager: LockManager, request: RunRequest) -> int:
-    """Hold ``request.name`` while ``request.command`` runs; returns the exit status.
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended: ``redlock run``'s exit status, what happened (``outcome``: ``ran``,
+    ``busy``, ``no_quorum``, ``lost``, ``not_started``, ``interrupted``, ``bad_arguments`` or
+    ``error``), the job's own status if it ran, and the line for stderr (None: silent)."""
 
-    Raises :class:`RunError` for busy (75), no quorum (69), lost (70) and a command that cannot
-    be started (126/127); busy with ``skip_busy`` returns 0."""
+    status: int
+    outcome: str
+    child_status: int | None = None
+    message: str | None = None
+
+
+def ignored_signals() -> frozenset[int]:
+    """The signals a terminal or an operator may send that this process ignores (``nohup``:
+    SIGHUP; a shell's background job: SIGINT and SIGQUIT). They stay ignored in the job and
+    are not passed on."""
+    return frozenset(s for s in SHIELDED if signal.getsignal(s) == signal.SIG_IGN)
+
+
+@dataclass
+class FrontLink:
+    """The holder's link to the front: a socket (its end of file: the front died), the
+    front's process group (which may hand the terminal to the job) and the signals that
+    ``redlock run`` started with ignored."""
+
+    sock: socket.socket
+    pgid: int
+    ignored: frozenset[int] = frozenset()
+    gone: bool = False
+
+    def send(self, line: str) -> None:
+        if not self.gone:
+            with contextlib.suppress(OSError):
+                self.sock.sendall(line.encode() + b"\n")
+
+
+def run_locked(manager: LockManager, request: RunRequest, front: FrontLink | None) -> Outcome:
+    """Hold ``request.name`` while ``request.command`` runs (called in the holder process).
+
+    Raises ``TypeError``/``ValueError`` for a bad name, TTL or timeout."""
     try:
         lease = manager.acquire(request.name, ttl=request.ttl, timeout=request.timeout)
-    except LockNotAcquired as exc:
+    except LockNotAcquired:
         if request.skip_busy:
-            return 0
-        raise RunError(f"lock {request.name!r} (alias {manager.alias!r}) is busy", EX_BUSY) from exc
+            return Outcome(0, "busy")
+        message = f"lock {request.name!r} (alias {manager.alias!r}) is busy"
+        return Outcome(EX_BUSY, "busy", None, message)
     except NodesUnavailable as exc:
-        raise RunError(f"{exc}", EX_NO_QUORUM) from exc
-    supervisor = _Supervisor(lease, request)
+        return Outcome(EX_NO_QUORUM, "no_quorum", None, f"{exc}")
+    supervisor = _Supervisor(lease, request, front)
     try:
         status = supervisor.run()
+    except RunError as exc:
+        return Outcome(exc.status, "not_started", None, str(exc))
     finally:
         still_held = _release(lease)
+    if supervisor.keeper_died:
+        message = f"the keeper of {request.command[0]!r} died; SIGKILLed the job's process group"
+        return Outcome(EX_LOST, "lost", status, message)
     if supervisor.lost or not still_held:
-        raise RunError(
+        message = (
             f"lost lock {request.name!r} (alias {manager.alias!r}) while "
-            f"{request.command[0]!r} ran" + ("; sent it SIGTERM" if supervisor.terminated else ""),
-            EX_LOST,
+            f"{request.command[0]!r} ran" + ("; sent it SIGTERM" if supervisor.terminated else "")
         )
-    return status
+        return Outcome(EX_LOST, "lost", status, message)
+    return Outcome(status, "ran", status)
 
 
 def _release(lease: Lease) -> bool:
-    """Release after the child exited; False if the lease turned out lost."""
+    """Release after the job ended; False if the lease turned out lost."""
     try:
         return lease.release() or not lease.lost
     except LockError:  # no quorum answered the release: it expires on its own, not lost
@@ -105,104 +165,188 @@ def _release(lease: Lease) -> bool:
 
 
 class _Supervisor:
-    """Runs the child under the lease: renewals, loss, forwarded signals."""
+    """Runs the job through the keeper under the lease: renewals, loss, signals, stops."""
 
-    def __init__(self, lease: Lease, request: RunRequest) -> None:
+    def __init__(self, lease: Lease, request: RunRequest, front: FrontLink | None) -> None:
         self.lease = lease
         self.request = request
+        self.front = front
         self.lost = False
         self.terminated = False
-        self.child: subprocess.Popen[bytes] | None = None
-        self._mutex = threading.Lock()
+        self.keeper_died = False
+        #: the job's process group (its first process's pid); 0 until it runs
+        self.job = 0
+        self.ended = False
+        self.stopped = False
+        self.pending: list[int] = []  # signals that came before the job's group existed
+        self.keeper: subprocess.Popen[bytes] | None = None
+        self.link: socket.socket | None = None
+        self.ignored = front.ignored if front is not None else ignored_signals()
 
     def run(self) -> int:
-        child = self._start()
-        self.lease.on_lost = self._on_lost
-        self.lease.start_auto_extend(None)
-        with _Forwarding(child):
-            status = child.wait()
-        self.lease.stop_auto_extend()
-        return status if status >= 0 else 128 - status
+        self._start_keeper()
+        with _Handlers(self):
+            self.lease.on_lost = self._on_lost
+            self.lease.start_auto_extend(None)
+            try:
+                return self._follow()
+            finally:
+                self.lease.stop_auto_extend()
+                if self.keeper is not None:
+                    self.keeper.wait()
 
-    def _start(self) -> subprocess.Popen[bytes]:
-        command = list(self.request.command)
+    def _start_keeper(self) -> None:
         env = {
             **os.environ,
             "REDLOCK_ALIAS": self.lease.alias,
             "REDLOCK_NAME": self.lease.name,
             "REDLOCK_TOKEN": str(self.lease.token),
         }
+        mine, theirs = socket.socketpair()
+        front_pgid = self.front.pgid if self.front is not None else 0
+        ignored = ",".join(str(int(s)) for s in sorted(self.ignored)) or "-"
+        argv = [
+            sys.executable, "-I", "-S", str(KEEPER), str(theirs.fileno()),
+            repr(self.request.kill_after), str(front_pgid), ignored, "--", *self.request.command,
+        ]  # fmt: skip
         try:
-            self.child = subprocess.Popen(
-                command, env=env, process_group=0, preexec_fn=_die_with_parent()
-            )
-        except FileNotFoundError as exc:
-            raise RunError(f"cannot run {command[0]!r}: {exc.strerror}", EX_NOT_FOUND) from exc
-        except PermissionError as exc:
-            raise RunError(f"cannot run {command[0]!r}: {exc.strerror}", EX_NOT_EXECUTABLE) from exc
+            self.keeper = subprocess.Popen(argv, env=env, pass_fds=(theirs.fileno(),))
         except OSError as exc:
-            raise RunError(f"cannot run {command[0]!r}: {exc}", EX_NOT_EXECUTABLE) from exc
-        return self.child
+            mine.close()
+            raise RunError(f"cannot start the job's keeper: {exc}", EX_NOT_EXECUTABLE) from exc
+        finally:
+            theirs.close()
+        self.link = mine
+
+    def _follow(self) -> int:
+        """Read the keeper's reports until the job is over; returns its exit status."""
+        assert self.link is not None
+        buffered = b""
+        while True:
+            watched: list[Any] = [self.link]
+            if self.front is not None and not self.front.gone:
+                watched.append(self.front.sock)
+            ready = select.select(watched, [], [])[0]
+            if self.front is not None and self.front.sock in ready:
+                self._front_readable()
+            if self.link not in ready:
+                continue
+            data = self.link.recv(4096)
+            if not data:
+                return self._keeper_gone()
+            buffered += data
+            *lines, buffered = buffered.split(b"\n")
+            for line in lines:
+                status = self._report(line.decode())
+                if status is not None:
+                    return status
+
+    def _report(self, line: str) -> int | None:
+        """One line from the keeper; the job's exit status once it is over."""
+        word, _, rest = line.partition(" ")
+        if word == "pid":
+            self.job = int(rest)
+            while self.pending:
+                self.signal_job(self.pending.pop(0))
+            if self.lost:
+                self._terminate()
+            if self.front is not None:
+                self.front.send(line)
+        elif word == "error":
+            status, _, message = rest.partition(" ")
+            raise RunError(message, int(status))
+        elif word == "stop":
+            self.stopped = True
+            if self.front is not None:
+                self.front.send(line)
+        elif word == "cont":
+            self.stopped = False
+        elif word == "exit":
+            self.ended = True
+            return int(rest)
+        return None
+
+    def _front_readable(self) -> None:
+        """The front only ever closes its end: it died (SIGKILL), so the job must die too."""
+        assert self.front is not None
+        with contextlib.suppress(OSError):
+            if self.front.sock.recv(512):
+                return
+        self.front.gone = True
+        self._tell_keeper(b"K")
+
+    def _keeper_gone(self) -> int:
+        """The keeper died without reporting the job's end: kill what is left of the group."""
+        self.keeper_died = True
+        if self.job and not self.ended:
+            with contextlib.suppress(OSError):
+                os.killpg(self.job, signal.SIGKILL)
+        self.ended = True
+        return 128 + signal.SIGKILL
+
+    def _tell_keeper(self, command: bytes) -> None:
+        if self.link is not None:
+            with contextlib.suppress(OSError):
+                self.link.sendall(command)
 
     def _on_lost(self) -> None:
-        """From the renewal thread: the lease is lost, so the child must stop."""
-        with self._mutex:
-            self.lost = True
-            child = self.child
-            if child is None or child.poll() is not None:
-                return
+        """From the renewal thread: the lease is lost, so the whole job must stop."""
+        self.lost = True  # before reading self.job: _report sets job, then reads lost
+        if self.job:
+            self._terminate()
+
+    def _terminate(self) -> None:
+        if not self.ended:
             self.terminated = True
-            child.terminate()
-        timer = threading.Timer(self.request.kill_after, _kill_if_running, (child,))
-        timer.daemon = True
-        timer.start()
+            self._tell_keeper(b"T")  # SIGTERM to all of it, SIGKILL after kill_after
+
+    # -- signals (main thread) ---------------------------------------------------------------
+    def signal_job(self, signum: int) -> None:
+        """Pass ``signum`` on to the job's whole process group."""
+        if not self.job:
+            if signum not in (signal.SIGTSTP, signal.SIGCONT):
+                self.pending.append(signum)
+            return
+        if self.ended:
+            return
+        with contextlib.suppress(OSError):
+            os.killpg(self.job, signum)
+            if self.stopped and signum in ENDING_SIGNALS:
+                os.killpg(self.job, signal.SIGCONT)
+
+    def resume(self) -> None:
+        """SIGCONT (``fg``, ``bg``, ``kill -CONT``): continue the job, and give it the
+        terminal if ``redlock run``'s group has it now (``fg``)."""
+        if not self.job or self.ended:
+            return
+        front_pgid = self.front.pgid if self.front is not None else 0
+        if front_pgid and foreground_of(0) == front_pgid:
+            give_terminal(0, self.job)
+        self.signal_job(signal.SIGCONT)
 
 
-def _kill_if_running(child: subprocess.Popen[bytes]) -> None:
-    if child.poll() is None:
-        child.kill()
+class _Handlers:
+    """While the job runs, pass forwarded signals and SIGTSTP on to its group and continue it
+    on SIGCONT (Python handles signals in the main thread only: elsewhere, nothing)."""
 
-
-class _Forwarding:
-    """Pass the signals of :data:`FORWARDED_SIGNALS` on to ``child`` while it runs (Python
-    handles signals in the main thread only: called from another thread, nothing is passed
-    on)."""
-
-    def __init__(self, child: subprocess.Popen[bytes]) -> None:
-        self.child = child
+    def __init__(self, supervisor: _Supervisor) -> None:
+        self.supervisor = supervisor
         self.previous: dict[int, Any] = {}
 
     def __enter__(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        for signum in FORWARDED_SIGNALS:
-            self.previous[signum] = signal.signal(signum, self._forward)
+        for signum in (*FORWARDED_SIGNALS, signal.SIGTSTP):
+            if signum not in self.supervisor.ignored:
+                self.previous[signum] = signal.signal(signum, self._forward)
+        self.previous[signal.SIGCONT] = signal.signal(signal.SIGCONT, self._resume)
 
     def __exit__(self, *exc: object) -> None:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
 
     def _forward(self, signum: int, frame: FrameType | None) -> None:
-        if self.child.poll() is None:
-            self.child.send_signal(signum)
+        self.supervisor.signal_job(signum)
 
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the kernel SIGKILL the child when this process dies
-    (Linux ``PR_SET_PDEATHSIG``); None elsewhere. Resolved before the fork, so the child only
-    makes one system call between fork and exec."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-    kill = int(signal.SIGKILL)
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, kill, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl: no signal will come
-            os._exit(EX_LOST)
-
-    return preexec
+    def _resume(self, signum: int, frame: FrameType | None) -> None:
+        self.supervisor.resume()

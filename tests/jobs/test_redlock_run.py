@@ -5,66 +5,20 @@ signals forwarded, and the child never outlives a SIGKILLed wrapper."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 
-from django_redlock.exceptions import LockNotAcquired
 from django_redlock.manager import LockManager
 from django_redlock.testing import RedisNodes
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+from .run_support import Wrapper, alive, free_within, wait_for
+
 Alias = Callable[..., LockManager]
-
-
-class Wrapper:
-    """Starts ``python -m django redlock run`` for one alias (its nodes from REDLOCK_JSON)."""
-
-    def __init__(self, manager: LockManager, tmp_path: Path) -> None:
-        self.alias = manager.alias
-        self.tmp = tmp_path
-        self.env = {
-            **os.environ,
-            "REDLOCK_JSON": json.dumps({manager.alias: settings.REDLOCK[manager.alias]}),
-            "DJANGO_SETTINGS_MODULE": "tests.support.subprocess_settings",
-            "PYTHONPATH": str(ROOT),
-        }
-        self.started: list[subprocess.Popen[str]] = []
-
-    def start(self, name: str, script: str, *options: str) -> subprocess.Popen[str]:
-        argv = [sys.executable, "-m", "django", "redlock", "run", name, "--using", self.alias]
-        argv += [*options, "--", sys.executable, "-c", script]
-        process = subprocess.Popen(
-            argv, env=self.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        self.started.append(process)
-        return process
-
-    def run(self, name: str, script: str, *options: str) -> subprocess.CompletedProcess[str]:
-        process = self.start(name, script, *options)
-        out, err = process.communicate(timeout=60)
-        return subprocess.CompletedProcess(process.args, process.returncode, out, err)
-
-    def argv(self, *args: str) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "django", "redlock", "run", *args]
-        return subprocess.run(
-            argv, env=self.env, cwd=ROOT, capture_output=True, text=True, timeout=60
-        )
-
-    def close(self) -> None:
-        for process in self.started:
-            if process.poll() is None:
-                process.kill()
-            process.communicate(timeout=10)
 
 
 @pytest.fixture
@@ -75,35 +29,6 @@ def wrapper(
     made = Wrapper(manager, tmp_path)
     yield made, manager
     made.close()
-
-
-def wait_for(path: Path, seconds: float = 20) -> str:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text().endswith("\n"):
-            return path.read_text()
-        time.sleep(0.01)
-    raise AssertionError(f"{path} was never written")
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def free_within(manager: LockManager, name: str, seconds: float) -> float:
-    """Seconds until ``name`` could be acquired (fails the test after ``seconds``)."""
-    started = time.monotonic()
-    while time.monotonic() - started < seconds:
-        try:
-            manager.acquire(name, timeout=0).release()
-            return time.monotonic() - started
-        except LockNotAcquired:
-            time.sleep(0.02)
-    raise AssertionError(f"{name!r} still held after {seconds} s")
 
 
 def test_two_invocations_one_runs_the_other_exits_75(
@@ -254,6 +179,9 @@ def test_command_that_is_not_executable_is_126(
         (["job", "--ttl", "-1", "--", "true"], "ttl"),
         (["job", "--timeout", "-1", "--", "true"], "timeout"),
         (["job", "--kill-after", "-1", "--", "true"], "--kill-after"),
+        (["job", "--kill-after", "nan", "--", "true"], "--kill-after"),
+        (["job", "--kill-after", "inf", "--", "true"], "--kill-after"),
+        (["job", "--timeout", "nan", "--", "true"], "timeout"),
         (["__fence__", "--", "true"], "__"),
     ],
 )
@@ -277,3 +205,40 @@ def test_no_quorum_exits_69(redis_node_factory: Any, redlock_alias: Alias, tmp_p
     done = run.run("job", "print('ran')")
     assert done.returncode == 69, done.stderr
     assert done.stdout == "" and done.stderr.count("\n") == 1
+
+
+def test_unknown_alias_exits_2(wrapper: tuple[Wrapper, LockManager]) -> None:
+    """``--using`` naming no REDLOCK alias is a bad argument: exit 2, one line, no traceback."""
+    run, _ = wrapper
+    done = run.argv("job", "--using", "nosuchalias", "--", "true")
+    assert done.returncode == 2, done.stderr
+    assert "nosuchalias" in done.stderr and done.stderr.count("\n") == 1
+
+
+def test_status_file_tells_a_child_exiting_75_from_busy(
+    wrapper: tuple[Wrapper, LockManager], tmp_path: Path
+) -> None:
+    """A child that exits 75 itself and a busy name both exit 75; ``--status-file`` tells them
+    apart (``ran`` with the child's status vs ``busy``), and a lost lease writes ``lost``."""
+    run, manager = wrapper
+    status = tmp_path / "status.json"
+    done = run.run("own75", "import sys; sys.exit(75)", "--status-file", str(status))
+    assert done.returncode == 75
+    assert json.loads(status.read_text()) == {
+        "outcome": "ran", "child_status": 75, "exit_status": 75,
+    }  # fmt: skip
+    with manager.lock("own75"):
+        busy = run.run("own75", "print('ran')", "--status-file", str(status))
+    assert busy.returncode == 75
+    assert json.loads(status.read_text()) == {
+        "outcome": "busy", "child_status": None, "exit_status": 75,
+    }  # fmt: skip
+    ready = tmp_path / "ready"
+    script = f"import time; open({str(ready)!r}, 'w').write('ok' + chr(10)); time.sleep(30)"
+    process = run.start("own70", script, "--ttl", "1.5", "--status-file", str(status))
+    wait_for(ready)
+    manager.force_release("own70")
+    assert process.wait(30) == 70
+    assert json.loads(status.read_text()) == {
+        "outcome": "lost", "child_status": 128 + signal.SIGTERM, "exit_status": 70,
+    }  # fmt: skip

@@ -10,7 +10,10 @@ error on stderr and exit status 1. With ``--json``, an error that comes before t
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -23,8 +26,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ... import inspection
 from ...fencing import tombstones
 from ...inspection import LockInfo, NodeError, NodeHealth
-from ...jobs.runner import RunError, RunRequest, run_locked
+from ...jobs import front
+from ...jobs.runner import Outcome, RunRequest
 from ...registry import locks
+from ...validation import check_name, check_timeout, check_ttl
 
 #: ``clear`` lists and releases locks in batches of this many names.
 CLEAR_BATCH = 500
@@ -200,6 +205,11 @@ class Command(BaseCommand):
             default=10.0,
             help="After a lost lease, SIGKILL the command this many seconds after SIGTERM.",
         )
+        p.add_argument(
+            "--status-file",
+            metavar="PATH",
+            help='Write {"outcome": ..., "child_status": ..., "exit_status": ...} there (JSON).',
+        )
         p.add_argument("command", nargs="*", help="-- COMMAND [ARG ...]")
 
         p = sub.add_parser(
@@ -275,29 +285,45 @@ class Command(BaseCommand):
 
     # -- subcommands -----------------------------------------------------------------------
     def run_command(self, options: dict[str, Any]) -> None:
-        """``run NAME -- COMMAND``: exits with the command's status (see the module)."""
+        """``run NAME -- COMMAND``: exits with the command's status (see docs/jobs.md)."""
         command = list(options["command"])
         if not command:
             raise CommandError("redlock run: give the command after --", returncode=2)
-        if options["kill_after"] < 0:
-            raise CommandError("redlock run: --kill-after must be >= 0", returncode=2)
-        alias = self._one_alias(options["using"])
+        kill_after = options["kill_after"]
+        if not (math.isfinite(kill_after) and kill_after >= 0):
+            raise CommandError("redlock run: --kill-after must be a number >= 0", returncode=2)
+        try:
+            alias = self._one_alias(options["using"])
+        except Failure as exc:
+            status = 2 if exc.code == "unknown_alias" else 1  # a typo, or broken settings
+            raise CommandError(f"redlock run: {exc}", returncode=status) from exc
+        manager = locks[alias]
         request = RunRequest(
             name=options["name"],
             command=command,
             ttl=options["ttl"],
             timeout=options["timeout"],
             skip_busy=options["skip_busy"],
-            kill_after=options["kill_after"],
+            kill_after=kill_after,
         )
-        try:
-            status = run_locked(locks[alias], request)
-        except RunError as exc:
-            raise CommandError(f"redlock run: {exc}", returncode=exc.status) from exc
-        except (TypeError, ValueError) as exc:  # a bad NAME, --ttl or --timeout
+        try:  # checked before anything runs, so that nothing is taken
+            check_name(request.name)
+            if request.ttl is not None:
+                check_ttl(request.ttl, manager.config.drift_factor)
+            check_timeout(request.timeout)
+        except (TypeError, ValueError) as exc:
             raise CommandError(f"redlock run: {exc}", returncode=2) from exc
-        if status:
-            sys.exit(status)
+        status_file: str | None = options["status_file"]
+        if status_file:  # a file left from an earlier run must not be mistaken for this one's
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(status_file)
+        outcome = front.run(manager, request)
+        if status_file:
+            _write_status(status_file, outcome)
+        if outcome.message is not None:
+            raise CommandError(f"redlock run: {outcome.message}", returncode=outcome.status)
+        if outcome.status:
+            sys.exit(outcome.status)
 
     def prune_tombstones(self, options: dict[str, Any]) -> None:
         """Delete the tombstones of deletes older than ``--days`` (a database, not Redis)."""
@@ -406,6 +432,19 @@ class Command(BaseCommand):
             self.stdout.write(table(NODE_HEADERS, [_node_row(node) for node in report]))
         problems += [NodeError(n.alias, n.node, n.error) for n in report if not n.up]
         self._fail(problems)
+
+
+def _write_status(path: str, outcome: Outcome) -> None:
+    """``redlock run --status-file``: what happened, written atomically (rename)."""
+    document = {
+        "outcome": outcome.outcome,
+        "child_status": outcome.child_status,
+        "exit_status": outcome.status,
+    }
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w") as file:
+        file.write(json.dumps(document) + "\n")
+    os.replace(temporary, path)
 
 
 NODE_HEADERS = ("ALIAS", "NODE", "STATUS", "LATENCY", "RUN_ID", "UPTIME", "POLICY", "MEMORY")
