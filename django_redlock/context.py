@@ -20,7 +20,7 @@ import asyncio
 import contextvars
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class TokenHolder(Protocol):
@@ -71,7 +71,7 @@ class _Entry:
 class _Frame:
     """The leases one thread or task activated, innermost last."""
 
-    __slots__ = ("by_key", "dead", "owner", "parent", "stack")
+    __slots__ = ("by_key", "by_token", "dead", "owner", "parent", "stack")
 
     def __init__(self, owner: object, parent: _Frame | None) -> None:
         self.owner = owner
@@ -82,10 +82,13 @@ class _Frame:
         self.dead = 0
         #: the entries of each (alias, name), in activation order
         self.by_key: dict[Key, list[_Entry]] = {}
+        #: the entries of each token (a row claimed with one lease of a set saves with it)
+        self.by_token: dict[int, list[_Entry]] = {}
 
     def add(self, entry: _Entry) -> _Entry:
         self.stack.append(entry)
         self.by_key.setdefault(entry.key, []).append(entry)
+        self.by_token.setdefault(entry.lease.token, []).append(entry)
         _entries_of(entry.lease).append(entry)
         return entry
 
@@ -94,11 +97,8 @@ class _Frame:
         if entry.frame is not self:
             entry.dead = True
             return
-        same = self.by_key.get(entry.key)
-        if same is not None:
-            _remove(same, entry)
-            if not same:
-                del self.by_key[entry.key]
+        _unindex(self.by_key, entry.key, entry)
+        _unindex(self.by_token, entry.lease.token, entry)
         _remove(_entries_of(entry.lease), entry)
         if entry.dead:
             return  # dropped before
@@ -134,6 +134,15 @@ class _Frame:
             for entry in stale:
                 self.drop(entry)
         return found
+
+
+def _unindex(index: dict[Any, list[_Entry]], key: Any, entry: _Entry) -> None:
+    """Remove ``entry`` from ``index[key]`` (and the key once its list is empty)."""
+    same = index.get(key)
+    if same is not None:
+        _remove(same, entry)
+        if not same:
+            del index[key]
 
 
 def _remove(entries: list[_Entry], entry: _Entry) -> None:
@@ -248,6 +257,19 @@ def current_lease() -> TokenHolder | None:
         lease = frame.innermost()
         if lease is not None:
             return lease
+        frame = frame.parent
+    return None
+
+
+def active_with_token(token: int) -> TokenHolder | None:
+    """The innermost active lease (of this thread or task, or inherited from its parent)
+    whose token is ``token``, or None: a row claimed with one lease of a ``lock_many`` set is
+    saved with that lease's token, not the innermost lease's."""
+    frame = _frame.get()
+    while frame is not None:
+        for entry in reversed(frame.by_token.get(token, ())):
+            if entry.fences and entry.live():
+                return entry.lease
         frame = frame.parent
     return None
 

@@ -84,7 +84,7 @@ class FencedModel(models.Model):
         fence_token: int | None = None,
     ) -> None:
         """Save, guarded by ``fence_token`` or the innermost active lease's token."""
-        token = resolve_token(fence_token, type(self))
+        token = resolve_token(fence_token, type(self), self._fence_loaded)
         if token is None and self.fence_required:
             raise unguarded_error(type(self), self.pk, "save()")
         if update_fields is not None:
@@ -132,7 +132,7 @@ class FencedModel(models.Model):
         self, using: Any = None, keep_parents: bool = False, *, fence_token: int | None = None
     ) -> tuple[int, dict[str, int]]:
         """Delete, guarded like :meth:`save`: a stale lease's delete raises, deletes nothing."""
-        token = resolve_token(fence_token, type(self))
+        token = resolve_token(fence_token, type(self), self._fence_loaded)
         if token is None:
             if self.fence_required:
                 raise unguarded_error(type(self), self.pk, "delete()")
