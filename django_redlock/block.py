@@ -238,6 +238,13 @@ class LockBlock:
 
     # -- decorator -------------------------------------------------------------------------
     def __call__(self, func: F) -> F:
+        if isinstance(func, classmethod | staticmethod):
+            kind = type(func).__name__
+            raise TypeError(
+                f"lock({self._name!r}) cannot decorate a {kind} object: put @{kind} above "
+                f"@lock (so @lock wraps the function itself), e.g. @{kind} then @lock(...) "
+                "then def ..."
+            )
         template = CallTemplate(self._name, func)  # a field the function lacks fails here
         calls = _Calls(
             self, template, getattr(func, "__qualname__", repr(func)), self._options.on_busy
