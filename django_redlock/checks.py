@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-import redis
 from django.apps import AppConfig
 from django.conf import settings
 from django.core import checks
@@ -31,6 +30,7 @@ from .conf import (
     redlock_settings,
     url_identity,
 )
+from .nodes.probe import UNKNOWN, probe_alias
 
 #: ``manage.py check --tag django_redlock`` runs only these checks (and the request-lock ones).
 TAG = "django_redlock"
@@ -213,70 +213,43 @@ def _topology(config: AliasConfig) -> list[checks.CheckMessage]:
     return messages
 
 
-def _eviction_policy(node: NodeSpec, config: AliasConfig) -> tuple[str | None, str | None]:
-    """The node's ``maxmemory-policy`` and role: the policy from ``INFO memory``, which the
-    ACL user of docs/algorithm.md may run, else from ``CONFIG GET`` (often denied, or disabled
-    by managed services); the role from ``INFO replication`` (None if denied). A
-    ``ResponseError`` (NOPERM, unknown command) means the node answered. A sentinel node is
-    probed on the master the sentinels name now."""
-    from .connections import client_factory
-
-    client = client_factory(node, config)()
-    try:
-        try:
-            role = client.info("replication").get("role")
-        except redis.ResponseError:
-            role = None
-        try:
-            policy = client.info("memory").get("maxmemory_policy")
-        except redis.ResponseError:
-            policy = None
-        if policy is None:
-            policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
-        return (None if policy is None else str(policy)), (None if role is None else str(role))
-    finally:
-        client.close()
-        client.connection_pool.disconnect()
-
-
 def _nodes_health(config: AliasConfig) -> list[checks.CheckMessage]:
-    from .engine import describe
-
+    """W005-W007 from one reading of every node of the alias at once (see
+    :mod:`.nodes.probe`): the policy from ``INFO memory``, which the ACL user of
+    docs/algorithm.md may run (``CONFIG GET`` only when it is refused), the role from ``INFO
+    replication``. A sentinel node is probed on the master the sentinels name now."""
     messages: list[checks.CheckMessage] = []
-    for node in config.nodes:
+    for node, health in zip(config.nodes, probe_alias(config), strict=True):
         where = f"REDLOCK[{config.alias!r}] node {node.label}"
-        try:
-            policy, role = _eviction_policy(node, config)
-        except redis.ResponseError as exc:
+        if not health.up:
             messages.append(
                 checks.Warning(
-                    f"{where} answered, but neither INFO memory nor CONFIG GET gave its "
-                    f"maxmemory-policy: {mask_secrets(describe(exc), node.url or '')}",
-                    hint="Grant the lock user +info (as docs/algorithm.md does), or make sure "
-                    "the node runs with maxmemory-policy noeviction.",
-                    id="django_redlock.W006",
-                )
-            )
-            continue
-        except Exception as exc:  # any failure of the probe is a warning, never a crash
-            messages.append(
-                checks.Warning(
-                    f"{where} cannot be reached: {mask_secrets(describe(exc), node.url or '')}",
+                    f"{where} cannot be reached: {mask_secrets(health.error, node.url or '')}",
                     hint="Start the node or fix its URL; locks need a quorum of nodes.",
                     id="django_redlock.W005",
                 )
             )
             continue
-        if policy not in (None, "noeviction"):
+        if health.maxmemory_policy == UNKNOWN:
             messages.append(
                 checks.Warning(
-                    f"{where} has maxmemory-policy {policy!r}, which can evict lock keys and "
-                    "fence counters.",
+                    f"{where} answered, but neither INFO memory nor CONFIG GET gave its "
+                    f"maxmemory-policy: {mask_secrets(health.error, node.url or '')}",
+                    hint="Grant the lock user +info (as docs/algorithm.md does), or make sure "
+                    "the node runs with maxmemory-policy noeviction.",
+                    id="django_redlock.W006",
+                )
+            )
+        if health.evicts:
+            messages.append(
+                checks.Warning(
+                    f"{where} has maxmemory-policy {health.maxmemory_policy!r}, which can "
+                    "evict lock keys and fence counters.",
                     hint="Set maxmemory-policy noeviction on lock nodes.",
                     id="django_redlock.W004",
                 )
             )
-        if role == "slave":
+        if health.replica:
             messages.append(
                 checks.Warning(
                     f"{where} is a replica: it refuses the lock scripts' writes (READONLY), "

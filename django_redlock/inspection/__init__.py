@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 from ..engine import escape_glob
 from ..manager import LockManager
+from ..nodes.probe import NodeHealth, Target, probe
 from ..registry import locks
 from .reader import SCAN_COUNT, AliasInspector
 from .records import (
@@ -22,7 +23,6 @@ from .records import (
     LockInfo,
     LockPage,
     NodeError,
-    NodeHealth,
     NotHeld,
     Unreachable,
     lease_id,
@@ -149,12 +149,11 @@ def get_lock(alias: str, name: str) -> tuple[LockInfo | None, list[NodeError]]:
 
 
 def node_health(using: Iterable[str] | None = None) -> list[NodeHealth]:
-    """Health of every node of the aliases (all of them by default)."""
-    report: list[NodeHealth] = []
-    for alias in aliases() if using is None else using:
-        with AliasInspector(locks[alias]) as inspector:
-            report.extend(inspector.health())
-    return report
+    """Health of every node of the aliases (all of them by default), alias after alias; every
+    node of every alias is read at the same time (see :mod:`..nodes.probe`)."""
+    managers = [locks[alias] for alias in (aliases() if using is None else using)]
+    targets = [Target(m.config.shard_configs[0], len(m.shards)) for m in managers]
+    return [reading.health for readings in probe(targets) for reading in readings]
 
 
 def force_release(

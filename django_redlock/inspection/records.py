@@ -1,4 +1,5 @@
-"""What inspection returns: held locks merged over an alias's nodes, node health, errors.
+"""What inspection returns: held locks merged over an alias's nodes, node health (read by
+:mod:`..nodes.probe`), errors.
 
 Lock owners are secrets (whoever knows one can release or extend that lease): nothing here
 carries more than their first four hex characters, or a one-way fingerprint.
@@ -110,38 +111,6 @@ class LockInfo:
         """A JSON-ready dict (``acquired_at`` as ISO 8601)."""
         acquired = self.acquired_at.isoformat() if self.acquired_at else None
         return {**dataclasses.asdict(self), "acquired_at": acquired}
-
-
-@dataclass(frozen=True)
-class NodeHealth:
-    """What one node says about itself; ``up`` False when it did not answer."""
-
-    alias: str
-    index: int
-    node: str
-    up: bool
-    latency_ms: float | None = None
-    run_id: str | None = None
-    uptime_s: int | None = None
-    maxmemory_policy: str | None = None
-    used_memory: int | None = None
-    used_memory_human: str | None = None
-    error: str = ""
-    #: ``master`` or ``slave`` (a replica), from ``INFO replication``
-    role: str | None = None
-    #: a sentinel node's master now (``host:port``), or a cluster node's slot, master and
-    #: coverage (None for other nodes)
-    master: str | None = None
-
-    @property
-    def shown(self) -> str:
-        """The node's label, with where a sentinel or cluster node was found."""
-        if self.master is None:
-            return self.node
-        return f"{self.node} [{'' if self.master.startswith('slot') else 'master '}{self.master}]"
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclass

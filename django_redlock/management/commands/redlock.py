@@ -417,10 +417,10 @@ def _node_row(node: NodeHealth) -> list[object]:
     return [
         node.alias,
         node.shown,
-        "up",
+        "up (replica)" if node.replica else "up",
         f"{node.latency_ms:.2f} ms",
         node.run_id,
         f"{node.uptime_s} s",
-        node.maxmemory_policy,
+        node.policy_shown,
         node.used_memory_human or node.used_memory,
     ]
