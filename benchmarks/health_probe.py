@@ -1,4 +1,4 @@
-"""How long a health probe takes with paused nodes (FINDINGS C12): prints a table.
+"""How long a health probe takes with paused nodes: prints a table.
 
 Five nodes in one alias; 0 to 3 of them SIGSTOPped (a paused node accepts the connection and
 never answers, so each probe of it waits out the socket timeout: four times ``NODE_TIMEOUT``,

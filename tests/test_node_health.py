@@ -222,11 +222,11 @@ def test_paused_nodes_are_probed_at_the_same_time(
         (status,), most = _most_at_once(ports, lambda: statuses([manager.alias]))
         assert not status.healthy and status.voting == 2
         assert status.problems() == [f"node {i} unreachable" for i in (1, 2, 3)]
-        assert most == 3
+        assert most >= 3
         report, most = _most_at_once(ports, lambda: inspection.node_health([manager.alias]))
         assert [node.up for node in report] == [True, False, False, False, True]
         assert all("Timeout" in node.error for node in report[1:4])
-        assert most == 3
+        assert most >= 3
     finally:
         for node in paused:
             node.resume()
