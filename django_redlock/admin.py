@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 else:
     _LockAdminBase = admin.ModelAdmin
 
-logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name (records carry .module)
+logger = logging.getLogger("django_redlock")  # one logger for the app (records carry .module)
 
 #: A lease picked on the list page: (alias, name, token, lease_id).
 Target = tuple[str, str, int, str]

@@ -1,4 +1,4 @@
-"""Semaphores and read-write locks in ``manage.py redlock`` and the admin page (SPEC 12):
+"""Semaphores and read-write locks in ``manage.py redlock`` and the admin page:
 listed with their kind and holders (owners masked), released permit by permit."""
 
 from __future__ import annotations
