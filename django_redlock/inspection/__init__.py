@@ -210,7 +210,8 @@ def _held_kind(inspector: AliasInspector, name: str, kind: str) -> LockInfo:
         raise NotHeld(f"{name!r} is not held on alias {alias!r}")
     if infos[0].kind != kind:
         raise HolderChanged(
-            f"{name!r} on alias {alias!r} is now held as a {infos[0].kind}; nothing was released"
+            f"{name!r} on alias {alias!r} is now held as kind {infos[0].kind!r}; nothing "
+            "was released"
         )
     return infos[0]
 
