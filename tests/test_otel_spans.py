@@ -49,7 +49,7 @@ def test_acquire_and_hold_are_children_of_the_current_span(
     manager = locks["multi"]
     holder = manager.acquire(unique_name, timeout=0)
     with tracer.start_as_current_span("request") as request:
-        releaser = release_once_waited_for("multi", unique_name, holder, 0.2)
+        releaser = release_once_waited_for(manager, unique_name, holder, 0.2)
         with manager.lock(unique_name, timeout=30) as lease:
             time.sleep(0.05)
     releaser.join()

@@ -47,7 +47,7 @@ def test_acquire_hold_and_lost_count_what_the_calls_did(
     holder = manager.acquire(unique_name, timeout=0)
     with pytest.raises(LockNotAcquired):
         manager.acquire(unique_name, timeout=0.1)
-    releaser = release_once_waited_for("multi", unique_name, holder, 0.2)
+    releaser = release_once_waited_for(manager, unique_name, holder, 0.2)
     lease = manager.acquire(unique_name, timeout=30)
     releaser.join()
     manager.force_release(unique_name)

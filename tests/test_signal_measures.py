@@ -49,7 +49,7 @@ def test_a_waiting_acquire_reports_its_wait_and_attempts(
     # the grants that arrived before a quorum settled the attempt
     assert first["lease"] is holder and manager.config.quorum <= holder.votes
     assert len(holder.voters) == holder.votes <= len(manager.config.nodes)
-    thread = release_once_waited_for(alias, unique_name, holder, 0.3)
+    thread = release_once_waited_for(manager, unique_name, holder, 0.3)
     called = time.monotonic()
     with manager.lock(unique_name, timeout=30) as lease:
         kind, kwargs = sent[-1]
