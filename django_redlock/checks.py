@@ -8,6 +8,7 @@ the ids unique.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
 from collections import Counter
@@ -22,6 +23,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .cluster_checks import cluster_checks
 from .conf import (
+    DEFAULTS,
+    SETTING_NAMES,
     AliasConfig,
     NodeSpec,
     busy_poll_setting,
@@ -49,6 +52,7 @@ CHECK_IDS = {
     "W006": "A node answered but its maxmemory-policy could not be read (deploy).",
     "W007": "A node is a replica (deploy).",
     "W008": "A cluster node shares a server with another node of its Redlock set (deploy).",
+    "W009": "A REDLOCK* setting that django-redlock does not know (a misspelt name).",
 }
 
 
@@ -82,7 +86,37 @@ def check_settings(
         busy_poll_setting()
     except ImproperlyConfigured as exc:
         errors.append(checks.Error(str(exc), id="django_redlock.E004"))
-    return errors + _shared_node_prefixes(configs)
+    return errors + _shared_node_prefixes(configs) + _unknown_settings()
+
+
+def _unknown_settings() -> list[checks.CheckMessage]:
+    """A ``REDLOCK*`` setting the app never reads: Django ignores a misspelt name silently
+    (``REDLOCK_REQUEST_LOCK`` would leave every rule unapplied). The hint names the closest
+    known setting, or says where an alias's key such as ``TTL`` goes."""
+    messages: list[checks.CheckMessage] = []
+    for name in sorted(dir(settings)):
+        if not name.startswith("REDLOCK") or not name.isupper() or name in SETTING_NAMES:
+            continue
+        key = name.removeprefix("REDLOCK").lstrip("_")
+        if key in DEFAULTS:
+            hint = (
+                f"{key} is a key of each alias: REDLOCK = {{'default': {{{key!r}: ...}}}} "
+                "(docs/index.md)."
+            )
+        else:
+            closest = difflib.get_close_matches(name, SETTING_NAMES, n=1, cutoff=0.0)[0]
+            hint = (
+                f"Did you mean {closest}? django-redlock reads {', '.join(SETTING_NAMES)}; "
+                "silence django_redlock.W009 for a setting of your own."
+            )
+        messages.append(
+            checks.Warning(
+                f"Setting {name} is not one django-redlock reads: it has no effect.",
+                hint=hint,
+                id="django_redlock.W009",
+            )
+        )
+    return messages
 
 
 def _node_id(node: NodeSpec) -> str:
