@@ -56,13 +56,15 @@ def test_a_name_planted_through_a_url_prints_escaped() -> None:
 
 
 def test_names_taken_directly_print_escaped_one_row_each(unique_name: str) -> None:
-    """C0, DEL, C1 and bidi controls in names taken with ``acquire()`` are printed as
-    ``repr()`` escapes (a backslash doubled, so no two names print alike); one row per lock."""
+    """C0, DEL, C1 and bidi controls in names taken with ``acquire()`` are printed escaped
+    (ASCII controls as ``repr()`` writes them, the others as ``\\uXXXX``, which bash's
+    ``$'...'`` reads back; a backslash doubled, so no two names print alike); one row per
+    lock."""
     names = {
         f"{unique_name}:a\x1b[31mred": "a\\x1b[31mred",
         f"{unique_name}:b\rhidden\x08": "b\\rhidden\\x08",
         f"{unique_name}:c\u202eevil\u202c": "c\\u202eevil\\u202c",
-        f"{unique_name}:d\x00\x7f\x85\x9b": "d\\x00\\x7f\\x85\\x9b",
+        f"{unique_name}:d\x00\x7f\x85\x9b": "d\\x00\\x7f\\u0085\\u009b",
         f"{unique_name}:e\u2066x\u2069\ndefault  fake-row": "e\\u2066x\\u2069\\ndefault  fake-row",
         f"{unique_name}:f\\x1b\t\u2028": "f\\\\x1b\\t\\u2028",
     }

@@ -148,15 +148,26 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
 
         A message is redelivered when the run that had it did not acknowledge it (its worker
         died: ``acks_late`` with ``reject_on_worker_lost``, or a broker's visibility timeout).
-        That run may have died holding the name, and its lease (renewed by nobody) has at
-        most one TTL left; a live holder renews its lease, so the wait ends without it and
-        the run is busy as usual. A holder with more than one TTL left is no run of this task
-        that died (a ``lock_min_hold`` after a finished run, another client): no wait."""
+        That run may have died holding the name, and its lease (renewed by nobody) expires
+        within its remaining TTL; a live holder renews its lease, so the wait ends without it
+        and the run is busy as usual. Usually one TTL is left at most, but a body that
+        re-entered its lock asking a longer ``ttl`` left a longer lease: the wait covers
+        whatever is left. With ``lock_min_hold``, a holder with more than one TTL left may be
+        the hold of a run that finished (its acknowledgement lost): running again would run
+        the job twice, so that case is busy as usual (logged at WARNING)."""
         if self.request.is_eager or not (self.request.delivery_info or {}).get("redelivered"):
             return None
         ttl = self._lease_ttl(manager)
         left = ttl if exc.retry_after is None else exc.retry_after
-        if left > ttl:
+        if left > ttl and self.lock_min_hold is not None:
+            logger.warning(
+                "Task %s[%s] was redelivered and its lock is held for %.1f s more, longer than "
+                "its lock_ttl: a lock_min_hold of a finished run, or a run that died after "
+                "re-entering its lock with a longer ttl; not waiting (lock_on_busy applies)",
+                self.name,
+                self.request.id,
+                left,
+            )
             return None
         return left + REDELIVERY_SLACK
 

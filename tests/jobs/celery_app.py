@@ -49,6 +49,17 @@ def configure(redis_url: str) -> None:
     app.conf.update(broker_url=f"{_redis_url}/0", result_backend=f"{_redis_url}/1")
 
 
+def wait_go(tag: str, timeout: float = 30.0) -> None:
+    """Wait (polling, bounded) until the test sets ``<tag>:go``. A key, not a list popped
+    with BLPOP: a pool process SIGKILLed while blocked in BLPOP could still be handed the
+    item by the server (before it noticed the closed connection), and redis-py's default
+    5 s socket timeout would end a longer BLPOP with TimeoutError."""
+    deadline = time.monotonic() + timeout
+    with record_store() as store:
+        while not store.exists(f"{tag}:go") and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+
 def record_store() -> redis.Redis:
     """What tasks record for the tests (database 2 of the broker's server)."""
     return redis.Redis.from_url(f"{_redis_url}/2", decode_responses=True)
@@ -138,8 +149,7 @@ def stalled_write(tag: str, pk: int) -> str:
 
     product = Product.objects.get(pk=pk)
     _record(f"{tag}:pid", [os.getpid(), context.current_token()])
-    with record_store() as store:
-        store.blpop([f"{tag}:go"], timeout=30)
+    wait_go(tag)
     product.stock = 1
     try:
         product.save()
@@ -195,8 +205,7 @@ def must_run(self: LockedTask, tag: str) -> str:
     Product.objects.create(name=f"{tag} start")
     redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
     _record(f"{tag}:pid", [os.getpid(), context.current_token(), redelivered])
-    with record_store() as store:
-        store.blpop([f"{tag}:go"], timeout=30)
+    wait_go(tag)
     Product.objects.create(name=f"{tag} end")
     return f"finished {tag}"
 

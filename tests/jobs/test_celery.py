@@ -8,6 +8,7 @@ what the runs left in the database and in Redis.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -129,6 +130,11 @@ def _close_clients() -> None:
         client.connection_pool.disconnect()
     app.close()
     kombu.pools.reset()
+    # the app and its control mailbox cache the producer pool that reset() just closed: drop
+    # them, so a later worker fixture (another module) publishes through a new one
+    app.amqp._producer_pool = None
+    with contextlib.suppress(AttributeError, KeyError):
+        del app.control.mailbox.producer_pool
 
 
 @pytest.fixture
@@ -232,7 +238,7 @@ def test_stopped_worker_write_is_rejected_after_its_lease_expired(worker: Worker
             fresh.stock = 7
             fresh.save()
         with record_store() as store:
-            store.rpush(f"{tag}:go", "1")
+            store.set(f"{tag}:go", "1")
     finally:
         os.kill(pid, signal.SIGCONT)
     # Celery stores the nearest picklable class: LockError (StaleTokenError cannot be
@@ -342,7 +348,7 @@ def test_redelivered_run_of_a_sigkilled_worker_runs_once_to_the_end(
     os.kill(pid, signal.SIGKILL)
     wait_dead(pid)
     with record_store() as store:
-        store.rpush(f"{tag}:go", "1")  # only the redelivered run can read it
+        store.set(f"{tag}:go", "1")  # only the redelivered run can read it
     assert result.get(timeout=WAIT) == f"finished {tag}"
     runs = wait_record(f"{tag}:pid", 2)
     assert len(runs) == 2, runs

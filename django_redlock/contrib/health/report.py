@@ -32,6 +32,9 @@ class NodeStatus:
     role: str | None = None
     evicts: bool = False
     replica: bool = False
+    #: answered the PING but refused the probe's INFO or fence-hash reading (an ACL user
+    #: without ``+info``): not up for the health check, but not unreachable either
+    refused: bool = False
 
     @property
     def votes(self) -> bool:
@@ -39,6 +42,11 @@ class NodeStatus:
 
     def problem(self) -> str | None:
         """Why the node cannot vote (no address: this line may be public); None if it can."""
+        if not self.up and self.refused:
+            return (
+                f"node {self.index} answered but refused the health probe's INFO or fence "
+                "reading (its ACL user needs +info and read access to the alias's keys)"
+            )
         if not self.up:
             return f"node {self.index} unreachable"
         if self.quarantined:
@@ -117,6 +125,8 @@ def _status(alias: str, per_shard: list[list[Reading]]) -> AliasStatus:
         NodeStatus(
             index=reading.health.index,
             up=all(_answered(shard[i]) for shard in per_shard),
+            refused=all(shard[i].health.up for shard in per_shard)
+            and not all(_answered(shard[i]) for shard in per_shard),
             quarantined=any(
                 _quarantined(shard[i], fresh) for shard, fresh in zip(per_shard, used, strict=True)
             ),

@@ -38,9 +38,21 @@ def printable(text: str) -> str:
     from HTTP clients (request-lock keys are filled from URL values)."""
     if text.isprintable() and "\\" not in text:
         return text
-    return "".join(
-        "\\\\" if ch == "\\" else ch if ch.isprintable() else repr(ch)[1:-1] for ch in text
-    )
+    return "".join(_escaped(ch) for ch in text)
+
+
+def _escaped(ch: str) -> str:
+    """One character of :func:`printable`: ASCII controls as ``repr()`` writes them, other
+    code points as ``\\uXXXX`` (never ``\\xHH`` above 0x7f, which bash's ``$'...'`` would
+    read as a raw byte rather than the character)."""
+    if ch == "\\":
+        return "\\\\"
+    if ch.isprintable():
+        return ch
+    code = ord(ch)
+    if code < 0x80:
+        return repr(ch)[1:-1]
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -124,6 +136,24 @@ RELEASE_CODES = {
     inspection.HolderChanged: "holder_changed",
     inspection.Unreachable: "unreachable",
 }
+
+
+def _check_encodable(options: dict[str, Any]) -> None:
+    """A name or prefix from the command line that is not valid UTF-8 (a shell's raw bytes,
+    which Python's argv turns into lone surrogates) fails here, before any network call."""
+    for option in ("name", "prefix"):
+        value = options.get(option)
+        if not isinstance(value, str):
+            continue
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise Failure(
+                f"The {option} {printable(value)} is not valid UTF-8 (byte "
+                f"{printable(value[exc.start])} at position {exc.start}); lock names are "
+                "UTF-8 text: pass the character itself, or \\u escapes in $'...'.",
+                "bad_name",
+            ) from None
 
 
 class Failure(CommandError):
@@ -253,6 +283,7 @@ class Command(BaseCommand):
         }
         self._printed = False
         try:
+            _check_encodable(options)
             commands[options["subcommand"]](options)
         except Failure as exc:
             if options.get("json") and not self._printed:

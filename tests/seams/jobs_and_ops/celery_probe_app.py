@@ -10,7 +10,7 @@ from typing import Any
 
 from django_redlock import context, locks
 from django_redlock.contrib.celery import LockedTask
-from tests.jobs.celery_app import _record, app, record_store
+from tests.jobs.celery_app import _record, app, wait_go
 
 __all__ = ["app"]
 
@@ -47,8 +47,7 @@ def must_reenter_longer(self: Any, tag: str, part: int, inner_ttl: float = 0.0) 
 
 
 def _wait_go(tag: str) -> None:
-    with record_store() as store:
-        store.blpop([f"{tag}:go"], timeout=30)
+    wait_go(tag)
 
 
 @app.task(

@@ -87,7 +87,7 @@ def tag(request: pytest.FixtureRequest) -> str:
 
 def go(tag: str) -> None:
     with celery_app.record_store() as store:
-        store.rpush(f"{tag}:go", "1")
+        store.set(f"{tag}:go", "1")
 
 
 @in_database

@@ -18,6 +18,7 @@ from django.test import Client
 
 from django_redlock import locks
 from django_redlock.exceptions import LockError, LockLost
+from django_redlock.management.commands.redlock import printable
 from django_redlock.manager import LockManager
 from django_redlock.testing import RedisNodes
 from tests.seams.helpers import keys_left
@@ -188,8 +189,9 @@ def test_list_and_show_escape_every_control_and_bidi_character() -> None:
         assert _unprintable(table) == []
         lines = [line for line in table.splitlines() if line.strip()]
         assert len(lines) == len(names) + 1, lines[:3]
-        for name in names:
-            escaped = repr(name)[1:-1]
+        for name in names:  # (that the escapes read back is test_escaped_name_read_back_...)
+            escaped = printable(name)
+            assert escaped.encode("ascii").decode("unicode_escape") == name
             assert sum(escaped in line for line in lines) >= 1, escaped
         listed = json.loads(redlock("list", "--using", "default", "--prefix", prefix, "--json"))
         assert sorted(row["name"] for row in listed) == sorted(names)
