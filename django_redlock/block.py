@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from . import context
-from .exceptions import LockLost, LockNotAcquired
+from .exceptions import LockError, LockLost, LockNotAcquired
 from .jobs.templates import CallTemplate
 from .transactions import in_transaction, release_after_commit
 from .validation import UNSET, check_max_hold
@@ -68,7 +68,15 @@ class BlockOptions:
             raise ValueError(f"on_lost must be None or 'cancel', not {self.on_lost!r}.")
         if self.on_busy not in ON_BUSY_CHOICES:
             raise ValueError(f"on_busy must be 'raise' or 'skip', not {self.on_busy!r}.")
+        if self.on_lost is not None and not self.auto_extend:
+            raise ValueError(
+                "on_lost='cancel' acts when a renewal finds the lease lost: it needs "
+                "auto_extend=True (without renewals, check lease.validity or call "
+                "lease.check() instead)."
+            )
         check_max_hold(self.min_hold, "min_hold")
+        if self.on_busy == "skip" and self.timeout is UNSET:
+            object.__setattr__(self, "timeout", 0)  # skipping a busy name: one attempt
 
     def acquire_kwargs(self) -> dict[str, Any]:
         return {
@@ -88,10 +96,16 @@ class _Entered:
 
     lease: Lease
     reentered: bool
+    #: the context token of this entry (the lease guards writes and is re-enterable)
+    token: object = None
     task: asyncio.Task[Any] | None = None
     started: float = field(default_factory=time.monotonic)
     #: seconds the lease is kept after the block (``min_hold``); 0: released at once
     hold_for: float = 0.0
+    #: a re-entry that started renewals (``auto_extend``): stopped when it ends
+    renews: bool = False
+    #: a re-entry's ``on_lost`` callback to put back when it ends
+    outer_on_lost: Callable[[], None] | None = None
 
 
 class LockBlock:
@@ -127,6 +141,8 @@ class LockBlock:
         manager = self._get_manager()
         held = self._reentrant_lease(manager)
         if held is not None:
+            if self._extends(held):
+                held.extend(ttl=self._options.ttl)
             return self._entered(held, reentered=True)
         return self._entered(manager.acquire(self._name, **self._options.acquire_kwargs()))
 
@@ -142,6 +158,8 @@ class LockBlock:
         manager = self._get_manager()
         held = self._reentrant_lease(manager)
         if held is not None:
+            if self._extends(held):
+                await held.aextend(ttl=self._options.ttl)
             return self._entered(held, reentered=True)
         lease = await manager.aacquire(self._name, **self._options.acquire_kwargs())
         return self._entered(lease)
@@ -152,20 +170,39 @@ class LockBlock:
             held = await entry.lease.arelease()
             _raise_if_cancelled_by_loss(entry, exc_info[1])
             _check_held(entry.lease, held, exc_info[0])
-        elif entry.hold_for:
+            return
+        _raise_if_cancelled_by_loss(entry, exc_info[1])
+        if entry.hold_for:
             await entry.lease.aextend(ttl=entry.hold_for)
 
     def _reentrant_lease(self, manager: LockManager) -> Lease | None:
-        if not self._options.reentrant:
+        """The lease this block re-enters (this thread's or task's lease of the name, of the
+        same kind), or None; ``LockError`` at once for a read-write lock whose other side this
+        thread or task holds (it would wait for itself)."""
+        options = self._options
+        kind = options.rw or ("permit" if options.permits else "")
+        if options.rw:
+            refuse_upgrade(manager.alias, self._name, options.rw)
+        if not options.reentrant:
             return None
-        return cast("Lease | None", context.find(manager.alias, self._name))
+        lease = cast("Lease | None", context.find(manager.alias, self._name, kind))
+        if lease is not None:
+            lease.check()  # a lost lease is not re-entered: the inner block would run unguarded
+        return lease
+
+    def _extends(self, lease: Lease) -> bool:
+        """A re-entry asking a longer ``ttl`` than the lease has extends the lease to it."""
+        ttl = self._options.ttl
+        return ttl is not None and ttl > lease.ttl
 
     def _entered(self, lease: Lease, *, reentered: bool = False) -> Lease:
-        entry = _Entered(lease, reentered)
-        if not reentered:
-            context.push(lease)  # re-enterable by this thread or task
-            if self._options.on_lost == "cancel":
-                entry.task = _cancel_on_loss(lease)
+        entry = _Entered(lease, reentered, context.push(lease))  # re-enterable, guards writes
+        options = self._options
+        if reentered and options.auto_extend:
+            entry.renews = lease.keep_alive(options.max_hold)
+        if options.on_lost == "cancel":
+            entry.outer_on_lost = lease.on_lost
+            entry.task = _cancel_on_loss(lease)
         self._entries.append(entry)
         return lease
 
@@ -173,13 +210,16 @@ class LockBlock:
         """True when this exit does not release now: an inner (re-entered) block, a block
         that ends inside a transaction (released after the commit), or one whose ``min_hold``
         has time left (then ``entry.hold_for``: the lease is shortened to it, not released)."""
+        context.pop(entry.token)
         if entry.reentered:
+            if entry.renews:
+                entry.lease.stop_auto_extend()
             _check_lost(entry.lease, exc_type)
             return True
-        context.pop(entry.lease)
         if self._options.until_commit and in_transaction():
-            context.deactivate(entry.lease)  # guards no writes after its block
-            release_after_commit(entry.lease, self._options.max_hold)
+            context.deactivate(entry.lease)  # guards no writes after its block ...
+            pending = release_after_commit(entry.lease, self._options.max_hold)
+            context.push_findable(entry.lease, pending)  # ... but this transaction re-enters it
             _check_lost(entry.lease, exc_type)
             return True
         left = (self._options.min_hold or 0.0) - (time.monotonic() - entry.started)
@@ -193,36 +233,53 @@ class LockBlock:
     # -- decorator -------------------------------------------------------------------------
     def __call__(self, func: F) -> F:
         template = CallTemplate(self._name, func)  # a field the function lacks fails here
-        skip = self._options.on_busy == "skip"
-        calls = _Calls(self, template, getattr(func, "__qualname__", repr(func)))
+        calls = _Calls(
+            self, template, getattr(func, "__qualname__", repr(func)), self._options.on_busy
+        )
         if inspect.iscoroutinefunction(func):
 
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                block = calls.block(args, kwargs)
                 async with contextlib.AsyncExitStack() as stack:
-                    try:
-                        await stack.enter_async_context(block)
-                    except LockNotAcquired as exc:
-                        if not skip:
-                            raise
-                        return calls.skipped(block, exc)
-                    return await func(*args, **kwargs)
+                    if await calls.aentered(stack, args, kwargs):
+                        return await func(*args, **kwargs)
+                    return None
 
             return cast(F, async_wrapper)
+        if inspect.isasyncgenfunction(func):
+
+            @functools.wraps(func)
+            async def async_gen_wrapper(*args: Any, **kwargs: Any) -> Any:
+                # held from the first iteration until the generator ends, raises or is closed
+                async with contextlib.AsyncExitStack() as stack:
+                    if not await calls.aentered(stack, args, kwargs):
+                        return
+                    body = func(*args, **kwargs)
+                    await stack.enter_async_context(contextlib.aclosing(body))
+                    async for item in body:
+                        yield item
+
+            return cast(F, async_gen_wrapper)
         self._sync_allowed(f"decorate {calls.where!r}")
+        if inspect.isgeneratorfunction(func):
+
+            @functools.wraps(func)
+            def gen_wrapper(*args: Any, **kwargs: Any) -> Any:
+                # held from the first iteration until the generator ends, raises or is closed
+                # (an abandoned generator is closed, and so released, when it is collected)
+                with contextlib.ExitStack() as stack:
+                    if calls.entered(stack, args, kwargs):
+                        return (yield from func(*args, **kwargs))
+                    return None
+
+            return cast(F, gen_wrapper)
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            block = calls.block(args, kwargs)
             with contextlib.ExitStack() as stack:
-                try:
-                    stack.enter_context(block)
-                except LockNotAcquired as exc:
-                    if not skip:
-                        raise
-                    return calls.skipped(block, exc)
-                return func(*args, **kwargs)
+                if calls.entered(stack, args, kwargs):
+                    return func(*args, **kwargs)
+                return None
 
         return cast(F, wrapper)
 
@@ -260,6 +317,7 @@ class _Calls:
     decorator: LockBlock
     template: CallTemplate
     where: str
+    on_busy: str
 
     def block(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LockBlock:
         decorator = self.decorator
@@ -269,8 +327,36 @@ class _Calls:
         block._decorating = True
         return block
 
-    def skipped(self, block: LockBlock, exc: LockNotAcquired) -> None:
-        """A busy name with ``on_busy="skip"``: logged at INFO (``lock_failed`` was sent)."""
+    def entered(
+        self, stack: contextlib.ExitStack[Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> bool:
+        """Enter this call's block on ``stack``; False for a busy name that is skipped."""
+        block = self.block(args, kwargs)
+        try:
+            stack.enter_context(block)
+        except LockNotAcquired as exc:
+            return self.skipped(block, exc)
+        return True
+
+    async def aentered(
+        self,
+        stack: contextlib.AsyncExitStack[Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> bool:
+        """Asyncio twin of :meth:`entered`."""
+        block = self.block(args, kwargs)
+        try:
+            await stack.enter_async_context(block)
+        except LockNotAcquired as exc:
+            return self.skipped(block, exc)
+        return True
+
+    def skipped(self, block: LockBlock, exc: LockNotAcquired) -> bool:
+        """A busy name: re-raised, or with ``on_busy="skip"`` logged at INFO (``lock_failed``
+        was sent) and False returned."""
+        if self.on_busy != "skip":
+            raise exc
         left = "" if exc.retry_after is None else f" (its holder has {exc.retry_after:.1f} s left)"
         logger.info(
             "Skipped %s(): lock %r (alias %r) is busy%s",
@@ -279,7 +365,21 @@ class _Calls:
             block._get_manager().alias,
             left,
         )
-        return None
+        return False
+
+
+def refuse_upgrade(alias: str, name: str, rw: str) -> None:
+    """``LockError`` when this thread or task holds the other side of the read-write lock
+    ``name``: a write lease wanted under its own read lease (or the reverse) would wait for
+    itself and, as a waiting writer, keep every other reader out."""
+    other = "read" if rw == "write" else "write"
+    if any(getattr(lease, "kind", "") == other for lease in context.held(alias, name)):
+        change = "upgrade a read lease to a write" if rw == "write" else "take a read lease under"
+        raise LockError(
+            f"Cannot {change} lease of {name!r} (alias {alias!r}) in the thread or task that "
+            f"holds its {other} lease: it would wait for itself. Release the {other} lease "
+            "first, or take the write lease from the start."
+        )
 
 
 def _cancel_on_loss(lease: Lease) -> asyncio.Task[Any] | None:
@@ -299,7 +399,7 @@ def _cancel_on_loss(lease: Lease) -> asyncio.Task[Any] | None:
 def _raise_if_cancelled_by_loss(entry: _Entered, exc: object) -> None:
     """An ``on_lost="cancel"`` block whose task was cancelled because the lease was lost:
     leaving it raises ``LockLost`` instead of the cancellation."""
-    entry.lease.on_lost = None
+    entry.lease.on_lost = entry.outer_on_lost
     if entry.task is not None and isinstance(exc, asyncio.CancelledError) and entry.lease.lost:
         entry.task.uncancel()
         raise LockLost(entry.lease.name, "it was lost and the block was cancelled") from exc

@@ -1,10 +1,17 @@
-"""The active leases of the current thread or asyncio task (``contextvars``).
+"""The active leases of the current thread or asyncio task.
 
 A lease is active from its acquisition (``acquire()``, ``aacquire()``, a lock block, a request
 lock) until it is released, in the thread or task that acquired it. FencedModel reads the
 innermost active lease's token; lock blocks and request locks find a lease they can re-enter.
 A lease released elsewhere (another thread) stops counting at once: released leases are
 skipped, whichever context still lists them.
+
+Each thread or task keeps its own :class:`_Frame` (in a ``contextvars`` variable): an
+insertion-ordered dict of entries plus an index by ``(alias, name)``, so pushing, popping and
+forgetting a lease cost the same whether the process holds ten leases or a hundred thousand.
+A child task (or a ``sync_to_async`` thread) starts a frame of its own on top of its parent's:
+its writes are fenced by its parent's lease, but it never re-enters the parent's lease (another
+task is another caller).
 """
 
 from __future__ import annotations
@@ -12,8 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
-from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
 
 
 class TokenHolder(Protocol):
@@ -26,17 +33,127 @@ class TokenHolder(Protocol):
     def token(self) -> int: ...
 
 
-class _Entry(NamedTuple):
-    lease: TokenHolder
-    #: the task (asyncio) or thread that activated it: a child task inherits the stack (so
-    #: its writes are fenced by its parent's lease) but may not re-enter the parent's lease
-    owner: object
-    #: entered by a lock block or a request lock (re-enterable), not by a bare ``acquire()``
-    enterable: bool
+Key = tuple[str | None, str]
 
 
-_active: contextvars.ContextVar[tuple[_Entry, ...]] = contextvars.ContextVar(
-    "django_redlock_active_leases", default=()
+class _Entry:
+    """One activation of a lease in one frame."""
+
+    __slots__ = ("dead", "enterable", "fences", "frame", "key", "lease", "usable")
+
+    def __init__(
+        self,
+        frame: _Frame,
+        lease: TokenHolder,
+        enterable: bool,
+        fences: bool = True,
+        usable: Callable[[], bool] | None = None,
+    ) -> None:
+        self.frame = frame
+        self.lease = lease
+        self.key: Key = (getattr(lease, "alias", None), lease.name)
+        #: entered by a lock block or a request lock (re-enterable), not by a bare ``acquire()``
+        self.enterable = enterable
+        #: guards FencedModel writes (False: only findable, e.g. a lease kept until a commit)
+        self.fences = fences
+        #: for a findable-only entry: whether it may be re-entered now (same transaction)
+        self.usable = usable
+        #: forgotten from another thread: skipped, and dropped by the frame's owner
+        self.dead = False
+
+    def live(self) -> bool:
+        lease = self.lease
+        return not (
+            self.dead or getattr(lease, "released", False) or getattr(lease, "foreign", False)
+        )
+
+
+class _Frame:
+    """The leases one thread or task activated, innermost last."""
+
+    __slots__ = ("by_key", "dead", "owner", "parent", "stack")
+
+    def __init__(self, owner: object, parent: _Frame | None) -> None:
+        self.owner = owner
+        self.parent = parent
+        #: every entry, in activation order; entries dropped from the middle stay (marked
+        #: dead) until more than half are dead, then the list is rebuilt: O(1) amortized
+        self.stack: list[_Entry] = []
+        self.dead = 0
+        #: the entries of each (alias, name), in activation order
+        self.by_key: dict[Key, list[_Entry]] = {}
+
+    def add(self, entry: _Entry) -> _Entry:
+        self.stack.append(entry)
+        self.by_key.setdefault(entry.key, []).append(entry)
+        _entries_of(entry.lease).append(entry)
+        return entry
+
+    def drop(self, entry: _Entry) -> None:
+        """Remove ``entry`` (called by the frame's owner only)."""
+        if entry.frame is not self:
+            entry.dead = True
+            return
+        same = self.by_key.get(entry.key)
+        if same is not None:
+            _remove(same, entry)
+            if not same:
+                del self.by_key[entry.key]
+        _remove(_entries_of(entry.lease), entry)
+        if entry.dead:
+            return  # dropped before
+        entry.dead = True
+        stack = self.stack
+        if stack and stack[-1] is entry:
+            stack.pop()
+            while stack and stack[-1].dead:
+                stack.pop()
+                self.dead -= 1
+            self.dead = max(self.dead, 0)
+            return
+        self.dead += 1
+        if self.dead > 16 and self.dead * 2 > len(stack):
+            self.stack = [e for e in stack if not e.dead]
+            self.dead = 0
+
+    def innermost(self) -> TokenHolder | None:
+        """The innermost live fencing lease of this frame (dropping dead ones on the way)."""
+        stale: list[_Entry] = []
+        found: TokenHolder | None = None
+        for entry in reversed(self.stack):
+            if not entry.live():
+                stale.append(entry)
+            elif entry.fences:
+                found = entry.lease
+                break
+        if stale and self.owner == _owner():
+            for entry in stale:
+                self.drop(entry)
+        return found
+
+
+def _remove(entries: list[_Entry], entry: _Entry) -> None:
+    """Remove ``entry`` from a short list, looking from its end (usually where it is)."""
+    for i in range(len(entries) - 1, -1, -1):
+        if entries[i] is entry:
+            del entries[i]
+            return
+
+
+_NODES_ATTR = "_redlock_context_entries"
+
+
+def _entries_of(lease: TokenHolder) -> list[_Entry]:
+    """The entries of ``lease`` in any frame (kept on the lease: forgetting it is O(1))."""
+    entries: list[_Entry] | None = getattr(lease, _NODES_ATTR, None)
+    if entries is None:
+        entries = []
+        setattr(lease, _NODES_ATTR, entries)
+    return entries
+
+
+_frame: contextvars.ContextVar[_Frame | None] = contextvars.ContextVar(
+    "django_redlock_active_leases", default=None
 )
 
 
@@ -47,63 +164,84 @@ def _owner() -> object:
     return task if task is not None else threading.get_ident()
 
 
-def push(lease: TokenHolder) -> TokenHolder:
+def _own_frame() -> _Frame:
+    """This thread's or task's frame (started on top of an inherited one when needed)."""
+    frame = _frame.get()
+    owner = _owner()
+    if frame is None or frame.owner != owner:
+        frame = _Frame(owner, frame)
+        _frame.set(frame)
+    return frame
+
+
+def push(lease: TokenHolder) -> object:
     """Enter ``lease`` (a lock block, a request lock): the innermost active lease, and one
-    that this thread or task may re-enter. Returns the token for :func:`pop` (the lease)."""
-    _active.set((*_active.get(), _Entry(lease, _owner(), True)))
-    return lease
+    that this thread or task may re-enter. Returns the token for :func:`pop`."""
+    frame = _own_frame()
+    return frame.add(_Entry(frame, lease, True))
 
 
-def pop(token: TokenHolder) -> None:
-    """Undo the last :func:`push` of this lease in this context, and only that entry (leases
-    activated meanwhile stay active)."""
-    stack = list(_active.get())
-    for i in range(len(stack) - 1, -1, -1):
-        if stack[i].lease is token and stack[i].enterable:
-            del stack[i]
-            _active.set(tuple(stack))
-            return
+def push_findable(lease: TokenHolder, usable: Callable[[], bool]) -> object:
+    """Let this thread or task re-enter ``lease`` while ``usable()`` is true, without making
+    it guard writes (a lease kept until its transaction commits). Token for :func:`pop`."""
+    frame = _own_frame()
+    return frame.add(_Entry(frame, lease, True, fences=False, usable=usable))
+
+
+def pop(token: object) -> None:
+    """Undo the :func:`push` that returned ``token``, and only that entry (leases activated
+    meanwhile stay active)."""
+    if not isinstance(token, _Entry):
+        raise TypeError("pop() takes the token that push() returned.")
+    if token.frame.owner == _owner():
+        token.frame.drop(token)
+    else:
+        token.dead = True
 
 
 def activate(lease: TokenHolder) -> None:
     """Make ``lease`` the innermost active lease until :func:`deactivate` (``acquire()``)."""
-    _active.set((*_active.get(), _Entry(lease, _owner(), False)))
+    frame = _own_frame()
+    frame.add(_Entry(frame, lease, False))
 
 
-def activate_all(leases: Sequence[TokenHolder]) -> None:
-    """:func:`activate` each of ``leases`` in order (the last is the innermost), at once."""
-    owner = _owner()
-    _active.set((*_active.get(), *(_Entry(lease, owner, False) for lease in leases)))
+def activate_all(leases: Iterable[TokenHolder]) -> None:
+    """:func:`activate` each of ``leases`` in order (the last is the innermost)."""
+    frame = _own_frame()
+    for lease in leases:
+        frame.add(_Entry(frame, lease, False))
 
 
 def deactivate(lease: TokenHolder) -> None:
-    """Forget ``lease`` in this context (it was released here)."""
-    stack = _active.get()
-    if any(entry.lease is lease for entry in stack):
-        _active.set(tuple(entry for entry in stack if entry.lease is not lease))
+    """Forget ``lease`` in every frame that lists it (it was released, or is kept only for a
+    commit): it guards no write and is re-entered no more."""
+    entries = getattr(lease, _NODES_ATTR, None)
+    if not entries:
+        return
+    owner = _owner()
+    for entry in list(entries):
+        if entry.frame.owner == owner:
+            entry.frame.drop(entry)
+        else:
+            entry.dead = True
 
 
 def clear() -> None:
     """Forget every active lease of this context (the leases stay held and valid). For test
     suites: a lease from ``acquire()`` that one test never released would otherwise keep
     guarding FencedModel writes in the next tests of the same thread."""
-    _active.set(())
-
-
-def _live(stack: tuple[_Entry, ...]) -> list[_Entry]:
-    """Entries whose lease still counts: not released, and not the parent's after a fork."""
-    return [
-        entry
-        for entry in stack
-        if not getattr(entry.lease, "released", False)
-        and not getattr(entry.lease, "foreign", False)
-    ]
+    _frame.set(_Frame(_owner(), None))
 
 
 def current_lease() -> TokenHolder | None:
     """The innermost active lease (also one a parent task holds), or ``None``."""
-    live = _live(_active.get())
-    return live[-1].lease if live else None
+    frame = _frame.get()
+    while frame is not None:
+        lease = frame.innermost()
+        if lease is not None:
+            return lease
+        frame = frame.parent
+    return None
 
 
 def current_token() -> int | None:
@@ -112,18 +250,38 @@ def current_token() -> int | None:
     return None if lease is None else lease.token
 
 
-def find(alias: str, name: str) -> TokenHolder | None:
-    """The innermost lease of ``name`` on ``alias`` that this very thread or task entered with
-    a lock block or a request lock (for re-entering it), or None. Bare ``acquire()`` leases
-    are never re-entered."""
-    owner = _owner()
-    for entry in reversed(_live(_active.get())):
-        lease = entry.lease
+def _own_entries(alias: str | None, name: str) -> list[_Entry]:
+    frame = _frame.get()
+    if frame is None or frame.owner != _owner():
+        return []
+    return [entry for entry in frame.by_key.get((alias, name), ()) if entry.live()]
+
+
+def find(alias: str, name: str, kind: str = "") -> TokenHolder | None:
+    """The innermost lease of ``name`` on ``alias`` (of ``kind``: '' a lock, 'read',
+    'write', 'permit') that this very thread or task entered with a lock block, a request
+    lock or ``lock_many`` (for re-entering it), or None. Bare ``acquire()`` leases are never
+    re-entered."""
+    for entry in reversed(_own_entries(alias, name)):
         if (
             entry.enterable
-            and entry.owner == owner
-            and lease.name == name
-            and getattr(lease, "alias", None) == alias
+            and getattr(entry.lease, "kind", "") == kind
+            and (entry.usable is None or entry.usable())
         ):
-            return lease
+            return entry.lease
     return None
+
+
+def held(alias: str, name: str) -> list[TokenHolder]:
+    """Every live lease of ``name`` on ``alias`` that this very thread or task activated
+    (re-enterable or not; a lease kept for a commit while its transaction lasts), innermost
+    last."""
+    return [
+        entry.lease for entry in _own_entries(alias, name) if entry.usable is None or entry.usable()
+    ]
+
+
+def push_set(leases: Mapping[str, TokenHolder]) -> list[object]:
+    """:func:`push` each lease of a ``lock_many`` set (re-enterable by name); tokens to
+    :func:`pop` each."""
+    return [push(lease) for lease in leases.values()]

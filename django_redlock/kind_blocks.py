@@ -31,7 +31,11 @@ class AsyncHoldOptions(HoldOptions, total=False):
 
 class KindBlocks:
     """``semaphore``/``asemaphore`` and ``read_lock``/``write_lock`` (and asyncio twins).
-    None of these blocks is re-entrant: each takes a lease of its own."""
+
+    A semaphore block takes a permit of its own each time. A read (write) block inside this
+    thread's or task's read (write) block of the same name re-enters that lease; a write
+    block under its own read lease, or a read block under its own write lease, raises
+    ``LockError`` at once (it would wait for itself)."""
 
     def _itself(self) -> LockManager:
         return cast("LockManager", self)
@@ -115,15 +119,15 @@ def _options(
 ) -> BlockOptions:
     """The block's options (checked here, before any network call)."""
     check_keywords(options, AsyncHoldOptions.__annotations__)
-    if permits is not None:
-        check_permits(permits)
+    if rw is None:
+        check_permits(permits)  # a semaphore's: None is not a number of permits
     extra: dict[str, Any] = dict(options)
     return BlockOptions(
         ttl,
         timeout,
         extra.get("auto_extend", False),
         extra.get("max_hold"),
-        False,
+        rw is not None,  # a read (write) block re-enters this thread's read (write) lease
         extra.get("until_commit", True),
         extra.get("on_lost"),
         permits=permits,

@@ -47,6 +47,9 @@ class Lease:
         self.on_lost: Callable[[], None] | None = None
         #: when the lease was released (``time.monotonic()``; None while not released)
         self._released_at: float | None = None
+        #: kept for a commit: True once its transaction ended without running the release
+        #: (a rollback); the renewals then release it instead of renewing
+        self._transaction_ended: Callable[[], bool] | None = None
 
     @property
     def name(self) -> str:
@@ -63,6 +66,11 @@ class Lease:
     @property
     def ttl(self) -> float:
         return self._record.ttl
+
+    @property
+    def kind(self) -> str:
+        """``""`` (a lock), ``"permit"`` (a semaphore's), ``"read"`` or ``"write"``."""
+        return self._record.kind
 
     @property
     def waited(self) -> float:
@@ -93,14 +101,18 @@ class Lease:
 
     @property
     def validity(self) -> float:
-        """Seconds of validity left on a monotonic clock; 0 once lost, expired or released."""
+        """Seconds of validity left on a monotonic clock; 0 once lost, expired or released,
+        and in a child process for its parent's lease (the child does not hold it)."""
+        if self.foreign:
+            return 0.0
         return self._record.validity()
 
     @property
     def lost(self) -> bool:
-        """True once the lease expired or a node said someone else owns it."""
+        """True once the lease expired or a node said someone else owns it (and in a child
+        process for its parent's lease: the child cannot count on it)."""
         record = self._record
-        return record.lost or (not record.released and record.validity() <= 0)
+        return record.lost or (not record.released and record.validity() <= 0) or self.foreign
 
     @property
     def released(self) -> bool:
@@ -127,7 +139,9 @@ class Lease:
 
     def check(self) -> None:
         """Raise ``LockLost`` if the lease is lost (expired, or a node said someone else owns
-        it); call it before a step that must not run unprotected."""
+        it); call it before a step that must not run unprotected. In a child process, for a
+        lease its parent acquired: ``LockError``."""
+        self._ensure_own()
         if self.lost:
             self._mark_lost("its validity ran out")
             raise LockLost(self.name, "it was found lost by check()")
@@ -213,9 +227,10 @@ class Lease:
         loop = asyncio.get_running_loop()
         self._renewal_task = loop.create_task(_renew_in_task(self, max_hold))
 
-    def keep_alive(self, max_hold: float | None) -> None:
-        """Renew from a daemon thread unless something renews the lease already."""
-        keep_alive_all([self], max_hold)
+    def keep_alive(self, max_hold: float | None) -> bool:
+        """Renew from a daemon thread unless something renews the lease already; True if
+        this call started the renewals."""
+        return bool(keep_alive_all([self], max_hold))
 
     def stop_auto_extend(self) -> None:
         renewer, self._renewer = self._renewer, None
@@ -226,10 +241,23 @@ class Lease:
             task.cancel()
 
     def _renew_once(self) -> str:
+        if self._ended_without_commit():
+            self.release()
+            return LOST  # ends the renewals (nothing reported: it was released)
         return self._renewal_status(self._engine.extend(self._record, self.ttl))
 
     async def _arenew_once(self) -> str:
+        if self._ended_without_commit():
+            self._renewal_task = None  # this very task releases: do not cancel it
+            await self.arelease()
+            return LOST
         return self._renewal_status(await self._engine.aextend(self._record, self.ttl))
+
+    def _ended_without_commit(self) -> bool:
+        """Kept for a commit whose transaction ended without it (a rollback whose discarded
+        callback is still referenced, or a commit whose earlier hook raised)."""
+        ended = self._transaction_ended
+        return ended is not None and ended()
 
     def _renewal_status(self, renewal: Renewal) -> str:
         if renewal.status == LOST:
@@ -258,11 +286,13 @@ def start_renewals(leases: list[Lease], max_hold: float | None) -> None:
     renewer.start()
 
 
-def keep_alive_all(leases: list[Lease], max_hold: float | None) -> None:
-    """:meth:`Lease.keep_alive` for several leases, those not renewed yet sharing one thread."""
+def keep_alive_all(leases: list[Lease], max_hold: float | None) -> list[Lease]:
+    """:meth:`Lease.keep_alive` for several leases, those not renewed yet sharing one thread;
+    returns those it started renewing."""
     idle = [lease for lease in leases if lease._renewer is None and lease._renewal_task is None]
     if idle:
         start_renewals(idle, max_hold)
+    return idle
 
 
 class _RenewalThread(threading.Thread):

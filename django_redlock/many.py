@@ -15,10 +15,10 @@ its own fencing token.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from . import context
-from .exceptions import LockLost
+from .exceptions import LockError, LockLost
 from .lease import Lease, keep_alive_all
 from .transactions import in_transaction, release_after_commit
 from .validation import check_name
@@ -31,29 +31,30 @@ MAX_NAMES = 1000
 
 
 def check_names(names: Any) -> tuple[str, ...]:
-    """The names of a ``lock_many`` call: a non-empty iterable (not a str) of distinct lock
-    names, at most :data:`MAX_NAMES`."""
+    """The names of a ``lock_many`` call: a non-empty iterable (not a str) of lock names, at
+    most :data:`MAX_NAMES` distinct ones; a repeated name counts once (first place kept)."""
     if isinstance(names, str | bytes) or not isinstance(names, Iterable):
         raise TypeError(
             f"lock_many() takes an iterable of lock names (a list, a set...), "
             f"not {type(names).__name__}."
         )
-    checked = tuple(check_name(name) for name in names)
+    checked = tuple(dict.fromkeys(check_name(name) for name in names))  # a repeat counts once
     if not checked:
         raise ValueError("lock_many() needs at least one name.")
     if len(checked) > MAX_NAMES:
         raise ValueError(f"lock_many() takes at most {MAX_NAMES} names, got {len(checked)}.")
-    if len(set(checked)) < len(checked):
-        twice = next(name for i, name in enumerate(checked) if name in checked[:i])
-        raise ValueError(f"lock_many() got a name more than once: {twice!r}.")
     return checked
 
 
 class HeldLocks:
-    """What ``lock_many`` holds: ``leases`` maps each name to its :class:`Lease`."""
+    """What ``lock_many`` holds: ``leases`` maps each name to its :class:`Lease`.
 
-    def __init__(self, leases: dict[str, Lease]) -> None:
+    ``borrowed``: names whose lease an outer block of this thread or task holds (the set
+    re-entered them: same lease and token); the set neither releases nor reports them."""
+
+    def __init__(self, leases: dict[str, Lease], borrowed: frozenset[str] = frozenset()) -> None:
         self.leases = leases
+        self.borrowed = borrowed
 
     @property
     def tokens(self) -> dict[str, int]:
@@ -91,14 +92,21 @@ class HeldLocks:
 
     def _releasing(self) -> list[Lease]:
         """The leases still to release (renewals stopped, no longer guarding writes)."""
-        return [lease for lease in self.leases.values() if lease._releasing()]
+        return [
+            lease
+            for name, lease in self.leases.items()
+            if name not in self.borrowed and lease._releasing()
+        ]
 
     def _released(self, leases: list[Lease], held: list[bool]) -> list[str]:
-        done = {lease.name for lease in leases}
+        done = {lease.name for lease in leases} | self.borrowed
         lost = [
             lease.name for lease, ok in zip(leases, held, strict=True) if not lease._released(ok)
         ]
         return lost + [name for name in self.leases if name not in done]
+
+    def _own(self) -> list[Lease]:
+        return [lease for name, lease in self.leases.items() if name not in self.borrowed]
 
 
 class LockManyBlock:
@@ -115,40 +123,78 @@ class LockManyBlock:
         self._names = names
         self._kwargs = kwargs
         self._until_commit = until_commit
-        self._held: list[HeldLocks] = []
+        self._held: list[tuple[HeldLocks, list[object]]] = []
 
     def __repr__(self) -> str:
         return f"<LockManyBlock names={list(self._names)!r}>"
 
     def __enter__(self) -> HeldLocks:
-        held = self._manager.acquire_many(self._names, **self._kwargs)
-        self._held.append(held)
-        return held
+        borrowed = self._borrowed()
+        rest = [name for name in self._names if name not in borrowed]
+        acquired = self._manager.acquire_many(rest, **self._kwargs) if rest else None
+        return self._entered(borrowed, acquired)
 
     def __exit__(self, *exc_info: object) -> None:
-        held = self._held.pop()
+        held = self._left()
         if not self._kept(held):
             _check_all_held(held._release_each(), exc_info[0])
 
     async def __aenter__(self) -> HeldLocks:
-        held = await self._manager.aacquire_many(self._names, **self._kwargs)
-        self._held.append(held)
-        return held
+        borrowed = self._borrowed()
+        rest = [name for name in self._names if name not in borrowed]
+        acquired = await self._manager.aacquire_many(rest, **self._kwargs) if rest else None
+        return self._entered(borrowed, acquired)
 
     async def __aexit__(self, *exc_info: object) -> None:
-        held = self._held.pop()
+        held = self._left()
         if not self._kept(held):
             _check_all_held(await held._arelease_each(), exc_info[0])
+
+    def _borrowed(self) -> dict[str, Lease]:
+        """The names this thread or task holds already in a lock block (re-entered: same
+        lease and token); ``LockError`` at once for one it holds otherwise (a bare
+        ``acquire()`` lease, another kind): the set would wait for itself."""
+        alias = self._manager.alias
+        borrowed: dict[str, Lease] = {}
+        for name in self._names:
+            if not context.held(alias, name):
+                continue
+            lease = cast("Lease | None", context.find(alias, name))
+            if lease is None:
+                raise LockError(
+                    f"lock_many() of {name!r} (alias {alias!r}): this thread or task holds "
+                    "that name already with acquire() or as another kind, so the set would "
+                    "wait for itself. Release it first, or take it with lock() (which "
+                    "lock_many() re-enters)."
+                )
+            lease.check()
+            borrowed[name] = lease
+        return borrowed
+
+    def _entered(self, borrowed: dict[str, Lease], acquired: HeldLocks | None) -> HeldLocks:
+        own = {} if acquired is None else acquired.leases
+        leases = {name: borrowed.get(name) or own[name] for name in self._names}
+        held = HeldLocks(leases, frozenset(borrowed))
+        self._held.append((held, context.push_set(own)))  # lock() re-enters these names
+        return held
+
+    def _left(self) -> HeldLocks:
+        held, tokens = self._held.pop()
+        for token in tokens:
+            context.pop(token)
+        return held
 
     def _kept(self, held: HeldLocks) -> bool:
         """Inside a transaction the names are released after it commits (SPEC 10)."""
         if not (self._until_commit and in_transaction()):
             return False
         max_hold = self._kwargs.get("max_hold")
-        keep_alive_all(list(held.leases.values()), max_hold)  # one renewal thread for the set
-        for lease in held.leases.values():
+        own = held._own()
+        keep_alive_all(own, max_hold)  # one renewal thread for the set
+        for lease in own:
             context.deactivate(lease)
-            release_after_commit(lease, max_hold)
+            pending = release_after_commit(lease, max_hold)
+            context.push_findable(lease, pending)  # this transaction re-enters it
         return True
 
 

@@ -14,7 +14,9 @@ tests see locks released where they would be without them.
 from __future__ import annotations
 
 import logging
+import threading
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from django.db import DEFAULT_DB_ALIAS, transaction
@@ -33,16 +35,42 @@ def in_transaction(using: str = DEFAULT_DB_ALIAS) -> bool:
     return any(not getattr(block, "_from_testcase", False) for block in connection.atomic_blocks)
 
 
-class _ReleaseAtCommit:
-    """The ``on_commit`` callback; its finalizer releases on rollback (callback discarded)."""
+class _Release:
+    """Releases a kept lease once: at the commit, at a rollback, or when a renewal finds its
+    transaction over without either (whichever comes first)."""
 
-    __slots__ = ("__weakref__", "lease")
+    __slots__ = ("claimed", "lease")
 
     def __init__(self, lease: Lease) -> None:
         self.lease = lease
+        self.claimed = False
+
+    def claim(self) -> bool:
+        """True for the first caller only (the commit hook, the finalizer or a renewal)."""
+        with _CLAIMS:
+            if self.claimed:
+                return False
+            self.claimed = True
+            return True
+
+    def now(self) -> None:
+        if self.claim():
+            _release_quietly(self.lease)
+
+
+_CLAIMS = threading.Lock()
+
+
+class _ReleaseAtCommit:
+    """The ``on_commit`` callback; its finalizer releases on rollback (callback discarded)."""
+
+    __slots__ = ("__weakref__", "release")
+
+    def __init__(self, release: _Release) -> None:
+        self.release = release
 
     def __call__(self) -> None:
-        _release_quietly(self.lease)
+        self.release.now()
 
 
 def _release_quietly(lease: Lease) -> None:
@@ -54,10 +82,33 @@ def _release_quietly(lease: Lease) -> None:
 
 def release_after_commit(
     lease: Lease, max_hold: float | None, using: str = DEFAULT_DB_ALIAS
-) -> None:
+) -> Callable[[], bool]:
     """Release ``lease`` once the transaction commits, or at once if it rolls back; renew it
-    meanwhile (within ``max_hold``) if nothing renews it yet."""
-    lease.keep_alive(max_hold)
-    callback = _ReleaseAtCommit(lease)
-    weakref.finalize(callback, _release_quietly, lease)  # on rollback: discarded, freed, released
+    meanwhile (within ``max_hold``) if nothing renews it yet.
+
+    Returns ``pending()``: True while the release still waits for this transaction (this
+    thread's connection still holds the callback), for re-entering the lease inside it.
+    Django has no rollback hook: on CPython the discarded callback is freed at the rollback
+    and its finalizer releases; wherever it is not freed at once (PyPy, a traceback keeping
+    the list of callbacks alive), the next renewal finds the callback gone and releases."""
+    release = _Release(lease)
+    callback = _ReleaseAtCommit(release)
+    weakref.finalize(callback, release.now)  # on rollback: discarded, freed, released
+    connection = transaction.get_connection(using)
     transaction.on_commit(callback, using=using)
+    ref = weakref.ref(callback)
+
+    def pending() -> bool:
+        registered = ref()
+        return (
+            registered is not None
+            and not release.claimed
+            and any(hook[1] is registered for hook in connection.run_on_commit)
+        )
+
+    def ended() -> bool:
+        return not pending() and release.claim()
+
+    lease._transaction_ended = ended
+    lease.keep_alive(max_hold)
+    return pending

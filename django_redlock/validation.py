@@ -91,15 +91,27 @@ def check_timeout(timeout: Any) -> float | None:
     return None if math.isinf(timeout) else float(timeout)
 
 
+#: The longest ``min_hold`` (seconds): 400 days, above any schedule's period.
+MAX_MIN_HOLD = 400 * 86400.0
+
+
 def check_max_hold(max_hold: Any, what: str = "max_hold") -> float | None:
-    """How long auto-extend may keep renewing (or, as ``min_hold``, how long a job's name
-    stays taken): ``None`` (no limit) or a number > 0."""
+    """How long auto-extend may keep renewing: ``None`` or ``inf`` (no limit) or a number > 0.
+    As ``min_hold`` (how long a job's name stays taken after a run): ``None`` or a finite
+    number > 0 of at most :data:`MAX_MIN_HOLD` seconds."""
     if max_hold is None:
         return None
     if isinstance(max_hold, bool) or not isinstance(max_hold, int | float):
         raise TypeError(f"{what} must be a number of seconds, not {type(max_hold).__name__}.")
     if math.isnan(max_hold) or max_hold <= 0:
         raise ValueError(f"{what} must be > 0, got {max_hold!r}.")
+    if what == "max_hold":
+        return None if math.isinf(max_hold) else float(max_hold)
+    if math.isinf(max_hold) or max_hold > MAX_MIN_HOLD:
+        raise ValueError(
+            f"{what} must be a finite number of seconds of at most {MAX_MIN_HOLD:.0f} "
+            f"(400 days), got {max_hold!r}."
+        )
     return float(max_hold)
 
 

@@ -96,7 +96,7 @@ def test_on_lost_is_checked() -> None:
     with pytest.raises(ValueError, match="on_lost"):
         locks["default"].alock("x", on_lost="ignore")
     with pytest.raises(ValueError, match="alock"):
-        LockBlock(lambda: locks["default"], "x", BlockOptions(on_lost="cancel"))
+        LockBlock(lambda: locks["default"], "x", BlockOptions(auto_extend=True, on_lost="cancel"))
 
 
 def test_leaving_a_block_keeps_leases_acquired_inside_it_active(unique_name: str) -> None:

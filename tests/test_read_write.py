@@ -24,8 +24,10 @@ SPAWN = multiprocessing.get_context("spawn")
 @pytest.mark.parametrize("alias", ["default", "five"])
 def test_readers_overlap_and_a_writer_excludes_everyone(alias: str, unique_name: str) -> None:
     manager = locks[alias]
-    with manager.read_lock(unique_name, ttl=5) as r1, manager.read_lock(unique_name, ttl=5) as r2:
+    with manager.read_lock(unique_name, ttl=5) as r1:
+        r2 = manager.acquire(unique_name, rw="read", ttl=5, timeout=0)  # another reader
         assert r1.token != r2.token
+        r2.release()
         with pytest.raises(LockNotAcquired):
             manager.acquire(unique_name, rw="write", timeout=0)
         with pytest.raises(LockNotAcquired):  # a plain lock is a writer too

@@ -114,10 +114,10 @@ class Engine:
     ) -> list[LeaseRecord] | AcquireFailure:
         """Every name of ``names`` or none (see :mod:`.many_plans`), attempted as
         :meth:`acquire` does; a waiting caller waits for the name its last attempt found busy."""
-        result: list[LeaseRecord] | AcquireFailure = self._acquire(
+        result: LeaseRecord | list[LeaseRecord] | AcquireFailure = self._acquire(
             _Target(self.state, tuple(names), ttl, 0), timeout
         )
-        return result
+        return [result] if isinstance(result, LeaseRecord) else result  # one name: one lock
 
     def _acquire(self, target: _Target, timeout: float | None) -> Any:
         self._check_fork()
@@ -259,8 +259,10 @@ class Engine:
     ) -> list[LeaseRecord] | AcquireFailure:
         """Asyncio twin of :meth:`acquire_many`."""
         target = _Target(self.state, tuple(names), ttl, 0)
-        result: list[LeaseRecord] | AcquireFailure = await self._aacquire(target, timeout)
-        return result
+        result: LeaseRecord | list[LeaseRecord] | AcquireFailure = await self._aacquire(
+            target, timeout
+        )
+        return [result] if isinstance(result, LeaseRecord) else result  # one name: one lock
 
     async def _aacquire(self, target: _Target, timeout: float | None) -> Any:
         self._check_fork()

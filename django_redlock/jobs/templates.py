@@ -75,16 +75,24 @@ class CallTemplate:
                 f"Lock name template {self.template!r} on {self.where}() is not a valid format "
                 f"string ({exc}). Write literal braces as '{{{{' and '}}}}'."
             ) from exc
+        roots = [_ROOT.match(field).group() for field in fields]  # type: ignore[union-attr]
+        if "" in roots and any(root.isdigit() for root in roots):
+            raise ValueError(
+                f"Lock name template {self.template!r} on {self.where}() mixes automatic "
+                "fields ('{}') with numbered ones ('{0}'); use one style."
+            )
         if self.signature is None:
             return
         params = self.signature.parameters.values()
         kinds = {p.kind for p in params}
         names = {p.name for p in params}
         positional = sum(1 for p in params if p.kind in _POSITIONAL)
-        for field in fields:
-            root = _ROOT.match(field).group()  # type: ignore[union-attr]
+        auto = 0
+        for root in roots:
             if root == "" or root.isdigit():
-                index = int(root) if root else 0
+                index = int(root) if root else auto
+                auto += root == ""
+                root = root or str(index)
                 if index >= positional and inspect.Parameter.VAR_POSITIONAL not in kinds:
                     raise ValueError(
                         f"Lock name template {self.template!r}: {self.where}() has no "
