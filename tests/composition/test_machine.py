@@ -15,13 +15,13 @@ import os
 import random
 
 import pytest
-from hypothesis import HealthCheck, seed, settings
+from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from tests.conftest import SESSION_ALIASES
 
 from .conftest import LONG
-from .machine import CompositionMachine, PeerProcess
+from .machine import STATS, CompositionMachine, PeerProcess
 
 EXAMPLES = int(os.environ.get("REDLOCK_EXAMPLES", 300 if LONG else 12))
 STEPS = 60 if LONG else 30
@@ -49,9 +49,17 @@ def test_compositions_keep_the_promises(alias: str, peer: PeerProcess) -> None:
                 deadline=None,
                 database=None,
                 print_blob=True,
+                report_multiple_bugs=False,
+                # no "explain" phase: it traces every line, which is far too slow here
+                phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
                 suppress_health_check=list(HealthCheck),
             ),
         )
     except BaseException as exc:
         exc.add_note(f"replay with REDLOCK_SEED={chosen} (alias {alias!r})")
         raise
+    finally:
+        if os.environ.get("REDLOCK_STATS"):
+            for rule, (calls, seconds) in sorted(STATS.items(), key=lambda kv: -kv[1][1]):
+                print(f"{rule:32} {calls:6} calls {seconds:8.2f} s")
+            STATS.clear()
