@@ -15,6 +15,7 @@ would keep hitting them are constrained while they are listed (their regression 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -272,10 +273,11 @@ class CompositionMachine(RuleBasedStateMachine):
         for h in self.model.holdings:
             if h.name == name and h.kept_level and not h.released and h.kind == kind:
                 return h, h.who != "main"
-        for gen in self.gens:
-            if gen.holding is not None and gen.holding.name == name and kind == "lock":
-                if not gen.holding.released:
-                    return gen.holding, True
+        if kind == "lock":
+            for gen in self.gens:
+                holding = gen.holding
+                if holding is not None and holding.name == name and not holding.released:
+                    return holding, True
         return None, False
 
     def other_side(self, name: str, kind: str) -> list[Holding]:
@@ -1338,18 +1340,15 @@ class CompositionMachine(RuleBasedStateMachine):
         try:
             while self.stack:
                 entry = self.stack.pop()
-                try:
+                with contextlib.suppress(LockLost):
                     entry.cm.__exit__(RuntimeError, RuntimeError("teardown"), None)
-                except LockLost:
-                    pass
             for gen in self.gens:
                 gen.it.close()
             for holding in self.free:
                 holding.lease.release()
             for holding in self.model.holdings:
-                if holding.local and not holding.lease.released and not holding.forced:
-                    if holding.who not in ("thread",):
-                        holding.lease.release()
+                if holding.local and not holding.lease.released:
+                    holding.lease.release()
             if self.peer is not None:
                 self.peer.ask({"op": "release_all"})
             left = [

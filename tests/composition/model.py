@@ -165,11 +165,16 @@ class Model:
         """True when the holding's keys are surely gone from the nodes."""
         if holding.released or holding.forced:
             return True
-        if holding.pending_release is not None and now > holding.pending_release + 0.2:
-            if self.peer_released is not None and holding.peer_id is not None:
-                if self.peer_released(holding.peer_id):
-                    holding.released = True
-                    return True
+        asked = self.peer_released
+        if (
+            holding.pending_release is not None
+            and now > holding.pending_release + 0.2
+            and asked is not None
+            and holding.peer_id is not None
+            and asked(holding.peer_id)
+        ):
+            holding.released = True
+            return True
         return holding.renewers == 0 and holding.node_end < now
 
     def conflicts(self, name: str, kind: str, now: float, *, exclude: Any = ()) -> list[Holding]:

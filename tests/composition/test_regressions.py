@@ -1,0 +1,277 @@
+"""The counterexamples the composition machine found, each as a plain test (minimal steps).
+
+The ids are those of /work/shared/FINDINGS.md (stage 3) for known defects, ``N<k>`` for the
+new ones (tests/composition's counterexample list). A test of a defect still open is
+``xfail(strict=True)``: it starts passing, and so failing the suite, once the fix lands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db.models import F
+
+from django_redlock import context, locks
+from django_redlock.exceptions import LockError, LockLost, LockNotAcquired
+from testproject.inventory.models import Product
+from tests.support.attempts import free_elsewhere
+
+ALIASES = ["default", "multi"]
+
+
+def locked_rows(alias: str) -> Any:
+    """An ``@lock`` generator function whose body reports the lease it finds for its name."""
+
+    @locks[alias].lock("{0}", timeout=0)
+    def rows(name: str) -> Iterator[Any]:
+        for _ in range(3):
+            yield context.find(alias, name)
+
+    return rows
+
+
+def hold_in_thread(alias: str, name: str, seconds: float) -> threading.Event:
+    """Another thread takes ``name`` and releases it after ``seconds``; returns once it holds."""
+    holding = threading.Event()
+
+    def run() -> None:
+        lease = locks[alias].acquire(name, ttl=30, timeout=0)
+        holding.set()
+        time.sleep(seconds)
+        lease.release()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert holding.wait(5)
+    return holding
+
+
+# -- known defects (stage 3), fixed on main ------------------------------------------------------
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_a1_lock_many_of_one_name_holds_it_and_lets_it_go(alias: str, unique_name: str) -> None:
+    """A1: ``lock_many([name])`` holds the one name and releases it at block exit (it used to
+    raise TypeError after locking it, leaving the name locked for its TTL)."""
+    with locks[alias].lock_many([unique_name], timeout=0) as held:
+        assert list(held.leases) == [unique_name]
+        assert not free_elsewhere(unique_name, alias)
+    assert free_elsewhere(unique_name, alias)
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_lock_many_counts_a_repeated_name_once(alias: str, unique_name: str) -> None:
+    """SPEC 15: ``lock_many([b, c, b])`` holds b and c (it used to raise ValueError)."""
+    names = [f"{unique_name}:b", f"{unique_name}:c", f"{unique_name}:b"]
+    with locks[alias].lock_many(names, timeout=0) as held:
+        assert list(held.leases) == names[:2]
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_b8_lock_many_reenters_a_name_of_the_threads_open_block(
+    alias: str, unique_name: str
+) -> None:
+    """B8: inside ``lock(a)``, ``lock_many([a])`` re-enters a's lease instead of waiting for
+    itself, and leaving the set does not release the outer block's lease."""
+    manager = locks[alias]
+    with manager.lock(unique_name, timeout=0) as outer:
+        with manager.lock_many([unique_name], timeout=0) as held:
+            assert held.leases[unique_name] is outer
+        assert not outer.released and not free_elsewhere(unique_name, alias)
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_b8_lock_reenters_a_name_of_the_threads_open_lock_many(
+    alias: str, unique_name: str
+) -> None:
+    """B8: inside ``lock_many([c, b])``, ``lock(c)`` re-enters c's lease of the set."""
+    manager = locks[alias]
+    names = [f"{unique_name}:c", f"{unique_name}:b"]
+    with (
+        manager.lock_many(names, timeout=0) as held,
+        manager.lock(names[0], timeout=0) as inner,
+    ):
+        assert inner is held.leases[names[0]]
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_b5_read_write_in_one_thread_never_wait_for_themselves(
+    alias: str, unique_name: str
+) -> None:
+    """B5: a write block inside the thread's write block re-enters it; a read block inside it
+    raises LockError at once (it used to be granted, or to wait for itself)."""
+    manager = locks[alias]
+    with manager.write_lock(unique_name, timeout=0) as writer:
+        with manager.write_lock(unique_name, timeout=0) as again:
+            assert again is writer
+        with pytest.raises(LockError) as refused:
+            manager.read_lock(unique_name, timeout=0).__enter__()
+        assert not isinstance(refused.value, LockNotAcquired)
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_a2_a_locked_generator_holds_its_lease_while_iterated(alias: str, unique_name: str) -> None:
+    """A2: the body of an ``@lock`` generator runs under its lease, held until it finishes;
+    ``on_busy="skip"`` on a busy name yields nothing (it used to return None, not a
+    generator)."""
+    rows = locked_rows(alias)
+    it = rows(unique_name)
+    lease = next(it)
+    assert lease is not None and not free_elsewhere(unique_name, alias)
+    assert list(it) == [lease, lease]
+    assert lease.released and free_elsewhere(unique_name, alias)
+
+    @locks[alias].lock("{0}", on_busy="skip")
+    def skipped(name: str) -> Iterator[int]:
+        yield 1
+
+    with locks[alias].lock(f"{unique_name}:busy", timeout=0):
+        assert list(_in_thread(lambda: list(skipped(f"{unique_name}:busy")))) == []
+
+
+def _in_thread(call: Any) -> Any:
+    """``call()`` in another thread (another caller); its result."""
+    result: list[Any] = []
+    thread = threading.Thread(target=lambda: result.append(call()))
+    thread.start()
+    thread.join()
+    return result[0]
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_a2_a_locked_async_generator_holds_its_lease(alias: str, unique_name: str) -> None:
+    """A2: the body of an async ``@lock`` generator runs under its lease."""
+
+    @locks[alias].lock("{0}", timeout=0)
+    async def rows(name: str) -> Any:
+        yield context.find(alias, name)
+
+    async def consume() -> list[Any]:
+        return [found async for found in rows(unique_name)]
+
+    (found,) = asyncio.run(consume())
+    assert found is not None and found.released
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_a3_asyncio_reentry_with_a_longer_ttl_extends_the_lease(
+    alias: str, unique_name: str
+) -> None:
+    """A3: an inner ``alock`` of the same task asking ttl=30 extends a 0.3 s lease to it."""
+    manager = locks[alias]
+
+    async def scenario() -> float:
+        async with (
+            manager.alock(unique_name, ttl=0.3, timeout=0),
+            manager.alock(unique_name, ttl=30, timeout=0) as inner,
+        ):
+            return inner.validity
+
+    assert asyncio.run(scenario()) > 10
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_d1_on_busy_skip_makes_one_attempt(alias: str, unique_name: str) -> None:
+    """D1: a job with ``on_busy="skip"`` (no timeout given) skips a busy name at once, even
+    though its holder lets go a second later (it used to wait, then run)."""
+    hold_in_thread(alias, unique_name, 1.0)
+
+    @locks[alias].lock(unique_name, on_busy="skip")
+    def job() -> str:
+        return "ran"
+
+    assert job() is None
+
+
+# -- new defects ------------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="N1: a generator's lease is shared with its caller")
+@pytest.mark.parametrize("alias", ALIASES)
+def test_n1_closing_a_generator_does_not_release_the_callers_block(
+    alias: str, unique_name: str
+) -> None:
+    """N1: after ``next(g)`` of an ``@lock`` generator, the caller's ``lock(name)`` block either
+    waits (the generator is another holder) or holds the name for as long as it runs: closing
+    the generator inside it must not release the name under the block."""
+    rows = locked_rows(alias)
+    it = rows(unique_name)
+    next(it)
+    try:
+        with locks[alias].lock(unique_name, timeout=0) as outer:
+            it.close()
+            assert not outer.released
+            assert not free_elsewhere(unique_name, alias)
+    except LockNotAcquired:
+        it.close()
+
+
+@pytest.mark.xfail(strict=True, reason="N1: a generator's lease is shared with its caller")
+@pytest.mark.parametrize("alias", ALIASES)
+def test_n1_a_generator_started_in_a_block_never_runs_on_without_the_lock(
+    alias: str, unique_name: str
+) -> None:
+    """N1: a generator started inside ``with lock(name)`` (it re-enters the block's lease)
+    and resumed after the block ended either still holds the name or raises LockLost: its
+    body never runs on silently without the lock."""
+    rows = locked_rows(alias)
+    with locks[alias].lock(unique_name, timeout=0):
+        it = rows(unique_name)
+        next(it)
+    if free_elsewhere(unique_name, alias):
+        with pytest.raises(LockLost):
+            next(it)
+    it.close()
+
+
+@pytest.mark.xfail(strict=True, reason="N1: a generator's lease is shared with its caller")
+@pytest.mark.parametrize("alias", ALIASES)
+def test_n1_two_generators_of_one_name_do_not_share_a_lease(alias: str, unique_name: str) -> None:
+    """N1: two ``@lock`` generators of one name iterated by one thread: the second is busy,
+    or the name stays held while it is suspended after the first was closed."""
+    rows = locked_rows(alias)
+    first, second = rows(unique_name), rows(unique_name)
+    next(first)
+    try:
+        next(second)
+    except LockNotAcquired:
+        first.close()
+        return
+    first.close()
+    assert not free_elsewhere(unique_name, alias)
+    second.close()
+
+
+@pytest.mark.xfail(strict=True, reason="N1: a generator's lease guards its caller's writes")
+@pytest.mark.django_db(transaction=True)
+def test_n1_a_suspended_generator_does_not_fence_its_callers_writes(unique_name: str) -> None:
+    """N1: between two iterations of an ``@lock`` generator of another name, the caller's
+    FencedModel writes inside its own block carry its own lease's token."""
+    manager = locks["default"]
+    product = Product.objects.create(name=unique_name, stock=1)
+    rows = locked_rows("default")
+    with manager.lock(f"{unique_name}:order", timeout=0) as own:
+        it = rows(f"{unique_name}:export")
+        next(it)
+        Product.objects.filter(pk=product.pk).update(stock=F("stock") + 1)
+        it.close()
+    product.refresh_from_db()
+    assert product.fence_token == own.token
+
+
+@pytest.mark.xfail(strict=True, reason="N2: a shorter extend() outruns the auto-extend schedule")
+@pytest.mark.parametrize("alias", ALIASES)
+def test_n2_extend_to_a_shorter_ttl_keeps_an_auto_extended_lease(
+    alias: str, unique_name: str
+) -> None:
+    """N2: ``extend(ttl=0.3)`` on a lease auto-extended with ttl=3 leaves it renewed (the
+    watchdog used to sleep a third of the old TTL, 1 s, while the key expired after 0.3 s)."""
+    with locks[alias].lock(unique_name, ttl=3, timeout=0, auto_extend=True) as lease:
+        lease.extend(ttl=0.3)
+        time.sleep(0.8)
+        assert not lease.lost
+        assert not free_elsewhere(unique_name, alias)
