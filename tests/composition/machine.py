@@ -52,7 +52,7 @@ from .model import (
 )
 
 #: Known defects still open on this branch (see the module docstring).
-KNOWN_OPEN: set[str] = {"D3", "N1", "N2"}
+KNOWN_OPEN: set[str] = {"D3", "N1", "N2", "N3"}
 
 SHORT = (0.2, 0.3)
 #: TTL of short leases that something renews (a renewal every third of it)
@@ -64,7 +64,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 ttls = st.sampled_from([*SHORT, LONG, None])
 renewed_ttls = st.sampled_from([RENEWED_SHORT, LONG])
-lock_names = st.sampled_from(LOCK_NAMES)
+lock_names = st.sampled_from([*LOCK_NAMES, RW_NAME])
 any_names = st.sampled_from([*LOCK_NAMES, RW_NAME, SEM_NAME])
 indexes = st.integers(0, 50)
 #: a file that collects every failure the machine meets (shrinking included), for triage
@@ -395,35 +395,77 @@ class CompositionMachine(RuleBasedStateMachine):
 
     # -- blocks ------------------------------------------------------------------------------
     def _block(
-        self, kind: str, name: str, ttl: float | None, auto_extend: bool, until_commit: bool
+        self,
+        kind: str,
+        name: str,
+        ttl: float | None,
+        auto_extend: bool,
+        until_commit: bool,
+        reentrant: bool = True,
     ) -> Any:
         full = self.full(name)
         opts = {"ttl": ttl, "timeout": 0, "auto_extend": auto_extend, "until_commit": until_commit}
         if kind == "lock":
-            return self.m.lock(full, **opts)
+            return self.m.lock(full, reentrant=reentrant, **opts)
         if kind == "read":
             return self.m.read_lock(full, **opts)
         if kind == "write":
             return self.m.write_lock(full, **opts)
         return self.m.semaphore(full, PERMITS, **opts)
 
+    def mixed_kinds(self, name: str, kind: str) -> list[Holding]:
+        """The main thread's block leases (open or kept) of ``name`` of the other family: a
+        plain lock against a read or write lease of the same name."""
+        if kind == "sem":
+            return []
+        family = {"lock"} if kind == "lock" else {"read", "write"}
+        return [
+            h
+            for h in self.main_holdings()
+            if h.name == name
+            and h.who == "main"
+            and h.kind not in family
+            and h.kind != "sem"
+            and h not in self.free
+        ]
+
     def _enter(
-        self, kind: str, name: str, ttl: float | None, auto_extend: bool, until_commit: bool
+        self,
+        kind: str,
+        name: str,
+        ttl: float | None,
+        auto_extend: bool,
+        until_commit: bool,
+        reentrant: bool = True,
     ) -> None:
         if auto_extend and ttl in SHORT:
             ttl = RENEWED_SHORT
-        cm = self._block(kind, name, ttl, auto_extend, until_commit)
+        mixed = self.mixed_kinds(name, kind)
+        if mixed and self.constrained("N3", f"this thread holds {mixed}"):
+            return
+        cm = self._block(kind, name, ttl, auto_extend, until_commit, reentrant)
         target, optional = self.enterable(name, kind) if kind != "sem" else (None, False)
+        if not reentrant:
+            target = None
         other = self.other_side(name, kind)
         before = self.expectation(name, kind)
         outcome, value = attempt(cm.__enter__)
-        what = f"{kind}({name!r}, ttl={ttl}, auto_extend={auto_extend})"
+        what = f"{kind}({name!r}, ttl={ttl}, auto_extend={auto_extend}, reentrant={reentrant})"
         self.note(f"{outcome} (expected {before}; re-entry target {target}, other side {other})")
         if other:
             # an upgrade or a downgrade: LockError at once, never a wait for itself
             if outcome != "lockerror":
                 raise Violation(f"{what} under this thread's own {other}: {outcome} {value!r}")
             return
+        if mixed:
+            # a plain lock and a read/write lease of one name in one thread: never a self-wait
+            if outcome == "busy" and all(h.surely_valid(self.now()) for h in mixed):
+                raise Violation(f"{what} waited for this thread's own {mixed} (LockNotAcquired)")
+            if outcome == "ok" and any(value is h.lease for h in mixed):
+                self.stack.append(Open(kind, cm, [h for h in mixed if value is h.lease], True))
+                return
+            if outcome != "ok":
+                return
         if target is not None:
             self._reentry(
                 what, kind, cm, target, optional, outcome, value, ttl, auto_extend, until_commit
@@ -488,15 +530,22 @@ class CompositionMachine(RuleBasedStateMachine):
         self.stack.append(entry)
         self.ctx_push(target, enterable=True)
 
-    @rule(name=lock_names, ttl=ttls, auto_extend=st.booleans(), until_commit=st.booleans())
+    @rule(
+        name=lock_names,
+        ttl=ttls,
+        auto_extend=st.booleans(),
+        until_commit=st.booleans(),
+        reentrant=st.sampled_from([True, True, False]),
+    )
     @step(lambda self: len(self.stack) < 8)
     def enter_lock(
-        self, name: str, ttl: float | None, auto_extend: bool, until_commit: bool
+        self, name: str, ttl: float | None, auto_extend: bool, until_commit: bool, reentrant: bool
     ) -> None:
-        """``with lock(name)``: a new lease, or a re-entry of the thread's own."""
+        """``with lock(name)``: a new lease, or a re-entry of the thread's own
+        (``reentrant=False``: another caller, busy while the thread holds it)."""
         if self.gen_holds(name) and self.constrained("N1", "a generator holds it"):
             return
-        self._enter("lock", name, ttl, auto_extend, until_commit)
+        self._enter("lock", name, ttl, auto_extend, until_commit, reentrant)
 
     @rule(mode=st.sampled_from(["read", "write"]), ttl=ttls, auto_extend=st.booleans())
     @step(lambda self: len(self.stack) < 8)
@@ -529,8 +578,14 @@ class CompositionMachine(RuleBasedStateMachine):
             ttl = RENEWED_SHORT
         owned = {n: self.enterable(n) for n in distinct}
         owned = {n: t for n, t in owned.items() if t[0] is not None}
-        bare = [h for h in self.free if h.name in distinct and h.name not in owned]
-        bare = [h for h in bare if not h.released]
+        bare = [  # held by a bare acquire() or as a read/write lease: LockError at once
+            h
+            for h in self.main_holdings()
+            if h.name in distinct
+            and h.name not in owned
+            and h.who == "main"
+            and (h in self.free or h.kind in ("read", "write"))
+        ]
         fulls = [self.full(n) for n in names]
         arg: Any = {
             "list": fulls,
@@ -762,6 +817,31 @@ class CompositionMachine(RuleBasedStateMachine):
         if not lost:
             holding.longest_ttl = max(holding.longest_ttl, ttl)
             holding.renewed_by_nodes(self.now())
+
+    @rule(which=st.sampled_from(["lock on the semaphore", "semaphore on a lock"]))
+    @step(None)
+    def wrong_kind(self, which: str) -> None:
+        """A lock of a name in use as a semaphore, or a semaphore of a name held as a lock:
+        LockError (never granted, never a plain busy)."""
+        now = self.now()
+        if which == "lock on the semaphore":
+            name, held_as = SEM_NAME, "sem"
+            call = lambda: self.m.acquire(self.full(name), ttl=LONG, timeout=0)  # noqa: E731
+        else:
+            name, held_as = LOCK_NAMES[0], "lock"
+            call = lambda: self.m.acquire(  # noqa: E731
+                self.full(name), ttl=LONG, timeout=0, permits=PERMITS
+            )
+        if not any(h.kind == held_as and h.surely_valid(now) for h in self.model.of(name)):
+            self.note("nothing to do: the name is not surely held as its kind")
+            return
+        outcome, value = attempt(call)
+        self.note(f"{outcome}")
+        if outcome == "ok":
+            value.release()
+            raise Violation(f"{which}: granted ({value!r})")
+        if outcome != "lockerror":
+            raise Violation(f"{which}: {value!r} instead of LockError")
 
     # -- other callers ---------------------------------------------------------------------------
     @rule(name=any_names, mode=st.sampled_from(["read", "write"]))
@@ -1056,7 +1136,7 @@ class CompositionMachine(RuleBasedStateMachine):
     # -- asyncio ---------------------------------------------------------------------------------
     @rule(
         name=lock_names,
-        variant=st.sampled_from(["alock", "alock_many", "agen"]),
+        variant=st.sampled_from(["alock", "alock_many", "agen", "cancel"]),
         ttl=ttls,
         inner_ttl=ttls,
         inner_auto=st.booleans(),
@@ -1108,6 +1188,18 @@ class CompositionMachine(RuleBasedStateMachine):
                 if variant == "alock":
                     async with m.alock(full, ttl=ttl, timeout=0) as outer:
                         await inner_checks(outer)
+                elif variant == "cancel":
+                    obs["cancel"] = "not cancelled"
+                    loop = asyncio.get_running_loop()
+                    try:
+                        async with m.alock(
+                            full, ttl=RENEWED_SHORT, timeout=0, auto_extend=True, on_lost="cancel"
+                        ) as outer:
+                            await inner_checks(outer)
+                            await loop.run_in_executor(None, m.force_release, full)
+                            await asyncio.sleep(2.0)
+                    except LockLost:
+                        obs["cancel"] = "LockLost"
                 elif variant == "alock_many":
                     async with m.alock_many([full], ttl=ttl, timeout=0) as held:
                         await inner_checks(held.leases[full])
@@ -1131,11 +1223,16 @@ class CompositionMachine(RuleBasedStateMachine):
         if obs.get("agen"):
             raise Violation(f"{what}: the async generator's body runs without its lease (A2)")
         outcome = obs["outcome"]
-        if outcome != "ok":
+        if outcome != "ok" or "outer" not in obs:
             self.judge(what, before, outcome, name, "lock")
             return
         lease = obs["outer"]
         holding = self.granted("lock", name, lease, who="async")
+        if variant == "cancel":
+            for other in self.model.of(name):
+                other.forced = True  # the scenario force-released the name
+            if obs["cancel"] != "LockLost":
+                raise Violation(f"{what}: the task was not cancelled when its lease was lost")
         self.judge(what, before, "ok", name, "lock", new=(holding,))
         if obs["reentered"] is not True:
             raise Violation(f"{what}: a nested alock in the same task: {obs['reentered']}")

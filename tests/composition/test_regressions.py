@@ -275,3 +275,62 @@ def test_n2_extend_to_a_shorter_ttl_keeps_an_auto_extended_lease(
         time.sleep(0.8)
         assert not lease.lost
         assert not free_elsewhere(unique_name, alias)
+
+
+@pytest.mark.xfail(
+    strict=True, reason="N3: lock() and read/write leases of a name wait for each other"
+)
+@pytest.mark.parametrize("alias", ALIASES)
+@pytest.mark.parametrize("outer", ["write", "read"])
+def test_n3_a_plain_lock_under_the_threads_own_read_write_lease_never_waits(
+    alias: str, outer: str, unique_name: str
+) -> None:
+    """N3: ``lock(name)`` inside the thread's own ``write_lock``/``read_lock`` of that name
+    re-enters it or raises LockError at once; it never waits for itself (LockNotAcquired)."""
+    manager = locks[alias]
+    block = manager.write_lock if outer == "write" else manager.read_lock
+    with block(unique_name, timeout=0):
+        try:
+            with manager.lock(unique_name, timeout=0):
+                pass
+        except LockNotAcquired:
+            pytest.fail("lock() waited for the thread's own read/write lease")
+        except LockError:
+            pass
+
+
+@pytest.mark.xfail(
+    strict=True, reason="N3: lock() and read/write leases of a name wait for each other"
+)
+@pytest.mark.parametrize("alias", ALIASES)
+@pytest.mark.parametrize("inner", ["write", "read"])
+def test_n3_a_read_write_lease_under_the_threads_own_plain_lock_never_waits(
+    alias: str, inner: str, unique_name: str
+) -> None:
+    """N3: ``write_lock``/``read_lock(name)`` inside the thread's own ``lock(name)`` raises
+    LockError at once (or re-enters); it never waits for itself."""
+    manager = locks[alias]
+    block = manager.write_lock if inner == "write" else manager.read_lock
+    with manager.lock(unique_name, timeout=0):
+        try:
+            with block(unique_name, timeout=0):
+                pass
+        except LockNotAcquired:
+            pytest.fail("a read/write lease waited for the thread's own plain lock")
+        except LockError:
+            pass
+
+
+@pytest.mark.xfail(strict=True, reason="D3: piped wait counts validity from before the BLPOP")
+def test_d3_a_woken_waiter_gets_the_validity_of_its_winning_attempt(
+    redlock_alias: Any, session_nodes: Any, unique_name: str
+) -> None:
+    """D3 (single node): a waiter woken by a release 0.3 s into its first wait (RETRY_DELAY 1:
+    that wait lasts 0.5-1 s) gets a lease whose validity counts from its winning attempt
+    (about its 0.5 s TTL), not from before its wait (0.2 s)."""
+    manager = redlock_alias(session_nodes.urls[:1], RETRY_DELAY=1.0)
+    holder = manager.acquire(unique_name, ttl=5, timeout=0)
+    threading.Timer(0.3, holder.release).start()
+    lease = manager.acquire(unique_name, ttl=0.5, timeout=5)
+    assert lease.validity > 0.35
+    lease.release()
