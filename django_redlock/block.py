@@ -181,8 +181,7 @@ class LockBlock:
         thread or task holds (it would wait for itself)."""
         options = self._options
         kind = options.rw or ("permit" if options.permits else "")
-        if options.rw:
-            refuse_upgrade(manager.alias, self._name, options.rw)
+        refuse_other_kind(manager.alias, self._name, kind)
         if not options.reentrant:
             return None
         lease = cast("Lease | None", context.find(manager.alias, self._name, kind))
@@ -197,6 +196,7 @@ class LockBlock:
 
     def _entered(self, lease: Lease, *, reentered: bool = False) -> Lease:
         entry = _Entered(lease, reentered, context.push(lease))  # re-enterable, guards writes
+        lease._blocks += 1
         options = self._options
         if reentered and options.auto_extend:
             entry.renews = lease.keep_alive(options.max_hold)
@@ -210,17 +210,23 @@ class LockBlock:
         """True when this exit does not release now: an inner (re-entered) block, a block
         that ends inside a transaction (released after the commit), or one whose ``min_hold``
         has time left (then ``entry.hold_for``: the lease is shortened to it, not released)."""
+        lease = entry.lease
         context.pop(entry.token)
-        if entry.reentered:
+        lease._blocks -= 1
+        if lease._blocks > 0:  # another block of this lease is still open: it lets go
             if entry.renews:
-                entry.lease.stop_auto_extend()
-            _check_lost(entry.lease, exc_type)
+                lease.stop_auto_extend()
+            _check_lost(lease, exc_type)
             return True
+        # the last open block of the lease (usually the outermost; a generator or an
+        # ExitStack can end the outermost first) decides what happens to it
         if self._options.until_commit and in_transaction():
-            context.deactivate(entry.lease)  # guards no writes after its block ...
-            pending = release_after_commit(entry.lease, self._options.max_hold)
-            context.push_findable(entry.lease, pending)  # ... but this transaction re-enters it
-            _check_lost(entry.lease, exc_type)
+            context.deactivate(lease)  # guards no writes after its block ...
+            pending = lease._commit_pending
+            if pending is None or not pending():
+                pending = release_after_commit(lease, self._options.max_hold)
+            context.push_findable(lease, pending)  # ... but this transaction re-enters it
+            _check_lost(lease, exc_type)
             return True
         left = (self._options.min_hold or 0.0) - (time.monotonic() - entry.started)
         if exc_type is None and left >= MIN_HOLD_GRANULARITY:
@@ -232,6 +238,13 @@ class LockBlock:
 
     # -- decorator -------------------------------------------------------------------------
     def __call__(self, func: F) -> F:
+        if isinstance(func, classmethod | staticmethod):
+            kind = type(func).__name__
+            raise TypeError(
+                f"lock({self._name!r}) cannot decorate a {kind} object: put @{kind} above "
+                f"@lock (so @lock wraps the function itself), e.g. @{kind} then @lock(...) "
+                "then def ..."
+            )
         template = CallTemplate(self._name, func)  # a field the function lacks fails here
         calls = _Calls(
             self, template, getattr(func, "__qualname__", repr(func)), self._options.on_busy
@@ -368,18 +381,35 @@ class _Calls:
         return False
 
 
-def refuse_upgrade(alias: str, name: str, rw: str) -> None:
-    """``LockError`` when this thread or task holds the other side of the read-write lock
-    ``name``: a write lease wanted under its own read lease (or the reverse) would wait for
-    itself and, as a waiting writer, keep every other reader out."""
-    other = "read" if rw == "write" else "write"
-    if any(getattr(lease, "kind", "") == other for lease in context.held(alias, name)):
-        change = "upgrade a read lease to a write" if rw == "write" else "take a read lease under"
+_KIND_NAMES = {
+    "": "lock",
+    "permit": "semaphore permit",
+    "read": "read lease",
+    "write": "write lease",
+}
+
+
+def refuse_other_kind(alias: str, name: str, kind: str) -> None:
+    """``LockError`` at once when this thread or task holds ``name`` as another kind (a lock,
+    a semaphore's permit, a read or a write lease) than ``kind``: the call would wait for
+    itself (a write lease wanted under its own read lease would also keep every other reader
+    out as a waiting writer)."""
+    held = {getattr(lease, "kind", "") for lease in context.held(alias, name)} - {kind}
+    if not held:
+        return
+    other = sorted(held)[0]
+    if {kind, other} == {"read", "write"}:
+        change = "upgrade its read lease to a write" if kind == "write" else "downgrade its write"
         raise LockError(
             f"Cannot {change} lease of {name!r} (alias {alias!r}) in the thread or task that "
-            f"holds its {other} lease: it would wait for itself. Release the {other} lease "
-            "first, or take the write lease from the start."
+            f"holds it: it would wait for itself. Release the {other} lease first, or take the "
+            "write lease from the start."
         )
+    raise LockError(
+        f"{name!r} (alias {alias!r}) is held by this thread or task as a "
+        f"{_KIND_NAMES[other]}; taking it as a {_KIND_NAMES[kind]} would wait for itself. "
+        "One name is one kind of lock: use another name."
+    )
 
 
 def _cancel_on_loss(lease: Lease) -> asyncio.Task[Any] | None:

@@ -20,7 +20,7 @@ import asyncio
 import contextvars
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class TokenHolder(Protocol):
@@ -71,7 +71,7 @@ class _Entry:
 class _Frame:
     """The leases one thread or task activated, innermost last."""
 
-    __slots__ = ("by_key", "dead", "owner", "parent", "stack")
+    __slots__ = ("by_key", "by_token", "dead", "owner", "parent", "stack")
 
     def __init__(self, owner: object, parent: _Frame | None) -> None:
         self.owner = owner
@@ -82,10 +82,13 @@ class _Frame:
         self.dead = 0
         #: the entries of each (alias, name), in activation order
         self.by_key: dict[Key, list[_Entry]] = {}
+        #: the entries of each token (a row claimed with one lease of a set saves with it)
+        self.by_token: dict[int, list[_Entry]] = {}
 
     def add(self, entry: _Entry) -> _Entry:
         self.stack.append(entry)
         self.by_key.setdefault(entry.key, []).append(entry)
+        self.by_token.setdefault(entry.lease.token, []).append(entry)
         _entries_of(entry.lease).append(entry)
         return entry
 
@@ -94,11 +97,8 @@ class _Frame:
         if entry.frame is not self:
             entry.dead = True
             return
-        same = self.by_key.get(entry.key)
-        if same is not None:
-            _remove(same, entry)
-            if not same:
-                del self.by_key[entry.key]
+        _unindex(self.by_key, entry.key, entry)
+        _unindex(self.by_token, entry.lease.token, entry)
         _remove(_entries_of(entry.lease), entry)
         if entry.dead:
             return  # dropped before
@@ -116,6 +116,10 @@ class _Frame:
             self.stack = [e for e in stack if not e.dead]
             self.dead = 0
 
+    def holds_any(self) -> bool:
+        """True unless every entry is gone (read only: another thread may own the frame)."""
+        return any(not entry.dead for entry in reversed(self.stack))
+
     def innermost(self) -> TokenHolder | None:
         """The innermost live fencing lease of this frame (dropping dead ones on the way)."""
         stale: list[_Entry] = []
@@ -130,6 +134,15 @@ class _Frame:
             for entry in stale:
                 self.drop(entry)
         return found
+
+
+def _unindex(index: dict[Any, list[_Entry]], key: Any, entry: _Entry) -> None:
+    """Remove ``entry`` from ``index[key]`` (and the key once its list is empty)."""
+    same = index.get(key)
+    if same is not None:
+        _remove(same, entry)
+        if not same:
+            del index[key]
 
 
 def _remove(entries: list[_Entry], entry: _Entry) -> None:
@@ -165,10 +178,14 @@ def _owner() -> object:
 
 
 def _own_frame() -> _Frame:
-    """This thread's or task's frame (started on top of an inherited one when needed)."""
+    """This thread's or task's frame, started on top of an inherited one when needed (a new
+    task or thread; or this task after ``sync_to_async`` copied a thread's frame back into
+    its context: its older frame stays below and is still searched as its own)."""
     frame = _frame.get()
     owner = _owner()
     if frame is None or frame.owner != owner:
+        while frame is not None and not frame.holds_any():
+            frame = frame.parent  # empty frames of finished callers: keep the chain short
         frame = _Frame(owner, frame)
         _frame.set(frame)
     return frame
@@ -244,6 +261,19 @@ def current_lease() -> TokenHolder | None:
     return None
 
 
+def active_with_token(token: int) -> TokenHolder | None:
+    """The innermost active lease (of this thread or task, or inherited from its parent)
+    whose token is ``token``, or None: a row claimed with one lease of a ``lock_many`` set is
+    saved with that lease's token, not the innermost lease's."""
+    frame = _frame.get()
+    while frame is not None:
+        for entry in reversed(frame.by_token.get(token, ())):
+            if entry.fences and entry.live():
+                return entry.lease
+        frame = frame.parent
+    return None
+
+
 def current_token() -> int | None:
     """The fencing token of the innermost active lease, or ``None``."""
     lease = current_lease()
@@ -251,10 +281,15 @@ def current_token() -> int | None:
 
 
 def _own_entries(alias: str | None, name: str) -> list[_Entry]:
+    """The live entries of ``name`` that this very thread or task made, innermost last."""
+    owner = _owner()
+    found: list[_Entry] = []
     frame = _frame.get()
-    if frame is None or frame.owner != _owner():
-        return []
-    return [entry for entry in frame.by_key.get((alias, name), ()) if entry.live()]
+    while frame is not None:
+        if frame.owner == owner:
+            found[:0] = [e for e in frame.by_key.get((alias, name), ()) if e.live()]
+        frame = frame.parent
+    return found
 
 
 def find(alias: str, name: str, kind: str = "") -> TokenHolder | None:

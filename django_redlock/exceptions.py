@@ -78,7 +78,13 @@ class NodesUnavailable(LockError):
 
 
 class StaleTokenError(LockError):
-    """A FencedModel write carried an older fencing token than the row has seen."""
+    """A FencedModel write carried an older fencing token than the row has seen.
+
+    ``deleted_token`` is set when an insert was refused because a row with the same unique
+    key was deleted under that (newer) token; ``row_token`` is then None.
+    """
+
+    deleted_token: int | None = None
 
     def __init__(
         self,

@@ -50,6 +50,11 @@ class Lease:
         #: kept for a commit: True once its transaction ended without running the release
         #: (a rollback); the renewals then release it instead of renewing
         self._transaction_ended: Callable[[], bool] | None = None
+        #: kept for a commit: True while that commit is still to come (re-entry in it)
+        self._commit_pending: Callable[[], bool] | None = None
+        #: lock blocks (and request locks, lock_many sets) holding it open now; the last to
+        #: end lets it go
+        self._blocks = 0
 
     @property
     def name(self) -> str:

@@ -175,13 +175,21 @@ class LockManyBlock:
         own = {} if acquired is None else acquired.leases
         leases = {name: borrowed.get(name) or own[name] for name in self._names}
         held = HeldLocks(leases, frozenset(borrowed))
+        for lease in leases.values():
+            lease._blocks += 1  # like a lock block: the last block of a lease lets it go
         self._held.append((held, context.push_set(own)))  # lock() re-enters these names
         return held
 
     def _left(self) -> HeldLocks:
+        """The set as it ends: names still held open by another block (the outer block of a
+        re-entered name, a lock() block of this set's name that outlives it) are borrowed."""
         held, tokens = self._held.pop()
         for token in tokens:
             context.pop(token)
+        for lease in held.leases.values():
+            lease._blocks -= 1
+        open_elsewhere = {name for name, lease in held.leases.items() if lease._blocks > 0}
+        held.borrowed = held.borrowed | open_elsewhere
         return held
 
     def _kept(self, held: HeldLocks) -> bool:
@@ -193,7 +201,9 @@ class LockManyBlock:
         keep_alive_all(own, max_hold)  # one renewal thread for the set
         for lease in own:
             context.deactivate(lease)
-            pending = release_after_commit(lease, max_hold)
+            pending = lease._commit_pending
+            if pending is None or not pending():
+                pending = release_after_commit(lease, max_hold)
             context.push_findable(lease, pending)  # this transaction re-enters it
         return True
 

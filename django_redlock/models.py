@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import models
 
 from .fencing import FencedModel as FencedModel
+from .fencing.tombstones import FenceTombstone as FenceTombstone
 
 
 class Lock(models.Model):

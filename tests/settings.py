@@ -19,7 +19,13 @@ ROOT_URLCONF = "testproject.urls"
 
 # django-tasks (the backport of django.tasks) with its database backend: @lock under @task is
 # tested with real db_worker processes (tests/jobs/test_django_tasks.py).
-INSTALLED_APPS = [*demo_settings.INSTALLED_APPS, "django_tasks", "django_tasks_db"]
+# tests.fencing_app: FencedModels with unique keys (tests/test_fenced_tombstones.py).
+INSTALLED_APPS = [
+    *demo_settings.INSTALLED_APPS,
+    "django_tasks",
+    "django_tasks_db",
+    "tests.fencing_app",
+]
 TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
 MIDDLEWARE = demo_settings.MIDDLEWARE
 STATIC_URL = "/static/"

@@ -12,10 +12,12 @@ import time
 from typing import Any
 
 import pytest
+from django.db import connection, transaction
 
 from django_redlock import locks
 from django_redlock.exceptions import StaleTokenError
 from testproject.inventory.models import Order, Product
+from tests.fencing_app.models import Coupon
 from tests.support import fencing
 from tests.support.fencing import fence_oracle, is_postgres, worker_config
 
@@ -145,6 +147,52 @@ def test_token_rejects_older_tokens_across_processes(unique_name: str):
     assert Product.objects.fenced(older.token).filter(pk=product.pk).update(stock=0) == 0
     product.refresh_from_db()
     assert (product.stock, product.fence_token) == (5, newer.token)
+
+
+def _wait_for_a_lock_waiter(timeout: float = 30) -> None:
+    """Return once another backend of this database waits for a lock (PostgreSQL)."""
+    deadline = time.monotonic() + timeout
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'"
+            )
+            if cursor.fetchone()[0]:
+                return
+            time.sleep(0.01)
+    raise AssertionError("no backend started waiting for a lock")
+
+
+def test_stale_insert_waiting_on_an_uncommitted_delete_is_refused(unique_name: str):
+    """FINDINGS A6 across processes: a stale lease's create() sent while a newer lease's delete
+    of the same key is still uncommitted waits for it (PostgreSQL: the unique index; SQLite:
+    the database lock) and is then refused. A check made before the INSERT would have missed
+    the tombstone and let the row back in."""
+    Coupon.objects.create(code="race-1", amount=10)
+    go, results = SPAWN.Event(), SPAWN.Queue()
+    worker = SPAWN.Process(
+        target=fencing.reinsert_worker,
+        args=(worker_config(), unique_name, "race-1", go, results),
+    )
+    worker.start()
+    try:
+        kind, stale_token = results.get(timeout=30)
+        assert kind == "leased"
+        locks["default"].force_release(unique_name)  # A loses the name without knowing it
+        with locks["default"].lock(unique_name) as newer, transaction.atomic():
+            Coupon.objects.get(code="race-1").delete()
+            go.set()
+            assert results.get(timeout=30) == ("inserting", None)
+            if is_postgres():
+                _wait_for_a_lock_waiter()  # the INSERT is sent and waits for this transaction
+        kind, outcome = results.get(timeout=30)
+    finally:
+        go.set()
+        worker.join(10)
+    assert newer.token > stale_token
+    assert outcome == ("refused", newer.token)
+    assert not Coupon.objects.filter(code="race-1").exists()
 
 
 def test_results_queue_is_drained() -> None:

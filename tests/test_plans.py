@@ -49,6 +49,12 @@ def busy(counter: int, pttl: int) -> list[int]:
     return [0, counter, pttl]
 
 
+def clock_reading(seconds: float) -> list[bytes]:
+    """A ``TIME`` reply (the node's wall clock: seconds, microseconds)."""
+    micros = round(seconds * 1_000_000)
+    return [str(micros // 1_000_000).encode(), str(micros % 1_000_000).encode()]
+
+
 def probe(
     run_id: str, counter: int, max_ttl: int = 5000, exists: int = 1, joined: int = -1
 ) -> list[Any]:
@@ -382,6 +388,68 @@ def test_acquire_won_everywhere_sends_no_withdraw(state: plans.AliasState) -> No
     assert isinstance(run.result, plans.LeaseRecord) and len(run.requests) == 1
 
 
+def _withdraws(request: Any, keys: tuple[str, ...], waiter: str) -> list[int]:
+    """The nodes a fire-and-forget WITHDRAW of ``waiter`` from ``keys`` goes to."""
+    assert not request.wait
+    sent = [(i, c) for i, c in enumerate(request.calls) if c is not None]
+    assert all(c.script is scripts.WITHDRAW for _, c in sent)
+    assert all((c.keys, c.args) == (keys, (waiter,)) for _, c in sent)
+    return [i for i, _ in sent]
+
+
+@pytest.mark.parametrize("waiter", ["w1", ""])
+def test_acquire_given_up_mid_attempt_withdraws_a_waiter_everywhere(
+    state: plans.AliasState, waiter: str
+) -> None:
+    """Cancelled (or interrupted) with its attempt in flight, a caller that would have
+    waited gives back what any node may have granted, then stops counting as a waiter on
+    every node (behind the attempt, on its connection); one that never waits sends none."""
+    plan = plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, waiter=waiter)
+    next(plan)
+    give_back = plan.throw(plans.Abandoned())
+    assert not give_back.wait and all(c.script is RELEASE for c in give_back.calls if c)
+    if waiter:
+        withdraw = plan.send([None] * 3)
+        assert _withdraws(withdraw, ("t:__waiters__:job",), "w1") == [0, 1, 2]
+    with pytest.raises(plans.Abandoned):
+        plan.send([None] * 3)
+
+
+def test_acquire_given_up_during_its_write_back_withdraws_the_waiter(
+    state: plans.AliasState,
+) -> None:
+    """Given up after the attempt (a lagging winner's counter being raised): its grants go
+    back and the waiter is withdrawn on every node."""
+    plan = plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, waiter="w1")
+    next(plan)
+    raising = plan.send([granted(12), granted(10), busy(12, 900)])
+    assert [c.script for c in raising.calls if c] == [RAISE]
+    give_back = plan.throw(plans.Abandoned())
+    assert not give_back.wait and all(c.script is RELEASE for c in give_back.calls if c)
+    assert _withdraws(plan.send([None] * 3), ("t:__waiters__:job",), "w1") == [0, 1, 2]
+    with pytest.raises(plans.Abandoned):
+        plan.send([None] * 3)
+
+
+def test_acquire_finding_another_kind_leaves_no_waiter_registered(
+    state: plans.AliasState,
+) -> None:
+    """A node says the name is another kind's: the caller will not wait (no wait ends that),
+    so the grant it gives back registers nobody and the "busy" node that registered it gets
+    a WITHDRAW."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, waiter="w1", mark_ms=700),
+        [
+            answer(ACQUIRE, [-2, 5, 0], busy(5, 100), granted(6)),
+            fire(RELEASE, to=[2]),
+            fire(scripts.WITHDRAW, to=[1]),
+        ],
+    )
+    assert run.result.reason == "other_kind" and run.result.final
+    assert release_args(run.calls(1)[2])[2] == 0
+    assert _withdraws(run.requests[2], ("t:__waiters__:job",), "w1") == [1]
+
+
 def test_acquire_woken_flag_is_passed(state: plans.AliasState) -> None:
     """woken=True tells every node this caller may take a name reserved for a hand-off."""
     run = drive(
@@ -489,26 +557,145 @@ def test_acquire_on_brand_new_cluster_initialises_it(state: plans.AliasState) ->
 def test_acquire_piped_behind_a_wait_sends_it_once_and_waits_longer(
     state: plans.AliasState,
 ) -> None:
-    """An attempt piped behind a BLPOP: the first try's call carries the BLPOP ahead of it and
-    its request waits ``wait`` seconds longer; the retry after a rejoin carries nothing."""
+    """An attempt piped behind a BLPOP: the first try's call carries the BLPOP ahead of it
+    (between two readings of the node's clock) and its request waits ``wait`` seconds and one
+    node cycle longer; the retry after a rejoin carries nothing."""
     blpop = ("BLPOP", "t:__wake__:job", "0.500")
     fresh = [probe("", 0, 0, 0)]
+    waited = {0: [clock_reading(WALL), None, clock_reading(WALL + 0.5)]}
     run = drive(
         plans.acquire_plan(
             state, fake_nodes(1), NAME, 5.0, waiter="w", woken=True, before=(blpop,), wait=0.55
         ),
         [
-            answer(ACQUIRE, UNTRUSTED),
+            answer(ACQUIRE, UNTRUSTED, ahead=waited),
             answer(PROBE, *fresh),
             answer(REJOIN, FLOOR),
             answer(ACQUIRE, granted(FLOOR + 1)),
         ],
     )
     assert run.result.token == FLOOR + 1
-    assert run.calls(0)[0].before == (blpop,) and run.calls(0)[0].args[5] == "1"
-    assert run.requests[0].timeout == pytest.approx(state.node_timeout + 0.55)
+    assert run.calls(0)[0].before == (("TIME",), blpop, ("TIME",))
+    assert run.calls(0)[0].args[5] == "1"
+    # and one cycle of the node (tick: 1/hz), which ends a timed-out BLPOP that much late
+    assert run.requests[0].timeout == pytest.approx(state.node_timeout + 0.55 + 0.1)
     assert run.calls(3)[0].before == ()
     assert run.requests[3].timeout == state.node_timeout
+
+
+PIPED = (("BLPOP", "t:__wake__:job", "0.400"),)
+
+
+def piped_acquire(state: plans.AliasState, ttl: float) -> Any:
+    """A woken waiter's attempt on one node, piped behind a 0.4 s BLPOP."""
+    return plans.acquire_plan(
+        state, fake_nodes(1), NAME, ttl, waiter="w", woken=True, before=PIPED, wait=0.4
+    )
+
+
+def test_a_piped_attempt_counts_its_validity_from_when_the_node_ran_it(
+    state: plans.AliasState, clock: Clock
+) -> None:
+    """The node held the attempt 0.25 s behind the BLPOP (its clock read before and after),
+    the replies came 0.3 s after the write: a 0.2 s lease is granted with 0.2 - drift - 0.05 s
+    left, not thrown away as expired (counted from the write, it had -0.1 s)."""
+    woken = [b"t:__wake__:job", b"1"]
+    run = drive(
+        piped_acquire(state, 0.2),
+        [
+            answer(
+                ACQUIRE,
+                granted(7),
+                elapsed=0.3,
+                ahead={0: [clock_reading(WALL), woken, clock_reading(WALL + 0.25)]},
+            ),
+        ],
+        clock,
+    )
+    assert isinstance(run.result, plans.LeaseRecord) and run.result.token == 7
+    assert run.result.deadline == pytest.approx(START + 0.25 + 0.2 - state.drift(0.2))
+    assert run.result.validity() == pytest.approx(0.2 - state.drift(0.2) - 0.05)
+
+
+def test_a_piped_attempt_waits_for_the_cycle_of_a_slow_ticking_node(
+    state: plans.AliasState,
+) -> None:
+    """A node at hz 2 ends a timed-out BLPOP up to 0.5 s late: the attempt behind it is waited
+    for that much longer, not given up on (its grant would be thrown away); an attempt that
+    carries nothing waits the usual ``NODE_TIMEOUT``."""
+    nodes = fake_nodes(1)
+    nodes[0].tick = 0.5
+    piped = plans.acquire_plan(state, nodes, NAME, 5.0, waiter="w", before=PIPED, wait=0.45)
+    ahead = {0: [clock_reading(WALL), None, clock_reading(WALL + 0.4)]}
+    run = drive(piped, [answer(ACQUIRE, granted(6), ahead=ahead)])
+    assert run.requests[0].timeout == pytest.approx(state.node_timeout + 0.45 + 0.5)
+    plain = drive(plans.acquire_plan(state, nodes, NAME, 5.0), [answer(ACQUIRE, granted(7))])
+    assert plain.requests[0].timeout == state.node_timeout
+
+
+def test_a_piped_attempt_that_timed_out_its_wait_keeps_the_grant(
+    state: plans.AliasState, clock: Clock
+) -> None:
+    """The BLPOP timed out (nil) after 0.4 s on the node, longer than the 0.2 s TTL, and the
+    attempt then took the name (the holder's key had expired): the lease keeps the grant with
+    its validity counted from the second clock reading."""
+    run = drive(
+        piped_acquire(state, 0.2),
+        [
+            answer(
+                ACQUIRE,
+                granted(8),
+                elapsed=0.41,
+                ahead={0: [clock_reading(WALL), None, clock_reading(WALL + 0.4)]},
+            ),
+        ],
+        clock,
+    )
+    assert isinstance(run.result, plans.LeaseRecord)
+    assert run.result.validity() == pytest.approx(0.2 - state.drift(0.2) - 0.01)
+
+
+@pytest.mark.parametrize(
+    "first, last",
+    [
+        (NodeFailure("ResponseError: NOPERM"), clock_reading(WALL + 0.25)),
+        (clock_reading(WALL), TIMED_OUT),
+        (clock_reading(WALL + 0.25), clock_reading(WALL)),  # the node's clock stepped back
+    ],
+)
+def test_a_piped_attempt_without_both_clock_readings_counts_from_the_write(
+    state: plans.AliasState, clock: Clock, first: Any, last: Any
+) -> None:
+    """A clock reading missing (refused, unanswered) or going backwards: nothing says how long
+    the node held the attempt back, so its validity counts from the write, as a plain attempt's
+    does (0.3 s later: 5 - drift - 0.3 s left)."""
+    run = drive(
+        piped_acquire(state, 5.0),
+        [answer(ACQUIRE, granted(9), elapsed=0.3, ahead={0: [first, None, last]})],
+        clock,
+    )
+    assert run.result.deadline == pytest.approx(START + 5.0 - state.drift(5.0))
+
+
+def test_a_piped_attempt_is_held_back_no_longer_than_our_clock_saw(
+    state: plans.AliasState, clock: Clock
+) -> None:
+    """The node's clock says 10 s passed between its readings (stepped forward) while our
+    clock saw 0.3 s from the write to the replies: the lease starts at most 0.3 s after the
+    write, so a jumping node clock never stretches it."""
+    run = drive(
+        piped_acquire(state, 5.0),
+        [
+            answer(
+                ACQUIRE,
+                granted(10),
+                elapsed=0.3,
+                ahead={0: [clock_reading(WALL), None, clock_reading(WALL + 10)]},
+            ),
+        ],
+        clock,
+    )
+    assert run.result.deadline == pytest.approx(START + 0.3 + 5.0 - state.drift(5.0))
 
 
 def test_acquire_retries_when_another_process_initialised_the_new_cluster(
@@ -1215,6 +1402,38 @@ def test_many_failure_names_the_busy_name_and_gives_back_every_grant(
     assert run.result.reason == "busy"
     assert run.result.busy_name == "c"
     assert [run.calls(i)[0].keys[0] for i in (1, 2, 3)] == ["t:a", "t:b", "t:c"]
+
+
+def test_many_given_up_mid_attempt_withdraws_the_waiter_from_every_name(
+    state: plans.AliasState,
+) -> None:
+    """A lock_many caller cancelled with its attempt in flight gives back every name, then
+    stops counting as a waiter of any name of the set, on every node."""
+    plan = _many.acquire_many_plan(state, fake_nodes(3), ["a", "b"], 5.0, waiter="w1")
+    next(plan)
+    request = plan.throw(plans.Abandoned())
+    while request.calls[0] is not None and request.calls[0].script is RELEASE:
+        request = plan.send([None] * 3)
+    keys = ("t:__waiters__:a", "t:__waiters__:b")
+    assert _withdraws(request, keys, "w1") == [0, 1, 2]
+    with pytest.raises(plans.Abandoned):
+        plan.send([None] * 3)
+
+
+def test_many_finding_another_kind_withdraws_the_waiter_where_busy(
+    state: plans.AliasState,
+) -> None:
+    """A name of the set is another kind's on one node: the caller will not wait, so the
+    nodes that said "busy" (and registered it) get a WITHDRAW for the set's names."""
+    run = drive(
+        _many.acquire_many_plan(state, fake_nodes(3), ["a", "b"], 5.0, waiter="w1"),
+        [
+            answer(ACQUIRE_MANY, [0, 10, 300, 1], [-2, 10, 0, 2], [0, 10, 300, 1]),
+            fire(scripts.WITHDRAW, to=[0, 2]),
+        ],
+    )
+    assert run.result.reason == "other_kind"
+    assert _withdraws(run.requests[1], ("t:__waiters__:a", "t:__waiters__:b"), "w1") == [0, 2]
 
 
 def test_release_many_is_one_call_per_node_and_judges_each_lease(

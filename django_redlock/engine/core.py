@@ -16,7 +16,15 @@ from . import forks
 from .keyspace import new_waiter
 from .lease_plans import release_many_plan
 from .many_plans import acquire_many_plan
-from .plans import acquire_plan, extend_plan, force_release_plan, register_plan, release_plan
+from .plans import (
+    acquire_plan,
+    extend_plan,
+    force_release_plan,
+    register_plan,
+    release_plan,
+    waited_reply,
+    withdraw_plan,
+)
 from .policy import AcquireStep, Attempt, AwaitRelease, Stepper, acquire_policy, registration_ms
 from .replies import NodeFailure, Request
 from .state import (
@@ -130,20 +138,37 @@ class Engine:
                 return first
         run = Stepper(self._policy(timeout, queue_first, first, started))
         with self.waiters:
-            while run.step is not None:
-                if isinstance(run.step, Attempt):
-                    run.send(target.seen(*self._run(target.attempt(waiting, run.step.woken))))
-                elif isinstance(run.step, AwaitRelease):
-                    piped = self._piped_wait(target, waiting, run.step)
-                    if piped is None:
-                        mark = waiting if run.step.mark or target.many else None
-                        run.send(self.wait_release(target.name, run.step.seconds, mark=mark))
+            try:
+                while run.step is not None:
+                    if isinstance(run.step, Attempt):
+                        attempt = target.attempt(waiting, run.step.woken)
+                        run.send(target.seen(*self._run(attempt)))
+                    elif isinstance(run.step, AwaitRelease):
+                        piped = self._piped_wait(target, waiting, run.step)
+                        if piped is None:
+                            mark = waiting if run.step.mark or target.many else None
+                            run.send(self.wait_release(target.name, run.step.seconds, mark=mark))
+                        else:
+                            _answer_piped(run, *piped)
                     else:
-                        _answer_piped(run, *piped)
-                else:
-                    time.sleep(run.step.seconds)
-                    run.send(None)
+                        time.sleep(run.step.seconds)
+                        run.send(None)
+            except BaseException:  # an interrupt (KeyboardInterrupt, a worker timeout)
+                self._withdraw(target, waiting)
+                raise
         return run.result
+
+    def _withdraw(self, target: _Target, waiting: _Waiting | None) -> None:
+        """A waiting call was interrupted: it stops counting as a waiter of its names on
+        every node at once (fire and forget, on a pooled channel: the channel it blocked on,
+        if any, is closed with its ``BLPOP`` due, which drops whatever follows on it)."""
+        if waiting is not None:
+            with contextlib.suppress(Exception):  # else its registration lapses (<= 1 s)
+                self._run(self._withdraw_plan(target, waiting))
+
+    def _withdraw_plan(self, target: _Target, waiting: _Waiting) -> PlanMaker[None]:
+        state, names, waiter = self.state, target.names, waiting.waiter
+        return lambda nodes: withdraw_plan(state, nodes, names, waiter)
 
     def _piped_wait(
         self, target: _Target, waiting: _Waiting | None, step: AwaitRelease
@@ -189,14 +214,19 @@ class Engine:
         before += (blpop_command(self.state.keys.wake(name), step.seconds),)
         return target.attempt(waiting, True, before, step.seconds)
 
-    def _piped_outcome(self, target: _Target, outcome: Any, popped: Any) -> tuple[bool, Outcome]:
-        if isinstance(popped, NodeFailure) and popped.reason.startswith("ResponseError"):
-            self._piping = False  # e.g. NOPERM: BLPOP is refused, so the attempt did not wait
+    def _piped_outcome(
+        self, target: _Target, outcome: Any, ahead: list[Any]
+    ) -> tuple[bool, Outcome]:
+        popped = waited_reply(ahead)
+        if any(_refused(reply) for reply in (popped, *ahead[:1], *ahead[-1:])):
+            # e.g. NOPERM: BLPOP (or TIME) is refused, so the attempt did not wait (or its
+            # validity counted from the write): wait the old way from now on
+            self._piping = False
         return isinstance(popped, list), target.seen(outcome, None)
 
-    def _run_blocking(self, make_plan: PlanMaker[T]) -> tuple[T, Any]:
+    def _run_blocking(self, make_plan: PlanMaker[T]) -> tuple[T, list[Any]]:
         """Run a plan whose first call blocks, on a channel of its own; returns its result
-        and the reply of the last command sent ahead (the ``BLPOP``). A channel given up
+        and the replies of the commands sent ahead of that call. A channel given up
         mid-call, or with replies still due, is closed, not reused: whatever was written
         before the close runs in full or not at all (the server drops a blocked client's
         unread commands), so the plan's own give-back stays behind its attempt."""
@@ -211,7 +241,7 @@ class Engine:
             with channel.mutex:
                 channel.ahead = []
                 result = _drive(make_plan, channel)
-                ahead = channel.ahead[-1] if channel.ahead else None
+                ahead = channel.ahead
                 reusable = not channel.pending()
             return result, ahead
         finally:
@@ -275,22 +305,33 @@ class Engine:
                 return first
         run = Stepper(self._policy(timeout, queue_first, first, started))
         with self.waiters:
-            while run.step is not None:
-                if isinstance(run.step, Attempt):
-                    attempt = target.attempt(waiting, run.step.woken)
-                    run.send(target.seen(*await self._arun(attempt)))
-                elif isinstance(run.step, AwaitRelease):
-                    piped = await self._apiped_wait(target, waiting, run.step)
-                    if piped is None:
-                        mark = waiting if run.step.mark or target.many else None
-                        woken = await self.await_release(target.name, run.step.seconds, mark=mark)
-                        run.send(woken)
+            try:
+                while run.step is not None:
+                    if isinstance(run.step, Attempt):
+                        attempt = target.attempt(waiting, run.step.woken)
+                        run.send(target.seen(*await self._arun(attempt)))
+                    elif isinstance(run.step, AwaitRelease):
+                        piped = await self._apiped_wait(target, waiting, run.step)
+                        if piped is None:
+                            mark = waiting if run.step.mark or target.many else None
+                            seconds = run.step.seconds
+                            run.send(await self.await_release(target.name, seconds, mark=mark))
+                        else:
+                            _answer_piped(run, *piped)
                     else:
-                        _answer_piped(run, *piped)
-                else:
-                    await asyncio.sleep(run.step.seconds)
-                    run.send(None)
+                        await asyncio.sleep(run.step.seconds)
+                        run.send(None)
+            except asyncio.CancelledError:  # task.cancel(), wait_for, asyncio.timeout
+                await self._awithdraw(target, waiting)
+                raise
         return run.result
+
+    async def _awithdraw(self, target: _Target, waiting: _Waiting | None) -> None:
+        """Asyncio twin of :meth:`_withdraw`, for a cancelled waiting call: written at once on
+        an idle pooled channel of this loop (no await then), else on a new one."""
+        if waiting is not None:
+            with contextlib.suppress(Exception):
+                await self._arun(self._withdraw_plan(target, waiting))
 
     async def aextend(self, lease: LeaseRecord, ttl: float) -> Renewal:
         """Asyncio twin of :meth:`extend`."""
@@ -426,7 +467,7 @@ class Engine:
         async with self.achannel(pinned) as channel:
             return await _adrive(make_plan, channel), channel
 
-    async def _arun_blocking(self, make_plan: PlanMaker[T]) -> tuple[T, Any]:
+    async def _arun_blocking(self, make_plan: PlanMaker[T]) -> tuple[T, list[Any]]:
         """Asyncio twin of :meth:`_run_blocking` (this event loop's own blocking channels)."""
         async with self.achannel():  # makes sure this loop's state (and its closer) exists
             pass
@@ -440,7 +481,7 @@ class Engine:
             channel.ahead = []
             result = await _adrive(make_plan, channel)
             reusable = not channel.pending()
-            return result, channel.ahead[-1] if channel.ahead else None
+            return result, channel.ahead
         finally:
             if channel is not None:
                 if reusable:
@@ -592,6 +633,11 @@ def _answer_piped(run: Stepper[Any], woken: bool, outcome: Outcome) -> None:
     run.send(woken)
     assert isinstance(run.step, Attempt)  # the attempt that was piped with the wait
     run.send(outcome)
+
+
+def _refused(reply: Any) -> bool:
+    """True for a reply saying the node refuses the command (an ACL without it)."""
+    return isinstance(reply, NodeFailure) and reply.reason.startswith("ResponseError")
 
 
 def _pin(result: Outcome, channel: Channel | AsyncChannel | None) -> Outcome:

@@ -62,6 +62,7 @@ __all__ = [
     "rejoin_plan",
     "release_plan",
     "wake_node",
+    "withdraw_plan",
 ]
 
 
@@ -154,9 +155,16 @@ def acquire_plan(
 
     args = (mark_ms, "1" if woken else "0", waiter, *extra)
     first = quorum_first(state, nodes, name)
-    owner, calls, replies, statuses, started = yield from attempt_round(
-        state, nodes, script, touched, ttl, args, settled, give_back, before, wait, first
-    )
+    try:
+        owner, calls, replies, statuses, started = yield from attempt_round(
+            state, nodes, script, touched, ttl, args, settled, give_back, before, wait, first
+        )
+    except Abandoned:
+        # the caller gave up with its attempt in flight (attempt_round gave back what it may
+        # have got): any node may have registered it as a waiter, for a wait that never comes
+        if mark_ms:
+            yield from withdraw_plan(state, nodes, (name,), waiter)
+        raise
     try:
         granted = [
             _granted_slot(r) if st == scripts.GRANTED else -1
@@ -195,15 +203,24 @@ def acquire_plan(
                     record.slots = tried
                 return record.with_kind(marker, kind)
 
+        failure = failure_of(nodes, replies, statuses, len(won))
+        # a caller that will wait registers where it gives a grant back; one that will not
+        # (no wait ends a conflict of kinds) withdraws where a "busy" registered it
+        waits = mark_ms if not failure.final else 0
         yield from _release_calls(
-            state, nodes, calls, replies, owner, name, tried, mark_ms, waiter, kind=kind
+            state, nodes, calls, replies, owner, name, tried, waits, waiter, kind=kind
         )
-        return failure_of(nodes, replies, statuses, len(won))
+        if mark_ms and not waits:
+            yield from _withdraw(state, nodes, statuses, name, waiter)
+        return failure
     except Abandoned:
-        # the caller gave up while a call was in flight: any node may have granted it
+        # the caller gave up while a call was in flight: any node may have granted it, and
+        # it waits no more
         yield from _release_calls(
             state, nodes, calls, [None] * total, owner, name, tried, kind=kind
         )
+        if mark_ms:
+            yield from withdraw_plan(state, nodes, (name,), waiter)
         raise
 
 
@@ -215,6 +232,8 @@ class Attempted(NamedTuple):
     replies: list[Any]
     #: per node: the reply's status code, None for a node that failed
     statuses: list[int | None]
+    #: when the attempt was sent (our clock); for one carried behind a wait, when the node
+    #: could first run it: the write, plus how long the node held the attempt back
     started: float
 
 
@@ -237,7 +256,10 @@ def attempt_round(
     if that is safe (or another process just did) and try once more with a new owner, after
     ``give_back`` (fire and forget) released what the first try got. If the caller gives up
     meanwhile, ``give_back`` releases everything it may have got. ``before``: commands sent
-    ahead of the first try's calls, whose replies may take ``wait`` seconds longer.
+    ahead of the first try's calls, whose replies may take ``wait`` seconds longer (and a
+    node's :attr:`~.state.NodeView.tick`, the lateness of a timed-out ``BLPOP``); they are
+    sent between two readings of the node's clock (see :data:`CLOCK`), so the attempt's
+    validity counts from when the node could run it, not from before the wait.
 
     ``first``: the nodes to ask first (a quorum, see :func:`quorum_first`); the others are
     asked as a hedge (:class:`~.replies.Request` ``later``) when those have not settled the
@@ -252,6 +274,7 @@ def attempt_round(
     owner, rejoined = new_owner(), False
     calls: list[Call | None] = []
     later: list[Call | None] | None = None
+    before = bracketed(before)
 
     def call(node: NodeView, ahead: tuple[tuple[str | int, ...], ...] = ()) -> Call | None:
         if node.run_id is None:
@@ -267,9 +290,15 @@ def attempt_round(
             if len(asked) < total:
                 later = [None if i in asked else call(node) for i, node in enumerate(nodes)]
             hedge = state.hedge_delay()
-            replies = yield Request(
-                calls, state.node_timeout + wait, settled, later=later, hedge=hedge
-            )
+            # a node ends a timed-out BLPOP on its next cycle: wait for that too, rather than
+            # give up on an attempt it is about to run
+            late = max(nodes[i].tick for i in asked) if before and asked else 0.0
+            timeout = state.node_timeout + wait + late
+            request = Request(calls, timeout, settled, later=later, hedge=hedge)
+            replies = yield request
+            held_back = 0.0
+            if before:
+                held_back = _held_back(request, time.monotonic() - started)
             before, wait = (), 0.0
             if later is not None:
                 hedged = [
@@ -291,7 +320,7 @@ def attempt_round(
                     yield from give_back(calls, replies, owner)
                     owner = new_owner()
                     continue
-            return Attempted(owner, calls, replies, statuses, started)
+            return Attempted(owner, calls, replies, statuses, started + held_back)
     except Abandoned:
         # the caller gave up while a call was in flight: any node may have granted it (a
         # hedge call too, if it went out)
@@ -301,6 +330,45 @@ def attempt_round(
 
 
 _NOT_ASKED = NodeFailure(NOT_ASKED, sent=False)
+
+#: A reading of the node's clock, sent first and last among the commands an attempt carries
+#: ahead of it (a waiter's ``BLPOP``). The node runs the attempt after the second reading, so
+#: the time between the two (the wait) is time the lease had not started yet.
+CLOCK: tuple[str] = ("TIME",)
+
+
+def bracketed(before: tuple[tuple[str | int, ...], ...]) -> tuple[tuple[str | int, ...], ...]:
+    """``before`` between two :data:`CLOCK` readings (nothing when it is empty)."""
+    return (CLOCK, *before, CLOCK) if before else ()
+
+
+def waited_reply(ahead: Sequence[Any]) -> Any:
+    """The reply of the last command an attempt carried ahead of it (a waiter's ``BLPOP``),
+    from the replies of everything it carried (see :func:`bracketed`); None without any."""
+    return ahead[-2] if len(ahead) >= 3 else None
+
+
+def _held_back(request: Request, most: float) -> float:
+    """How long the node held the attempt back behind the commands carried ahead of it,
+    seconds on its clock: the least over the nodes that got them, 0.0 where a clock reading is
+    missing. At most ``most``, what our clock saw from the write to the replies, so a node
+    clock stepped forward meanwhile does not stretch the lease."""
+    ahead = request.ahead or {}
+    held: list[float] = []
+    for i, call in enumerate(request.calls):
+        if call is not None and call.before:
+            replies = ahead.get(i, ())
+            first = _clock_seconds(replies[0]) if replies else None
+            last = _clock_seconds(replies[-1]) if replies else None
+            held.append(0.0 if first is None or last is None else last - first)
+    return min(max(min(held, default=0.0), 0.0), most)
+
+
+def _clock_seconds(reply: Any) -> float | None:
+    """A ``TIME`` reply in seconds; None for anything else (a failure)."""
+    if isinstance(reply, list) and len(reply) == 2:
+        return int(reply[0]) + int(reply[1]) / 1_000_000
+    return None
 
 
 def quorum_first(state: AliasState, nodes: Sequence[NodeView], name: str) -> list[int] | None:
@@ -359,12 +427,27 @@ def _withdraw(
     name: str,
     waiter: str,
 ) -> Plan[None]:
-    """Fire-and-forget: the caller won, so it stops counting as a waiter on the nodes that
-    answered "busy" (and registered it there). Nothing is sent when every node granted."""
-    key = state.keys.waiters(name)
+    """Fire-and-forget: the caller won (or will not wait after all), so it stops counting as
+    a waiter on the nodes that answered "busy" (and registered it there). Nothing is sent
+    when no node did."""
+    busy = [i for i, status in enumerate(statuses) if status == scripts.BUSY]
+    return withdraw_plan(state, nodes, (name,), waiter, busy)
+
+
+def withdraw_plan(
+    state: AliasState,
+    nodes: Sequence[NodeView],
+    names: Sequence[str],
+    waiter: str,
+    only: Collection[int] | None = None,
+) -> Plan[None]:
+    """Fire-and-forget: ``waiter`` stops counting as a waiter of ``names`` on every node
+    (``only``: on those), so no release reserves a name for a caller that has stopped waiting.
+    Sent on the connection of the call in flight, it runs after that call on each node."""
+    keys = tuple(state.keys.waiters(name) for name in names)
     calls: list[Call | None] = [
-        Call(scripts.WITHDRAW, (key,), (waiter,)) if status == scripts.BUSY else None
-        for status in statuses
+        Call(scripts.WITHDRAW, keys, (waiter,)) if only is None or i in only else None
+        for i in range(len(nodes))
     ]
     if any(calls):
         yield Request(calls, 0.0, wait=False)

@@ -105,6 +105,8 @@ class Request:
     ``hedge`` seconds after ``calls`` went out, or sooner once every call has answered; their
     nodes count as still to answer until then, and the replies of all calls are collected
     from then on. A node of ``later`` never sent to gets ``NodeFailure(NOT_ASKED, sent=False)``.
+    ``ahead``: filled by the transport when a call carried ``before`` commands: per node, their
+    replies in order (a :class:`NodeFailure` for each one that got none).
     """
 
     calls: list[Call | None]
@@ -113,6 +115,7 @@ class Request:
     wait: bool = True
     later: list[Call | None] | None = None
     hedge: float = 0.0
+    ahead: dict[int, list[Any]] | None = None
 
     def later_nodes(self) -> set[int]:
         """The nodes ``later`` has a call for."""

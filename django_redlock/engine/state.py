@@ -69,6 +69,12 @@ class NodeView(Protocol):
         """True while a call sent to the node has no reply yet (slow, paused)."""
         ...
 
+    @property
+    def tick(self) -> float:
+        """How late the node may answer a blocking command that timed out, seconds: it ends
+        such waits on its next cycle (``1 / hz``)."""
+        ...
+
 
 @dataclass
 class AliasState:
@@ -236,3 +242,9 @@ class AcquireFailure:
     #: set by the driver: seconds the acquire call took until it gave up, and its attempts
     waited: float = 0.0
     attempts: int = 0
+
+    @property
+    def final(self) -> bool:
+        """True when no wait ends this failure: the name is taken as another kind, so the
+        caller asked for the wrong kind (a release would not change that)."""
+        return self.reason == "other_kind"

@@ -5,7 +5,8 @@
 Modules: ``tokens`` (the column, token validation, the token in effect), ``errors`` (the
 ``StaleTokenError`` messages), ``constraints`` (``fence_token >= 0`` and its W101 check),
 ``queries`` (``FencedQuerySet``/``FencedManager``), ``model`` (``FencedModel``), ``prepare``
-(per concrete model: the fenced base manager, no constraint copied to MTI children).
+(per concrete model: the fenced base manager, no constraint copied to MTI children),
+``tombstones`` (the unique keys a fenced delete removed, which older tokens may not insert).
 """
 
 from __future__ import annotations

@@ -73,6 +73,43 @@ def stale_error(
     )
 
 
+def resurrect_error(
+    model: type[models.Model], pk: Any, fields: tuple[str, ...], *, token: int, deleted: int
+) -> StaleTokenError:
+    """The refusal of an insert whose key a newer token deleted (``deleted_token`` is set)."""
+    key = ", ".join(fields)
+    lease = _holding_lease(token)
+    if lease is None:
+        why = (
+            f"a row with the same {key} was deleted under token {deleted}, by a newer lease "
+            f"than this one (token {token}), so this lease is stale (it expired or was taken "
+            "over) and the insert would bring the deleted row back"
+        )
+        todo = "Re-acquire the lock, look the row up again and decide afresh."
+    else:
+        why = (
+            f"a row with the same {key} was deleted under token {deleted} by a lease taken "
+            f"later than this one (alias {lease.alias!r}, name {lease.name!r}, token {token}, "
+            "which still holds its lock): a lock nested inside this one, or of another alias "
+            "(tokens are ordered only within one alias)"
+        )
+        todo = (
+            "Delete and insert a row under one lease (delete(fence_token=lease.token)), and "
+            "fence a model with one alias. See 'Nested leases and aliases' in "
+            "docs/fencedmodel.md."
+        )
+    error = StaleTokenError(
+        model,
+        pk,
+        row_token=None,
+        token=token,
+        message=f"{model_label(model)} pk={pk!r}: insert with fencing token {token} rejected, "
+        f"nothing was written: {why}. {todo}",
+    )
+    error.deleted_token = deleted
+    return error
+
+
 def alias_error(model: Any, lease: Any, wanted: str) -> StaleTokenError:
     """The error of a write to a ``fence_alias`` model under a lease of another alias."""
     return StaleTokenError(

@@ -13,6 +13,7 @@ from django.core import checks
 from django.db import models, router, transaction
 from django.db.models.signals import class_prepared
 
+from . import tombstones
 from .constraints import fence_constraint, missing_constraint_warnings, owns_fence
 from .errors import stale_error, unguarded_error
 from .prepare import prepare_fenced_model
@@ -26,10 +27,11 @@ if TYPE_CHECKING:
 class _Guard:
     """The fence of one ``save()`` call, read by ``_do_update``."""
 
-    def __init__(self, token: int | None, loaded: int | None, adding: bool) -> None:
+    def __init__(self, token: int | None, loaded: int | None, adding: bool, fresh_pk: bool) -> None:
         self.token = token  # None: unguarded (the row's fence_token is left as it is)
         self.loaded = loaded  # L: the token the instance was loaded or last saved with
         self.adding = adding
+        self.fresh_pk = fresh_pk  # no pk before the save: the database picks a new one
         self.updated = False  # set when the row was UPDATEd (not INSERTed)
 
 
@@ -42,7 +44,9 @@ class FencedModel(models.Model):
     ``UPDATE ... SET ..., fence_token = T WHERE pk = %s AND fence_token <= T AND fence_token = L``
     where L is the token the instance was loaded (or last saved, or refreshed) with. If it
     matches no row nothing is written and :class:`StaleTokenError` is raised; it never falls back
-    to an INSERT. ``delete()`` is guarded the same way. Without a token a save is a plain Django
+    to an INSERT. ``delete()`` is guarded the same way, and leaves tombstones of the row's unique
+    keys: an insert under an older token of a deleted key raises :class:`StaleTokenError`
+    (``tombstones``). Without a token a save is a plain Django
     save that leaves ``fence_token`` as it is in the row, unless ``fence_required = True``.
     ``fence_alias = "a"`` lets only leases of alias ``a`` guard the model's writes (tokens of
     two aliases are not comparable); ``_base_manager`` is fenced too (``prepare``).
@@ -80,7 +84,7 @@ class FencedModel(models.Model):
         fence_token: int | None = None,
     ) -> None:
         """Save, guarded by ``fence_token`` or the innermost active lease's token."""
-        token = resolve_token(fence_token, type(self))
+        token = resolve_token(fence_token, type(self), self._fence_loaded)
         if token is None and self.fence_required:
             raise unguarded_error(type(self), self.pk, "save()")
         if update_fields is not None:
@@ -94,7 +98,9 @@ class FencedModel(models.Model):
         previous = self.__dict__.get(FIELD)
         if token is not None:
             self.fence_token = token
-        guard = self._fence_guard = _Guard(token, self._fence_loaded, self._state.adding)
+        guard = self._fence_guard = _Guard(
+            token, self._fence_loaded, self._state.adding, self.pk is None
+        )
         try:
             super().save(
                 force_insert=force_insert,
@@ -126,7 +132,7 @@ class FencedModel(models.Model):
         self, using: Any = None, keep_parents: bool = False, *, fence_token: int | None = None
     ) -> tuple[int, dict[str, int]]:
         """Delete, guarded like :meth:`save`: a stale lease's delete raises, deletes nothing."""
-        token = resolve_token(fence_token, type(self))
+        token = resolve_token(fence_token, type(self), self._fence_loaded)
         if token is None:
             if self.fence_required:
                 raise unguarded_error(type(self), self.pk, "delete()")
@@ -142,7 +148,14 @@ class FencedModel(models.Model):
                 raise stale_error(
                     type(self), self.pk, token=token, loaded=self._fence_loaded, row_token=row_token
                 )
-            return super().delete(using=db, keep_parents=keep_parents)
+            keysets = tombstones.deleted_keys(type(self), keep_parents)
+            if all(keyset.is_pk for keyset in keysets):  # what Django deletes by
+                keys = {key: k.label for key, k in tombstones.instance_keys(self, keysets).items()}
+            else:  # the row's unique values, not the instance's (it may have changed them)
+                keys = tombstones.queryset_keys(rows, keysets)
+            deleted = super().delete(using=db, keep_parents=keep_parents)
+            tombstones.record(db, keys, token)
+            return deleted
 
     delete.alters_data = True  # type: ignore[attr-defined]
 
@@ -181,10 +194,22 @@ class FencedModel(models.Model):
             self._fence_loaded = self.__dict__[FIELD]
 
     def _do_insert(self, manager: Any, using: Any, fields: Any, *args: Any, **kwargs: Any) -> Any:
-        """Django's INSERT step: a row stores only a valid token (also for raw saves)."""
+        """Django's INSERT step: a row stores only a valid token (also for raw saves); a
+        guarded insert is refused if a newer token deleted one of the row's unique keys."""
         if any(field.name == FIELD for field in fields):
             validate_stored(self.__dict__.get(FIELD))
-        return super()._do_insert(manager, using, fields, *args, **kwargs)  # type: ignore[misc]
+        insert = super()._do_insert  # type: ignore[misc]
+        guard = self._fence_guard
+        if guard is None or guard.token is None:  # unguarded: a plain Django insert
+            return insert(manager, using, fields, *args, **kwargs)
+        keysets = tombstones.local_keys(manager.model)
+        if guard.fresh_pk and len(keysets) == 1:  # only a pk, which the database picks new
+            return insert(manager, using, fields, *args, **kwargs)
+        with transaction.atomic(using=using, savepoint=False):  # the lookup after the INSERT
+            result = insert(manager, using, fields, *args, **kwargs)
+            keys = tombstones.instance_keys(self, keysets, skip_pk=guard.fresh_pk)
+            tombstones.refuse_resurrection(using, manager.model, self.pk, keys, guard.token)
+            return result
 
     def _do_update(
         self,

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import models, transaction
 
 from ..exceptions import StaleTokenError
-from .errors import model_label, stale_error, unguarded_error, upsert_error
+from . import tombstones
+from .errors import model_label, resurrect_error, stale_error, unguarded_error, upsert_error
 from .tokens import FIELD, resolve_token, validate_stored, validate_token
 
 if TYPE_CHECKING:
@@ -71,7 +73,12 @@ class FencedQuerySet(models.QuerySet[_M]):
             return super().delete()
         with transaction.atomic(using=self.db, savepoint=False):
             self._stamp(token)  # locks the rows it may delete until the transaction ends
-            return models.QuerySet.delete(self.filter(**{FIELD: token}))
+            doomed = self.filter(**{FIELD: token})
+            keysets = tombstones.deleted_keys(self.model)
+            keys = tombstones.queryset_keys(doomed, keysets, stream=True)
+            deleted = models.QuerySet.delete(doomed)
+            tombstones.record(self.db, keys, token)
+            return deleted
 
     delete.alters_data = True  # type: ignore[attr-defined]
     delete.queryset_only = True  # type: ignore[attr-defined]
@@ -85,7 +92,8 @@ class FencedQuerySet(models.QuerySet[_M]):
         update_fields: Collection[str] | None = None,
         unique_fields: Collection[str] | None = None,
     ) -> list[_M]:
-        """Insert ``objs``; under a token each row stores it.
+        """Insert ``objs``; under a token each row stores it, and the call is refused
+        (``StaleTokenError``, nothing written) if a newer token deleted a key it inserted.
 
         Under a token ``update_conflicts=True`` is refused (``ValueError``, before any SQL):
         the conflict update cannot carry the guard. Without one, the conflict update never
@@ -109,14 +117,47 @@ class FencedQuerySet(models.QuerySet[_M]):
                 validate_stored(getattr(obj, FIELD))
             else:
                 obj.fence_token = obj._fence_loaded = token  # type: ignore[attr-defined]
-        return super().bulk_create(
-            objs,
-            batch_size=batch_size,
-            ignore_conflicts=ignore_conflicts,
-            update_conflicts=update_conflicts,
-            update_fields=update_fields,
-            unique_fields=unique_fields,
-        )
+        keysets = tombstones.local_keys(self.model)
+        fresh = [obj.pk is None for obj in objs]  # pks the database picks are new ones
+        check = token is not None and (len(keysets) > 1 or not all(fresh))
+        with transaction.atomic(using=self.db, savepoint=False) if check else nullcontext():
+            created = super().bulk_create(
+                objs,
+                batch_size=batch_size,
+                ignore_conflicts=ignore_conflicts,
+                update_conflicts=update_conflicts,
+                update_fields=update_fields,
+                unique_fields=unique_fields,
+            )
+            if check and token is not None:
+                self._refuse_resurrection(objs, fresh, keysets, token, ignore_conflicts)
+        return created
+
+    def _refuse_resurrection(
+        self,
+        objs: list[_M],
+        fresh: list[bool],
+        keysets: tuple[tombstones.KeySet, ...],
+        token: int,
+        ignore_conflicts: bool,
+    ) -> None:
+        """``bulk_create()``'s tombstone check, after its INSERTs (see ``tombstones``)."""
+        keys: dict[str, tuple[_M, tombstones.KeySet]] = {}
+        for obj, new_pk in zip(objs, fresh, strict=True):
+            found = tombstones.instance_keys(obj, keysets, skip_pk=new_pk)
+            keys.update((key, (obj, keyset)) for key, keyset in found.items())
+        while keys:
+            hit = tombstones.newer(self.db, list(keys), token)
+            if hit is None:
+                return
+            obj, keyset = keys.pop(hit[0])
+            if ignore_conflicts:  # a conflicting row was left alone: was this one inserted?
+                values = {name: getattr(obj, name) for name in keyset.attnames}
+                landed = self.model._base_manager.using(self.db).filter(**values, **{FIELD: token})
+                if not landed.exists():
+                    continue  # the row with that key is someone else's: nothing resurrected
+            fields = tuple(field.name for field in keyset.fields)
+            raise resurrect_error(self.model, obj.pk, fields, token=token, deleted=hit[1])
 
     def only(self, *fields: str) -> Self:
         """Like ``QuerySet.only()``, but ``fence_token`` is always loaded (the guard needs it)."""

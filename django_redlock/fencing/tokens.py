@@ -30,19 +30,26 @@ def validate_stored(value: object) -> None:
         validate_token(value)
 
 
-def resolve_token(explicit: object = None, model: Any = None) -> int | None:
-    """The explicit token if given, else the innermost active lease's, else ``None``.
+def resolve_token(explicit: object = None, model: Any = None, loaded: Any = None) -> int | None:
+    """The explicit token if given; else ``loaded`` (the token an instance was claimed,
+    loaded or last saved with) when an active lease of this thread or task has that token
+    (each row of a ``lock_many`` set keeps its own name's token); else the innermost active
+    lease's; else ``None``.
 
-    If ``model`` sets ``fence_alias``, the innermost active lease must be of that alias
-    (``StaleTokenError`` otherwise, before any SQL): tokens of two aliases are not comparable.
-    An explicit token is taken to be of the model's alias.
+    If ``model`` sets ``fence_alias``, the lease must be of that alias (``StaleTokenError``
+    otherwise, before any SQL): tokens of two aliases are not comparable. An explicit token
+    is taken to be of the model's alias.
     """
     if explicit is not None:
         return validate_token(explicit)
+    wanted = getattr(model, "fence_alias", None)
+    if isinstance(loaded, int) and loaded > 0:
+        owner = context.active_with_token(loaded)
+        if owner is not None and (wanted is None or getattr(owner, "alias", None) == wanted):
+            return loaded
     lease = context.current_lease()
     if lease is None:
         return None
-    wanted = getattr(model, "fence_alias", None)
     if wanted is not None and getattr(lease, "alias", None) != wanted:
         raise alias_error(model, lease, wanted)
     return validate_token(lease.token)

@@ -66,7 +66,8 @@ async def _hold(
     user = await io.user(spec, request) if spec.key.uses_user else None
     name = spec.key.fill(kwargs, user)
     key = (spec.using, name)
-    if key in request.__dict__.get(_HELD_ATTR, {}) or context.find(*key) is not None:
+    kind = "" if spec.limit is None else "permit"
+    if key in request.__dict__.get(_HELD_ATTR, {}) or context.find(*key, kind) is not None:
         return await call()  # re-entered: a rule and a decorator on one lock, or an outer lease
     try:
         lease = await io.acquire(spec, name)
@@ -96,9 +97,11 @@ def _attached(request: HttpRequest, lease: Lease, key: tuple[str, str]) -> Itera
     held[key] = lease
     request.lease = lease  # type: ignore[attr-defined]
     token = context.push(lease)
+    lease._blocks += 1  # a lock block re-entering it inside the view does not release it
     try:
         yield
     finally:
+        lease._blocks -= 1
         context.pop(token)
         held.pop(key, None)
         if previous is _MISSING:

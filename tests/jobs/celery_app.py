@@ -178,6 +178,35 @@ def once(self: LockedTask, tag: str, hold: float = 0.0) -> str:
     return _mark_ran(f"once {tag}")
 
 
+@app.task(
+    base=LockedTask,
+    bind=True,
+    lock_name="must:{tag}",
+    lock_ttl=2.0,
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
+def must_run(self: LockedTask, tag: str) -> str:
+    """Acknowledged once it ran, requeued when its process dies (the usual "must run"
+    options; ``lock_on_busy`` is the default "skip"): writes a start row, records its PID, its
+    token and whether its message was redelivered, waits for ``<tag>:go``, writes an end row."""
+    from testproject.inventory.models import Product
+
+    Product.objects.create(name=f"{tag} start")
+    redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
+    _record(f"{tag}:pid", [os.getpid(), context.current_token(), redelivered])
+    with record_store() as store:
+        store.blpop([f"{tag}:go"], timeout=30)
+    Product.objects.create(name=f"{tag} end")
+    return f"finished {tag}"
+
+
+@app.task
+def collect(results: Any) -> Any:
+    """A plain task for the end of a chain or the body of a chord."""
+    return results
+
+
 @app.task(base=LockedTask, lock_name="beat:{0}", lock_min_hold=1.5, lock_on_busy="skip")
 def beat_locked(tag: str) -> str:
     """Sent by two ``celery beat`` processes every 2 s: once per tick."""

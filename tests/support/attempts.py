@@ -5,21 +5,23 @@ from __future__ import annotations
 import threading
 
 from django_redlock import locks
-from django_redlock.exceptions import LockNotAcquired
+from django_redlock.exceptions import LockError, LockNotAcquired
 
 
 def free_elsewhere(name: str, alias: str = "default") -> bool:
-    """True if a caller in another thread can take ``name`` right now (one attempt)."""
+    """True if a caller in another thread can take ``name`` right now (one attempt; a name
+    taken as another kind counts as not free)."""
     outcome: list[bool] = []
 
     def attempt() -> None:
         try:
             locks[alias].acquire(name, timeout=0).release()
             outcome.append(True)
-        except LockNotAcquired:
+        except (LockNotAcquired, LockError):
             outcome.append(False)
 
     thread = threading.Thread(target=attempt)
     thread.start()
-    thread.join()
+    thread.join(30)
+    assert outcome, "the attempt from another thread hung"
     return outcome[0]

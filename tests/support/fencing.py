@@ -155,3 +155,33 @@ def write_worker(config: dict[str, Any], pk: int, token: int, stock: int, result
         return
     updated = Product.objects.fenced(token).filter(pk=pk).update(stock=stock)
     results.put(("saved", updated))
+
+
+def reinsert_worker(config: dict[str, Any], name: str, code: str, go: Any, results: Any) -> None:
+    """Take lease A of ``name``, wait until told to go (a newer lease is deleting the coupon
+    meanwhile), then create the coupon ``code`` under A: report ``("inserting", None)`` just
+    before the INSERT is sent, then the outcome."""
+    _setup(config)
+    from django.db import connection as worker_connection
+
+    from django_redlock import locks
+    from django_redlock.exceptions import StaleTokenError
+    from tests.fencing_app.models import Coupon
+
+    def announce(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if sql.startswith("INSERT") and Coupon._meta.db_table in sql:
+            results.put(("inserting", None))
+        return execute(sql, params, many, context)
+
+    lease = locks["default"].acquire(name, ttl=30, timeout=5)
+    results.put(("leased", lease.token))
+    go.wait(30)
+    try:
+        with worker_connection.execute_wrapper(announce):
+            Coupon.objects.create(code=code, amount=99)
+        outcome: tuple[str, Any] = ("created", None)
+    except StaleTokenError as exc:
+        outcome = ("refused", exc.deleted_token)
+    except Exception as exc:  # reported to the parent, which fails the test
+        outcome = ("error", f"{type(exc).__name__}: {exc}")
+    results.put(("done", outcome))

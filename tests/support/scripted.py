@@ -42,6 +42,7 @@ class FakeNode:
     up: float | None = 3600.0
     last_error: str = ""
     behind: bool = False
+    tick: float = 0.1
 
     def uptime(self) -> float | None:
         return self.up
@@ -96,6 +97,8 @@ class Step:
     #: the order replies arrive in (node indexes); when given, ``settled`` is consulted after
     #: each and the nodes still silent when it says yes get ``NodeFailure(NOT_AWAITED)``
     order: tuple[int, ...] | None = None
+    #: per node, the replies of the commands its call carried ahead (``Request.ahead``)
+    ahead: dict[int, list[Any]] | None = None
 
     def expected_targets(self, count: int) -> set[int]:
         if not self.wait:
@@ -104,10 +107,21 @@ class Step:
 
 
 def answer(
-    script: Script, *replies: Any, elapsed: float = 0.0, order: Sequence[int] | None = None
+    script: Script,
+    *replies: Any,
+    elapsed: float = 0.0,
+    order: Sequence[int] | None = None,
+    ahead: dict[int, list[Any]] | None = None,
 ) -> Step:
-    """A request the plan waits on; ``replies``: one per node (``None`` = no call expected)."""
-    return Step(script, replies, elapsed=elapsed, order=None if order is None else tuple(order))
+    """A request the plan waits on; ``replies``: one per node (``None`` = no call expected);
+    ``ahead``: per node, the replies of the commands its call carried ahead of it."""
+    return Step(
+        script,
+        replies,
+        elapsed=elapsed,
+        order=None if order is None else tuple(order),
+        ahead=ahead,
+    )
 
 
 def fire(script: Script, to: Iterable[int]) -> Step:
@@ -199,6 +213,14 @@ def _answer(index: int, request: plans.Request, step: Step) -> tuple[list[Any], 
         raise AssertionError(f"{where}: nodes {wrong} do not call {step.script.name}")
     if not step.wait:
         return [None] * count, None
+    carried = {i for i, call in enumerate(request.calls) if call is not None and call.before}
+    if carried != set(step.ahead or ()):
+        raise AssertionError(f"{where}: nodes {sorted(carried)} carry commands ahead")
+    for i, replies in (step.ahead or {}).items():
+        before = request.calls[i].before  # type: ignore[union-attr]
+        if len(replies) != len(before):
+            raise AssertionError(f"{where}: {len(replies)} replies for {len(before)} commands")
+    request.ahead = step.ahead
     slots = [Slot(call) for call in request.calls]
     for i in range(count):
         if request.calls[i] is None and i not in hedge:

@@ -219,9 +219,10 @@ class AsyncChannel:
         if resend_unknown_scripts(self.links, slots, gather.check):
             await gather.wait(deadline)
         expired = time.monotonic() >= deadline
-        for slot in slots:
+        for i, slot in enumerate(slots):
             if slot.ahead:
                 self.ahead = [s.result(expired=expired) for s in slot.ahead]
+                request.ahead = {**(request.ahead or {}), i: self.ahead}
         return [result_of(s, expired=expired) for s in slots]
 
     def pending(self) -> bool:

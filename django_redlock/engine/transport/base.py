@@ -38,6 +38,9 @@ RECONNECT_MAX = 2.0
 #: Error prefixes that mean "this server is no longer the right one": a write refused by a
 #: replica (a master demoted by a failover), a cluster slot served elsewhere now.
 RELOCATE = ("READONLY", "MOVED")
+#: How late a node whose ``hz`` is unknown may end a timed-out ``BLPOP`` (Redis's default
+#: ``hz`` is 10), seconds.
+DEFAULT_TICK = 0.1
 #: Sent on every new connection in one write: learn the node's incarnation, load the scripts.
 HANDSHAKE: list[tuple[str, ...]] = [("INFO", "server")] + [
     ("SCRIPT", "LOAD", script.source) for script in ALL_SCRIPTS
@@ -77,6 +80,8 @@ class LinkBase:
         self._reader: Any = None
         self._run_id: str | None = None
         self._node_started: float | None = None
+        #: see :attr:`~..state.NodeView.tick` (learned from ``INFO server`` on connecting)
+        self.tick = DEFAULT_TICK
         self._backoff = RECONNECT_MIN
         self._retry_at = 0.0
         self._fresh_failure = False
@@ -103,6 +108,9 @@ class LinkBase:
         fields = parse_info(info)
         self._run_id = fields.get("run_id", "")
         self._node_started = time.monotonic() - float(fields.get("uptime_in_seconds", "0"))
+        # the configured hz: with dynamic-hz the server may run faster, never slower
+        hz = fields.get("configured_hz") or fields.get("hz") or ""
+        self.tick = 1 / int(hz) if hz.isdigit() and int(hz) > 0 else DEFAULT_TICK
 
     def _ready(self) -> None:
         """A new connection is up: nothing unread, a fresh reader, no backoff."""

@@ -248,9 +248,10 @@ class Channel:
         if _resend(self.links, slots):
             self._collect(slots, deadline, request.settled)
         expired = time.monotonic() >= deadline
-        for slot in slots:
+        for i, slot in enumerate(slots):
             if slot.ahead:
                 self.ahead = [s.result(expired=expired) for s in slot.ahead]
+                request.ahead = {**(request.ahead or {}), i: self.ahead}
         return [result_of(s, expired=expired) for s in slots]
 
     def _collect(

@@ -1,5 +1,6 @@
-"""``manage.py redlock list|show|release|clear|nodes|run``: inspect and clear held locks, and
-run a command under a lock (``run``: see :mod:`django_redlock.jobs.runner` for its exit statuses).
+"""``manage.py redlock list|show|release|clear|nodes|run|prune-tombstones``: inspect and clear
+held locks, run a command under a lock (``run``: see :mod:`django_redlock.jobs.runner` for its
+exit statuses), and delete old FencedModel tombstones (``prune-tombstones``).
 
 Reads Redis only through :mod:`django_redlock.inspection`. The result is printed first; then, if a
 node could not be reached, an alias's settings are broken or the name is not held, a one-line
@@ -12,12 +13,15 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import inspection
+from ...fencing import tombstones
 from ...inspection import LockInfo, NodeError, NodeHealth
 from ...jobs.runner import RunError, RunRequest, run_locked
 from ...registry import locks
@@ -198,6 +202,13 @@ class Command(BaseCommand):
         )
         p.add_argument("command", nargs="*", help="-- COMMAND [ARG ...]")
 
+        p = sub.add_parser(
+            "prune-tombstones",
+            help="Delete FencedModel tombstones older than --days (docs/fencedmodel.md).",
+        )
+        p.add_argument("--days", type=float, default=30.0, help="Age in days to keep (default 30).")
+        p.add_argument("--database", default="default", help="Database alias (default: default).")
+
     def handle(self, *args: Any, **options: Any) -> None:
         commands: dict[str, Callable[[dict[str, Any]], None]] = {
             "list": self.list_locks,
@@ -206,6 +217,7 @@ class Command(BaseCommand):
             "clear": self.clear,
             "nodes": self.nodes,
             "run": self.run_command,
+            "prune-tombstones": self.prune_tombstones,
         }
         self._printed = False
         try:
@@ -286,6 +298,21 @@ class Command(BaseCommand):
             raise CommandError(f"redlock run: {exc}", returncode=2) from exc
         if status:
             sys.exit(status)
+
+    def prune_tombstones(self, options: dict[str, Any]) -> None:
+        """Delete the tombstones of deletes older than ``--days`` (a database, not Redis)."""
+        days = options["days"]
+        if not days >= 0:
+            raise Failure("--days must be a number >= 0.", "usage")
+        if options["database"] not in settings.DATABASES:
+            raise Failure(f"DATABASES has no alias {options['database']!r}.", "usage")
+        deleted = tombstones.prune(timedelta(days=days), using=options["database"])
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"Deleted {deleted} tombstone(s) older than {days:g} day(s) "
+                f"from database {options['database']!r}."
+            )
+        )
 
     def list_locks(self, options: dict[str, Any]) -> None:
         """Every held lock, or the first ``--limit`` (SCAN cost grows with the locks read)."""

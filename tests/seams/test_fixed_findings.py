@@ -187,7 +187,7 @@ def test_upgrading_a_read_lease_raises_at_once(unique_name: str) -> None:
         pass  # pragma: no cover
     with (
         manager.write_lock(unique_name, ttl=5),
-        pytest.raises(LockError, match="read lease"),
+        pytest.raises(LockError, match="downgrade"),
         manager.read_lock(unique_name, timeout=None),
     ):
         pass  # pragma: no cover
@@ -419,3 +419,44 @@ def test_bookkeeping_of_many_leases_stays_small(unique_name: str) -> None:
     assert context.current_lease() is list(leases.leases.values())[-1]
     assert leases.release() is True
     assert context.current_lease() is None
+
+
+def test_a_task_reenters_its_lease_after_sync_to_async(unique_name: str) -> None:
+    """asgiref copies a sync_to_async thread's context back into the calling task: a lease the
+    thread acquired stays active for the task, and the task still re-enters its own block's
+    lease afterwards (no wait for itself)."""
+    from asgiref.sync import sync_to_async
+
+    manager = locks["default"]
+
+    def service() -> Any:
+        return manager.acquire(unique_name + ":svc", timeout=0)
+
+    async def scenario() -> None:
+        async with manager.alock(unique_name, timeout=0) as outer:
+            inner_lease = await sync_to_async(service)()
+            assert context.current_lease() is inner_lease
+            async with manager.alock(unique_name, timeout=0) as again:
+                assert again is outer
+            await inner_lease.arelease()
+            assert context.current_lease() is outer
+
+    asyncio.run(scenario())
+    assert free_elsewhere(unique_name)
+
+
+def test_lock_above_classmethod_is_refused_when_decorating(redlock_alias: Any) -> None:
+    """@lock placed above @classmethod/@staticmethod fails when the class is defined, saying
+    which order works (C1; before: ValueError ... KeyError 'cls' at call time)."""
+    manager = redlock_alias(["redis://127.0.0.1:1/0"])
+    for wrap in (classmethod, staticmethod):
+        with pytest.raises(TypeError, match=f"@{wrap.__name__} above"):
+            manager.lock("job:{0}")(wrap(lambda *args: None))
+
+    class Jobs:
+        @classmethod
+        @manager.lock("job:{cls.__name__}", timeout=0)
+        def run(cls) -> str:
+            return "ran"
+
+    assert Jobs.run.__name__ == "run"
