@@ -52,7 +52,7 @@ from .model import (
 )
 
 #: Known defects still open on this branch (see the module docstring).
-KNOWN_OPEN: set[str] = {"D3", "N1", "N2", "N3"}
+KNOWN_OPEN: set[str] = {"N2", "N4"}
 
 SHORT = (0.2, 0.3)
 #: TTL of short leases that something renews (a renewal every third of it)
@@ -132,6 +132,8 @@ class Open:
     renews: list[Holding] = field(default_factory=list)
     #: lock_many: the holdings it re-entered (held before it, not its own)
     borrowed: list[Holding] = field(default_factory=list)
+    #: the holdings whose context entry this block pushed (None: all of them)
+    pushed: list[Holding] | None = None
 
 
 @dataclass(eq=False)
@@ -414,19 +416,15 @@ class CompositionMachine(RuleBasedStateMachine):
         return self.m.semaphore(full, PERMITS, **opts)
 
     def mixed_kinds(self, name: str, kind: str) -> list[Holding]:
-        """The main thread's block leases (open or kept) of ``name`` of the other family: a
-        plain lock against a read or write lease of the same name."""
+        """The main thread's leases of ``name`` of another kind family (a plain lock against
+        a read or write lease): one name is one kind, so taking it must raise LockError."""
         if kind == "sem":
             return []
         family = {"lock"} if kind == "lock" else {"read", "write"}
         return [
             h
             for h in self.main_holdings()
-            if h.name == name
-            and h.who == "main"
-            and h.kind not in family
-            and h.kind != "sem"
-            and h not in self.free
+            if h.name == name and h.kind not in family and h.kind != "sem"
         ]
 
     def _enter(
@@ -441,8 +439,6 @@ class CompositionMachine(RuleBasedStateMachine):
         if auto_extend and ttl in SHORT:
             ttl = RENEWED_SHORT
         mixed = self.mixed_kinds(name, kind)
-        if mixed and self.constrained("N3", f"this thread holds {mixed}"):
-            return
         cm = self._block(kind, name, ttl, auto_extend, until_commit, reentrant)
         target, optional = self.enterable(name, kind) if kind != "sem" else (None, False)
         if not reentrant:
@@ -458,14 +454,11 @@ class CompositionMachine(RuleBasedStateMachine):
                 raise Violation(f"{what} under this thread's own {other}: {outcome} {value!r}")
             return
         if mixed:
-            # a plain lock and a read/write lease of one name in one thread: never a self-wait
-            if outcome == "busy" and all(h.surely_valid(self.now()) for h in mixed):
-                raise Violation(f"{what} waited for this thread's own {mixed} (LockNotAcquired)")
-            if outcome == "ok" and any(value is h.lease for h in mixed):
-                self.stack.append(Open(kind, cm, [h for h in mixed if value is h.lease], True))
-                return
-            if outcome != "ok":
-                return
+            # a plain lock and a read/write lease of one name in one thread: one name is one
+            # kind, LockError at once (never a wait for itself)
+            if outcome != "lockerror":
+                raise Violation(f"{what} with this thread's own {mixed}: {outcome} {value!r}")
+            return
         if target is not None:
             self._reentry(
                 what, kind, cm, target, optional, outcome, value, ttl, auto_extend, until_commit
@@ -480,6 +473,7 @@ class CompositionMachine(RuleBasedStateMachine):
         if new_holding is None:
             return
         entry = Open(kind, cm, [new_holding], until_commit=until_commit)
+        new_holding.blocks = 1
         if auto_extend:
             entry.renews.append(new_holding)
         self.stack.append(entry)
@@ -506,6 +500,7 @@ class CompositionMachine(RuleBasedStateMachine):
                 # a new lease: then the target must not have been valid
                 holding = self.granted(kind, target.name, value)
                 self.judge(what, "maybe", "ok", target.name, kind, new=(holding,))
+                holding.blocks = 1
                 entry = Open(kind, cm, [holding], until_commit=until_commit)
                 self.stack.append(entry)
                 self.ctx_push(holding, enterable=True)
@@ -514,6 +509,7 @@ class CompositionMachine(RuleBasedStateMachine):
         if value.token != target.token:
             raise Violation(f"{what}: the re-entered lease's token changed")
         entry = Open(kind, cm, [target], reentered=True, until_commit=until_commit)
+        target.blocks += 1
         now = self.now()
         if ttl is not None and not target.forced:
             if ttl > target.longest_ttl:
@@ -578,6 +574,9 @@ class CompositionMachine(RuleBasedStateMachine):
             ttl = RENEWED_SHORT
         owned = {n: self.enterable(n) for n in distinct}
         owned = {n: t for n, t in owned.items() if t[0] is not None}
+        borrows_gen = any(t.who == "gen" and t.blocks > 0 for t, _ in owned.values())
+        if borrows_gen and self.constrained("N4", "it would re-enter a generator's lease"):
+            return
         bare = [  # held by a bare acquire() or as a read/write lease: LockError at once
             h
             for h in self.main_holdings()
@@ -633,6 +632,7 @@ class CompositionMachine(RuleBasedStateMachine):
             if target is not None and lease is target.lease:
                 entry.borrowed.append(target)
                 entry.holdings.append(target)
+                target.blocks += 1
                 continue
             if target is not None and not optional:
                 raise Violation(f"{what} took a new lease of {name!r}, not the held {target}")
@@ -640,10 +640,12 @@ class CompositionMachine(RuleBasedStateMachine):
             if auto_extend:
                 holding.renewers += 1
                 entry.renews.append(holding)
+            holding.blocks = 1
             new.append(holding)
             entry.holdings.append(holding)
         for holding in new:
             self.judge(what, "maybe", "ok", holding.name, "lock", new=tuple(new))
+        entry.pushed = new
         self.stack.append(entry)
         for holding in new:
             self.ctx_push(holding, enterable=True)
@@ -671,60 +673,65 @@ class CompositionMachine(RuleBasedStateMachine):
             if raising
             else (None, None, None)
         )
-        kept = entry.until_commit and self.depth() > 0
         what = f"leaving {entry.kind} block of {[h.name for h in entry.holdings]}"
-        if entry.reentered:
-            must = "maybe"
-            holding = entry.holdings[0]
-            if holding.forced:
-                must = "maybe"  # only a renewal can have told the client
-            elif holding.renewers == 0 and holding.node_end < self.now():
-                must = "yes"
-            elif holding.lease.validity > MARGIN:
-                must = "no"
-        else:
-            verdicts = [self.lost_at_exit(h) for h in entry.holdings if h not in entry.borrowed]
-            must = (
-                "yes"
-                if "yes" in verdicts
-                else ("no" if all(v == "no" for v in verdicts) else "maybe")
-            )
-            if kept:
-                # only the client-side view is checked at a kept exit
-                must = "maybe" if must == "yes" else must
+        verdicts = [self.lost_verdict(h) for h in entry.holdings]
+        must = "no" if all(v == "no" for v in verdicts) else "maybe"
+        if "yes" in verdicts:
+            must = "yes"
         try:
             entry.cm.__exit__(*exc)
             raised = None
         except LockLost as lost:
             raised = lost
+        self.note(f"LockLost: {raised}" if raised else "left")
         if raising and raised is not None:
             raise Violation(f"{what} with an exception raised LockLost over it")
         if not raising:
             if raised is not None and must == "no":
                 raise Violation(f"{what}: LockLost although the lease was valid: {raised}")
-            if raised is None and must == "yes" and not entry.reentered and not kept:
+            if raised is None and must == "yes":
                 raise Violation(f"{what}: the lease was lost, yet no LockLost")
         for holding in entry.renews:
             self.stop_renewing(holding)
-        if entry.reentered:
-            self.ctx_pop(entry.holdings[0])
-            return
         for holding in entry.holdings:
-            if holding in entry.borrowed:
-                if holding.lease.released:
-                    raise Violation(f"{what} released the outer lease it re-entered: {holding}")
-                continue
-            if kept:
+            if entry.pushed is None or holding in entry.pushed:
+                self.ctx_pop(holding)
+            self.left_block(holding, entry.until_commit, what)
+
+    def lost_verdict(self, holding: Holding) -> str:
+        """Must leaving a block of ``holding`` raise LockLost: "yes", "no" or "maybe". The last
+        open block of a lease that is released learns it from the release (a force-released
+        key is gone); any other exit only looks at the client's own view."""
+        last = holding.blocks == 1
+        releases = last and not (self.depth() > 0)
+        if releases:
+            return self.lost_at_exit(holding)
+        if holding.forced:
+            return "maybe"  # only a renewal can have told the client
+        if holding.renewers == 0 and holding.node_end < self.now():
+            return "yes"
+        return "no" if holding.lease.validity > MARGIN else "maybe"
+
+    def left_block(self, holding: Holding, until_commit: bool, what: str) -> None:
+        """One block of ``holding`` ended: the last one releases it, or keeps it until the
+        commit inside a transaction; until then it stays held."""
+        holding.blocks -= 1
+        if holding.blocks > 0:
+            if holding.lease.released:
+                raise Violation(f"{what} released {holding}, which another open block holds")
+            return
+        if until_commit and self.depth() > 0:
+            if holding.lease.released:
+                raise Violation(f"{what} inside a transaction released {holding} before the commit")
+            if not holding.kept_level:
                 holding.kept_level = self.depth()
                 if holding.surely_valid(self.now()):
                     holding.renewers += 1  # kept alive until the commit (a lost one stays lost)
-                self.ctx_drop(holding)
-                if holding.lease.released:
-                    raise Violation(f"{what} inside a transaction released it before the commit")
-            else:
-                if not holding.lease.released:
-                    raise Violation(f"{what}: the lease is not released: {holding}")
-                self.released(holding)
+            self.ctx_drop(holding)
+            return
+        if not holding.lease.released:
+            raise Violation(f"{what}: the last block ended, but {holding} is not released")
+        self.released(holding)
 
     def _exit_atomic(self, rollback: bool) -> None:
         level = self.depth()
@@ -734,13 +741,19 @@ class CompositionMachine(RuleBasedStateMachine):
         else:
             entry.cm.__exit__(None, None, None)
         self.model.atomic_left(rolled_back=rollback)
+        how = "rollback" if rollback else "commit"
         for holding in self.model.holdings:
             if not holding.kept_level or holding.released:
                 continue
             ends = level == 1 or (rollback and holding.kept_level >= level)
-            if ends:
+            if ends and holding.blocks > 0:
+                # a block re-entered the kept lease and is still open: that block lets go
+                if holding.lease.released:
+                    raise Violation(f"the {how} released {holding} under its open block")
+                holding.kept_level = 0
+                holding.renewers -= 1
+            elif ends:
                 if not holding.lease.released:
-                    how = "rollback" if rollback else "commit"
                     raise Violation(f"the {how} of atomic level {level} left {holding} held")
                 self.released(holding)
             elif holding.kept_level == level:
@@ -770,8 +783,8 @@ class CompositionMachine(RuleBasedStateMachine):
             )
         )
         what = f"acquire({name!r}, {kind}, ttl={ttl}, auto_extend={auto_extend})"
-        if outcome == "lockerror" and own_rw and kind == "write":
-            return  # refusing an upgrade at once is fine
+        if outcome == "lockerror" and (own_rw or self.mixed_kinds(name, kind)):
+            return  # another kind of lease of the name in this thread: refused at once
         holding = None
         if outcome == "ok":
             holding = self.granted(kind, name, value)
@@ -1047,6 +1060,7 @@ class CompositionMachine(RuleBasedStateMachine):
         target, _optional = self.enterable(name)
         if target is not None and self.constrained("N1", "this thread holds it"):
             return
+        mixed = self.mixed_kinds(name, "lock")
         it = self._generator(name, ttl, skip, nested)
         before = self.expectation(name, "lock")
         what = f"@lock generator of {name!r} (skip={skip}, nested={nested})"
@@ -1059,7 +1073,13 @@ class CompositionMachine(RuleBasedStateMachine):
             outcome = "busy"
         except LockLost:
             outcome = "lost"  # re-entering a lost lease of the thread
+        except LockError:
+            outcome = "lockerror"
         self.note(f"{outcome} (expected {before}; re-entry target {target})")
+        if (outcome == "lockerror") != bool(mixed):
+            raise Violation(f"{what}: {outcome} with this thread's own {mixed}")
+        if mixed:
+            return
         if outcome == "lost":
             if target is None or target.surely_valid(self.now()):
                 raise Violation(f"{what}: LockLost, re-entering {target}")
@@ -1081,30 +1101,20 @@ class CompositionMachine(RuleBasedStateMachine):
         if holding is None:
             holding = self.granted("lock", name, found, who="gen")
             self.judge(what, before, "ok", name, "lock", new=(holding,))
+            holding.blocks = 1
         elif target is None:
             raise Violation(f"{what} re-entered {holding}, which this thread does not hold")
-        elif ttl is not None and ttl > holding.longest_ttl:
-            holding.longest_ttl = ttl
-            holding.renewed_by_nodes(self.now())
+        else:
+            holding.blocks += 1
+            if ttl is not None and ttl > holding.longest_ttl:
+                holding.longest_ttl = ttl
+                holding.renewed_by_nodes(self.now())
         self.gens.append(Gen(it, name, holding, reentered))
 
     def _gen_done(self, gen: Gen, how: str) -> None:
         self.gens.remove(gen)
-        holding = gen.holding
-        if holding is None or gen.reentered:
-            return
-        if self.depth() > 0:
-            if holding.lease.released:
-                raise Violation(
-                    f"a generator {how} inside a transaction released before the commit"
-                )
-            holding.kept_level = self.depth()
-            if holding.surely_valid(self.now()):
-                holding.renewers += 1
-            return
-        if not holding.lease.released:
-            raise Violation(f"a generator {how}, but its lease {holding} is still held")
-        self.released(holding)
+        if gen.holding is not None:
+            self.left_block(gen.holding, True, f"a generator {how}")
 
     @rule(index=indexes)
     @step(lambda self: bool(self.gens))

@@ -67,12 +67,16 @@ class Holding:
     kept_level: int = 0
     #: the longest TTL it was given (acquire, extend, re-entry)
     longest_ttl: float = 0.0
+    #: open blocks of this lease (lock/read/write/semaphore/lock_many blocks, generators,
+    #: re-entries included): the last one to end lets it go
+    blocks: int = 0
 
     def __repr__(self) -> str:
         state = "released" if self.released else ("forced" if self.forced else "held")
         return (
             f"<H{self.hid} {self.who} {self.kind} {self.name!r} token={self.token} "
-            f"ttl={self.ttl} {state} renewers={self.renewers} kept={self.kept_level}>"
+            f"ttl={self.ttl} {state} renewers={self.renewers} kept={self.kept_level} "
+            f"blocks={self.blocks}>"
         )
 
     @property
