@@ -52,7 +52,7 @@ from .model import (
 )
 
 #: Known defects still open on this branch (see the module docstring).
-KNOWN_OPEN: set[str] = {"N2", "N4"}
+KNOWN_OPEN: set[str] = {"N2", "N4", "N5"}
 
 SHORT = (0.2, 0.3)
 #: TTL of short leases that something renews (a renewal every third of it)
@@ -134,6 +134,8 @@ class Open:
     borrowed: list[Holding] = field(default_factory=list)
     #: the holdings whose context entry this block pushed (None: all of them)
     pushed: list[Holding] | None = None
+    #: the block's max_hold (its renewals, and a keep-alive until the commit, stop after it)
+    max_hold: float | None = None
 
 
 @dataclass(eq=False)
@@ -146,6 +148,8 @@ class Gen:
     #: its lease is an outer one of the main thread (re-entered)
     reentered: bool
     steps: int = 1
+    #: the generator asked auto_extend (it keeps its lease renewed while it is open)
+    renews: bool = False
 
 
 @dataclass(eq=False)
@@ -404,11 +408,12 @@ class CompositionMachine(RuleBasedStateMachine):
         auto_extend: bool,
         until_commit: bool,
         reentrant: bool = True,
+        max_hold: float | None = None,
     ) -> Any:
         full = self.full(name)
         opts = {"ttl": ttl, "timeout": 0, "auto_extend": auto_extend, "until_commit": until_commit}
         if kind == "lock":
-            return self.m.lock(full, reentrant=reentrant, **opts)
+            return self.m.lock(full, reentrant=reentrant, max_hold=max_hold, **opts)
         if kind == "read":
             return self.m.read_lock(full, **opts)
         if kind == "write":
@@ -435,14 +440,18 @@ class CompositionMachine(RuleBasedStateMachine):
         auto_extend: bool,
         until_commit: bool,
         reentrant: bool = True,
+        max_hold: float | None = None,
     ) -> None:
         if auto_extend and ttl in SHORT:
             ttl = RENEWED_SHORT
         mixed = self.mixed_kinds(name, kind)
-        cm = self._block(kind, name, ttl, auto_extend, until_commit, reentrant)
+        cm = self._block(kind, name, ttl, auto_extend, until_commit, reentrant, max_hold)
         target, optional = self.enterable(name, kind) if kind != "sem" else (None, False)
         if not reentrant:
             target = None
+        bounded = target is not None and auto_extend and target.bounded
+        if bounded and self.constrained("N5", "its renewals are bounded by an outer max_hold"):
+            return
         other = self.other_side(name, kind)
         before = self.expectation(name, kind)
         outcome, value = attempt(cm.__enter__)
@@ -463,6 +472,9 @@ class CompositionMachine(RuleBasedStateMachine):
             self._reentry(
                 what, kind, cm, target, optional, outcome, value, ttl, auto_extend, until_commit
             )
+            if self.stack and self.stack[-1].cm is cm:
+                self.stack[-1].max_hold = max_hold
+                self.bounded(self.stack[-1], max_hold)
             return
         new_holding = None
         if outcome == "ok":
@@ -472,12 +484,26 @@ class CompositionMachine(RuleBasedStateMachine):
         self.judge(what, before, outcome, name, kind, new=(new_holding,))
         if new_holding is None:
             return
-        entry = Open(kind, cm, [new_holding], until_commit=until_commit)
+        entry = Open(kind, cm, [new_holding], until_commit=until_commit, max_hold=max_hold)
         new_holding.blocks = 1
         if auto_extend:
             entry.renews.append(new_holding)
+        self.bounded(entry, max_hold)
         self.stack.append(entry)
         self.ctx_push(new_holding, enterable=kind != "sem")
+
+    def bounded(self, entry: Open, max_hold: float | None) -> None:
+        """A block with ``max_hold``: its renewals stop after it, so the lease is not promised
+        to stay alive (no renewer counted), but its keys may live up to max_hold + TTL."""
+        if max_hold is None:
+            return
+        for holding in entry.renews:
+            holding.renewers -= 1
+            holding.bounded = True
+            holding.node_end = max(
+                holding.node_end, self.now() + max_hold + holding.longest_ttl + MARGIN
+            )
+        entry.renews = []
 
     def _reentry(
         self, what, kind, cm, target, optional, outcome, value, ttl, auto_extend, until_commit
@@ -532,16 +558,23 @@ class CompositionMachine(RuleBasedStateMachine):
         auto_extend=st.booleans(),
         until_commit=st.booleans(),
         reentrant=st.sampled_from([True, True, False]),
+        max_hold=st.sampled_from([None, None, 0.3]),
     )
     @step(lambda self: len(self.stack) < 8)
     def enter_lock(
-        self, name: str, ttl: float | None, auto_extend: bool, until_commit: bool, reentrant: bool
+        self,
+        name: str,
+        ttl: float | None,
+        auto_extend: bool,
+        until_commit: bool,
+        reentrant: bool,
+        max_hold: float | None,
     ) -> None:
         """``with lock(name)``: a new lease, or a re-entry of the thread's own
         (``reentrant=False``: another caller, busy while the thread holds it)."""
         if self.gen_holds(name) and self.constrained("N1", "a generator holds it"):
             return
-        self._enter("lock", name, ttl, auto_extend, until_commit, reentrant)
+        self._enter("lock", name, ttl, auto_extend, until_commit, reentrant, max_hold)
 
     @rule(mode=st.sampled_from(["read", "write"]), ttl=ttls, auto_extend=st.booleans())
     @step(lambda self: len(self.stack) < 8)
@@ -696,7 +729,7 @@ class CompositionMachine(RuleBasedStateMachine):
         for holding in entry.holdings:
             if entry.pushed is None or holding in entry.pushed:
                 self.ctx_pop(holding)
-            self.left_block(holding, entry.until_commit, what)
+            self.left_block(holding, entry.until_commit, what, entry.max_hold)
 
     def lost_verdict(self, holding: Holding) -> str:
         """Must leaving a block of ``holding`` raise LockLost: "yes", "no" or "maybe". The last
@@ -712,7 +745,9 @@ class CompositionMachine(RuleBasedStateMachine):
             return "yes"
         return "no" if holding.lease.validity > MARGIN else "maybe"
 
-    def left_block(self, holding: Holding, until_commit: bool, what: str) -> None:
+    def left_block(
+        self, holding: Holding, until_commit: bool, what: str, max_hold: float | None = None
+    ) -> None:
         """One block of ``holding`` ended: the last one releases it, or keeps it until the
         commit inside a transaction; until then it stays held."""
         holding.blocks -= 1
@@ -725,7 +760,13 @@ class CompositionMachine(RuleBasedStateMachine):
                 raise Violation(f"{what} inside a transaction released {holding} before the commit")
             if not holding.kept_level:
                 holding.kept_level = self.depth()
-                if holding.surely_valid(self.now()):
+                if max_hold is not None:
+                    holding.bounded = True
+                    now = self.now()
+                    holding.node_end = max(
+                        holding.node_end, now + max_hold + holding.longest_ttl + MARGIN
+                    )
+                elif holding.surely_valid(self.now()):
                     holding.renewers += 1  # kept alive until the commit (a lost one stays lost)
             self.ctx_drop(holding)
             return
@@ -1035,10 +1076,18 @@ class CompositionMachine(RuleBasedStateMachine):
             self.model.row_written(name, lease_holding.token)
 
     # -- generators --------------------------------------------------------------------------------
-    def _generator(self, name: str, ttl: float | None, skip: bool, nested: bool) -> Any:
+    def _generator(
+        self, name: str, ttl: float | None, skip: bool, nested: bool, auto_extend: bool
+    ) -> Any:
         m, alias, full = self.m, self.alias, self.full(name)
 
-        @m.lock(f"cx:{self.rid}:{{0}}", ttl=ttl, timeout=0, on_busy="skip" if skip else "raise")
+        @m.lock(
+            f"cx:{self.rid}:{{0}}",
+            ttl=ttl,
+            timeout=0,
+            on_busy="skip" if skip else "raise",
+            auto_extend=auto_extend,
+        )
         def rows(short: str) -> Any:
             for step in range(3):
                 found = context.find(alias, full)
@@ -1050,9 +1099,17 @@ class CompositionMachine(RuleBasedStateMachine):
 
         return rows(name)
 
-    @rule(name=lock_names, ttl=ttls, skip=st.booleans(), nested=st.booleans())
+    @rule(
+        name=lock_names,
+        ttl=ttls,
+        skip=st.booleans(),
+        nested=st.booleans(),
+        auto_extend=st.booleans(),
+    )
     @step(lambda self: len(self.gens) < 3)
-    def start_generator(self, name: str, ttl: float | None, skip: bool, nested: bool) -> None:
+    def start_generator(
+        self, name: str, ttl: float | None, skip: bool, nested: bool, auto_extend: bool
+    ) -> None:
         """An ``@lock`` generator function: the lease is held from the first iteration until
         it finishes or is closed; ``on_busy="skip"`` yields nothing when busy."""
         if known("A2"):
@@ -1061,7 +1118,9 @@ class CompositionMachine(RuleBasedStateMachine):
         if target is not None and self.constrained("N1", "this thread holds it"):
             return
         mixed = self.mixed_kinds(name, "lock")
-        it = self._generator(name, ttl, skip, nested)
+        if auto_extend and ttl in SHORT:
+            ttl = RENEWED_SHORT
+        it = self._generator(name, ttl, skip, nested, auto_extend)
         before = self.expectation(name, "lock")
         what = f"@lock generator of {name!r} (skip={skip}, nested={nested})"
         try:
@@ -1109,11 +1168,15 @@ class CompositionMachine(RuleBasedStateMachine):
             if ttl is not None and ttl > holding.longest_ttl:
                 holding.longest_ttl = ttl
                 holding.renewed_by_nodes(self.now())
-        self.gens.append(Gen(it, name, holding, reentered))
+        if auto_extend:
+            holding.renewers += 1
+        self.gens.append(Gen(it, name, holding, reentered, renews=auto_extend))
 
     def _gen_done(self, gen: Gen, how: str) -> None:
         self.gens.remove(gen)
         if gen.holding is not None:
+            if gen.renews:
+                self.stop_renewing(gen.holding)
             self.left_block(gen.holding, True, f"a generator {how}")
 
     @rule(index=indexes)

@@ -67,6 +67,8 @@ class Holding:
     kept_level: int = 0
     #: the longest TTL it was given (acquire, extend, re-entry)
     longest_ttl: float = 0.0
+    #: something renews it only until a max_hold (a re-entry's auto_extend may reuse that)
+    bounded: bool = False
     #: open blocks of this lease (lock/read/write/semaphore/lock_many blocks, generators,
     #: re-entries included): the last one to end lets it go
     blocks: int = 0

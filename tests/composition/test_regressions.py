@@ -349,3 +349,21 @@ def test_n4_lock_many_that_outlives_the_block_it_reentered_releases_the_name(
         assert not lease.released
     assert lease.released
     assert free_elsewhere(unique_name, alias)
+
+
+@pytest.mark.xfail(strict=True, reason="N5: a re-entry's auto_extend reuses a bounded renewal")
+@pytest.mark.parametrize("alias", ALIASES)
+def test_n5_reentry_with_auto_extend_outlives_the_outer_max_hold(
+    alias: str, unique_name: str
+) -> None:
+    """N5: an inner ``lock(n, auto_extend=True)`` (no max_hold) under an outer block renewed
+    only for ``max_hold=0.3`` keeps the lease renewed until the inner block ends (the inner
+    block reused the outer renewals, which stopped after 0.3 s: the lease ran out)."""
+    manager = locks[alias]
+    with (
+        manager.lock(unique_name, ttl=0.4, timeout=0, auto_extend=True, max_hold=0.3),
+        manager.lock(unique_name, ttl=0.4, timeout=0, auto_extend=True) as inner,
+    ):
+        time.sleep(1.0)
+        assert not inner.lost
+        assert not free_elsewhere(unique_name, alias)
