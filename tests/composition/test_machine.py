@@ -23,7 +23,7 @@ from tests.conftest import SESSION_ALIASES
 from .conftest import LONG
 from .machine import STATS, CompositionMachine, PeerProcess
 
-EXAMPLES = int(os.environ.get("REDLOCK_EXAMPLES", 300 if LONG else 12))
+EXAMPLES = int(os.environ.get("REDLOCK_EXAMPLES", 300 if LONG else 25))
 STEPS = 60 if LONG else 30
 
 

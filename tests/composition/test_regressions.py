@@ -367,3 +367,18 @@ def test_n5_reentry_with_auto_extend_outlives_the_outer_max_hold(
         time.sleep(1.0)
         assert not inner.lost
         assert not free_elsewhere(unique_name, alias)
+
+
+@pytest.mark.xfail(strict=True, reason="N6: an explicit release inside a block is reported lost")
+@pytest.mark.parametrize("alias", ALIASES)
+def test_n6_a_block_whose_body_released_its_lease_exits_quietly(
+    alias: str, unique_name: str
+) -> None:
+    """N6 (low): ``lease.release()`` inside its own ``lock()`` block (True: it was held) and
+    then leaving the block raises nothing, as for ``lock_many`` after ``HeldLocks.release()``:
+    nothing was lost (it raised LockLost "ran out or was taken while the block ran")."""
+    manager = locks[alias]
+    with manager.lock_many([f"{unique_name}:a", f"{unique_name}:b"], timeout=0) as held:
+        assert held.release()
+    with manager.lock(unique_name, timeout=0) as lease:
+        assert lease.release()
