@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.db import transaction
 from django.db.models import F
 
 from django_redlock import context, locks
@@ -382,3 +383,17 @@ def test_n6_a_block_whose_body_released_its_lease_exits_quietly(
         assert held.release()
     with manager.lock(unique_name, timeout=0) as lease:
         assert lease.release()
+
+
+@pytest.mark.xfail(strict=True, reason="N7: lock_many kept for the commit hides a lost lease")
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("alias", ALIASES)
+def test_n7_lock_many_ending_in_a_transaction_reports_a_lost_lease(
+    alias: str, unique_name: str
+) -> None:
+    """N7: a ``lock_many`` block whose lease ran out while it ran, ending inside
+    ``transaction.atomic()``, raises LockLost at its exit, as ``lock()`` does there (it was
+    kept for the commit silently, and the commit's release only logs a warning)."""
+    with transaction.atomic(), pytest.raises(LockLost):  # noqa: SIM117
+        with locks[alias].lock_many([unique_name], ttl=0.2, timeout=0):
+            time.sleep(0.4)
