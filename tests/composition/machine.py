@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import redis
+from asgiref.sync import async_to_sync, sync_to_async
 from django.db import transaction
 from django.db.models import F
 from hypothesis import strategies as st
@@ -841,13 +842,21 @@ class CompositionMachine(RuleBasedStateMachine):
             self.ctx_push(holding, enterable=False)
         self.judge(what, before, outcome, name, kind, new=(holding,))
 
-    @rule(index=indexes)
+    @rule(index=indexes, where=st.sampled_from(["here", "here", "another thread"]))
     @step(lambda self: bool(self.free))
-    def release(self, index: int) -> None:
-        """``lease.release()`` of a bare lease: True if it was still held."""
+    def release(self, index: int, where: str) -> None:
+        """``lease.release()`` of a bare lease (from this thread, or from another one: then it
+        stops guarding this thread's writes at once): True if it was still held."""
         holding = self.free.pop(index % len(self.free))
         must = self.lost_at_exit(holding)
-        held = holding.lease.release()
+        if where == "here":
+            held = holding.lease.release()
+        else:
+            result: list[bool] = []
+            thread = threading.Thread(target=lambda: result.append(holding.lease.release()))
+            thread.start()
+            thread.join()
+            held = result[0]
         if held and must == "yes":
             raise Violation(f"release() of {holding} said it was held, but it was lost")
         if not held and must == "no":
@@ -1251,13 +1260,22 @@ class CompositionMachine(RuleBasedStateMachine):
         ttl=ttls,
         inner_ttl=ttls,
         inner_auto=st.booleans(),
+        runner=st.sampled_from(["asyncio.run", "async_to_sync"]),
     )
     @step(None)
     def asyncio_scenario(
-        self, name: str, variant: str, ttl: float | None, inner_ttl: float | None, inner_auto: bool
+        self,
+        name: str,
+        variant: str,
+        ttl: float | None,
+        inner_ttl: float | None,
+        inner_auto: bool,
+        runner: str,
     ) -> None:
-        """An asyncio task (its own caller): alock / alock_many / an async @lock generator,
-        with a re-entry in the same task, a child task and aacquire() that must not get in."""
+        """An asyncio task (its own caller, run by ``asyncio.run`` or asgiref's
+        ``async_to_sync``): alock / alock_many / an async @lock generator, with a re-entry in
+        the same task; a child task, ``aacquire()`` and a ``sync_to_async`` service must not
+        get in."""
         if variant == "agen" and known("A2"):
             return
         if variant == "alock_many" and known("A1"):
@@ -1294,6 +1312,15 @@ class CompositionMachine(RuleBasedStateMachine):
             except LockNotAcquired:
                 obs["aacquire"] = "busy"
 
+            def service() -> str:
+                try:
+                    with m.lock(full, timeout=0):
+                        return "got it"
+                except LockNotAcquired:
+                    return "busy"
+
+            obs["sync_to_async"] = await sync_to_async(service)()
+
         async def scenario() -> None:
             try:
                 if variant == "alock":
@@ -1329,7 +1356,10 @@ class CompositionMachine(RuleBasedStateMachine):
             except LockNotAcquired:
                 obs["outcome"] = "busy"
 
-        asyncio.run(scenario())
+        if runner == "asyncio.run":
+            asyncio.run(scenario())
+        else:
+            async_to_sync(scenario)()
         what = f"asyncio {variant}({name!r})"
         if obs.get("agen"):
             raise Violation(f"{what}: the async generator's body runs without its lease (A2)")
@@ -1351,7 +1381,7 @@ class CompositionMachine(RuleBasedStateMachine):
             raise Violation(
                 f"{what}: re-entry kept validity {obs['inner_validity']:.3f} < {inner_ttl}"
             )
-        if obs["child"] != "busy" or obs["aacquire"] != "busy":
+        if obs["child"] != "busy" or obs["aacquire"] != "busy" or obs["sync_to_async"] != "busy":
             raise Violation(f"{what}: another task / aacquire got the held name: {obs}")
         # The event loop's code has its own database connection (Django keeps connections per
         # thread, and per context in a thread running a loop), so the sync code's atomic block
