@@ -327,7 +327,6 @@ def test_d3_a_woken_waiter_gets_the_validity_of_its_winning_attempt(
     lease.release()
 
 
-@pytest.mark.xfail(strict=True, reason="N4: lock_many as the last block of a borrowed lease")
 @pytest.mark.parametrize("alias", ALIASES)
 def test_n4_lock_many_that_outlives_the_block_it_reentered_releases_the_name(
     alias: str, unique_name: str
@@ -370,7 +369,6 @@ def test_n5_reentry_with_auto_extend_outlives_the_outer_max_hold(
         assert not free_elsewhere(unique_name, alias)
 
 
-@pytest.mark.xfail(strict=True, reason="N6: an explicit release inside a block is reported lost")
 @pytest.mark.parametrize("alias", ALIASES)
 def test_n6_a_block_whose_body_released_its_lease_exits_quietly(
     alias: str, unique_name: str
@@ -385,7 +383,6 @@ def test_n6_a_block_whose_body_released_its_lease_exits_quietly(
         assert lease.release()
 
 
-@pytest.mark.xfail(strict=True, reason="N7: lock_many kept for the commit hides a lost lease")
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("alias", ALIASES)
 def test_n7_lock_many_ending_in_a_transaction_reports_a_lost_lease(
