@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 else:
     _LockAdminBase = admin.ModelAdmin
 
-logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name (records carry .module)
+logger = logging.getLogger("django_redlock")  # one logger for the app (records carry .module)
 
 #: A lease picked on the list page: (alias, name, token, lease_id).
 Target = tuple[str, str, int, str]
@@ -274,17 +274,24 @@ class LockAdmin(_LockAdminBase):
             logger.warning("Force release by %r refused: %s", user, why)
             messages.error(request, f"Not released: {why}.")
             return
+        count = len(info.holders)
         if info.kind == "semaphore":  # every permit; token and owner are the newest permit's
-            summary = (
-                f"Force-released semaphore {name!r} on alias {alias!r} ({len(info.holders)} of "
-                f"{info.permits} permits, newest token {token}, owner {info.owner}) on "
-                f"{deleted} of {info.nodes_total} nodes."
+            what = (
+                f"semaphore {name!r} on alias {alias!r} ({count} of {info.permits} permits, "
+                f"newest token {token}, owner {info.owner})"
             )
-        else:
-            summary = (
-                f"Force-released lock {name!r} on alias {alias!r} (token {token}, owner "
-                f"{info.owner}) on {deleted} of {info.nodes_total} nodes."
+        elif info.kind == "read":  # every read lease; the owners are the holders' (masked)
+            owners = ", ".join(holder["owner"] for holder in info.holders)
+            what = (
+                f"the {count} read lease{'s' if count != 1 else ''} of {name!r} on alias "
+                f"{alias!r} (owners {owners})"
             )
+        else:  # "lock" or "write"
+            what = (
+                f"{'write lease' if info.kind == 'write' else 'lock'} {name!r} on alias "
+                f"{alias!r} (token {token}, owner {info.owner})"
+            )
+        summary = f"Force-released {what} on {deleted} of {info.nodes_total} nodes."
         logger.warning("%s By %r.", summary, user)
         user_pk = request.user.pk
         assert user_pk is not None  # admin views run for authenticated staff only

@@ -238,6 +238,13 @@ class LockBlock:
 
     # -- decorator -------------------------------------------------------------------------
     def __call__(self, func: F) -> F:
+        if isinstance(func, classmethod | staticmethod):
+            kind = type(func).__name__
+            raise TypeError(
+                f"lock({self._name!r}) cannot decorate a {kind} object: put @{kind} above "
+                f"@lock (so @lock wraps the function itself), e.g. @{kind} then @lock(...) "
+                "then def ..."
+            )
         template = CallTemplate(self._name, func)  # a field the function lacks fails here
         calls = _Calls(
             self, template, getattr(func, "__qualname__", repr(func)), self._options.on_busy
@@ -435,6 +442,7 @@ def _check_lost(lease: Lease, exc_type: object) -> None:
 
 
 def _check_held(lease: Lease, held: bool, exc_type: object) -> None:
-    """Leaving a block whose lease was lost raises ``LockLost`` (unless the block raised)."""
-    if exc_type is None and not held:
+    """Leaving a block whose lease was lost raises ``LockLost`` (unless the block raised; a
+    lease the block's body released itself was not lost)."""
+    if exc_type is None and not held and lease.lost:
         raise LockLost(lease.name, "its lease ran out or was taken while the block ran")

@@ -8,6 +8,7 @@ the ids unique.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
 from collections import Counter
@@ -15,7 +16,6 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-import redis
 from django.apps import AppConfig
 from django.conf import settings
 from django.core import checks
@@ -23,6 +23,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .cluster_checks import cluster_checks
 from .conf import (
+    DEFAULTS,
+    SETTING_NAMES,
     AliasConfig,
     NodeSpec,
     busy_poll_setting,
@@ -31,6 +33,7 @@ from .conf import (
     redlock_settings,
     url_identity,
 )
+from .nodes.probe import UNKNOWN, probe_alias
 
 #: ``manage.py check --tag django_redlock`` runs only these checks (and the request-lock ones).
 TAG = "django_redlock"
@@ -49,6 +52,7 @@ CHECK_IDS = {
     "W006": "A node answered but its maxmemory-policy could not be read (deploy).",
     "W007": "A node is a replica (deploy).",
     "W008": "A cluster node shares a server with another node of its Redlock set (deploy).",
+    "W009": "A REDLOCK* setting that django-redlock does not know (a misspelt name).",
 }
 
 
@@ -82,7 +86,37 @@ def check_settings(
         busy_poll_setting()
     except ImproperlyConfigured as exc:
         errors.append(checks.Error(str(exc), id="django_redlock.E004"))
-    return errors + _shared_node_prefixes(configs)
+    return errors + _shared_node_prefixes(configs) + _unknown_settings()
+
+
+def _unknown_settings() -> list[checks.CheckMessage]:
+    """A ``REDLOCK*`` setting the app never reads: Django ignores a misspelt name silently
+    (``REDLOCK_REQUEST_LOCK`` would leave every rule unapplied). The hint names the closest
+    known setting, or says where an alias's key such as ``TTL`` goes."""
+    messages: list[checks.CheckMessage] = []
+    for name in sorted(dir(settings)):
+        if not name.startswith("REDLOCK") or not name.isupper() or name in SETTING_NAMES:
+            continue
+        key = name.removeprefix("REDLOCK").lstrip("_")
+        if key in DEFAULTS:
+            hint = (
+                f"{key} is a key of each alias: REDLOCK = {{'default': {{{key!r}: ...}}}} "
+                "(docs/index.md)."
+            )
+        else:
+            closest = difflib.get_close_matches(name, SETTING_NAMES, n=1, cutoff=0.0)[0]
+            hint = (
+                f"Did you mean {closest}? django-redlock reads {', '.join(SETTING_NAMES)}; "
+                "silence django_redlock.W009 for a setting of your own."
+            )
+        messages.append(
+            checks.Warning(
+                f"Setting {name} is not one django-redlock reads: it has no effect.",
+                hint=hint,
+                id="django_redlock.W009",
+            )
+        )
+    return messages
 
 
 def _node_id(node: NodeSpec) -> str:
@@ -213,70 +247,43 @@ def _topology(config: AliasConfig) -> list[checks.CheckMessage]:
     return messages
 
 
-def _eviction_policy(node: NodeSpec, config: AliasConfig) -> tuple[str | None, str | None]:
-    """The node's ``maxmemory-policy`` and role: the policy from ``INFO memory``, which the
-    ACL user of docs/algorithm.md may run, else from ``CONFIG GET`` (often denied, or disabled
-    by managed services); the role from ``INFO replication`` (None if denied). A
-    ``ResponseError`` (NOPERM, unknown command) means the node answered. A sentinel node is
-    probed on the master the sentinels name now."""
-    from .connections import client_factory
-
-    client = client_factory(node, config)()
-    try:
-        try:
-            role = client.info("replication").get("role")
-        except redis.ResponseError:
-            role = None
-        try:
-            policy = client.info("memory").get("maxmemory_policy")
-        except redis.ResponseError:
-            policy = None
-        if policy is None:
-            policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
-        return (None if policy is None else str(policy)), (None if role is None else str(role))
-    finally:
-        client.close()
-        client.connection_pool.disconnect()
-
-
 def _nodes_health(config: AliasConfig) -> list[checks.CheckMessage]:
-    from .engine import describe
-
+    """W005-W007 from one reading of every node of the alias at once (see
+    :mod:`.nodes.probe`): the policy from ``INFO memory``, which the ACL user of
+    docs/algorithm.md may run (``CONFIG GET`` only when it is refused), the role from ``INFO
+    replication``. A sentinel node is probed on the master the sentinels name now."""
     messages: list[checks.CheckMessage] = []
-    for node in config.nodes:
+    for node, health in zip(config.nodes, probe_alias(config), strict=True):
         where = f"REDLOCK[{config.alias!r}] node {node.label}"
-        try:
-            policy, role = _eviction_policy(node, config)
-        except redis.ResponseError as exc:
+        if not health.up:
             messages.append(
                 checks.Warning(
-                    f"{where} answered, but neither INFO memory nor CONFIG GET gave its "
-                    f"maxmemory-policy: {mask_secrets(describe(exc), node.url or '')}",
-                    hint="Grant the lock user +info (as docs/algorithm.md does), or make sure "
-                    "the node runs with maxmemory-policy noeviction.",
-                    id="django_redlock.W006",
-                )
-            )
-            continue
-        except Exception as exc:  # any failure of the probe is a warning, never a crash
-            messages.append(
-                checks.Warning(
-                    f"{where} cannot be reached: {mask_secrets(describe(exc), node.url or '')}",
+                    f"{where} cannot be reached: {mask_secrets(health.error, node.url or '')}",
                     hint="Start the node or fix its URL; locks need a quorum of nodes.",
                     id="django_redlock.W005",
                 )
             )
             continue
-        if policy not in (None, "noeviction"):
+        if health.maxmemory_policy == UNKNOWN:
             messages.append(
                 checks.Warning(
-                    f"{where} has maxmemory-policy {policy!r}, which can evict lock keys and "
-                    "fence counters.",
+                    f"{where} answered, but neither INFO memory nor CONFIG GET gave its "
+                    f"maxmemory-policy: {mask_secrets(health.error, node.url or '')}",
+                    hint="Grant the lock user +info (as docs/algorithm.md does), or make sure "
+                    "the node runs with maxmemory-policy noeviction.",
+                    id="django_redlock.W006",
+                )
+            )
+        if health.evicts:
+            messages.append(
+                checks.Warning(
+                    f"{where} has maxmemory-policy {health.maxmemory_policy!r}, which can "
+                    "evict lock keys and fence counters.",
                     hint="Set maxmemory-policy noeviction on lock nodes.",
                     id="django_redlock.W004",
                 )
             )
-        if role == "slave":
+        if health.replica:
             messages.append(
                 checks.Warning(
                     f"{where} is a replica: it refuses the lock scripts' writes (READONLY), "

@@ -13,6 +13,7 @@ from django.core import checks
 from .cluster import ClusterSlot, slot_of
 from .conf import AliasConfig, NodeSpec, url_identity
 from .connections import socket_timeout
+from .nodes.probe import eviction_policy
 
 
 def cluster_checks(config: AliasConfig) -> list[checks.CheckMessage]:
@@ -66,12 +67,12 @@ def _masters(node: NodeSpec, config: AliasConfig) -> list[tuple[str, int, str | 
 
 
 def _policy(seed: str, host: str, port: int, timeout: float) -> str | None:
-    """The policy of ``host:port``, reached with the seed URL's credentials and TLS."""
+    """The policy of ``host:port``, reached with the seed URL's credentials and TLS (read as
+    every node's is, see :mod:`.nodes.probe`); None when it could not be read."""
     client = redis.Redis.from_url(seed, socket_timeout=timeout, socket_connect_timeout=timeout)
     client.connection_pool.connection_kwargs.update(host=host, port=port)
     try:
-        value = client.info("memory").get("maxmemory_policy")
-        return None if value is None else str(value)
+        return eviction_policy(client)
     except redis.RedisError:
         return None
     finally:

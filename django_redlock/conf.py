@@ -212,6 +212,10 @@ def _fan_out(alias: str, value: Any) -> str:
     return str(value)
 
 
+#: Every Django setting django-redlock reads; another ``REDLOCK*`` name is most likely a
+#: misspelt one, which Django would silently ignore (system check W009).
+SETTING_NAMES = ("REDLOCK", "REDLOCK_BUSY_POLL", "REDLOCK_BUSY_STATUS", "REDLOCK_REQUEST_LOCKS")
+
 #: Default of ``REDLOCK_BUSY_POLL``, seconds; and the largest value it accepts.
 BUSY_POLL_DEFAULT = 0.0001
 BUSY_POLL_MAX = 0.01

@@ -138,6 +138,8 @@ class LockManyBlock:
         held = self._left()
         if not self._kept(held):
             _check_all_held(held._release_each(), exc_info[0])
+        else:
+            _check_all_held([lease.name for lease in held._own() if lease.lost], exc_info[0])
 
     async def __aenter__(self) -> HeldLocks:
         borrowed = self._borrowed()
@@ -149,6 +151,8 @@ class LockManyBlock:
         held = self._left()
         if not self._kept(held):
             _check_all_held(await held._arelease_each(), exc_info[0])
+        else:
+            _check_all_held([lease.name for lease in held._own() if lease.lost], exc_info[0])
 
     def _borrowed(self) -> dict[str, Lease]:
         """The names this thread or task holds already in a lock block (re-entered: same
@@ -188,8 +192,9 @@ class LockManyBlock:
             context.pop(token)
         for lease in held.leases.values():
             lease._blocks -= 1
-        open_elsewhere = {name for name, lease in held.leases.items() if lease._blocks > 0}
-        held.borrowed = held.borrowed | open_elsewhere
+        # a borrowed name whose outer block ended meanwhile (a generator closed inside the
+        # set) is this set's to let go now; a name of the set still open elsewhere is not
+        held.borrowed = frozenset(name for name, lease in held.leases.items() if lease._blocks > 0)
         return held
 
     def _kept(self, held: HeldLocks) -> bool:

@@ -236,3 +236,25 @@ def test_deploy_checks_with_the_documented_acl_user(redis_node_factory) -> None:
         (warning,) = checks.check_deployment()
     assert warning.id == "django_redlock.W006", warning
     assert "pa55word" not in warning.msg and "cannot be reached" not in warning.msg
+
+
+@pytest.mark.parametrize(
+    ("name", "hint"),
+    [
+        ("REDLOCK_REQUEST_LOCK", "Did you mean REDLOCK_REQUEST_LOCKS?"),
+        ("REDLOCK_BUSY_STATS", "Did you mean REDLOCK_BUSY_STATUS?"),
+        ("REDLOCKS", "Did you mean REDLOCK?"),
+        ("REDLOCK_TTL", "TTL is a key of each alias"),
+    ],
+)
+def test_unknown_redlock_settings_are_w009(name: str, hint: str) -> None:
+    """A ``REDLOCK*`` setting the app does not read (Django ignores it silently, so a misspelt
+    ``REDLOCK_REQUEST_LOCK`` leaves every rule unapplied) is warned about by
+    ``manage.py check``, with a hint naming the closest known setting."""
+    with override_settings(**{name: [{"URL_NAME": "x", "KEY": "k"}]}):
+        messages = [m for m in checks.check_settings() if m.id == "django_redlock.W009"]
+        assert len(messages) == 1 and name in messages[0].msg
+        assert hint in (messages[0].hint or "")
+        assert isinstance(messages[0], django_checks.Warning)
+    with override_settings(REDLOCK_BUSY_STATUS=409, REDLOCK_BUSY_POLL=0, REDLOCK_REQUEST_LOCKS=[]):
+        assert "django_redlock.W009" not in _check_ids(checks.check_settings())

@@ -139,3 +139,7 @@ def test_nightly_job_with_two_celery_beat_schedulers(demo_env: dict[str, str]) -
     locked = outcome(demo_env, "nightly", "--celery", "--seconds", "8")
     assert unlocked["reports"] >= 4, unlocked  # at least two ticks of two schedulers
     assert 1 <= locked["reports"] <= unlocked["reports"] // 2 + 1, (locked, unlocked)
+    # ticks: the sends of one scheduler; the plain task ran some ticks twice, the LockedTask
+    # once per tick (a second scheduler stopped a moment later may add one tick of its own)
+    assert unlocked["reports"] > unlocked["ticks"] >= 2, unlocked
+    assert locked["ticks"] >= 2 and locked["reports"] <= locked["ticks"] + 1, locked

@@ -17,6 +17,7 @@ from django_redlock import lock, locks, signals
 from django_redlock.exceptions import LockLost, LockNotAcquired, NodesUnavailable
 from django_redlock.testing import RedisNodes
 from tests.support import engine_workers as workers
+from tests.support.waiting import assert_woken, backing_off, until, until_blocked, until_waiting
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -158,11 +159,13 @@ def busy_poll(request: pytest.FixtureRequest) -> Any:
 
 @pytest.mark.parametrize("busy_poll", [0.0, 0.0001], indirect=True)
 def test_one_paused_node_costs_at_most_node_timeout(busy_poll, redis_node_factory, redlock_alias):
-    """With one of five nodes SIGSTOPped, every acquire+release pair succeeds and none takes
-    much longer than NODE_TIMEOUT; once it resumes it holds no lock key. Both with busy
-    polling (the default) and without (REDLOCK_BUSY_POLL = 0: straight to poll())."""
+    """With one of five nodes SIGSTOPped, every acquire+release pair succeeds without waiting
+    for it: NODE_TIMEOUT is 20 s here, so one call that waited for the paused node would take
+    that long, while the pairs return once a quorum answered; once it resumes it holds no lock
+    key. Both with busy polling (the default) and without (REDLOCK_BUSY_POLL = 0: straight to
+    poll())."""
     nodes = redis_node_factory(5)
-    manager = redlock_alias(nodes, TTL=5, NODE_TIMEOUT=0.05)
+    manager = redlock_alias(nodes, TTL=5, NODE_TIMEOUT=20.0)
     assert manager.engine.state.busy_poll == busy_poll
     manager.acquire("warm", timeout=0).release()
     nodes[4].pause()
@@ -175,17 +178,18 @@ def test_one_paused_node_costs_at_most_node_timeout(busy_poll, redis_node_factor
             slowest = max(slowest, time.monotonic() - started)
     finally:
         nodes[4].resume()
-    assert slowest < 0.05 + 0.25  # NODE_TIMEOUT plus scheduling slack on a loaded 2-core box
-    time.sleep(0.3)
+    assert slowest < 10.0  # half a NODE_TIMEOUT: no call waited for the paused node
     manager.acquire("flush", timeout=0).release()  # drains the queued replies
-    assert _keys(nodes, f"{manager.config.key_prefix}p*") == [[]] * 5
+    until(lambda: _keys(nodes, f"{manager.config.key_prefix}p*") == [[]] * 5, 10, "no key left")
 
 
 def test_quorum_paused_fails_fast_and_leaves_no_key(redis_node_factory, redlock_alias):
-    """Three of five paused: NodesUnavailable within about NODE_TIMEOUT, and after they
-    resume no key for that name is left on any node."""
+    """Three of five paused: NodesUnavailable once NODE_TIMEOUT (0.5 s) has passed, not at
+    a socket default nor when the nodes resume (the test's bound, 10 s, is far from both
+    NODE_TIMEOUT and a loaded machine's delays), and after they resume no key for that name
+    is left on any node."""
     nodes = redis_node_factory(5)
-    manager = redlock_alias(nodes, TTL=20, NODE_TIMEOUT=0.05)
+    manager = redlock_alias(nodes, TTL=20, NODE_TIMEOUT=0.5)
     manager.acquire("warm", timeout=0).release()
     for node in nodes[:3]:
         node.pause()
@@ -193,13 +197,12 @@ def test_quorum_paused_fails_fast_and_leaves_no_key(redis_node_factory, redlock_
         started = time.monotonic()
         with pytest.raises(NodesUnavailable) as info:
             manager.acquire("x", timeout=0)
-        assert time.monotonic() - started < 0.5
+        assert time.monotonic() - started < 10.0
         assert info.value.quorum == 3
     finally:
         for node in nodes[:3]:
             node.resume()
-    time.sleep(0.3)
-    assert _keys(nodes, f"{manager.config.key_prefix}x") == [[]] * 5
+    until(lambda: _keys(nodes, f"{manager.config.key_prefix}x") == [[]] * 5, 10, "no key left")
 
 
 def test_expiry_in_block_raises_lock_lost_and_signals_once(unique_name: str):
@@ -242,10 +245,12 @@ def test_extend_renews_and_release_is_idempotent(unique_name: str):
 
 
 def test_auto_extend_keeps_others_out_then_stops_at_max_hold(unique_name: str):
-    """auto_extend holds a 0.3 s lease for 1 s against another process; with max_hold the
-    lease runs out afterwards and leaving the block raises LockLost."""
+    """auto_extend holds a 1 s lease for 3 s against another process (checked 1.3 s after it
+    holds: past its first TTL; renewed every third of a TTL, it stays held through a
+    starved renewal thread of up to 0.6 s on a loaded machine); with max_hold the lease runs
+    out afterwards and leaving the block raises LockLost."""
     proc = SPAWN.Process(
-        target=workers.hold_for, args=(settings.REDLOCK, "multi", unique_name, 1.0, 0.3)
+        target=workers.hold_for, args=(settings.REDLOCK, "multi", unique_name, 3.0, 1.0)
     )
     proc.start()
     try:
@@ -256,7 +261,7 @@ def test_auto_extend_keeps_others_out_then_stops_at_max_hold(unique_name: str):
                 time.sleep(0.02)
             except LockNotAcquired:
                 break
-        time.sleep(0.5)  # beyond the child's TTL
+        time.sleep(1.3)  # beyond the child's TTL
         with pytest.raises(LockNotAcquired):
             locks["multi"].acquire(unique_name, timeout=0)
     finally:
@@ -270,29 +275,24 @@ def test_auto_extend_keeps_others_out_then_stops_at_max_hold(unique_name: str):
 
 
 def test_waiter_is_woken_by_release(unique_name: str):
-    """A waiter blocked on a held name gets it soon after the release, without polling
-    until its backoff (RETRY_DELAY is set high here so only the wake-up can explain it)."""
+    """A waiter blocked on a held name is woken by the release, not let in by a backoff step
+    (tests/support/waiting.py)."""
     manager = locks["multi"]
-    holder = manager.acquire(unique_name, ttl=10, timeout=0)
-    got: list[float] = []
+    holder = manager.acquire(unique_name, ttl=30, timeout=0)
+    got: list[Any] = []
 
     def wait() -> None:
-        with manager.lock(unique_name, timeout=10):
-            got.append(time.monotonic())
+        with manager.lock(unique_name, timeout=30) as lease:
+            got.append(lease)
 
-    import threading
-
-    manager.engine.state.retry_delay = 5.0  # each wait is the 0.8 s cap unless a release wakes
-    try:
+    with backing_off(manager):
         thread = threading.Thread(target=wait)
         thread.start()
-        time.sleep(0.15)  # the waiter has failed once and is waiting
-        released = time.monotonic()
+        until_waiting(manager, unique_name)  # the waiter has failed once and is waiting
         holder.release()
-        thread.join(10)
-    finally:
-        locks.reset()
-    assert got and got[0] - released < 0.5  # its first backoff (0.8 s) would end 0.65 s later
+        thread.join(30)
+    assert got and got[0].token > holder.token
+    assert_woken(manager, unique_name, holder, got)
 
 
 def test_timeout_zero_and_none(unique_name: str):
@@ -409,9 +409,10 @@ def test_async_expiry_raises_lock_lost(unique_name: str):
 
 
 def test_async_one_paused_node(redis_node_factory, redlock_alias):
-    """The async path also succeeds with one of three nodes paused."""
+    """The async path also succeeds with one of three nodes paused, without waiting for it
+    (NODE_TIMEOUT 20 s: a call that waited would take that long)."""
     nodes = redis_node_factory(3)
-    manager = redlock_alias(nodes, TTL=5, NODE_TIMEOUT=0.05)
+    manager = redlock_alias(nodes, TTL=5, NODE_TIMEOUT=20.0)
 
     async def main() -> float:
         (await manager.aacquire("warm", timeout=0)).release()
@@ -427,7 +428,7 @@ def test_async_one_paused_node(redis_node_factory, redlock_alias):
         finally:
             nodes[2].resume()
 
-    assert asyncio.run(main()) < 0.3
+    assert asyncio.run(main()) < 10.0  # half a NODE_TIMEOUT
 
 
 def test_reserved_names_are_rejected() -> None:
@@ -440,28 +441,28 @@ def test_reserved_names_are_rejected() -> None:
 def test_release_hands_off_to_a_waiter(unique_name: str) -> None:
     """A thread that releases a name another thread waits for, then asks for it again at
     once, lets the waiter have it first (the waiting marker and the hand-off reservation).
-    Checked over 10 hand-offs; without the reservation the releaser wins nearly all."""
-    import threading
-
+    Checked over 10 hand-offs, each released once the waiter blocks for its wake-up; without
+    the reservation the releaser wins nearly all."""
     manager = locks["multi"]
     waiter_first = 0
     for round_ in range(10):
         name = f"{unique_name}:{round_}"
         order: list[str] = []
-        first = manager.acquire(name, ttl=5, timeout=0)
+        first = manager.acquire(name, ttl=30, timeout=0)
 
         def waiter(name: str = name, order: list[str] = order) -> None:
-            with manager.lock(name, timeout=5):
+            with manager.lock(name, timeout=30):
                 order.append("waiter")
                 time.sleep(0.01)
 
         thread = threading.Thread(target=waiter)
         thread.start()
-        time.sleep(0.1)  # the waiter has tried once and marked the name as wanted
+        until_waiting(manager, name)  # the waiter has tried once and marked the name as wanted
+        until_blocked(manager, name)  # ... and blocks for its wake-up
         first.release()
-        with manager.lock(name, timeout=5):
+        with manager.lock(name, timeout=30):
             order.append("releaser")
-        thread.join(5)
+        thread.join(30)
         waiter_first += order[0] == "waiter"
     assert waiter_first >= 7
 
@@ -484,18 +485,17 @@ def test_releaser_that_handed_off_waits_in_line_without_an_attempt(
     client = node.client()
     client.config_resetstat()
     first = manager.acquire("n", timeout=0)
-    tokens: dict[str, int] = {}
+    held: dict[str, Any] = {}
 
     def b() -> None:
         with manager.lock("n", timeout=10) as lease:
-            tokens["b"] = lease.token
+            held["b"] = lease
             time.sleep(0.2)
 
     thread = threading.Thread(target=b)
     thread.start()
-    time.sleep(0.3)  # B has failed once and blocks
+    until_blocked(manager, "n")  # B has failed once and blocks in BLPOP
     first.release()
-    started = time.monotonic()
     if flavour == "sync":
         again = manager.acquire("n", timeout=10)
         again.release()
@@ -508,8 +508,8 @@ def test_releaser_that_handed_off_waits_in_line_without_an_attempt(
 
         again = asyncio.run(a_again())
     thread.join(5)
-    assert first.token < tokens["b"] < again.token  # B went first, then A
-    assert time.monotonic() - started < 0.7  # woken by B's release, not by a 0.8 s backoff
+    assert first.token < held["b"].token < again.token  # B went first, then A
+    assert_woken(manager, "n", held["b"], [again])  # by B's release, not a 0.8 s backoff
     stats = client.info("commandstats")
     calls = {c: stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("evalsha", "eval")}
     assert calls == {"evalsha": 7, "eval": 1}
@@ -537,25 +537,24 @@ def test_waiter_gets_past_a_stale_pooled_wait_connection(
         future = asyncio.run_coroutine_threadsafe(manager.aacquire(name, timeout=10), loop)
         return future.result(15)
 
-    def handed_over(name: str) -> float:
-        holder = manager.acquire(name, timeout=0)
+    def handed_over(name: str) -> None:
+        """A waiter for ``name`` is woken by its release (tests/support/waiting.py)."""
+        holder = manager.acquire(name, ttl=30, timeout=0)
         got: list[Any] = []
         thread = threading.Thread(target=lambda: got.append(wait_for(name)))
         thread.start()
-        time.sleep(0.15)  # the waiter failed once and blocks in BLPOP
-        released = time.monotonic()
+        until_waiting(manager, name)  # the waiter failed once and blocks in BLPOP
         holder.release()
         thread.join(10)
         assert got and got[0].token > holder.token
+        assert_woken(manager, name, holder, got)
         got[0].release()
-        return time.monotonic() - released
 
     try:
-        # a waiter not woken would get it at the end of its backoff, 0.65 s after the release
-        assert handed_over("a") < 0.45  # leaves one BLPOP connection in the pool
+        handed_over("a")  # leaves one BLPOP connection in the pool
         killed = nodes[0].client().client_kill_filter(_type="normal", skipme=True)
         assert killed >= 2  # the pooled BLPOP connection and the lock channel's
-        assert handed_over("b") < 0.45
+        handed_over("b")
     finally:
         asyncio.run_coroutine_threadsafe(loop.shutdown_asyncgens(), loop).result(5)
         loop.call_soon_threadsafe(loop.stop)
@@ -669,7 +668,7 @@ def test_timeout_zero_succeeds_after_the_woken_waiter_released(
 
     thread = threading.Thread(target=take)
     thread.start()
-    time.sleep(0.2)  # B has failed once and blocks
+    until_waiting(manager, unique_name)  # B has failed once (registered) and waits
     holder.release()
     thread.join(10)
     assert tokens and tokens[0] > holder.token  # B was woken and took it
@@ -780,7 +779,7 @@ def test_acl_user_without_the_waiter_commands_still_locks_and_waits(
     got: list[Any] = []
     thread = threading.Thread(target=lambda: got.append(manager.acquire("n", timeout=5)))
     thread.start()
-    time.sleep(0.2)  # the waiter failed and waits
+    until(lambda: manager.engine.waiters.value == 1)  # the waiter failed and waits
     assert not any(node.client().exists("acl:__waiters__:n") for node in nodes)  # refused
     assert holder.release() is True
     thread.join(10)
@@ -799,13 +798,13 @@ def test_releaser_queueing_first_is_registered_on_every_node(redis_node_factory,
     key = f"{manager.config.key_prefix}__waiters__:n"
     first = manager.acquire("n", timeout=0)
     tokens: dict[str, int] = {}
-    b_holds = threading.Event()
+    b_holds, b_may_go = threading.Event(), threading.Event()
 
     def b() -> None:
         with manager.lock("n", timeout=10) as lease:
             tokens["b"] = lease.token
             b_holds.set()
-            time.sleep(0.3)
+            b_may_go.wait(30)  # holds until the test has counted the waiters
 
     def live(node: Any) -> int:
         client = node.client()
@@ -814,13 +813,14 @@ def test_releaser_queueing_first_is_registered_on_every_node(redis_node_factory,
 
     thread = threading.Thread(target=b)
     thread.start()
-    time.sleep(0.15)  # B has failed once and blocks
+    until_blocked(manager, "n")  # B has failed once and blocks
     first.release()
     again: list[Any] = []
-    a = threading.Thread(target=lambda: again.append(manager.acquire("n", timeout=10)))
+    a = threading.Thread(target=lambda: again.append(manager.acquire("n", timeout=30)))
     a.start()
-    assert b_holds.wait(5)
-    _until(lambda: [live(node) for node in nodes] == [1, 1, 1], 0.25)
+    assert b_holds.wait(30)
+    _until(lambda: [live(node) for node in nodes] == [1, 1, 1])
+    b_may_go.set()
     thread.join(5)
     a.join(5)
     assert again and first.token < tokens["b"] < again[0].token

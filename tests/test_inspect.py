@@ -291,9 +291,10 @@ def test_node_down_is_reported_and_locks_still_listed(
         assert node.used_memory and node.used_memory > 0
 
 
-def test_policy_unknown_when_acl_denies_config(
+def test_policy_read_from_info_when_acl_denies_config(
     redis_node: RedisNode, redlock_alias: Callable[..., LockManager]
 ) -> None:
+    """D4: a user denied CONFIG still gets the policy, from INFO memory (it was "unknown")."""
     manager = redlock_alias([redis_node.url])
     redis_node.client().acl_setuser(
         "default",
@@ -304,7 +305,7 @@ def test_policy_unknown_when_acl_denies_config(
         commands=["+@all", "-config"],
     )
     [node] = inspect.node_health([manager.alias])
-    assert node.up and node.maxmemory_policy == "unknown" and node.run_id
+    assert node.up and node.maxmemory_policy == "noeviction" and node.run_id
 
 
 def test_force_release_checks_the_token(unique_name: str) -> None:

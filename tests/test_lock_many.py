@@ -16,6 +16,7 @@ from django_redlock import locks
 from django_redlock.exceptions import LockError, LockNotAcquired
 from django_redlock.testing import RedisNodes
 from tests.support import engine_workers as workers
+from tests.support.waiting import assert_woken, backing_off, until_waiting
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -52,22 +53,25 @@ def test_all_or_nothing(alias: str, unique_name: str) -> None:
 
 
 def test_waits_for_the_busy_name_and_is_woken(unique_name: str) -> None:
+    """A set with a busy name waits for that name and is woken by its release (see
+    tests/support/waiting.py: not let in by a backoff step)."""
     manager = locks["five"]
     a, b = f"{unique_name}:a", f"{unique_name}:b"
-    other = manager.acquire(b, ttl=5, timeout=0)
-    took: list[float] = []
+    other = manager.acquire(b, ttl=30, timeout=0)
+    took: list[Any] = []
 
     def wait() -> None:
-        with manager.lock_many([a, b], ttl=5, timeout=10):
-            took.append(time.monotonic())
+        with manager.lock_many([a, b], ttl=5, timeout=30) as held:
+            took.append(held.leases[b])
 
-    thread = threading.Thread(target=wait)
-    thread.start()
-    time.sleep(0.5)
-    released = time.monotonic()
-    other.release()
-    thread.join(10)
-    assert took and took[0] - released < 0.09  # woken by the release, not after a backoff
+    with backing_off(manager):
+        thread = threading.Thread(target=wait)
+        thread.start()
+        until_waiting(manager, b)
+        assert other.release() is True
+        thread.join(30)
+    assert took and took[0].token > other.token
+    assert_woken(manager, b, other, took)
 
 
 @pytest.mark.parametrize("alias", ["default", "five"])
@@ -139,23 +143,24 @@ def test_alock_many(unique_name: str) -> None:
 
 def test_releasing_a_set_frees_every_name_and_wakes_their_waiters(unique_name: str) -> None:
     """One release of the set (one call per node) frees every name, and a caller waiting for
-    one of them is woken by it."""
+    one of them is woken by it (not let in by a backoff step)."""
     manager = locks["five"]
     names = [f"{unique_name}:{i}" for i in range(4)]
-    held = manager.acquire_many(names, ttl=5, timeout=0)
-    got: list[float] = []
+    held = manager.acquire_many(names, ttl=30, timeout=0)
+    got: list[Any] = []
 
     def wait() -> None:
-        with manager.lock(names[2], ttl=5, timeout=10):
-            got.append(time.monotonic())
+        with manager.lock(names[2], ttl=5, timeout=30) as lease:
+            got.append(lease)
 
-    thread = threading.Thread(target=wait)
-    thread.start()
-    time.sleep(0.4)
-    released = time.monotonic()
-    assert held.release() is True
-    thread.join(10)
-    assert got and got[0] - released < 0.09
+    with backing_off(manager):
+        thread = threading.Thread(target=wait)
+        thread.start()
+        until_waiting(manager, names[2])
+        assert held.release() is True
+        thread.join(30)
+    assert got and got[0].token > held.leases[names[2]].token
+    assert_woken(manager, names[2], held.leases[names[2]], got)
     assert held.release() is True  # again: nothing left to release, nothing lost
     for name in names:
         manager.acquire(name, timeout=0).release()

@@ -4,7 +4,6 @@ the spans, their parents and attributes, on real nodes; nothing recorded without
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
 
@@ -17,6 +16,7 @@ from opentelemetry.trace import StatusCode, Tracer
 from django_redlock import locks
 from django_redlock.contrib.otel.spans import LockSpans
 from django_redlock.exceptions import LockLost, LockNotAcquired
+from tests.support.waiting import release_once_waited_for
 
 
 @pytest.fixture
@@ -40,16 +40,17 @@ def by_name(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
 def test_acquire_and_hold_are_children_of_the_current_span(
     traced: tuple[Tracer, InMemorySpanExporter], unique_name: str
 ) -> None:
-    """A lock taken inside a "request" span after a 0.2 s wait: a redlock.acquire span of
-    >= 0.2 s and a redlock.hold span, both children of the request span, with the alias, the
-    lease's token and votes, the wait in ms and the attempts; the hold ends at the release."""
+    """A lock taken inside a "request" span after a wait of at least 0.2 s (the holder
+    releases 0.2 s after the waiter is seen waiting, so after its call began): a
+    redlock.acquire span covering that wait and a redlock.hold span, both children of the
+    request span, with the alias, the lease's token and votes, the wait in ms and the
+    attempts; the hold ends at the release."""
     tracer, exporter = traced
     manager = locks["multi"]
     holder = manager.acquire(unique_name, timeout=0)
-    releaser = threading.Thread(target=lambda: (time.sleep(0.2), holder.release()))
     with tracer.start_as_current_span("request") as request:
-        releaser.start()
-        with manager.lock(unique_name, timeout=5) as lease:
+        releaser = release_once_waited_for(manager, unique_name, holder, 0.2)
+        with manager.lock(unique_name, timeout=30) as lease:
             time.sleep(0.05)
     releaser.join()
     parent = request.get_span_context()
@@ -62,7 +63,9 @@ def test_acquire_and_hold_are_children_of_the_current_span(
     assert attrs["redlock.alias"] == "multi" and attrs["redlock.token"] == lease.token
     assert attrs["redlock.votes"] >= 2 and attrs["redlock.attempts"] >= 2  # a quorum of 3
     assert attrs["redlock.waited_ms"] >= 200
-    assert (waited.end_time - waited.start_time) / 1e6 >= 199
+    # the span is backdated by the wait: it lasts exactly the wait (to the nanosecond)
+    duration_ns = waited.end_time - waited.start_time
+    assert abs(duration_ns - attrs["redlock.waited_ms"] * 1e6) <= 1
     holds = [s for s in by_name(exporter, "redlock.hold") if s.parent is not None]
     assert len(holds) == 1 and holds[0].parent.span_id == parent.span_id
     hold_attrs = dict(holds[0].attributes or {})

@@ -388,6 +388,68 @@ def test_acquire_won_everywhere_sends_no_withdraw(state: plans.AliasState) -> No
     assert isinstance(run.result, plans.LeaseRecord) and len(run.requests) == 1
 
 
+def _withdraws(request: Any, keys: tuple[str, ...], waiter: str) -> list[int]:
+    """The nodes a fire-and-forget WITHDRAW of ``waiter`` from ``keys`` goes to."""
+    assert not request.wait
+    sent = [(i, c) for i, c in enumerate(request.calls) if c is not None]
+    assert all(c.script is scripts.WITHDRAW for _, c in sent)
+    assert all((c.keys, c.args) == (keys, (waiter,)) for _, c in sent)
+    return [i for i, _ in sent]
+
+
+@pytest.mark.parametrize("waiter", ["w1", ""])
+def test_acquire_given_up_mid_attempt_withdraws_a_waiter_everywhere(
+    state: plans.AliasState, waiter: str
+) -> None:
+    """Cancelled (or interrupted) with its attempt in flight, a caller that would have
+    waited gives back what any node may have granted, then stops counting as a waiter on
+    every node (behind the attempt, on its connection); one that never waits sends none."""
+    plan = plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, waiter=waiter)
+    next(plan)
+    give_back = plan.throw(plans.Abandoned())
+    assert not give_back.wait and all(c.script is RELEASE for c in give_back.calls if c)
+    if waiter:
+        withdraw = plan.send([None] * 3)
+        assert _withdraws(withdraw, ("t:__waiters__:job",), "w1") == [0, 1, 2]
+    with pytest.raises(plans.Abandoned):
+        plan.send([None] * 3)
+
+
+def test_acquire_given_up_during_its_write_back_withdraws_the_waiter(
+    state: plans.AliasState,
+) -> None:
+    """Given up after the attempt (a lagging winner's counter being raised): its grants go
+    back and the waiter is withdrawn on every node."""
+    plan = plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, waiter="w1")
+    next(plan)
+    raising = plan.send([granted(12), granted(10), busy(12, 900)])
+    assert [c.script for c in raising.calls if c] == [RAISE]
+    give_back = plan.throw(plans.Abandoned())
+    assert not give_back.wait and all(c.script is RELEASE for c in give_back.calls if c)
+    assert _withdraws(plan.send([None] * 3), ("t:__waiters__:job",), "w1") == [0, 1, 2]
+    with pytest.raises(plans.Abandoned):
+        plan.send([None] * 3)
+
+
+def test_acquire_finding_another_kind_leaves_no_waiter_registered(
+    state: plans.AliasState,
+) -> None:
+    """A node says the name is another kind's: the caller will not wait (no wait ends that),
+    so the grant it gives back registers nobody and the "busy" node that registered it gets
+    a WITHDRAW."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, waiter="w1", mark_ms=700),
+        [
+            answer(ACQUIRE, [-2, 5, 0], busy(5, 100), granted(6)),
+            fire(RELEASE, to=[2]),
+            fire(scripts.WITHDRAW, to=[1]),
+        ],
+    )
+    assert run.result.reason == "other_kind" and run.result.final
+    assert release_args(run.calls(1)[2])[2] == 0
+    assert _withdraws(run.requests[2], ("t:__waiters__:job",), "w1") == [1]
+
+
 def test_acquire_woken_flag_is_passed(state: plans.AliasState) -> None:
     """woken=True tells every node this caller may take a name reserved for a hand-off."""
     run = drive(
@@ -1340,6 +1402,38 @@ def test_many_failure_names_the_busy_name_and_gives_back_every_grant(
     assert run.result.reason == "busy"
     assert run.result.busy_name == "c"
     assert [run.calls(i)[0].keys[0] for i in (1, 2, 3)] == ["t:a", "t:b", "t:c"]
+
+
+def test_many_given_up_mid_attempt_withdraws_the_waiter_from_every_name(
+    state: plans.AliasState,
+) -> None:
+    """A lock_many caller cancelled with its attempt in flight gives back every name, then
+    stops counting as a waiter of any name of the set, on every node."""
+    plan = _many.acquire_many_plan(state, fake_nodes(3), ["a", "b"], 5.0, waiter="w1")
+    next(plan)
+    request = plan.throw(plans.Abandoned())
+    while request.calls[0] is not None and request.calls[0].script is RELEASE:
+        request = plan.send([None] * 3)
+    keys = ("t:__waiters__:a", "t:__waiters__:b")
+    assert _withdraws(request, keys, "w1") == [0, 1, 2]
+    with pytest.raises(plans.Abandoned):
+        plan.send([None] * 3)
+
+
+def test_many_finding_another_kind_withdraws_the_waiter_where_busy(
+    state: plans.AliasState,
+) -> None:
+    """A name of the set is another kind's on one node: the caller will not wait, so the
+    nodes that said "busy" (and registered it) get a WITHDRAW for the set's names."""
+    run = drive(
+        _many.acquire_many_plan(state, fake_nodes(3), ["a", "b"], 5.0, waiter="w1"),
+        [
+            answer(ACQUIRE_MANY, [0, 10, 300, 1], [-2, 10, 0, 2], [0, 10, 300, 1]),
+            fire(scripts.WITHDRAW, to=[0, 2]),
+        ],
+    )
+    assert run.result.reason == "other_kind"
+    assert _withdraws(run.requests[1], ("t:__waiters__:a", "t:__waiters__:b"), "w1") == [0, 2]
 
 
 def test_release_many_is_one_call_per_node_and_judges_each_lease(

@@ -129,6 +129,28 @@ def test_woken_waiter_retries_quickly_then_waits_again(clock: Clock) -> None:
     assert isinstance(run.step, AwaitRelease)
 
 
+@pytest.mark.parametrize("timeout", [10.0, None])
+def test_a_kind_conflict_ends_the_wait_at_once(clock: Clock, timeout: float | None) -> None:
+    """An attempt that finds the name taken as another kind is the last, whatever the
+    timeout: no wait ends that conflict. So is a first attempt the driver already made."""
+    other = AcquireFailure("other_kind", 0, 1, {})
+    run = Stepper(acquire_policy(0.2, timeout))
+    assert run.step == Attempt(False)
+    run.send(other)
+    assert run.step is None and run.result is other
+    run = Stepper(acquire_policy(0.2, timeout, first=other))
+    assert run.step is None and run.result is other
+    run = Stepper(acquire_policy(0.2, timeout))  # busy at first, then another kind
+    steps_of(run, [BUSY, False], clock)
+    assert run.step == Attempt(False)
+    run.send(other)
+    assert run.step is None and run.result is other
+    run = Stepper(acquire_policy(0.2, timeout, queue_first=True))
+    steps_of(run, [True], clock)
+    run.send(other)
+    assert run.step is None and run.result is other
+
+
 def test_queue_first_waits_before_the_first_attempt(clock: Clock) -> None:
     """queue_first: the caller marks the name and waits in line before any attempt."""
     run = Stepper(acquire_policy(0.2, 10.0, queue_first=True))

@@ -17,6 +17,7 @@ from django_redlock import locks
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired
 from django_redlock.testing import RedisNodes
 from tests.support import engine_workers as workers
+from tests.support.waiting import assert_woken, backing_off, until_waiting
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -44,25 +45,27 @@ def test_readers_overlap_and_a_writer_excludes_everyone(alias: str, unique_name:
 
 @pytest.mark.parametrize("alias", ["default", "five"])
 def test_a_waiting_writer_keeps_new_readers_out_and_is_woken(alias: str, unique_name: str) -> None:
+    """A writer waiting for a reader keeps new readers out (writer preference) and is woken
+    by the last reader's release (not let in by a backoff step: tests/support/waiting.py)."""
     manager = locks[alias]
-    reader = manager.acquire(unique_name, rw="read", ttl=5, timeout=0)
-    got: list[tuple[float, int]] = []
+    reader = manager.acquire(unique_name, rw="read", ttl=30, timeout=0)
+    got: list[Any] = []
 
     def write() -> None:
-        with manager.write_lock(unique_name, ttl=5, timeout=10) as lease:
-            got.append((time.monotonic(), lease.token))
+        with manager.write_lock(unique_name, ttl=5, timeout=30) as lease:
+            got.append(lease)
             time.sleep(0.2)
 
-    writer = threading.Thread(target=write)
-    writer.start()
-    time.sleep(0.4)  # the writer has tried and waits
-    with pytest.raises(LockNotAcquired):  # writer preference: no new reader gets in
-        manager.acquire(unique_name, rw="read", timeout=0)
-    released = time.monotonic()
-    assert reader.release() is True
-    writer.join(10)
-    assert got and got[0][0] - released < 0.09  # woken by the last reader's release
-    assert got[0][1] > reader.token
+    with backing_off(manager):
+        writer = threading.Thread(target=write)
+        writer.start()
+        until_waiting(manager, unique_name)  # the writer has tried and waits
+        with pytest.raises(LockNotAcquired):  # writer preference: no new reader gets in
+            manager.acquire(unique_name, rw="read", timeout=0)
+        assert reader.release() is True
+        writer.join(30)
+    assert got and got[0].token > reader.token
+    assert_woken(manager, unique_name, reader, got)
     manager.acquire(unique_name, rw="read", timeout=2).release()  # readers again afterwards
 
 
@@ -160,26 +163,27 @@ def test_async_read_and_write_locks(unique_name: str) -> None:
 @pytest.mark.parametrize("alias", ["default", "five"])
 def test_readers_kept_out_by_a_writer_go_in_together(alias: str, unique_name: str) -> None:
     """Three readers wait for a writer; its release wakes them all (a lock's release wakes
-    one), so they are inside together at once instead of one per backoff step."""
+    one), so none of them is let in by a backoff step (tests/support/waiting.py): they go in
+    together instead of one per step."""
     manager = locks[alias]
-    writer = manager.acquire(unique_name, rw="write", ttl=5, timeout=0)
-    entered: list[float] = []
+    writer = manager.acquire(unique_name, rw="write", ttl=30, timeout=0)
+    entered: list[Any] = []
 
     def read() -> None:
-        with manager.read_lock(unique_name, ttl=5, timeout=10):
-            entered.append(time.monotonic())
+        with manager.read_lock(unique_name, ttl=5, timeout=30) as lease:
+            entered.append(lease)
             time.sleep(0.3)
 
-    readers = [threading.Thread(target=read) for _ in range(3)]
-    for thread in readers:
-        thread.start()
-    time.sleep(0.5)  # all three wait
-    released = time.monotonic()
-    assert writer.release() is True
-    for thread in readers:
-        thread.join(10)
+    with backing_off(manager):
+        readers = [threading.Thread(target=read) for _ in range(3)]
+        for thread in readers:
+            thread.start()
+        until_waiting(manager, unique_name, 3)  # all three wait
+        assert writer.release() is True
+        for thread in readers:
+            thread.join(30)
     assert len(entered) == 3
-    assert max(entered) - released < 0.09, [round(t - released, 3) for t in entered]
+    assert_woken(manager, unique_name, writer, entered)
 
 
 @pytest.mark.parametrize("alias", ["default", "five"])

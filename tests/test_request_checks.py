@@ -1,5 +1,5 @@
 """Per-request lock configuration: key templates and rules as built, and the system checks (each
-id django_redlock.E010-E017 / W010 fires when it should and stays quiet on a valid
+id django_redlock.E010-E019 / W010 fires when it should and stays quiet on a valid
 configuration)."""
 
 from __future__ import annotations
@@ -227,3 +227,44 @@ def test_ids_are_documented_and_registered() -> None:
         assert f"django_redlock.{check_id}" in docs
     with pytest.raises(SystemCheckError, match=r"django_redlock\.E014"):
         call_command("check")  # the test URLconf's deliberately broken view
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        # a lock rule on the template of the URLconf's @request_lock(..., limit=2) views
+        [{"URL_NAME": "order-pay", "KEY": "limited:{order_id}"}],
+        # a LIMIT rule on the template of its plain @request_lock views ("item:{item_id}")
+        [{"URL_NAME": "order-pay", "KEY": "item:{order_id}", "LIMIT": 3}],
+        # a lock rule and a LIMIT rule
+        [
+            {"URL_NAME": "order-pay", "KEY": "order:{order_id}"},
+            {"URL_NAME": "aorder-pay", "KEY": "order:{order_id}", "LIMIT": 2, "METHODS": ["GET"]},
+        ],
+        # two LIMIT rules with different limits: "in use with other permits"
+        [
+            {"URL_NAME": "order-pay", "KEY": "order:{order_id}", "LIMIT": 2},
+            {"URL_NAME": "aorder-pay", "KEY": "order:{order_id}", "LIMIT": 5},
+        ],
+    ],
+)
+def test_a_lock_and_a_limit_on_one_key_template_is_e019(rules: Any, entries: Any) -> None:
+    """A lock rule or view and a LIMIT rule or view (or two different LIMITs) on one key
+    template and alias would answer HTTP 500 ("in use as another kind") to whichever request
+    comes second: reported at startup, once, naming both."""
+    rules(*entries)
+    messages = [m for m in check_request_locks() if m.id == "django_redlock.E019"]
+    assert len(messages) == 1 and [i for i in ids() if i != "E019"] == []
+    assert "REDLOCK_REQUEST_LOCKS[0]" in messages[0].msg
+
+
+def test_one_kind_per_key_template_is_quiet(rules: Any) -> None:
+    """Locks sharing a template, LIMITs sharing a template and limit, and a lock and a LIMIT
+    on one template of two different aliases are fine."""
+    rules(
+        {"URL_NAME": "order-pay", "KEY": "item:{order_id}"},
+        {"URL_NAME": "order-pay", "KEY": "limited:{order_id}", "LIMIT": 2},
+        {"URL_NAME": "aorder-pay", "KEY": "limited:{order_id}", "LIMIT": 2},
+        {"URL_NAME": "aorder-pay", "KEY": "item:{order_id}", "LIMIT": 4, "USING": "multi"},
+    )
+    assert ids() == []

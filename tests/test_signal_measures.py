@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import pytest
 
 from django_redlock import locks, signals
+from tests.support.waiting import release_once_waited_for
 
 
 @pytest.fixture
@@ -32,33 +32,33 @@ def sent() -> Iterator[list[tuple[str, dict[str, Any]]]]:
     signals.lock_failed.disconnect(on_failed)
 
 
-def _release_later(lease: Any, seconds: float) -> threading.Thread:
-    thread = threading.Thread(target=lambda: (time.sleep(seconds), lease.release()))
-    thread.start()
-    return thread
-
-
 @pytest.mark.parametrize("alias", ["default", "multi"])
 def test_a_waiting_acquire_reports_its_wait_and_attempts(
     sent: list[tuple[str, dict[str, Any]]], unique_name: str, alias: str
 ) -> None:
-    """A free name: attempts 1 and a tiny wait; a busy name released after 0.3 s: the waiter's
-    lock_acquired says it waited >= 0.3 s over >= 2 attempts, and the lease knows its voters."""
+    """A free name: attempts 1 and a wait within the call; a busy name released 0.3 s after
+    the waiter is seen waiting (so after its call began): the waiter's lock_acquired says it
+    waited >= 0.3 s over >= 2 attempts, the lease knows its voters, and its hold time lies
+    within the block's call."""
     manager = locks[alias]
+    called = time.monotonic()
     holder = manager.acquire(unique_name, timeout=0)
+    took = time.monotonic() - called
     kind, first = sent[-1]
-    assert kind == "acquired" and first["attempts"] == 1 and 0 <= first["waited"] < 0.3
+    assert kind == "acquired" and first["attempts"] == 1 and 0 <= first["waited"] <= took
     # the grants that arrived before a quorum settled the attempt
     assert first["lease"] is holder and manager.config.quorum <= holder.votes
     assert len(holder.voters) == holder.votes <= len(manager.config.nodes)
-    thread = _release_later(holder, 0.3)
-    with manager.lock(unique_name, timeout=5) as lease:
+    thread = release_once_waited_for(manager, unique_name, holder, 0.3)
+    called = time.monotonic()
+    with manager.lock(unique_name, timeout=30) as lease:
         kind, kwargs = sent[-1]
         assert kind == "acquired" and kwargs["lease"] is lease
         assert kwargs["waited"] >= 0.3 and kwargs["attempts"] >= 2
         assert lease.waited == kwargs["waited"] and lease.attempts == kwargs["attempts"]
+    took = time.monotonic() - called
     thread.join()
-    assert lease.held > 0 and lease.held < 1
+    assert 0 < lease.held < took - lease.waited
 
 
 def test_a_timeout_reports_wait_attempts_and_votes(

@@ -25,8 +25,16 @@ Task options (class attributes, or keyword arguments of ``@app.task``):
   redelivered message) is busy, even once the first run has finished;
 * ``lock_enqueue_once``: ``apply_async()``/``delay()`` send nothing and return None while an
   earlier message for the same name is queued and not started yet (a marker lock
-  ``"<name>:enqueued"`` held for at most ``lock_enqueue_ttl`` seconds, released by the worker
-  when the task starts, before the lock of the run is taken).
+  ``"<name>:enqueued"`` held for at most ``lock_enqueue_ttl`` seconds, and never past the
+  message's ``expires``, released by the worker when the task starts, before the lock of the
+  run is taken, or when it discards the message as revoked or expired). Such a task cannot be
+  a member of a group, chord or chain: sending it there raises ValueError.
+
+A redelivered message (``delivery_info["redelivered"]``: its run died before acknowledging it,
+with ``acks_late``) that finds the name busy waits up to the holder's remaining TTL (at most
+one lease TTL) before ``lock_on_busy`` applies: the holder is most likely the run that died,
+whose lease nobody renews. In eager mode (``apply()``, ``task_always_eager``) ``"retry"``
+raises LockNotAcquired: Celery's eager retry would run the task again at once, recursing.
 """
 
 from __future__ import annotations
@@ -35,9 +43,12 @@ import contextlib
 import inspect
 import logging
 import time
+from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 from celery import Task
+from celery.signals import task_revoked
 
 from .. import context
 from ..engine import LeaseRecord
@@ -54,6 +65,9 @@ ON_BUSY_CHOICES = ("skip", "retry", "raise")
 ENQUEUED_HEADER = "redlock_enqueued"
 #: Suffix of the marker lock that ``lock_enqueue_once`` holds while a message is queued.
 ENQUEUED_SUFFIX = ":enqueued"
+#: A redelivered run waits this much longer than the holder's remaining TTL (the round trips
+#: of its attempts, the nodes' expiry cycle), so the attempt after the expiry is made.
+REDELIVERY_SLACK = 0.5
 
 logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name
 
@@ -86,34 +100,87 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
     # -- the worker side -------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the body under the lock (Celery's worker calls this when it is overridden)."""
-        self._release_enqueue_marker()
+        self._release_enqueue_marker(self.request)
         name = self._lock_template().fill(args, kwargs)
         manager = locks[self.lock_using]
-        block = manager.lock(
-            name,
-            ttl=self.lock_ttl,
-            timeout=0,
-            auto_extend=True,
-            max_hold=self._hard_time_limit(),
-            min_hold=self.lock_min_hold,
-        )
         # Run by a worker (or apply()), the request is pushed already and the body is run();
         # called like a function, Celery's own __call__ pushes a request around run().
         body = self.run if self.request_stack.top is not None else super().__call__
         with contextlib.ExitStack() as stack:
             try:
-                stack.enter_context(block)
+                stack.enter_context(self._block(manager, name, timeout=0))
             except LockNotAcquired as exc:
-                return self._busy(manager, name, exc)
+                wait = self._redelivery_wait(manager, exc)
+                if wait is None:
+                    return self._busy(manager, name, exc)
+                logger.info(
+                    "Task %s[%s] was redelivered and lock %r (alias %r) is held, most likely "
+                    "by its run that died: waiting up to %.1f s for that lease to expire",
+                    self.name,
+                    self.request.id,
+                    name,
+                    manager.alias,
+                    wait,
+                )
+                try:
+                    stack.enter_context(self._block(manager, name, timeout=wait))
+                except LockNotAcquired as again:
+                    return self._busy(manager, name, again)
             return body(*args, **kwargs)
+
+    def _block(self, manager: LockManager, name: str, timeout: float) -> Any:
+        """The lock block of one run: auto-extended until the hard time limit."""
+        return manager.lock(
+            name,
+            ttl=self.lock_ttl,
+            timeout=timeout,
+            auto_extend=True,
+            max_hold=self._hard_time_limit(),
+            min_hold=self.lock_min_hold,
+        )
+
+    def _lease_ttl(self, manager: LockManager) -> float:
+        return manager.config.ttl if self.lock_ttl is None else self.lock_ttl
+
+    def _redelivery_wait(self, manager: LockManager, exc: LockNotAcquired) -> float | None:
+        """How long a busy run waits before ``lock_on_busy`` applies: None (not at all), or,
+        for a redelivered message, the holder's remaining TTL plus a little.
+
+        A message is redelivered when the run that had it did not acknowledge it (its worker
+        died: ``acks_late`` with ``reject_on_worker_lost``, or a broker's visibility timeout).
+        That run may have died holding the name, and its lease (renewed by nobody) expires
+        within its remaining TTL; a live holder renews its lease, so the wait ends without it
+        and the run is busy as usual. Usually one TTL is left at most, but a body that
+        re-entered its lock asking a longer ``ttl`` left a longer lease: the wait covers
+        whatever is left. With ``lock_min_hold``, a holder with more than one TTL left may be
+        the hold of a run that finished (its acknowledgement lost): running again would run
+        the job twice, so that case is busy as usual (logged at WARNING)."""
+        if self.request.is_eager or not (self.request.delivery_info or {}).get("redelivered"):
+            return None
+        ttl = self._lease_ttl(manager)
+        left = ttl if exc.retry_after is None else exc.retry_after
+        if left > ttl and self.lock_min_hold is not None:
+            logger.warning(
+                "Task %s[%s] was redelivered and its lock is held for %.1f s more, longer than "
+                "its lock_ttl: a lock_min_hold of a finished run, or a run that died after "
+                "re-entering its lock with a longer ttl; not waiting (lock_on_busy applies)",
+                self.name,
+                self.request.id,
+                left,
+            )
+            return None
+        return left + REDELIVERY_SLACK
 
     def _busy(self, manager: LockManager, name: str, exc: LockNotAcquired) -> Any:
         """The name is busy: skip (None), retry after the holder's TTL, or raise."""
         if self.lock_on_busy == "raise":
             raise exc
         if self.lock_on_busy == "retry":
-            ttl = manager.config.ttl if self.lock_ttl is None else self.lock_ttl
-            countdown = ttl if exc.retry_after is None else exc.retry_after
+            if self.request.is_eager:
+                # Celery's eager retry runs the task again at once (no countdown): each busy
+                # attempt would call the next one until RecursionError.
+                raise exc
+            countdown = self._lease_ttl(manager) if exc.retry_after is None else exc.retry_after
             raise self.retry(countdown=countdown, exc=exc)
         left = "" if exc.retry_after is None else f" (its holder has {exc.retry_after:.1f} s left)"
         logger.info(
@@ -150,12 +217,19 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
         headers = options.get("headers")
         if headers and ENQUEUED_HEADER in headers:  # a retry copies the first message's
             options["headers"] = {k: v for k, v in headers.items() if k != ENQUEUED_HEADER}
-        if not self.lock_enqueue_once or options.get("retries"):
+        if options.get("retries"):  # a retry of a message that was accepted
+            return super().apply_async(args, kwargs, **options)
+        self._refuse_canvas(options)
+        if not self.lock_enqueue_once:
             return super().apply_async(args, kwargs, **options)
         name = self._lock_template().fill(tuple(args or ()), dict(kwargs or {})) + ENQUEUED_SUFFIX
         manager = locks[self.lock_using]
+        ttl = self.lock_enqueue_ttl
+        expires = _seconds_to_expiry(options.get("expires", self.expires), self.app.now())
+        if expires is not None:  # a message that expired can never start: nothing to wait for
+            ttl = max(MIN_MARKER_TTL, min(ttl, expires))
         try:
-            marker = manager.acquire(name, ttl=self.lock_enqueue_ttl, timeout=0)
+            marker = manager.acquire(name, ttl=ttl, timeout=0)
         except LockNotAcquired:
             logger.info(
                 "Not sending task %s: lock %r (alias %r) says an earlier message is still queued",
@@ -177,11 +251,34 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
                 marker.release()
             raise
 
-    def _release_enqueue_marker(self) -> None:
-        """Release the marker of ``lock_enqueue_once`` that came with this message, so the
-        next message is accepted as soon as this run starts."""
-        request = self.request
-        value = (request.headers or {}).get(ENQUEUED_HEADER) or getattr(
+    def _refuse_canvas(self, options: dict[str, Any]) -> None:
+        """Raise ValueError when a ``lock_enqueue_once`` task is sent as a member of a group,
+        chord or chain, or when this task is the first of a chain (or a chord header member)
+        whose later members include one, before anything is sent.
+
+        A suppressed member would send nothing, so the canvas would wait for its result
+        forever. A group or chord header member carries ``group_id``; a chain member carries
+        ``chain`` (its later members, possibly none); a chord header member carries
+        ``chord`` (the body)."""
+        if self.lock_enqueue_once:
+            if options.get("group_id") or options.get("chord"):
+                role = "group or chord"
+            elif "chain" in options:
+                role = "chain"
+            else:
+                return
+            raise ValueError(_canvas_message(str(self.name), role))
+        later = [*(options.get("chain") or ()), options.get("chord")]
+        for member in _members(later):
+            task = self.app.tasks.get(str(member.get("task")))
+            if getattr(task, "lock_enqueue_once", False) is True:
+                raise ValueError(_canvas_message(str(member.get("task")), "chain or chord"))
+
+    def _release_enqueue_marker(self, request: Any) -> None:
+        """Release the marker of ``lock_enqueue_once`` that came with this message (``request``:
+        its Celery request), so the next message is accepted as soon as this run starts or
+        the worker discards this one."""
+        value = (getattr(request, "headers", None) or {}).get(ENQUEUED_HEADER) or getattr(
             request, ENQUEUED_HEADER, None
         )
         if not value:
@@ -201,6 +298,65 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
             logger.warning(
                 "Task %s[%s]: enqueue marker %r not released: %s", self.name, request.id, name, exc
             )
+
+
+#: The shortest marker TTL (a message sent with an ``expires`` already past).
+MIN_MARKER_TTL = 0.01
+
+
+def _canvas_message(task: str, role: str) -> str:
+    return (
+        f"Task {task} has lock_enqueue_once and cannot be sent as a member of a {role}: "
+        "lock_enqueue_once refuses canvases (group, chord or chain), because a send it "
+        "suppressed would leave the canvas waiting forever. Send it on its own, or use a task "
+        "without lock_enqueue_once in the canvas."
+    )
+
+
+def _members(signatures: Any) -> Iterator[dict[str, Any]]:
+    """The task signatures in ``signatures`` (a list of signatures, groups, chains and
+    chords, as dicts or Signatures), nested canvases flattened."""
+    if isinstance(signatures, list | tuple):
+        for each in signatures:
+            yield from _members(each)
+        return
+    if not isinstance(signatures, dict):
+        return
+    kind = signatures.get("subtask_type")
+    inner = signatures.get("kwargs") or {}
+    if kind in ("group", "chain"):
+        yield from _members(inner.get("tasks"))
+    elif kind == "chord":
+        yield from _members([inner.get("header"), inner.get("body")])
+    elif signatures.get("task"):
+        yield signatures
+
+
+def _seconds_to_expiry(expires: Any, now: datetime) -> float | None:
+    """Seconds until a message's ``expires`` (seconds, a datetime or an ISO 8601 string, as
+    Celery accepts it), or None when it has none."""
+    if expires is None:
+        return None
+    if isinstance(expires, str):
+        expires = datetime.fromisoformat(expires)
+    if isinstance(expires, datetime):
+        if expires.tzinfo is None or now.tzinfo is None:
+            now = now.replace(tzinfo=expires.tzinfo)
+        return (expires - now).total_seconds()
+    return float(expires)
+
+
+def _release_marker_of_discarded(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """The worker discarded a message (revoked, or expired before it started): release its
+    ``lock_enqueue_once`` marker, which no run will release. Compare-and-delete with the
+    message's owner value, so it is harmless for a message whose run had started."""
+    if isinstance(sender, LockedTask) and request is not None:
+        sender._release_enqueue_marker(request)
+
+
+task_revoked.connect(
+    _release_marker_of_discarded, weak=False, dispatch_uid="django_redlock.contrib.celery.revoked"
+)
 
 
 def _check_options(cls: type[LockedTask]) -> None:

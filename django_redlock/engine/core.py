@@ -23,6 +23,7 @@ from .plans import (
     register_plan,
     release_plan,
     waited_reply,
+    withdraw_plan,
 )
 from .policy import AcquireStep, Attempt, AwaitRelease, Stepper, acquire_policy, registration_ms
 from .replies import NodeFailure, Request
@@ -137,20 +138,37 @@ class Engine:
                 return first
         run = Stepper(self._policy(timeout, queue_first, first, started))
         with self.waiters:
-            while run.step is not None:
-                if isinstance(run.step, Attempt):
-                    run.send(target.seen(*self._run(target.attempt(waiting, run.step.woken))))
-                elif isinstance(run.step, AwaitRelease):
-                    piped = self._piped_wait(target, waiting, run.step)
-                    if piped is None:
-                        mark = waiting if run.step.mark or target.many else None
-                        run.send(self.wait_release(target.name, run.step.seconds, mark=mark))
+            try:
+                while run.step is not None:
+                    if isinstance(run.step, Attempt):
+                        attempt = target.attempt(waiting, run.step.woken)
+                        run.send(target.seen(*self._run(attempt)))
+                    elif isinstance(run.step, AwaitRelease):
+                        piped = self._piped_wait(target, waiting, run.step)
+                        if piped is None:
+                            mark = waiting if run.step.mark or target.many else None
+                            run.send(self.wait_release(target.name, run.step.seconds, mark=mark))
+                        else:
+                            _answer_piped(run, *piped)
                     else:
-                        _answer_piped(run, *piped)
-                else:
-                    time.sleep(run.step.seconds)
-                    run.send(None)
+                        time.sleep(run.step.seconds)
+                        run.send(None)
+            except BaseException:  # an interrupt (KeyboardInterrupt, a worker timeout)
+                self._withdraw(target, waiting)
+                raise
         return run.result
+
+    def _withdraw(self, target: _Target, waiting: _Waiting | None) -> None:
+        """A waiting call was interrupted: it stops counting as a waiter of its names on
+        every node at once (fire and forget, on a pooled channel: the channel it blocked on,
+        if any, is closed with its ``BLPOP`` due, which drops whatever follows on it)."""
+        if waiting is not None:
+            with contextlib.suppress(Exception):  # else its registration lapses (<= 1 s)
+                self._run(self._withdraw_plan(target, waiting))
+
+    def _withdraw_plan(self, target: _Target, waiting: _Waiting) -> PlanMaker[None]:
+        state, names, waiter = self.state, target.names, waiting.waiter
+        return lambda nodes: withdraw_plan(state, nodes, names, waiter)
 
     def _piped_wait(
         self, target: _Target, waiting: _Waiting | None, step: AwaitRelease
@@ -287,22 +305,33 @@ class Engine:
                 return first
         run = Stepper(self._policy(timeout, queue_first, first, started))
         with self.waiters:
-            while run.step is not None:
-                if isinstance(run.step, Attempt):
-                    attempt = target.attempt(waiting, run.step.woken)
-                    run.send(target.seen(*await self._arun(attempt)))
-                elif isinstance(run.step, AwaitRelease):
-                    piped = await self._apiped_wait(target, waiting, run.step)
-                    if piped is None:
-                        mark = waiting if run.step.mark or target.many else None
-                        woken = await self.await_release(target.name, run.step.seconds, mark=mark)
-                        run.send(woken)
+            try:
+                while run.step is not None:
+                    if isinstance(run.step, Attempt):
+                        attempt = target.attempt(waiting, run.step.woken)
+                        run.send(target.seen(*await self._arun(attempt)))
+                    elif isinstance(run.step, AwaitRelease):
+                        piped = await self._apiped_wait(target, waiting, run.step)
+                        if piped is None:
+                            mark = waiting if run.step.mark or target.many else None
+                            seconds = run.step.seconds
+                            run.send(await self.await_release(target.name, seconds, mark=mark))
+                        else:
+                            _answer_piped(run, *piped)
                     else:
-                        _answer_piped(run, *piped)
-                else:
-                    await asyncio.sleep(run.step.seconds)
-                    run.send(None)
+                        await asyncio.sleep(run.step.seconds)
+                        run.send(None)
+            except asyncio.CancelledError:  # task.cancel(), wait_for, asyncio.timeout
+                await self._awithdraw(target, waiting)
+                raise
         return run.result
+
+    async def _awithdraw(self, target: _Target, waiting: _Waiting | None) -> None:
+        """Asyncio twin of :meth:`_withdraw`, for a cancelled waiting call: written at once on
+        an idle pooled channel of this loop (no await then), else on a new one."""
+        if waiting is not None:
+            with contextlib.suppress(Exception):
+                await self._arun(self._withdraw_plan(target, waiting))
 
     async def aextend(self, lease: LeaseRecord, ttl: float) -> Renewal:
         """Asyncio twin of :meth:`extend`."""

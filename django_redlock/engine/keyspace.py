@@ -13,7 +13,8 @@ Keys an alias writes (all start with its ``KEY_PREFIX``; lock names may not star
   semaphore's marker, ``semaphore|<permits>``, is at ``<prefix><name>``.
 * ``<prefix>__readers__:<name>`` and ``<prefix>__writers__:<name>``: the read leases and the
   waiting writers of the read-write lock ``name``; while readers hold it, ``<prefix><name>``
-  holds the marker ``rwlock|readers`` (a writer holds it like a lock).
+  holds the marker ``rwlock|readers`` (a writer holds it like a lock, its value ending with
+  :data:`WRITE_MARK`).
 
 ``engine/scripts.py`` explains what each script does with them.
 """
@@ -39,6 +40,9 @@ GLOB_CHARACTERS = "*?[]\\"
 OWNER_HEX_DIGITS = 32
 #: The value at a semaphore's name: this, then its number of permits.
 SEMAPHORE_MARKER = "semaphore|"
+#: What ends the lock value of a read-write lock's write lease (after the pid, so older
+#: readers of the format take it for part of the host).
+WRITE_MARK = "|write"
 _LOCK_VALUE = re.compile(rf"[0-9a-f]{{{OWNER_HEX_DIGITS}}}\|\d+\|")
 
 
@@ -118,7 +122,8 @@ class Keyspace:
 
 @dataclass(frozen=True)
 class LockValue:
-    """The value of one lock key: ``<owner>|<token>|<acquired_ms>|<host>|<pid>``.
+    """The value of one lock key: ``<owner>|<token>|<acquired_ms>|<host>|<pid>``, and
+    :data:`WRITE_MARK` after it for a write lease (``write``).
 
     ``ACQUIRE`` writes ``owner``, ``|``, the token and then :meth:`suffix`; inspection parses it
     back. ``owner`` is a secret: nothing outside the engine and inspection may show it.
@@ -130,6 +135,7 @@ class LockValue:
     host: str
     pid: int | None
     raw: str = field(repr=False)
+    write: bool = False
 
     @staticmethod
     def suffix(acquired_ms: int, host: str, pid: int) -> str:
@@ -143,14 +149,16 @@ class LockValue:
 
     @classmethod
     def parse(cls, raw: str) -> LockValue:
-        """Parse a value; missing or malformed parts become empty (a host may contain ``|``)."""
-        parts = raw.split("|")
+        """Parse a value; missing or malformed parts become empty (a host may contain ``|``;
+        the pid before :data:`WRITE_MARK` is digits, so the mark is never part of a host)."""
+        write = raw.endswith(WRITE_MARK)
+        parts = raw.removesuffix(WRITE_MARK).split("|")
         owner = parts[0]
         token = _int(parts[1]) if len(parts) > 1 else None
         acquired = _int(parts[2]) if len(parts) > 2 else None
         pid = _int(parts[-1]) if len(parts) > 4 else None
         host = "|".join(parts[3:-1]) if len(parts) > 4 else "|".join(parts[3:])
-        return cls(owner, token or 0, acquired, host, pid, raw)
+        return cls(owner, token or 0, acquired, host, pid, raw, write)
 
 
 def _int(text: str) -> int | None:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from . import primitive_scripts as more
 from . import scripts
 from .keyspace import TOKEN_LIMIT, quorum, wake_node
-from .plans import attempt_round, failure_of, write_back
+from .plans import attempt_round, failure_of, withdraw_plan, write_back
 from .replies import Call, NodeFailure, Request, Slot, granted_per_node
 from .state import WAIT_MARK_MS, Abandoned, AcquireFailure, AliasState, LeaseRecord, NodeView, Plan
 
@@ -63,9 +63,23 @@ def acquire_many_plan(
         return _release_all(state, nodes, calls, replies, owner, names)
 
     args = (mark_ms, "1" if woken else "0", waiter)
-    owner, calls, replies, statuses, started = yield from attempt_round(
-        state, nodes, more.ACQUIRE_MANY, touched, ttl, args, settled, give_back, tokens=len(names)
-    )
+    try:
+        owner, calls, replies, statuses, started = yield from attempt_round(
+            state,
+            nodes,
+            more.ACQUIRE_MANY,
+            touched,
+            ttl,
+            args,
+            settled,
+            give_back,
+            tokens=len(names),
+        )
+    except Abandoned:
+        # given up mid-attempt: it waits for none of the names any more (see acquire_plan)
+        if mark_ms:
+            yield from withdraw_plan(state, nodes, names, waiter)
+        raise
     try:
         won = [i for i, st in enumerate(statuses) if st == scripts.GRANTED]
         if len(won) >= needed:
@@ -96,10 +110,15 @@ def acquire_many_plan(
                 ]
         yield from _release_all(state, nodes, calls, replies, owner, names)
         failure = failure_of(nodes, replies, statuses, len(won))
+        if mark_ms and failure.final:  # it will not wait: withdraw where "busy" registered it
+            busy_nodes = [i for i, st in enumerate(statuses) if st == scripts.BUSY]
+            yield from withdraw_plan(state, nodes, names, waiter, busy_nodes)
         busy = [int(r[3]) for r, st in zip(replies, statuses, strict=True) if st in _NAMING]
         return dataclasses.replace(failure, busy_name=names[busy[0] - 1] if busy else None)
     except Abandoned:
         yield from _release_all(state, nodes, calls, [None] * total, owner, names)
+        if mark_ms:
+            yield from withdraw_plan(state, nodes, names, waiter)
         raise
 
 

@@ -62,6 +62,7 @@ __all__ = [
     "rejoin_plan",
     "release_plan",
     "wake_node",
+    "withdraw_plan",
 ]
 
 
@@ -154,9 +155,16 @@ def acquire_plan(
 
     args = (mark_ms, "1" if woken else "0", waiter, *extra)
     first = quorum_first(state, nodes, name)
-    owner, calls, replies, statuses, started = yield from attempt_round(
-        state, nodes, script, touched, ttl, args, settled, give_back, before, wait, first
-    )
+    try:
+        owner, calls, replies, statuses, started = yield from attempt_round(
+            state, nodes, script, touched, ttl, args, settled, give_back, before, wait, first
+        )
+    except Abandoned:
+        # the caller gave up with its attempt in flight (attempt_round gave back what it may
+        # have got): any node may have registered it as a waiter, for a wait that never comes
+        if mark_ms:
+            yield from withdraw_plan(state, nodes, (name,), waiter)
+        raise
     try:
         granted = [
             _granted_slot(r) if st == scripts.GRANTED else -1
@@ -195,15 +203,24 @@ def acquire_plan(
                     record.slots = tried
                 return record.with_kind(marker, kind)
 
+        failure = failure_of(nodes, replies, statuses, len(won))
+        # a caller that will wait registers where it gives a grant back; one that will not
+        # (no wait ends a conflict of kinds) withdraws where a "busy" registered it
+        waits = mark_ms if not failure.final else 0
         yield from _release_calls(
-            state, nodes, calls, replies, owner, name, tried, mark_ms, waiter, kind=kind
+            state, nodes, calls, replies, owner, name, tried, waits, waiter, kind=kind
         )
-        return failure_of(nodes, replies, statuses, len(won))
+        if mark_ms and not waits:
+            yield from _withdraw(state, nodes, statuses, name, waiter)
+        return failure
     except Abandoned:
-        # the caller gave up while a call was in flight: any node may have granted it
+        # the caller gave up while a call was in flight: any node may have granted it, and
+        # it waits no more
         yield from _release_calls(
             state, nodes, calls, [None] * total, owner, name, tried, kind=kind
         )
+        if mark_ms:
+            yield from withdraw_plan(state, nodes, (name,), waiter)
         raise
 
 
@@ -410,12 +427,27 @@ def _withdraw(
     name: str,
     waiter: str,
 ) -> Plan[None]:
-    """Fire-and-forget: the caller won, so it stops counting as a waiter on the nodes that
-    answered "busy" (and registered it there). Nothing is sent when every node granted."""
-    key = state.keys.waiters(name)
+    """Fire-and-forget: the caller won (or will not wait after all), so it stops counting as
+    a waiter on the nodes that answered "busy" (and registered it there). Nothing is sent
+    when no node did."""
+    busy = [i for i, status in enumerate(statuses) if status == scripts.BUSY]
+    return withdraw_plan(state, nodes, (name,), waiter, busy)
+
+
+def withdraw_plan(
+    state: AliasState,
+    nodes: Sequence[NodeView],
+    names: Sequence[str],
+    waiter: str,
+    only: Collection[int] | None = None,
+) -> Plan[None]:
+    """Fire-and-forget: ``waiter`` stops counting as a waiter of ``names`` on every node
+    (``only``: on those), so no release reserves a name for a caller that has stopped waiting.
+    Sent on the connection of the call in flight, it runs after that call on each node."""
+    keys = tuple(state.keys.waiters(name) for name in names)
     calls: list[Call | None] = [
-        Call(scripts.WITHDRAW, (key,), (waiter,)) if status == scripts.BUSY else None
-        for status in statuses
+        Call(scripts.WITHDRAW, keys, (waiter,)) if only is None or i in only else None
+        for i in range(len(nodes))
     ]
     if any(calls):
         yield Request(calls, 0.0, wait=False)

@@ -144,7 +144,8 @@ def acquire_policy(
     started: float | None = None,
 ) -> Generator[AcquireStep, Any, LeaseRecord | AcquireFailure]:
     """Attempts until one succeeds or ``timeout`` (counted from ``started``) runs out
-    (0: one attempt; None: forever).
+    (0: one attempt; None: forever), or until one fails for a reason no wait ends
+    (:attr:`~.state.AcquireFailure.final`: the name is taken as another kind).
 
     ``first``: the failure of a first attempt the driver already made (the common case, a free
     name, then needs no policy at all). ``queue_first``: this process has just handed the name
@@ -156,7 +157,7 @@ def acquire_policy(
     if queue_first:
         woken = yield AwaitRelease(patience.first_wait(), mark=True)
     result: LeaseRecord | AcquireFailure = first if first is not None else (yield Attempt(woken))
-    while isinstance(result, AcquireFailure) and timeout != 0:
+    while isinstance(result, AcquireFailure) and timeout != 0 and not result.final:
         step = patience.next_step(result, woken)
         if step is None:
             break

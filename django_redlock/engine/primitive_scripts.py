@@ -149,9 +149,9 @@ return release(lock, KEYS[1], KEYS[2], KEYS[3], ARGV[4] == '1', slots)
 # sorted set ``<prefix>__readers__:<name>`` (owner -> when its read lease lapses, ms on the
 # node's clock); while any is there, the name's own key holds the marker ``rwlock|readers``,
 # living as long as the longest of them (so a plain lock or a writer sees the name taken). A
-# writer holds the name's own key like a lock. Writers that wait register in
-# ``<prefix>__writers__:<name>`` (waiter id -> when the registration lapses): while one is
-# there, new readers are kept out (writer preference).
+# writer holds the name's own key like a lock, its value ending with ``|write``. Writers that
+# wait register in ``<prefix>__writers__:<name>`` (waiter id -> when the registration lapses):
+# while one is there, new readers are kept out (writer preference).
 # KEYS (READ and WRITE): fence, readers, the name's key, waiter set, hand-off reservation,
 # waiting writers. ARGV: as ACQUIRE. Replies as ACQUIRE ({-2, ...} when the name is a
 # semaphore's).
@@ -251,7 +251,10 @@ end
 if ARGV[7] ~= '' then
   redis.pcall('ZREM', KEYS[6], ARGV[7])
 end
-return {1, take(KEYS[3], KEYS[1], KEYS[4], KEYS[5], max_ttl), 0}
+-- a lock value that ends with '|write', so a listing tells a write lease from a plain lock
+local token = won(KEYS[1], KEYS[4], KEYS[5], max_ttl)
+redis.call('SET', KEYS[3], lock_value(token) .. '|write', 'PX', ARGV[2])
+return {1, token, 0}
 """,
 )
 

@@ -385,14 +385,22 @@ return 1
 """,
 )
 
-# KEYS: waiter set. ARGV: waiter id.
+# KEYS: waiter sets. ARGV: waiter id.
 # A caller that won the lock on a quorum is no longer waiting: the nodes that answered "busy"
-# registered it, so it withdraws there. Returns how many registrations were removed (0 or 1).
+# registered it, so it withdraws there; so does a caller that gives up before its timeout
+# (cancelled, interrupted, or the name is another kind's), from the sets of every name it
+# waited for. Returns how many registrations were removed.
 WITHDRAW = Script(
     "withdraw",
     """
-local removed = redis.pcall('ZREM', KEYS[1], ARGV[1])
-return type(removed) == 'number' and removed or 0
+local removed = 0
+for i = 1, #KEYS do
+  local n = redis.pcall('ZREM', KEYS[i], ARGV[1])
+  if type(n) == 'number' then
+    removed = removed + n
+  end
+end
+return removed
 """,
 )
 

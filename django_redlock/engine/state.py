@@ -242,3 +242,9 @@ class AcquireFailure:
     #: set by the driver: seconds the acquire call took until it gave up, and its attempts
     waited: float = 0.0
     attempts: int = 0
+
+    @property
+    def final(self) -> bool:
+        """True when no wait ends this failure: the name is taken as another kind, so the
+        caller asked for the wrong kind (a release would not change that)."""
+        return self.reason == "other_kind"

@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..engine import escape_glob
+from ..engine.keyspace import SEMAPHORE_MARKER
 from ..manager import LockManager
+from ..nodes.probe import NodeHealth, Target, probe
 from ..registry import locks
 from .reader import SCAN_COUNT, AliasInspector
 from .records import (
@@ -22,7 +24,6 @@ from .records import (
     LockInfo,
     LockPage,
     NodeError,
-    NodeHealth,
     NotHeld,
     Unreachable,
     lease_id,
@@ -149,12 +150,11 @@ def get_lock(alias: str, name: str) -> tuple[LockInfo | None, list[NodeError]]:
 
 
 def node_health(using: Iterable[str] | None = None) -> list[NodeHealth]:
-    """Health of every node of the aliases (all of them by default)."""
-    report: list[NodeHealth] = []
-    for alias in aliases() if using is None else using:
-        with AliasInspector(locks[alias]) as inspector:
-            report.extend(inspector.health())
-    return report
+    """Health of every node of the aliases (all of them by default), alias after alias; every
+    node of every alias is read at the same time (see :mod:`..nodes.probe`)."""
+    managers = [locks[alias] for alias in (aliases() if using is None else using)]
+    targets = [Target(m.config.shard_configs[0], len(m.shards)) for m in managers]
+    return [reading.health for readings in probe(targets) for reading in readings]
 
 
 def force_release(
@@ -173,8 +173,10 @@ def force_release(
     with inspector_for(manager, name) as inspector:
         values, _, markers = inspector.read_page([name])
         per_node, errors = values[0], inspector.errors
-        if markers[0] is not None:  # a semaphore or a read-write lock's readers
-            return _force_release_kind(inspector, name, markers[0], token, lease)
+        if markers[0] is not None and markers[0].startswith(SEMAPHORE_MARKER):
+            return _force_release_semaphore(inspector, name, markers[0], token, lease)
+        if markers[0] is not None:  # a read-write lock's readers
+            return _force_release_readers(inspector, name, markers[0], token, lease)
     info = merge(alias, name, len(manager.config.nodes), per_node)
     if info is None and errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
@@ -198,7 +200,41 @@ def force_release(
     return deleted, info
 
 
-def _force_release_kind(
+def _held_kind(inspector: AliasInspector, name: str, kind: str) -> LockInfo:
+    """``name``'s merged row, which must be of ``kind`` (else :class:`HolderChanged`: it
+    changed hands since the marker was read)."""
+    infos = inspector.lock_infos([name])
+    alias = inspector.alias
+    if not infos:
+        raise NotHeld(f"{name!r} is not held on alias {alias!r}")
+    if infos[0].kind != kind:
+        raise HolderChanged(
+            f"{name!r} on alias {alias!r} is now held as kind {infos[0].kind!r}; nothing "
+            "was released"
+        )
+    return infos[0]
+
+
+def _force_release_readers(
+    inspector: AliasInspector, name: str, marker: str, token: int | None, lease: str | None
+) -> tuple[int, LockInfo]:
+    """Force-release every read lease of the read-write lock ``name``: the engine deletes its
+    readers' marker (``marker``, as read) and, with it, the readers, advancing the fence
+    counter, so no reader can renew afterwards. ``lease`` names the readers listed (their
+    :func:`~.records.readers_id`): once a reader came or went, nothing is released. Returns
+    how many nodes the readers were deleted on."""
+    info = _held_kind(inspector, name, "read")
+    if (token is not None and info.token != token) or (
+        lease is not None and info.lease_id != lease
+    ):
+        raise HolderChanged(
+            f"read-write lock {name!r} on alias {inspector.alias!r} is held by other readers "
+            "now; nothing was released"
+        )
+    return inspector.engine.force_release(name, marker), info
+
+
+def _force_release_semaphore(
     inspector: AliasInspector, name: str, marker: str, token: int | None, lease: str | None
 ) -> tuple[int, LockInfo]:
     """Force-release every permit of the semaphore ``name`` (each slot holder's exact values,
@@ -207,18 +243,9 @@ def _force_release_kind(
 
     The marker (``marker``, as read) is deleted only if it is still that value and no slot was
     taken again meanwhile: a permit granted in between keeps its marker, so the name cannot be
-    taken as a lock while that permit is valid. Read leases of a read-write lock cannot be
-    force-released yet (they expire within their TTL)."""
-    infos = inspector.lock_infos([name])
+    taken as a lock while that permit is valid."""
+    info = _held_kind(inspector, name, "semaphore")
     alias = inspector.alias
-    if not infos:
-        raise NotHeld(f"{name!r} is not held on alias {alias!r}")
-    info = infos[0]
-    if info.kind != "semaphore":
-        raise InspectionError(
-            f"{name!r} on alias {alias!r} is held by read leases of a read-write lock, which "
-            "cannot be force-released yet; they end within their TTL"
-        )
     if (token is not None and info.token != token) or (
         lease is not None and info.lease_id != lease
     ):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
@@ -15,11 +14,12 @@ import redis
 
 from ..checks import valid_aliases
 from ..conf import AliasConfig
-from ..connections import client_factory, current_master
+from ..connections import client_factory
 from ..engine import WAITING, Keyspace, LockValue, as_text, escape_glob, quorum
 from ..engine.keyspace import SEMAPHORE_MARKER
 from ..manager import LockManager
-from .records import LockInfo, NodeError, NodeHealth, merge, merge_readers, merge_semaphore
+from ..nodes.probe import NodeHealth, Target, one_line, probe, run_id
+from .records import LockInfo, NodeError, merge, merge_readers, merge_semaphore
 
 logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name (records carry .module)
 T = TypeVar("T")
@@ -97,7 +97,7 @@ class AliasInspector:
         try:
             return func(client)
         except (redis.RedisError, OSError) as exc:
-            self.failures[index] = _one_line(exc)
+            self.failures[index] = one_line(exc)
             logger.info(
                 "Inspection of alias %r: node %s failed: %s",
                 self.alias,
@@ -206,9 +206,6 @@ class AliasInspector:
         if self.total < 3:
             return every, self.total
         marks = self.fence_marks()
-
-        def run_id(client: redis.Redis) -> str:
-            return str(client.info("server").get("run_id", ""))
 
         trusted = [
             i
@@ -330,71 +327,21 @@ class AliasInspector:
         fence = self.keys.fence
 
         def fetch(client: redis.Redis) -> tuple[str, int]:
-            run_id, longest = client.hmget(fence, ["run_id", "max_ttl"])
+            marked, longest = client.hmget(fence, ["run_id", "max_ttl"])
             text = "" if longest is None else as_text(longest)
-            return ("" if run_id is None else as_text(run_id)), int(text) if text.isdigit() else 0
+            return ("" if marked is None else as_text(marked)), int(text) if text.isdigit() else 0
 
         return [self._call(index, fetch) for index in range(self.total)]
 
     def health(self) -> list[NodeHealth]:
-        """PING latency, ``INFO`` and ``maxmemory-policy`` of every node."""
-        report = []
-        for index, node in enumerate(self.config.nodes):
-            started = time.perf_counter()
-            if self._call(index, lambda client: client.ping()) is None:
-                report.append(
-                    NodeHealth(self.alias, index, node.label, False, error=self.failures[index])
-                )
-                continue
-            latency = round((time.perf_counter() - started) * 1000, 3)
-            replies = self._call(index, _health_pipeline)
-            if replies is None:
-                report.append(
-                    NodeHealth(self.alias, index, node.label, False, error=self.failures[index])
-                )
-                continue
-            server, memory, policy, role = replies
-            report.append(
-                NodeHealth(
-                    self.alias,
-                    index,
-                    node.label,
-                    True,
-                    latency_ms=latency,
-                    run_id=str(server.get("run_id", "")) or None,
-                    uptime_s=_maybe_int(server.get("uptime_in_seconds")),
-                    maxmemory_policy=policy,
-                    used_memory=_maybe_int(memory.get("used_memory")),
-                    used_memory_human=str(memory.get("used_memory_human", "")) or None,
-                    role=role,
-                    master=current_master(node, self.config, len(self.manager.shards)),
-                )
-            )
+        """Every node's health, all read at the same time (see :mod:`..nodes.probe`); a
+        node that did not answer counts as failed for the rest of the inspection."""
+        target = Target(self.config, len(self.manager.shards), factories=self._factories)
+        report = [reading.health for reading in probe([target])[0]]
+        for node in report:
+            if not node.up:
+                self.failures.setdefault(node.index, node.error)
         return report
-
-
-def _health_pipeline(
-    client: redis.Redis,
-) -> tuple[dict[str, Any], dict[str, Any], str, str | None]:
-    """``INFO server``, ``INFO memory``, ``CONFIG GET maxmemory-policy`` and ``INFO
-    replication`` in one round trip; the policy is ``"unknown"`` when an ACL denies
-    ``CONFIG``, the role None when it denies ``INFO replication``."""
-    pipe = client.pipeline(transaction=False)
-    pipe.info("server")
-    pipe.info("memory")
-    pipe.config_get("maxmemory-policy")
-    pipe.info("replication")
-    server, memory, config, replication = pipe.execute(raise_on_error=False)
-    role = replication.get("role") if isinstance(replication, dict) else None
-    for reply in (server, memory):
-        if isinstance(reply, Exception):
-            raise reply
-    policy = "unknown"
-    if isinstance(config, dict):
-        value = config.get("maxmemory-policy", config.get(b"maxmemory-policy"))
-        if value is not None:
-            policy = as_text(value)
-    return server, memory, policy, None if role is None else as_text(role)
 
 
 def _key_count(client: redis.Redis) -> int:
@@ -416,11 +363,6 @@ def _maybe_int(value: Any) -> int | None:
         return int(str(value))
     except ValueError:
         return None
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"
 
 
 # -- the API the admin and the command use -------------------------------------------------

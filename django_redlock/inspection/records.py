@@ -1,4 +1,5 @@
-"""What inspection returns: held locks merged over an alias's nodes, node health, errors.
+"""What inspection returns: held locks merged over an alias's nodes, node health (read by
+:mod:`..nodes.probe`), errors.
 
 Lock owners are secrets (whoever knows one can release or extend that lease): nothing here
 carries more than their first four hex characters, or a one-way fingerprint.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,12 @@ def lease_id(owner: str) -> str:
     lease from the next even when their tokens print alike.
     """
     return hashlib.sha256(owner.encode()).hexdigest()[:16]
+
+
+def readers_id(owners: Iterable[str]) -> str:
+    """The :func:`lease_id` of a set of read leases: it changes when a reader comes or goes,
+    so a force-release naming the readers listed leaves readers that changed alone."""
+    return lease_id(" ".join(sorted(owners)))
 
 
 @dataclass(frozen=True)
@@ -84,11 +91,12 @@ class LockInfo:
     lease_id: str
     nodes_other: int = 0
     waiters: int = 0
-    #: "lock", "semaphore" or "rwlock" (read leases; a write lease is listed as a lock)
+    #: "lock", "semaphore", "read" (the read leases of a read-write lock) or "write" (its
+    #: write lease)
     kind: str = "lock"
     #: a semaphore's number of permits (None for other kinds)
     permits: int | None = None
-    #: every lease holding the name: a lock's one, a semaphore's permits, a rwlock's readers;
+    #: every lease holding the name: a lock's one, a semaphore's permits, the read leases;
     #: each a dict of slot (a permit's; None otherwise), token (None for readers), owner
     #: (masked), lease_id, ttl_ms, nodes_held (see :func:`holder_of`)
     holders: tuple[dict[str, Any], ...] = ()
@@ -99,49 +107,17 @@ class LockInfo:
 
     @property
     def kind_label(self) -> str:
-        """What the admin shows: "lock", "semaphore 2/3 permits", "rwlock: 3 readers"."""
+        """What the admin shows: "lock", "semaphore 2/3 permits", "read: 3 readers", "write"."""
         if self.kind == "semaphore":
             return f"semaphore {len(self.holders)}/{self.permits} permits"
-        if self.kind == "rwlock":
-            return f"rwlock: {len(self.holders)} reader{'s' if len(self.holders) != 1 else ''}"
-        return "lock"
+        if self.kind == "read":
+            return f"read: {len(self.holders)} reader{'s' if len(self.holders) != 1 else ''}"
+        return self.kind
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``acquired_at`` as ISO 8601)."""
         acquired = self.acquired_at.isoformat() if self.acquired_at else None
         return {**dataclasses.asdict(self), "acquired_at": acquired}
-
-
-@dataclass(frozen=True)
-class NodeHealth:
-    """What one node says about itself; ``up`` False when it did not answer."""
-
-    alias: str
-    index: int
-    node: str
-    up: bool
-    latency_ms: float | None = None
-    run_id: str | None = None
-    uptime_s: int | None = None
-    maxmemory_policy: str | None = None
-    used_memory: int | None = None
-    used_memory_human: str | None = None
-    error: str = ""
-    #: ``master`` or ``slave`` (a replica), from ``INFO replication``
-    role: str | None = None
-    #: a sentinel node's master now (``host:port``), or a cluster node's slot, master and
-    #: coverage (None for other nodes)
-    master: str | None = None
-
-    @property
-    def shown(self) -> str:
-        """The node's label, with where a sentinel or cluster node was found."""
-        if self.master is None:
-            return self.node
-        return f"{self.node} [{'' if self.master.startswith('slot') else 'master '}{self.master}]"
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclass
@@ -192,6 +168,7 @@ def merge(
         lease_id=lease_id(first.owner),
         nodes_other=len(held) - len(main),
         waiters=waiters,
+        kind="write" if first.write else "lock",
         holders=(holder_of(first.token, first.owner, min(ttls) if ttls else -1, len(main)),),
     )
 
@@ -243,7 +220,9 @@ def merge_semaphore(
 def merge_readers(
     alias: str, name: str, total: int, readers: Sequence[dict[str, int] | None], waiters: int = 0
 ) -> LockInfo | None:
-    """One row for a read-write lock's readers: ``readers`` per node maps owner -> ms left."""
+    """One row for a read-write lock's readers: ``readers`` per node maps owner -> ms left.
+    Its ``lease_id`` is :func:`readers_id` of them, ``token`` 0 (readers' tokens are not kept
+    on the nodes)."""
     counts: dict[str, list[int]] = {}
     for per_node in readers:
         for owner, left in (per_node or {}).items():
@@ -264,8 +243,8 @@ def merge_readers(
         acquired_at=None,
         host="",
         pid=None,
-        lease_id=holders[0]["lease_id"],
+        lease_id=readers_id(counts),
         waiters=waiters,
-        kind="rwlock",
+        kind="read",
         holders=holders,
     )

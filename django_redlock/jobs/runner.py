@@ -11,7 +11,7 @@ it), or:
   SIGKILL ``kill_after`` seconds later if a process of it was still running);
 * 126 / 127: COMMAND could not be started (not executable / not found); NAME is released at once.
 
-Three processes run a job (docs/jobs.md, "Process trees, terminals and Ctrl-Z"): the *front*
+Three processes run a job (docs/jobs.md, "Process trees and terminals"): the *front*
 (:mod:`.front`, the process the caller started), the *holder* (this module: a fork of the front
 that holds and renews the lease) and the *keeper* (:mod:`.keeper`: a small process that starts
 COMMAND in a process group of its own and makes sure none of the job's processes outlives it).

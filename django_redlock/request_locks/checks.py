@@ -30,6 +30,7 @@ CHECK_IDS = {
     "E016": "REDLOCK_BUSY_STATUS is not an int from 400 to 599.",
     "E017": "A KEY uses {user} but AuthenticationMiddleware does not run before it.",
     "E018": "A rule's LIMIT is not an int from 1 to 1024.",
+    "E019": "A lock and a LIMIT (or two different LIMITs) share a key template and alias.",
     "W010": "REDLOCK_REQUEST_LOCKS has rules but RequestLockMiddleware is not in MIDDLEWARE.",
 }
 MIDDLEWARE_PATH = "django_redlock.middleware.RequestLockMiddleware"
@@ -153,12 +154,47 @@ def check_request_locks(
             )
         )
     patterns = _url_patterns()
+    sites = [(f"{SETTING}[{rule.index}]", rule.spec) for rule in rules]
     for rule in rules:
         messages += _rule_messages(rule, patterns, position)
+    decorated: dict[int, None] = {}  # a view reachable by several URLs is one site
     for pattern, names, view_name in patterns:
         label = view_name or getattr(pattern.callback, "__qualname__", repr(pattern.callback))
         for spec in view_specs(pattern.callback):
             where = f"@request_lock({spec.key.template!r}) on view {label!r}"
             messages += _spec_messages(spec, where, None)
             messages += _missing_fields(spec, where, str(pattern.pattern), names)
+            if id(spec) not in decorated:
+                decorated[id(spec)] = None
+                sites.append((where, spec))
+    return messages + _kind_clashes(sites)
+
+
+def _kind_clashes(sites: list[tuple[str, LockSpec]]) -> list[checks.CheckMessage]:
+    """E019: rules and decorated views whose keys have one shape (see ``KeyTemplate.shape``)
+    on one alias, some taking a lock and some a LIMIT, or LIMITs of different sizes. The names
+    they fill are shared, and the engine refuses a name in use as another kind (or with other
+    permits), so whichever request comes second would fail with HTTP 500."""
+    groups: dict[tuple[str, str], list[tuple[str, LockSpec]]] = {}
+    for where, spec in sites:
+        groups.setdefault((spec.using, spec.key.shape), []).append((where, spec))
+    messages: list[checks.CheckMessage] = []
+    for (using, shape), members in groups.items():
+        if len({spec.limit for _, spec in members}) < 2:
+            continue
+        described = "; ".join(
+            f"{where}: {'a lock' if spec.limit is None else f'LIMIT {spec.limit}'} on "
+            f"{spec.key.template!r}"
+            for where, spec in members
+        )
+        messages.append(
+            _error(
+                f"Request locks on alias {using!r} share the key template {shape!r} as "
+                f"different kinds ({described}): a request would get HTTP 500 (the name is in "
+                "use as another kind) whenever the other one holds the same name.",
+                "E019",
+                hint="Give the lock and the LIMIT different key texts (e.g. 'order:{order_id}' "
+                "and 'order-limit:{order_id}'), or the same LIMIT everywhere.",
+            )
+        )
     return messages

@@ -119,6 +119,12 @@ class KeyTemplate:
     def __repr__(self) -> str:
         return f"KeyTemplate({self.template!r})"
 
+    @property
+    def shape(self) -> str:
+        """The template with every field written ``{}``: two templates of one shape give the
+        same name for equal values (``"order:{order_id}"`` and ``"order:{pk}"``)."""
+        return "{}".join(text.replace("{", "{{").replace("}", "}}") for text in self._texts)
+
     def missing(self, available: Any) -> list[str]:
         """The URL fields the template needs that ``available`` (names) does not provide."""
         return sorted(self.url_fields - set(available))

@@ -180,6 +180,8 @@ class Shop:
     tmp: Path
     prefix: str = field(default_factory=lambda: f"shop-{uuid.uuid4().hex[:6]}:")
     runs: list[Run] = field(default_factory=list)
+    #: the products of the run under way (a fault injector may pick its target by them)
+    pks: list[int] = field(default_factory=list)
 
     def settings(self, nodes: RedisNodes | list[str], **options: Any) -> dict[str, Any]:
         urls = nodes.urls if isinstance(nodes, RedisNodes) else list(nodes)
@@ -218,7 +220,7 @@ class Shop:
         else:
             remove_oracle()
         products = [Product.objects.create(name=f"item {i}", stock=stock) for i in range(items)]
-        pks = [p.pk for p in products]
+        pks = self.pks = [p.pk for p in products]
         initial = {pk: stock for pk in pks}
         if zombie is not None:
             zombie = {"pk": pks[0], **zombie}

@@ -49,6 +49,17 @@ def configure(redis_url: str) -> None:
     app.conf.update(broker_url=f"{_redis_url}/0", result_backend=f"{_redis_url}/1")
 
 
+def wait_go(tag: str, timeout: float = 30.0) -> None:
+    """Wait (polling, bounded) until the test sets ``<tag>:go``. A key, not a list popped
+    with BLPOP: a pool process SIGKILLed while blocked in BLPOP could still be handed the
+    item by the server (before it noticed the closed connection), and redis-py's default
+    5 s socket timeout would end a longer BLPOP with TimeoutError."""
+    deadline = time.monotonic() + timeout
+    with record_store() as store:
+        while not store.exists(f"{tag}:go") and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+
 def record_store() -> redis.Redis:
     """What tasks record for the tests (database 2 of the broker's server)."""
     return redis.Redis.from_url(f"{_redis_url}/2", decode_responses=True)
@@ -138,8 +149,7 @@ def stalled_write(tag: str, pk: int) -> str:
 
     product = Product.objects.get(pk=pk)
     _record(f"{tag}:pid", [os.getpid(), context.current_token()])
-    with record_store() as store:
-        store.blpop([f"{tag}:go"], timeout=30)
+    wait_go(tag)
     product.stock = 1
     try:
         product.save()
@@ -178,10 +188,43 @@ def once(self: LockedTask, tag: str, hold: float = 0.0) -> str:
     return _mark_ran(f"once {tag}")
 
 
+@app.task(
+    base=LockedTask,
+    bind=True,
+    lock_name="must:{tag}",
+    lock_ttl=2.0,
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
+def must_run(self: LockedTask, tag: str) -> str:
+    """Acknowledged once it ran, requeued when its process dies (the usual "must run"
+    options; ``lock_on_busy`` is the default "skip"): writes a start row, records its PID, its
+    token and whether its message was redelivered, waits for ``<tag>:go``, writes an end row."""
+    from testproject.inventory.models import Product
+
+    Product.objects.create(name=f"{tag} start")
+    redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
+    _record(f"{tag}:pid", [os.getpid(), context.current_token(), redelivered])
+    wait_go(tag)
+    Product.objects.create(name=f"{tag} end")
+    return f"finished {tag}"
+
+
+@app.task
+def collect(results: Any) -> Any:
+    """A plain task for the end of a chain or the body of a chord."""
+    return results
+
+
 @app.task(base=LockedTask, lock_name="beat:{0}", lock_min_hold=1.5, lock_on_busy="skip")
 def beat_locked(tag: str) -> str:
-    """Sent by two ``celery beat`` processes every 2 s: once per tick."""
-    _record(f"{tag}:locked", [time.time(), context.current_token()])
+    """Sent by two ``celery beat`` processes every 2 s: once per tick. Records when its lock
+    call started and when it won (``time.monotonic()``: one clock for every process of the
+    machine), and its token."""
+    lease = context.current_lease()
+    assert lease is not None
+    won = time.monotonic() - lease.held  # type: ignore[attr-defined]
+    _record(f"{tag}:locked", [won - lease.waited, won, lease.token])  # type: ignore[attr-defined]
     return "ran"
 
 

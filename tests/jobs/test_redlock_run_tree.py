@@ -34,7 +34,7 @@ from .run_support import (
     alive,
     argv_of_pid,
     children_of,
-    free_within,
+    free_now,
     job_processes,
     kill_job,
     state_of,
@@ -162,7 +162,7 @@ def test_a_forwarded_signal_ends_the_whole_job(
     process.communicate(timeout=60)
     assert process.returncode != 0
     assert job_processes(marker) == [], "a process of the job outlived redlock run"
-    free_within(manager, "tree", 5)
+    free_now(manager, "tree")
 
 
 @pytest.mark.parametrize(("kind", "how"), [("script", "api"), ("daemon", "api"), ("sh-c", "cli")])
@@ -273,7 +273,7 @@ def test_a_job_prompting_on_the_terminal_gets_its_answer(
     terminal.send(b"ok\n")
     terminal.expect(b"answer=ok")
     assert terminal.process.wait(30) == 0
-    free_within(manager, "tty", 5)
+    free_now(manager, "tty")
 
 
 def test_ctrl_c_on_the_terminal_ends_the_job_with_130(
@@ -294,7 +294,7 @@ def test_ctrl_c_on_the_terminal_ends_the_job_with_130(
     terminal.send(b"ok\n")
     terminal.expect(b"answer=ok")
     assert terminal.process.wait(30) == 0
-    free_within(manager, "ctrlc", 5)
+    free_now(manager, "ctrlc")
 
 
 def stays_held_while_stopped(manager: LockManager, name: str, ttl: float, job: int) -> int:
@@ -339,7 +339,7 @@ def test_ctrl_z_stops_the_job_with_its_lease_kept_and_fg_resumes_it(
     wait_until(lambda: not alive(job), "the resumed job finished")
     terminal.send(b'echo "rc=$?"\n')
     terminal.expect(b"rc=0")
-    free_within(manager, "tstp", 5)
+    free_now(manager, "tstp")
     terminal.send(b"exit\n")
     terminal.process.wait(30)
 
@@ -364,7 +364,7 @@ def test_sigtstp_to_redlock_run_stops_the_job_with_its_lease_kept(
     process.send_signal(signal.SIGCONT)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 0, err
-    free_within(manager, "tstp", 5)
+    free_now(manager, "tstp")
 
 
 def test_a_stopped_job_whose_lease_is_lost_never_runs_again(

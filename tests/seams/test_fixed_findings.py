@@ -443,3 +443,20 @@ def test_a_task_reenters_its_lease_after_sync_to_async(unique_name: str) -> None
 
     asyncio.run(scenario())
     assert free_elsewhere(unique_name)
+
+
+def test_lock_above_classmethod_is_refused_when_decorating(redlock_alias: Any) -> None:
+    """@lock placed above @classmethod/@staticmethod fails when the class is defined, saying
+    which order works (C1; before: ValueError ... KeyError 'cls' at call time)."""
+    manager = redlock_alias(["redis://127.0.0.1:1/0"])
+    for wrap in (classmethod, staticmethod):
+        with pytest.raises(TypeError, match=f"@{wrap.__name__} above"):
+            manager.lock("job:{0}")(wrap(lambda *args: None))
+
+    class Jobs:
+        @classmethod
+        @manager.lock("job:{cls.__name__}", timeout=0)
+        def run(cls) -> str:
+            return "ran"
+
+    assert Jobs.run.__name__ == "run"

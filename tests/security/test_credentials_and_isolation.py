@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
 from io import StringIO
 from typing import Any
@@ -25,6 +24,7 @@ from django_redlock.inspect import get_lock, list_locks, node_health
 from django_redlock.manager import LockManager
 from django_redlock.testing import RedisNodes
 from tests.support.redis_acl import acl_user_urls
+from tests.support.waiting import assert_woken, backing_off, until_waiting
 
 PASSWORD = "Sup3r-Secret-pw"
 
@@ -241,19 +241,19 @@ def test_tls_fails_closed_on_wrong_ca_or_hostname(
     good = aliases("tls-good", [url(certs["ca"])], KEY_PREFIX="tls:")
     lease = good.acquire("x", timeout=0)
     assert lease.token > 0 and lease.release() is True
-    # waiting over TLS too: a waiter blocked in BLPOP is woken by the release, well before
-    # its backoff (a RETRY_DELAY of 5 s makes each wait the 0.8 s cap) could explain it
-    good.engine.state.retry_delay = 5.0
-    holder = good.acquire("w", timeout=0)
+    # waiting over TLS too: a waiter blocked in BLPOP is woken by the release, not let in by
+    # a backoff step (tests/support/waiting.py)
+    holder = good.acquire("w", ttl=30, timeout=0)
     woken: list[Any] = []
-    thread = threading.Thread(target=lambda: woken.append(good.acquire("w", timeout=10)))
-    thread.start()
-    time.sleep(0.15)  # the waiter has failed once and blocks
-    released = time.monotonic()
-    holder.release()
-    thread.join(10)
-    assert time.monotonic() - released < 0.5  # its first backoff alone would take 0.65 s more
-    assert woken and woken[0].token > holder.token and woken[0].release() is True
+    with backing_off(good):
+        thread = threading.Thread(target=lambda: woken.append(good.acquire("w", timeout=30)))
+        thread.start()
+        until_waiting(good, "w")
+        holder.release()
+        thread.join(30)
+    assert woken and woken[0].token > holder.token
+    assert_woken(good, "w", holder, woken)
+    assert woken[0].release() is True
     # a sentinel node over TLS: the master it names (TLS-only, no plaintext port) is reached
     # over TLS with the sentinels' URL options
     sentinel = url(certs["ca"], tls_server["sentinel_port"]).replace("/0?", "?")

@@ -17,6 +17,12 @@ History lines: ``{"type": "invoke", "op", "pk", "t"}`` then one completion:
 - ``info``: indeterminate (an error while committing);
 - ``error``: an exception the library should never let out (a raw redis-py error, ...).
 
+A completion also carries ``sent`` (stamped right before the acquire call: every attempt of
+it, the granting one included, went out after that), and a granted one ``shard`` (the name's
+shard of a spread cluster alias, else 0) and ``node`` (the ports of the servers that granted
+it). ``acquired`` is stamped once the block is entered, so the grant itself happened between
+``sent`` and ``acquired``.
+
 Modes: ``fenced`` (lock + claim + guarded save), ``unfenced`` (lock, plain read, then a raw
 SQL write in a transaction: the guard disabled) and ``nolock`` (plain read, raw SQL write).
 The last two are the negative controls.
@@ -136,9 +142,13 @@ def _run_task(index: int, task: dict[str, Any], results: Any) -> dict[str, Any]:
                     phase = "block"
                     event = _sell_cart(manager, rng, task, index, ops, pause, write)
                 else:
-                    with manager.lock(f"product:{pk}", ttl=ttl, timeout=task["timeout"]) as lease:
+                    name = f"product:{pk}"
+                    event["shard"] = manager.shard_index(name)
+                    event["sent"] = now()
+                    with manager.lock(name, ttl=ttl, timeout=task["timeout"]) as lease:
                         event["acquired"] = now()
                         event["token"] = lease.token
+                        event["node"] = granted_by(lease)
                         phase = "block"
                         in_txn = bool(stall and stall["where"] == "in_txn")
                         if stall and not in_txn:
@@ -216,11 +226,17 @@ def _sell_cart(
 
     pks = rng.sample(task["pks"], 2)
     names = {pk: f"product:{pk}" for pk in pks}
-    events = [{"op": op, "pk": pk, "w": index} for pk in pks]
+    events = [{"op": op, "pk": pk, "w": index, "sent": now()} for pk in pks]
     with manager.lock_many(list(names.values()), ttl=task["ttl"], timeout=task["timeout"]) as held:
         tokens = {pk: held.leases[name].token for pk, name in names.items()}
         for event in events:
-            event.update(acquired=now(), token=tokens[event["pk"]])
+            lease = held.leases[names[event["pk"]]]
+            event.update(
+                acquired=now(),
+                token=tokens[event["pk"]],
+                shard=manager.shard_index(lease.name),
+                node=granted_by(lease),
+            )
         with transaction.atomic():
             rows = Product.objects.claim_many(tokens)
             for event in events:
@@ -236,6 +252,18 @@ def _sell_cart(
             event.update(sold=sold, exit=now(), type="ok", t=now())
     write(events[0])
     return events[1]
+
+
+def granted_by(lease: Any) -> list[int]:
+    """The ports of the servers whose grant made ``lease``'s quorum (a cluster node: the
+    master its shard's connection was on), read from the engine's connections right after the
+    grant; [] when that cannot be told (a test helper, not an API)."""
+    try:
+        record = lease._record
+        links = record.pinned.links
+        return [int(links[i]._conn.port) for i in record.voters]
+    except Exception:  # a diagnostic only: never let it fail an operation
+        return []
 
 
 def _is_db_error(exc: BaseException) -> bool:

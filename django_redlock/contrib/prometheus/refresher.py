@@ -1,7 +1,7 @@
 """The gauges' background refresher: one daemon thread per process reads every alias's count
 of waiting calls from its engine (no I/O) every ``waiters_interval`` seconds, and probes its
-nodes (``PING``, ``INFO``, within the alias's node timeout, through
-:mod:`django_redlock.inspection`) every ``nodes_interval`` seconds.
+nodes (``PING``, ``INFO``, all at once, each within its alias's socket timeout, through
+:mod:`django_redlock.nodes.probe`) every ``nodes_interval`` seconds.
 
 No lock call ever waits for a probe. The thread starts at the first lock event of a process
 (after a fork too: a gunicorn worker starts its own), so a process that takes no lock, such as
@@ -92,10 +92,10 @@ class Refresher:
     def refresh_nodes(self) -> None:
         """Probe every node of every alias: up (1/0) and the probe's round-trip time."""
         metrics = self._metrics
-        for alias in list(locks):
-            nodes = locks[alias].config.nodes
-            for health in inspection.node_health([alias]):
-                node = public_label(nodes[health.index])
-                metrics.node_up.labels(alias, node).set(1 if health.up else 0)
-                if health.latency_ms is not None:
-                    metrics.node_rtt.labels(alias, node).set(health.latency_ms / 1000)
+        aliases = list(locks)
+        for health in inspection.node_health(aliases):  # every node at once
+            alias = health.alias
+            node = public_label(locks[alias].config.nodes[health.index])
+            metrics.node_up.labels(alias, node).set(1 if health.up else 0)
+            if health.latency_ms is not None:
+                metrics.node_rtt.labels(alias, node).set(health.latency_ms / 1000)

@@ -35,9 +35,37 @@ from ...validation import check_name, check_timeout, check_ttl
 CLEAR_BATCH = 500
 
 
+def printable(text: str) -> str:
+    """``text`` safe to write to a terminal: every character ``repr()`` would escape (C0
+    controls such as ESC, CR, LF and BEL; DEL; C1 controls; bidi embeddings, overrides and
+    isolates; line and paragraph separators) as its ``repr()`` escape (``\\x1b``, ``\\n``,
+    ``\\u202e``), and a backslash doubled, so no two names print alike. Lock names come
+    from HTTP clients (request-lock keys are filled from URL values)."""
+    if text.isprintable() and "\\" not in text:
+        return text
+    return "".join(_escaped(ch) for ch in text)
+
+
+def _escaped(ch: str) -> str:
+    """One character of :func:`printable`: ASCII controls as ``repr()`` writes them, other
+    code points as ``\\uXXXX`` (never ``\\xHH`` above 0x7f, which bash's ``$'...'`` would
+    read as a raw byte rather than the character)."""
+    if ch == "\\":
+        return "\\\\"
+    if ch.isprintable():
+        return ch
+    code = ord(ch)
+    if code < 0x80:
+        return repr(ch)[1:-1]
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """Left-aligned columns separated by two spaces."""
-    cells = [[str(h) for h in headers], *[["" if c is None else str(c) for c in r] for r in rows]]
+    """Left-aligned columns separated by two spaces; every cell :func:`printable`."""
+    cells = [
+        [str(h) for h in headers],
+        *[["" if c is None else printable(str(c)) for c in r] for r in rows],
+    ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
     return "\n".join(line.rstrip() for line in lines)
@@ -76,6 +104,22 @@ def _holder_rows(info: LockInfo) -> list[list[object]]:
     ]
 
 
+def released_what(info: LockInfo) -> str:
+    """What ``release`` says it released, by kind."""
+    where = f"{info.name!r} on alias {info.alias!r}"
+    count = len(info.holders)
+    if info.kind == "semaphore":  # every permit; the token is the newest permit's
+        return (
+            f"semaphore {where} ({count} permit{'s' if count != 1 else ''} of "
+            f"{info.permits}, newest token {info.token})"
+        )
+    if info.kind == "read":  # every read lease
+        return f"the {count} read lease{'s' if count != 1 else ''} of {where}"
+    if info.kind == "write":
+        return f"write lease {where} (token {info.token})"
+    return f"{where} (token {info.token})"
+
+
 HOLDER_HEADERS = ("SLOT", "TOKEN", "OWNER", "LEASE", "TTL", "NODES")
 
 LOCK_HEADERS = (
@@ -97,6 +141,24 @@ RELEASE_CODES = {
     inspection.HolderChanged: "holder_changed",
     inspection.Unreachable: "unreachable",
 }
+
+
+def _check_encodable(options: dict[str, Any]) -> None:
+    """A name or prefix from the command line that is not valid UTF-8 (a shell's raw bytes,
+    which Python's argv turns into lone surrogates) fails here, before any network call."""
+    for option in ("name", "prefix"):
+        value = options.get(option)
+        if not isinstance(value, str):
+            continue
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise Failure(
+                f"The {option} {printable(value)} is not valid UTF-8 (byte "
+                f"{printable(value[exc.start])} at position {exc.start}); lock names are "
+                "UTF-8 text: pass the character itself, or \\u escapes in $'...'.",
+                "bad_name",
+            ) from None
 
 
 class Failure(CommandError):
@@ -231,6 +293,7 @@ class Command(BaseCommand):
         }
         self._printed = False
         try:
+            _check_encodable(options)
             commands[options["subcommand"]](options)
         except Failure as exc:
             if options.get("json") and not self._printed:
@@ -375,7 +438,7 @@ class Command(BaseCommand):
             row = _lock_row(info)
             width = max(len(h) for h in LOCK_HEADERS)
             for header, value in zip(LOCK_HEADERS, row, strict=True):
-                self.stdout.write(f"{header.ljust(width)}  {value}")
+                self.stdout.write(f"{header.ljust(width)}  {printable(str(value))}")
             self.stdout.write(f"HOLDERS ({len(info.holders)}):")
             self.stdout.write(table(HOLDER_HEADERS, _holder_rows(info)))
         self._fail(errors)
@@ -386,21 +449,16 @@ class Command(BaseCommand):
             deleted, info = inspection.force_release(alias, options["name"], options["token"])
         except inspection.InspectionError as exc:
             raise Failure(f"{exc}.", RELEASE_CODES.get(type(exc), "not_held")) from exc
-        what = f"{info.name!r} on alias {alias!r} (token {info.token})"
-        if info.kind == "semaphore":  # every permit; the token is the newest permit's
-            count = len(info.holders)
-            what = (
-                f"semaphore {info.name!r} on alias {alias!r} ({count} permit"
-                f"{'s' if count != 1 else ''} of {info.permits}, newest token {info.token})"
-            )
         self.stdout.write(
-            self.style.SUCCESS(f"Released {what} on {deleted}/{info.nodes_total} nodes.")
+            self.style.SUCCESS(
+                f"Released {released_what(info)} on {deleted}/{info.nodes_total} nodes."
+            )
         )
 
     def clear(self, options: dict[str, Any]) -> None:
         if not options["yes"]:
             raise Failure("clear force-releases every matching lock; add --yes to do it.", "usage")
-        released = 0
+        released = left = 0
         problems: list[NodeError | Failure] = []
         for alias in self._usable(options["using"], problems):
             skipped = 0  # names left in place stay ahead of the next batch in SCAN order
@@ -410,15 +468,21 @@ class Command(BaseCommand):
                 batch = 0
                 for info in page.locks:
                     try:
-                        inspection.force_release(alias, info.name, info.token, info.lease_id)
+                        deleted, _ = inspection.force_release(
+                            alias, info.name, info.token, info.lease_id
+                        )
                     except inspection.InspectionError:
-                        skipped += 1  # expired or re-acquired meanwhile: not ours to clear
+                        deleted = 0
+                    if not deleted:  # expired or changed hands meanwhile: not ours to clear
+                        skipped += 1
                         continue
                     batch += 1
                 released += batch
+                left += len(page.locks) - batch
                 if not page.has_more or not batch:
                     break
-        self.stdout.write(self.style.SUCCESS(f"Released {released} lock(s)."))
+        changed = f" Left {left} that changed hands or expired meanwhile." if left else ""
+        self.stdout.write(self.style.SUCCESS(f"Released {released} lock(s).{changed}"))
         self._fail(problems)
 
     def nodes(self, options: dict[str, Any]) -> None:
@@ -456,10 +520,10 @@ def _node_row(node: NodeHealth) -> list[object]:
     return [
         node.alias,
         node.shown,
-        "up",
+        "up (replica)" if node.replica else "up",
         f"{node.latency_ms:.2f} ms",
         node.run_id,
         f"{node.uptime_s} s",
-        node.maxmemory_policy,
+        node.policy_shown,
         node.used_memory_human or node.used_memory,
     ]

@@ -1,0 +1,396 @@
+"""The counterexamples the composition machine found, each as a plain test (minimal steps).
+
+The ids are those of /work/shared/FINDINGS.md (stage 3) for known defects, ``N<k>`` for the
+new ones (tests/composition's counterexample list). A test of a defect still open is
+``xfail(strict=True)``: it starts passing, and so failing the suite, once the fix lands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import transaction
+from django.db.models import F
+
+from django_redlock import context, locks
+from django_redlock.exceptions import LockError, LockLost, LockNotAcquired
+from testproject.inventory.models import Product
+from tests.support.attempts import free_elsewhere
+
+ALIASES = ["default", "multi"]
+
+
+def locked_rows(alias: str) -> Any:
+    """An ``@lock`` generator function whose body reports the lease it finds for its name."""
+
+    @locks[alias].lock("{0}", timeout=0)
+    def rows(name: str) -> Iterator[Any]:
+        for _ in range(3):
+            yield context.find(alias, name)
+
+    return rows
+
+
+def hold_in_thread(alias: str, name: str, seconds: float) -> threading.Event:
+    """Another thread takes ``name`` and releases it after ``seconds``; returns once it holds."""
+    holding = threading.Event()
+
+    def run() -> None:
+        lease = locks[alias].acquire(name, ttl=30, timeout=0)
+        holding.set()
+        time.sleep(seconds)
+        lease.release()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert holding.wait(5)
+    return holding
+
+
+# -- known defects (stage 3), fixed on main ------------------------------------------------------
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_a1_lock_many_of_one_name_holds_it_and_lets_it_go(alias: str, unique_name: str) -> None:
+    """A1: ``lock_many([name])`` holds the one name and releases it at block exit (it used to
+    raise TypeError after locking it, leaving the name locked for its TTL)."""
+    with locks[alias].lock_many([unique_name], timeout=0) as held:
+        assert list(held.leases) == [unique_name]
+        assert not free_elsewhere(unique_name, alias)
+    assert free_elsewhere(unique_name, alias)
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_lock_many_counts_a_repeated_name_once(alias: str, unique_name: str) -> None:
+    """SPEC 15: ``lock_many([b, c, b])`` holds b and c (it used to raise ValueError)."""
+    names = [f"{unique_name}:b", f"{unique_name}:c", f"{unique_name}:b"]
+    with locks[alias].lock_many(names, timeout=0) as held:
+        assert list(held.leases) == names[:2]
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_b8_lock_many_reenters_a_name_of_the_threads_open_block(
+    alias: str, unique_name: str
+) -> None:
+    """B8: inside ``lock(a)``, ``lock_many([a])`` re-enters a's lease instead of waiting for
+    itself, and leaving the set does not release the outer block's lease."""
+    manager = locks[alias]
+    with manager.lock(unique_name, timeout=0) as outer:
+        with manager.lock_many([unique_name], timeout=0) as held:
+            assert held.leases[unique_name] is outer
+        assert not outer.released and not free_elsewhere(unique_name, alias)
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_b8_lock_reenters_a_name_of_the_threads_open_lock_many(
+    alias: str, unique_name: str
+) -> None:
+    """B8: inside ``lock_many([c, b])``, ``lock(c)`` re-enters c's lease of the set."""
+    manager = locks[alias]
+    names = [f"{unique_name}:c", f"{unique_name}:b"]
+    with (
+        manager.lock_many(names, timeout=0) as held,
+        manager.lock(names[0], timeout=0) as inner,
+    ):
+        assert inner is held.leases[names[0]]
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_b5_read_write_in_one_thread_never_wait_for_themselves(
+    alias: str, unique_name: str
+) -> None:
+    """B5: a write block inside the thread's write block re-enters it; a read block inside it
+    raises LockError at once (it used to be granted, or to wait for itself)."""
+    manager = locks[alias]
+    with manager.write_lock(unique_name, timeout=0) as writer:
+        with manager.write_lock(unique_name, timeout=0) as again:
+            assert again is writer
+        with pytest.raises(LockError) as refused:
+            manager.read_lock(unique_name, timeout=0).__enter__()
+        assert not isinstance(refused.value, LockNotAcquired)
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_a2_a_locked_generator_holds_its_lease_while_iterated(alias: str, unique_name: str) -> None:
+    """A2: the body of an ``@lock`` generator runs under its lease, held until it finishes;
+    ``on_busy="skip"`` on a busy name yields nothing (it used to return None, not a
+    generator)."""
+    rows = locked_rows(alias)
+    it = rows(unique_name)
+    lease = next(it)
+    assert lease is not None and not free_elsewhere(unique_name, alias)
+    assert list(it) == [lease, lease]
+    assert lease.released and free_elsewhere(unique_name, alias)
+
+    @locks[alias].lock("{0}", on_busy="skip")
+    def skipped(name: str) -> Iterator[int]:
+        yield 1
+
+    with locks[alias].lock(f"{unique_name}:busy", timeout=0):
+        assert list(_in_thread(lambda: list(skipped(f"{unique_name}:busy")))) == []
+
+
+def _in_thread(call: Any) -> Any:
+    """``call()`` in another thread (another caller); its result."""
+    result: list[Any] = []
+    thread = threading.Thread(target=lambda: result.append(call()))
+    thread.start()
+    thread.join()
+    return result[0]
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_a2_a_locked_async_generator_holds_its_lease(alias: str, unique_name: str) -> None:
+    """A2: the body of an async ``@lock`` generator runs under its lease."""
+
+    @locks[alias].lock("{0}", timeout=0)
+    async def rows(name: str) -> Any:
+        yield context.find(alias, name)
+
+    async def consume() -> list[Any]:
+        return [found async for found in rows(unique_name)]
+
+    (found,) = asyncio.run(consume())
+    assert found is not None and found.released
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_a3_asyncio_reentry_with_a_longer_ttl_extends_the_lease(
+    alias: str, unique_name: str
+) -> None:
+    """A3: an inner ``alock`` of the same task asking ttl=30 extends a 0.3 s lease to it."""
+    manager = locks[alias]
+
+    async def scenario() -> float:
+        async with (
+            manager.alock(unique_name, ttl=0.3, timeout=0),
+            manager.alock(unique_name, ttl=30, timeout=0) as inner,
+        ):
+            return inner.validity
+
+    assert asyncio.run(scenario()) > 10
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_d1_on_busy_skip_makes_one_attempt(alias: str, unique_name: str) -> None:
+    """D1: a job with ``on_busy="skip"`` (no timeout given) skips a busy name at once, even
+    though its holder lets go a second later (it used to wait, then run)."""
+    hold_in_thread(alias, unique_name, 1.0)
+
+    @locks[alias].lock(unique_name, on_busy="skip")
+    def job() -> str:
+        return "ran"
+
+    assert job() is None
+
+
+# -- new defects (N1 a-c and N3 fixed on main by 31c92dd, D3 by 7876581) ------------------------
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_n1_closing_a_generator_does_not_release_the_callers_block(
+    alias: str, unique_name: str
+) -> None:
+    """N1: after ``next(g)`` of an ``@lock`` generator, the caller's ``lock(name)`` block either
+    waits (the generator is another holder) or holds the name for as long as it runs: closing
+    the generator inside it must not release the name under the block."""
+    rows = locked_rows(alias)
+    it = rows(unique_name)
+    next(it)
+    try:
+        with locks[alias].lock(unique_name, timeout=0) as outer:
+            it.close()
+            assert not outer.released
+            assert not free_elsewhere(unique_name, alias)
+    except LockNotAcquired:
+        it.close()
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_n1_a_generator_started_in_a_block_never_runs_on_without_the_lock(
+    alias: str, unique_name: str
+) -> None:
+    """N1: a generator started inside ``with lock(name)`` (it re-enters the block's lease)
+    and resumed after the block ended either still holds the name or raises LockLost: its
+    body never runs on silently without the lock."""
+    rows = locked_rows(alias)
+    with locks[alias].lock(unique_name, timeout=0):
+        it = rows(unique_name)
+        next(it)
+    if free_elsewhere(unique_name, alias):
+        with pytest.raises(LockLost):
+            next(it)
+    it.close()
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_n1_two_generators_of_one_name_do_not_share_a_lease(alias: str, unique_name: str) -> None:
+    """N1: two ``@lock`` generators of one name iterated by one thread: the second is busy,
+    or the name stays held while it is suspended after the first was closed."""
+    rows = locked_rows(alias)
+    first, second = rows(unique_name), rows(unique_name)
+    next(first)
+    try:
+        next(second)
+    except LockNotAcquired:
+        first.close()
+        return
+    first.close()
+    assert not free_elsewhere(unique_name, alias)
+    second.close()
+
+
+@pytest.mark.xfail(strict=True, reason="N1: a generator's lease guards its caller's writes")
+@pytest.mark.django_db(transaction=True)
+def test_n1_a_suspended_generator_does_not_fence_its_callers_writes(unique_name: str) -> None:
+    """N1: between two iterations of an ``@lock`` generator of another name, the caller's
+    FencedModel writes inside its own block carry its own lease's token."""
+    manager = locks["default"]
+    product = Product.objects.create(name=unique_name, stock=1)
+    rows = locked_rows("default")
+    with manager.lock(f"{unique_name}:order", timeout=0) as own:
+        it = rows(f"{unique_name}:export")
+        next(it)
+        Product.objects.filter(pk=product.pk).update(stock=F("stock") + 1)
+        it.close()
+    product.refresh_from_db()
+    assert product.fence_token == own.token
+
+
+@pytest.mark.xfail(strict=True, reason="N2: a shorter extend() outruns the auto-extend schedule")
+@pytest.mark.parametrize("alias", ALIASES)
+def test_n2_extend_to_a_shorter_ttl_keeps_an_auto_extended_lease(
+    alias: str, unique_name: str
+) -> None:
+    """N2: ``extend(ttl=0.3)`` on a lease auto-extended with ttl=3 leaves it renewed (the
+    watchdog used to sleep a third of the old TTL, 1 s, while the key expired after 0.3 s)."""
+    with locks[alias].lock(unique_name, ttl=3, timeout=0, auto_extend=True) as lease:
+        lease.extend(ttl=0.3)
+        time.sleep(0.8)
+        assert not lease.lost
+        assert not free_elsewhere(unique_name, alias)
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+@pytest.mark.parametrize("outer", ["write", "read"])
+def test_n3_a_plain_lock_under_the_threads_own_read_write_lease_never_waits(
+    alias: str, outer: str, unique_name: str
+) -> None:
+    """N3: ``lock(name)`` inside the thread's own ``write_lock``/``read_lock`` of that name
+    re-enters it or raises LockError at once; it never waits for itself (LockNotAcquired)."""
+    manager = locks[alias]
+    block = manager.write_lock if outer == "write" else manager.read_lock
+    with block(unique_name, timeout=0):
+        try:
+            with manager.lock(unique_name, timeout=0):
+                pass
+        except LockNotAcquired:
+            pytest.fail("lock() waited for the thread's own read/write lease")
+        except LockError:
+            pass
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+@pytest.mark.parametrize("inner", ["write", "read"])
+def test_n3_a_read_write_lease_under_the_threads_own_plain_lock_never_waits(
+    alias: str, inner: str, unique_name: str
+) -> None:
+    """N3: ``write_lock``/``read_lock(name)`` inside the thread's own ``lock(name)`` raises
+    LockError at once (or re-enters); it never waits for itself."""
+    manager = locks[alias]
+    block = manager.write_lock if inner == "write" else manager.read_lock
+    with manager.lock(unique_name, timeout=0):
+        try:
+            with block(unique_name, timeout=0):
+                pass
+        except LockNotAcquired:
+            pytest.fail("a read/write lease waited for the thread's own plain lock")
+        except LockError:
+            pass
+
+
+def test_d3_a_woken_waiter_gets_the_validity_of_its_winning_attempt(
+    redlock_alias: Any, session_nodes: Any, unique_name: str
+) -> None:
+    """D3 (single node): a waiter woken by a release 0.3 s into its first wait (RETRY_DELAY 1:
+    that wait lasts 0.5-1 s) gets a lease whose validity counts from its winning attempt
+    (about its 0.5 s TTL), not from before its wait (0.2 s)."""
+    manager = redlock_alias(session_nodes.urls[:1], RETRY_DELAY=1.0)
+    holder = manager.acquire(unique_name, ttl=5, timeout=0)
+    threading.Timer(0.3, holder.release).start()
+    lease = manager.acquire(unique_name, ttl=0.5, timeout=5)
+    assert lease.validity > 0.35
+    lease.release()
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_n4_lock_many_that_outlives_the_block_it_reentered_releases_the_name(
+    alias: str, unique_name: str
+) -> None:
+    """N4: ``lock_many([n])`` re-enters the lease of a suspended ``@lock`` generator (auto
+    extended); the generator is closed inside the set, so the set's exit is the lease's last
+    open block and must release it (it left it held, renewed for ever)."""
+    manager = locks[alias]
+
+    @manager.lock("{0}", ttl=0.5, timeout=0, auto_extend=True)
+    def rows(name: str) -> Iterator[Any]:
+        yield context.find(alias, name)
+        yield None
+
+    it = rows(unique_name)
+    lease = next(it)
+    with manager.lock_many([unique_name], timeout=0) as held:
+        assert held.leases[unique_name] is lease
+        it.close()
+        assert not lease.released
+    assert lease.released
+    assert free_elsewhere(unique_name, alias)
+
+
+@pytest.mark.xfail(strict=True, reason="N5: a re-entry's auto_extend reuses a bounded renewal")
+@pytest.mark.parametrize("alias", ALIASES)
+def test_n5_reentry_with_auto_extend_outlives_the_outer_max_hold(
+    alias: str, unique_name: str
+) -> None:
+    """N5: an inner ``lock(n, auto_extend=True)`` (no max_hold) under an outer block renewed
+    only for ``max_hold=0.3`` keeps the lease renewed until the inner block ends (the inner
+    block reused the outer renewals, which stopped after 0.3 s: the lease ran out)."""
+    manager = locks[alias]
+    with (
+        manager.lock(unique_name, ttl=0.4, timeout=0, auto_extend=True, max_hold=0.3),
+        manager.lock(unique_name, ttl=0.4, timeout=0, auto_extend=True) as inner,
+    ):
+        time.sleep(1.0)
+        assert not inner.lost
+        assert not free_elsewhere(unique_name, alias)
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_n6_a_block_whose_body_released_its_lease_exits_quietly(
+    alias: str, unique_name: str
+) -> None:
+    """N6 (low): ``lease.release()`` inside its own ``lock()`` block (True: it was held) and
+    then leaving the block raises nothing, as for ``lock_many`` after ``HeldLocks.release()``:
+    nothing was lost (it raised LockLost "ran out or was taken while the block ran")."""
+    manager = locks[alias]
+    with manager.lock_many([f"{unique_name}:a", f"{unique_name}:b"], timeout=0) as held:
+        assert held.release()
+    with manager.lock(unique_name, timeout=0) as lease:
+        assert lease.release()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("alias", ALIASES)
+def test_n7_lock_many_ending_in_a_transaction_reports_a_lost_lease(
+    alias: str, unique_name: str
+) -> None:
+    """N7: a ``lock_many`` block whose lease ran out while it ran, ending inside
+    ``transaction.atomic()``, raises LockLost at its exit, as ``lock()`` does there (it was
+    kept for the commit silently, and the commit's release only logs a warning)."""
+    with transaction.atomic(), pytest.raises(LockLost):  # noqa: SIM117
+        with locks[alias].lock_many([unique_name], ttl=0.2, timeout=0):
+            time.sleep(0.4)
