@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +27,12 @@ import pytest
 from celery import Celery, chain, chord, group
 from celery.exceptions import ChordError
 from celery.signals import before_task_publish
-from django.conf import settings
-from django.db import connection
 
 from django_redlock import context, locks
 from django_redlock.contrib.celery import LockedTask
 from django_redlock.exceptions import LockError, LockNotAcquired, NodesUnavailable
 from testproject.inventory.demo_run import stop_group
 from testproject.inventory.models import Product
-from tests.jobs import celery_app
 from tests.jobs.celery_app import (
     app,
     collect,
@@ -69,46 +66,6 @@ class Worker:
 
     def log_tail(self) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
-
-
-@pytest.fixture(scope="module")
-def worker(
-    redis_node_factory_session: Callable[..., Any],
-    _session_redlock: None,
-    django_db_setup: None,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Worker]:
-    """``celery worker --pool=prefork --concurrency=2`` on a fresh redis-server, stopped by
-    PID at the end of the module (SIGTERM, SIGKILL after 8 s)."""
-    broker = redis_node_factory_session(1)[0]
-    base = broker.url.rsplit("/", 1)[0]
-    celery_app.configure(base)
-    log = tmp_path_factory.mktemp("celery") / "worker.log"
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.support.subprocess_settings",
-        "REDLOCK_JSON": json.dumps(settings.REDLOCK),
-        "TEST_DATABASE_NAME": str(connection.settings_dict["NAME"]),
-        "REDLOCK_CELERY_REDIS": base,
-        "PYTHONPATH": str(ROOT),
-    }
-    argv = [sys.executable, "-m", "celery", "-A", "tests.jobs.celery_app", "worker"]
-    argv += ["--pool=prefork", "--concurrency=2", "--loglevel=warning", "--hostname=redlock@%h"]
-    argv += ["--without-heartbeat", "--without-gossip", "--without-mingle"]
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            argv, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    running = Worker(process, log, env)
-    try:
-        deadline = time.monotonic() + WAIT
-        while not app.control.ping(timeout=0.3):
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the Celery worker did not start:\n{running.log_tail()}")
-        yield running
-    finally:
-        stop_group(process)
-        _close_clients()
 
 
 def _close_clients() -> None:

@@ -4,31 +4,22 @@ with a LockedTask in the middle, and eager nesting."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from celery import Celery, chain
-from django.conf import settings
-from django.db import connection
 
 from django_redlock import locks
 from django_redlock.contrib.celery import LockedTask
 from django_redlock.exceptions import LockNotAcquired
-from testproject.inventory.demo_run import stop_group
 from testproject.inventory.models import Product
 from tests.jobs import celery_app
-from tests.jobs.test_celery import ROOT, WAIT, Worker, _close_clients, wait_dead, wait_record
-from tests.seams.helpers import keys_left
-from tests.seams.jobs_and_ops.celery_probe_app import (
+from tests.jobs.celery_probe_app import (
     app,
     must_min_hold,
     must_reenter_longer,
@@ -37,47 +28,10 @@ from tests.seams.jobs_and_ops.celery_probe_app import (
     record_callback,
     skip_mid,
 )
+from tests.jobs.test_celery import WAIT, Worker, wait_dead, wait_record
+from tests.seams.helpers import keys_left
 
 in_database = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(scope="module")
-def worker(
-    redis_node_factory_session: Callable[..., Any],
-    _session_redlock: None,
-    django_db_setup: None,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Worker]:
-    """A prefork worker (2 processes) of the probe app on a fresh broker."""
-    broker = redis_node_factory_session(1)[0]
-    base = broker.url.rsplit("/", 1)[0]
-    celery_app.configure(base)
-    log = tmp_path_factory.mktemp("celery-probe") / "worker.log"
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.support.subprocess_settings",
-        "REDLOCK_JSON": json.dumps(settings.REDLOCK),
-        "TEST_DATABASE_NAME": str(connection.settings_dict["NAME"]),
-        "REDLOCK_CELERY_REDIS": base,
-        "PYTHONPATH": str(ROOT),
-    }
-    argv = [sys.executable, "-m", "celery", "-A", "tests.seams.jobs_and_ops.celery_probe_app"]
-    argv += ["worker", "--pool=prefork", "--concurrency=2", "--loglevel=warning"]
-    argv += ["--hostname=probe@%h", "--without-heartbeat", "--without-gossip", "--without-mingle"]
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            argv, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    running = Worker(process, log, env)
-    try:
-        deadline = time.monotonic() + WAIT
-        while not app.control.ping(timeout=0.3):
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the Celery worker did not start:\n{running.log_tail()}")
-        yield running
-    finally:
-        stop_group(process)
-        _close_clients()
 
 
 @pytest.fixture
