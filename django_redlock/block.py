@@ -444,5 +444,5 @@ def _check_lost(lease: Lease, exc_type: object) -> None:
 def _check_held(lease: Lease, held: bool, exc_type: object) -> None:
     """Leaving a block whose lease was lost raises ``LockLost`` (unless the block raised; a
     lease the block's body released itself was not lost)."""
-    if exc_type is None and not held and lease.lost:
+    if exc_type is None and not held and (lease.lost or lease._released_by != context._owner()):
         raise LockLost(lease.name, "its lease ran out or was taken while the block ran")

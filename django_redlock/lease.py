@@ -55,6 +55,8 @@ class Lease:
         #: lock blocks (and request locks, lock_many sets) holding it open now; the last to
         #: end lets it go
         self._blocks = 0
+        #: the thread or task that released it
+        self._released_by: object = None
 
     @property
     def name(self) -> str:
@@ -200,7 +202,10 @@ class Lease:
         self._ensure_own()
         self.stop_auto_extend()
         context.deactivate(self)
-        return not self._record.released
+        if self._record.released:
+            return False
+        self._released_by = context._owner()  # a block's exit tells its own release apart
+        return True
 
     def _released(self, held: bool) -> bool:
         self._released_at = time.monotonic()
