@@ -18,7 +18,7 @@ from ..connections import client_factory
 from ..engine import WAITING, Keyspace, LockValue, as_text, escape_glob, quorum
 from ..engine.keyspace import SEMAPHORE_MARKER
 from ..manager import LockManager
-from ..nodes.probe import NodeHealth, Target, one_line, probe, run_id
+from ..nodes.probe import NodeHealth, Target, maybe_int, one_line, probe, run_id
 from .records import LockInfo, NodeError, merge, merge_readers, merge_semaphore
 
 logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name (records carry .module)
@@ -288,7 +288,7 @@ class AliasInspector:
         values, waiting, markers = self.read_page(names)
         for name, per_node, waiters, marker in zip(names, values, waiting, markers, strict=True):
             if marker is not None and marker.startswith(SEMAPHORE_MARKER):
-                permits = _maybe_int(marker[len(SEMAPHORE_MARKER) :]) or 0
+                permits = maybe_int(marker[len(SEMAPHORE_MARKER) :]) or 0
                 slots = self.read_slots(name, permits)
                 info = merge_semaphore(self.alias, name, self.total, permits, slots, waiters)
             elif marker is not None:
@@ -354,15 +354,6 @@ def _key_count(client: redis.Redis) -> int:
     db = client.connection_pool.connection_kwargs.get("db", 0)
     entry = keyspace.get(f"db{db}", {})
     return int(entry.get("keys", 0)) if isinstance(entry, dict) else SORTED_LISTING_MAX_KEYS + 1
-
-
-def _maybe_int(value: Any) -> int | None:
-    if value is None or isinstance(value, int):
-        return value
-    try:
-        return int(str(value))
-    except ValueError:
-        return None
 
 
 # -- the API the admin and the command use -------------------------------------------------

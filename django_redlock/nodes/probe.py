@@ -183,9 +183,9 @@ def read_node(target: Target, index: int) -> Reading:
             True,
             latency_ms=latency,
             run_id=_text(server.get("run_id")),
-            uptime_s=_maybe_int(server.get("uptime_in_seconds")),
+            uptime_s=maybe_int(server.get("uptime_in_seconds")),
             maxmemory_policy=UNKNOWN if policy is None else str(policy),
-            used_memory=_maybe_int(memory.get("used_memory")),
+            used_memory=maybe_int(memory.get("used_memory")),
             used_memory_human=_text(memory.get("used_memory_human")),
             error=error,
             role=_text(replication.get("role")),
@@ -250,7 +250,8 @@ def _text(value: Any) -> str | None:
     return text or None
 
 
-def _maybe_int(value: Any) -> int | None:
+def maybe_int(value: Any) -> int | None:
+    """An ``INFO`` field (or any reply) as an int, or None when it is not one."""
     if value is None or isinstance(value, int):
         return value
     try:
