@@ -6,7 +6,11 @@ tests/test_demo_buy_endpoint.py."""
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
+import queue
+import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -42,15 +46,42 @@ def bump_cycles(manager: LockManager, client: redis.Redis, cycles: int) -> tuple
 
 
 def child(alias: str, url: str, parent_lease: Any, results: Any) -> None:
-    """In a forked child: the inherited manager works; the parent's lease is not ours."""
-    manager = locks[alias]
-    refused = False
+    """In a forked child: the inherited manager works; the parent's lease is not ours. Any
+    error is reported to the parent, and a child stuck for 60 s prints every thread's stack
+    (to the test's captured stderr) before it exits."""
+    faulthandler.dump_traceback_later(60, exit=True)
     try:
-        parent_lease.release()
-    except LockError:
-        refused = True
-    tokens, errors = bump_cycles(manager, redis.Redis.from_url(url), CYCLES)
-    results.put((tokens, errors, refused))
+        manager = locks[alias]
+        refused = False
+        try:
+            parent_lease.release()
+        except LockError:
+            refused = True
+        tokens, errors = bump_cycles(manager, redis.Redis.from_url(url), CYCLES)
+        results.put((tokens, errors, refused))
+    except BaseException:
+        results.put(traceback.format_exc())
+        raise
+
+
+def collect(results: Any, processes: list[Any], timeout: float) -> list[Any]:
+    """One report per child; fails at once when a child exits without one."""
+    reports: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(reports) < len(processes):
+        try:
+            report = results.get(timeout=0.5)
+        except queue.Empty:
+            dead = [p.exitcode for p in processes if not p.is_alive()]
+            if len(dead) > len(reports):
+                time.sleep(1)  # a report may still be in flight from a child that just exited
+                if results.empty():
+                    pytest.fail(f"a child exited without a report (exit codes {dead})")
+            assert time.monotonic() < deadline, f"children still run after {timeout} s"
+            continue
+        assert not isinstance(report, str), f"a child failed:\n{report}"
+        reports.append(report)
+    return reports
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Python 3.12+: fork with threads
@@ -79,7 +110,7 @@ def test_forked_children_share_nothing_with_the_parent(
         process.start()
     try:
         tokens, errors = bump_cycles(manager, client, CYCLES)
-        reports = [results.get(timeout=120) for _ in processes]
+        reports = collect(results, processes, timeout=90)
     finally:
         for process in processes:
             process.join(30)
