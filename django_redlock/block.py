@@ -102,8 +102,9 @@ class _Entered:
     started: float = field(default_factory=time.monotonic)
     #: seconds the lease is kept after the block (``min_hold``); 0: released at once
     hold_for: float = 0.0
-    #: a re-entry that started renewals (``auto_extend``): stopped when it ends
-    renews: bool = False
+    #: a re-entry's ``auto_extend``: undone when it ends (stops the renewals it started, or
+    #: takes off the longer ``max_hold`` it put on the running ones)
+    renews: Callable[[], None] | None = None
     #: a re-entry's ``on_lost`` callback to put back when it ends
     outer_on_lost: Callable[[], None] | None = None
 
@@ -214,8 +215,8 @@ class LockBlock:
         context.pop(entry.token)
         lease._blocks -= 1
         if lease._blocks > 0:  # another block of this lease is still open: it lets go
-            if entry.renews:
-                lease.stop_auto_extend()
+            if entry.renews is not None:
+                entry.renews()
             _check_lost(lease, exc_type)
             return True
         # the last open block of the lease (usually the outermost; a generator or an

@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from . import context, signals
 from .engine import (
@@ -18,6 +18,7 @@ from .engine import (
     LeaseRecord,
     Renew,
     Renewal,
+    RenewalBound,
     Stepper,
     renewal_policy,
 )
@@ -43,6 +44,10 @@ class Lease:
         self._lost_sent = False
         self._renewer: _RenewalThread | None = None
         self._renewal_task: asyncio.Task[None] | None = None
+        #: until when the renewals go on (set when they start)
+        self._bound: RenewalBound | None = None
+        #: set to cut the renewal task's pause short (a shorter ``extend``)
+        self._renewal_wakeup: asyncio.Event | None = None
         #: called once when the lease is found lost (``alock(on_lost="cancel")``)
         self.on_lost: Callable[[], None] | None = None
         #: when the lease was released (``time.monotonic()``; None while not released)
@@ -155,14 +160,30 @@ class Lease:
 
     # -- renewing and releasing (blocking and asyncio twins share everything but the call) --
     def extend(self, ttl: float | None = None) -> None:
-        """Renew the lease to ``ttl`` seconds (default: its TTL); raises ``LockLost``."""
+        """Renew the lease to ``ttl`` seconds (default: its TTL); raises ``LockLost``. Its
+        auto-extend renewals, if any, go on every third of the new TTL."""
         self._ensure_own()
+        before = self._record.ttl
         self._extended(self._engine.extend(self._record, self._ttl_for(ttl)), "extend()")
+        self._rescheduled(before)
 
     async def aextend(self, ttl: float | None = None) -> None:
         """Asyncio twin of :meth:`extend`."""
         self._ensure_own()
+        before = self._record.ttl
         self._extended(await self._engine.aextend(self._record, self._ttl_for(ttl)), "aextend()")
+        self._rescheduled(before)
+
+    def _rescheduled(self, ttl_before: float) -> None:
+        """After an extend to a shorter TTL, the renewals' pause (a third of the old TTL) is
+        cut to a third of the new one: the lease must not run out while they sleep."""
+        if self._record.ttl >= ttl_before:
+            return
+        renewer, task, wakeup = self._renewer, self._renewal_task, self._renewal_wakeup
+        if renewer is not None:
+            renewer.hasten(self)
+        if task is not None and wakeup is not None:
+            task.get_loop().call_soon_threadsafe(wakeup.set)
 
     def release(self) -> bool:
         """Release the lock. True the first time if it was still held; never deletes a key
@@ -235,12 +256,24 @@ class Lease:
     def astart_auto_extend(self, max_hold: float | None) -> None:
         """Renew from an asyncio task every third of the TTL until release or ``max_hold``."""
         loop = asyncio.get_running_loop()
-        self._renewal_task = loop.create_task(_renew_in_task(self, max_hold))
+        self._bound = RenewalBound(max_hold)
+        self._renewal_wakeup = asyncio.Event()
+        self._renewal_task = loop.create_task(_renew_in_task(self, self._bound))
 
-    def keep_alive(self, max_hold: float | None) -> bool:
-        """Renew from a daemon thread unless something renews the lease already; True if
-        this call started the renewals."""
-        return bool(keep_alive_all([self], max_hold))
+    def keep_alive(
+        self, max_hold: float | None, *, longer: bool = True
+    ) -> Callable[[], None] | None:
+        """Renew until released, or for ``max_hold`` from now. Renewals already running go
+        on at least that long (unless ``longer`` is False); renewals that stopped for good
+        (their ``max_hold`` passed) are started afresh. Returns the call that undoes this
+        (stops the renewals it started, or takes off the bound it added), or None."""
+        bound = self._bound
+        if (self._renewer is not None or self._renewal_task is not None) and bound is not None:
+            if not bound.final:
+                return bound.hold(max_hold) if longer else None
+            self.stop_auto_extend()  # it only waits for the lease to run out: start afresh
+        start_renewals([self], max_hold)
+        return self.stop_auto_extend
 
     def stop_auto_extend(self) -> None:
         renewer, self._renewer = self._renewer, None
@@ -290,7 +323,9 @@ def start_renewals(leases: list[Lease], max_hold: float | None) -> None:
     """Renew ``leases`` (a ``lock_many`` set, or one lease) from one daemon thread, each every
     third of its TTL, until each is released or ``max_hold`` passes: a set of a thousand
     names is one thread, not a thousand."""
-    renewer = _RenewalThread(leases, max_hold)
+    for lease in leases:
+        lease._bound = RenewalBound(max_hold)
+    renewer = _RenewalThread(leases)
     for lease in leases:
         lease._renewer = renewer
     renewer.start()
@@ -309,15 +344,26 @@ class _RenewalThread(threading.Thread):
     """Runs :func:`~.engine.policy.renewal_policy` for each of its leases until the policy
     ends or the lease's renewals are stopped; the thread ends with its last lease."""
 
-    def __init__(self, leases: list[Lease], max_hold: float | None) -> None:
+    def __init__(self, leases: list[Lease]) -> None:
         names = leases[0].name if len(leases) == 1 else f"{leases[0].name} +{len(leases) - 1}"
         super().__init__(name=f"redlock-renew {names}", daemon=True)
-        self._runs = {lease: Stepper(renewal_policy(lease._record, max_hold)) for lease in leases}
+        self._runs = {
+            lease: Stepper(renewal_policy(lease._record, cast(RenewalBound, lease._bound)))
+            for lease in leases
+        }
         #: held while a renewal runs: a lease stopped meanwhile is renewed no more after stop()
         #: (re-entrant: a lock_lost receiver may release the lease from this very thread)
         self._renewing = threading.RLock()
         self._stopped: set[Lease] = set()
+        #: leases whose TTL was shortened: their pause is cut to a third of the new TTL
+        self._hastened: set[Lease] = set()
         self._wakeup = threading.Event()
+
+    def hasten(self, lease: Lease) -> None:
+        """Cut ``lease``'s current pause to a third of its (new, shorter) TTL."""
+        with self._renewing:
+            self._hastened.add(lease)
+        self._wakeup.set()
 
     def stop(self, lease: Lease) -> None:
         """No renewal of ``lease`` starts after this returns; the last lease stopped also waits
@@ -336,7 +382,13 @@ class _RenewalThread(threading.Thread):
             self._advance(lease, due)
         while due:
             if self._wakeup.wait(max(0.0, min(due.values()) - time.monotonic())):
-                return  # every lease was stopped
+                with self._renewing:
+                    if len(self._stopped) == len(self._runs):
+                        return  # every lease was stopped
+                    self._wakeup.clear()
+                    hastened, self._hastened = self._hastened, set()
+                for lease in hastened & due.keys():
+                    due[lease] = min(due[lease], time.monotonic() + lease.ttl / 3)
             now = time.monotonic()
             for lease in [lease for lease, until in due.items() if until <= now]:
                 self._runs[lease].send(None)
@@ -360,13 +412,26 @@ class _RenewalThread(threading.Thread):
             due[lease] = time.monotonic() + run.step.seconds
 
 
-async def _renew_in_task(lease: Lease, max_hold: float | None) -> None:
+async def _renew_in_task(lease: Lease, bound: RenewalBound) -> None:
     """The asyncio driver of the renewal policy (cancelling the task stops it)."""
-    run = Stepper(renewal_policy(lease._record, max_hold))
+    run = Stepper(renewal_policy(lease._record, bound))
     while run.step is not None:
         if isinstance(run.step, Renew):
             run.send(await lease._arenew_once())
         else:
-            await asyncio.sleep(run.step.seconds)
+            await _pause(lease, run.step.seconds)
             run.send(None)
     lease._renewals_ended(run.result)
+
+
+async def _pause(lease: Lease, seconds: float) -> None:
+    """Sleep ``seconds``, cut to a third of the TTL whenever an extend shortens it."""
+    wakeup = cast(asyncio.Event, lease._renewal_wakeup)
+    until = time.monotonic() + seconds
+    while (left := until - time.monotonic()) > 0:
+        try:
+            await asyncio.wait_for(wakeup.wait(), left)
+        except TimeoutError:
+            return
+        wakeup.clear()
+        until = min(until, time.monotonic() + lease.ttl / 3)

@@ -113,5 +113,5 @@ def release_after_commit(
 
     lease._transaction_ended = ended
     lease._commit_pending = pending
-    lease.keep_alive(max_hold)
+    lease.keep_alive(max_hold, longer=False)
     return pending

@@ -19,6 +19,7 @@ from django_redlock.engine.policy import (
     AwaitRelease,
     Pause,
     Renew,
+    RenewalBound,
     Stepper,
     acquire_policy,
     renewal_policy,
@@ -184,7 +185,7 @@ def test_renewal_renews_every_third_of_the_ttl_until_a_renewal_finds_it_lost(
     clock: Clock,
 ) -> None:
     """Pause ttl/3, Renew, ... and the policy ends (None: already reported) on LOST."""
-    run = Stepper(renewal_policy(won(ttl=9.0), None))
+    run = Stepper(renewal_policy(won(ttl=9.0), RenewalBound(None)))
     seen = steps_of(run, [None, RENEWED, None, RENEWED, None, LOST], clock)
     assert seen == [Pause(3.0), Renew(), Pause(3.0), Renew(), Pause(3.0), Renew()]
     assert run.step is None and run.result is None
@@ -195,7 +196,7 @@ def test_unconfirmed_renewal_is_retried_until_the_validity_runs_out(clock: Clock
     validity left) while the lease is valid; then the policy reports that it ran out (F2)."""
     lease = won(ttl=10.0)
     lease.deadline = clock.now + 5.0
-    run = Stepper(renewal_policy(lease, None))
+    run = Stepper(renewal_policy(lease, RenewalBound(None)))
     seen = steps_of(run, [None, UNCONFIRMED, None, UNCONFIRMED, None, RENEWED], clock)
     assert seen[:3] == [Pause(pytest.approx(10 / 3)), Renew(), Pause(pytest.approx(5 / 6))]
     assert seen[3:] == [Renew(), Pause(pytest.approx(5 / 12)), Renew()]
@@ -213,7 +214,7 @@ def test_renewal_stops_at_max_hold_and_lets_the_lease_run_out(clock: Clock) -> N
     """After max_hold the policy stops renewing, waits out the validity, returns "max_hold"."""
     lease = won(ttl=3.0)
     lease.deadline = clock.now + 100.0
-    run = Stepper(renewal_policy(lease, 2.5))
+    run = Stepper(renewal_policy(lease, RenewalBound(2.5)))
     seen = steps_of(run, [None, RENEWED, None, RENEWED, None], clock)
     assert seen[:4] == [Pause(1.0), Renew(), Pause(1.0), Renew()]
     assert seen[4] == Pause(1.0)

@@ -29,7 +29,7 @@ from .keyspace import (
     escape_glob,
     quorum,
 )
-from .policy import Pause, Renew, Stepper, renewal_policy
+from .policy import Pause, Renew, RenewalBound, Stepper, renewal_policy
 from .scripts import WAITING
 from .state import LOST, RENEWED, UNCONFIRMED, AcquireFailure, AliasState, LeaseRecord, Renewal
 from .transport.aio import AsyncConnectionFactory
@@ -57,6 +57,7 @@ __all__ = [
     "Pause",
     "Renew",
     "Renewal",
+    "RenewalBound",
     "Stepper",
     "as_text",
     "describe",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -169,8 +169,36 @@ def acquire_policy(
     return result
 
 
+class RenewalBound:
+    """Until when a lease's renewals go on: the latest of the bounds held on it, each
+    ``max_hold`` seconds from when it was taken (None: no bound). A re-entered block that
+    asks to be kept alive longer than the outer block holds a later bound while it runs."""
+
+    __slots__ = ("_until", "final")
+
+    def __init__(self, max_hold: float | None) -> None:
+        self._until: list[float | None] = [_until(max_hold)]
+        #: True once the renewals stopped for good and the lease is left to run out
+        self.final = False
+
+    def hold(self, max_hold: float | None) -> Callable[[], None]:
+        """Keep renewing for ``max_hold`` (None: until stopped) from now; returns the call
+        that takes this bound off again."""
+        until = _until(max_hold)
+        self._until.append(until)
+        return lambda: self._until.remove(until)
+
+    def passed(self) -> bool:
+        bounds = self._until
+        return None not in bounds and time.monotonic() >= max(b for b in bounds if b is not None)
+
+
+def _until(max_hold: float | None) -> float | None:
+    return None if max_hold is None else time.monotonic() + max_hold
+
+
 def renewal_policy(
-    lease: LeaseRecord, max_hold: float | None
+    lease: LeaseRecord, bound: RenewalBound
 ) -> Generator[RenewalStep, Any, str | None]:
     """Renew every third of the TTL. ``Renew`` receives ``RENEWED``, ``LOST`` or
     ``UNCONFIRMED`` (see :class:`~.state.Renewal`).
@@ -178,11 +206,11 @@ def renewal_policy(
     An unconfirmed renewal (nodes slow or down) is retried every tenth of the TTL while the
     lease is still valid. Returns None after a renewal found the lease lost (already reported),
     ``"ran out"`` when its validity ran out before a quorum confirmed a renewal, and
-    ``"max_hold"`` when ``max_hold`` passed and the lease then ran out on its own."""
-    started = time.monotonic()
+    ``"max_hold"`` when every ``bound`` passed and the lease then ran out on its own."""
     while True:
         yield Pause(lease.ttl / 3)
-        if max_hold is not None and time.monotonic() - started >= max_hold:
+        if bound.passed():
+            bound.final = True
             yield Pause(lease.validity())
             return "max_hold"
         while (outcome := (yield Renew())) != RENEWED:

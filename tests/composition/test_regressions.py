@@ -261,7 +261,6 @@ def test_n1_a_suspended_generator_does_not_fence_its_callers_writes(unique_name:
     assert product.fence_token == own.token
 
 
-@pytest.mark.xfail(strict=True, reason="N2: a shorter extend() outruns the auto-extend schedule")
 @pytest.mark.parametrize("alias", ALIASES)
 def test_n2_extend_to_a_shorter_ttl_keeps_an_auto_extended_lease(
     alias: str, unique_name: str
@@ -351,7 +350,45 @@ def test_n4_lock_many_that_outlives_the_block_it_reentered_releases_the_name(
     assert free_elsewhere(unique_name, alias)
 
 
-@pytest.mark.xfail(strict=True, reason="N5: a re-entry's auto_extend reuses a bounded renewal")
+@pytest.mark.parametrize("alias", ALIASES)
+def test_n2_aextend_to_a_shorter_ttl_keeps_an_alock_renewed(alias: str, unique_name: str) -> None:
+    """N2, asyncio: the renewal task's pause is cut too when ``aextend`` shortens the TTL."""
+
+    async def scenario() -> bool:
+        async with locks[alias].alock(unique_name, ttl=3, timeout=0, auto_extend=True) as lease:
+            await lease.aextend(ttl=0.3)
+            await asyncio.sleep(0.8)
+            return lease.lost
+
+    assert asyncio.run(scenario()) is False
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_n5_the_inner_bound_ends_with_the_inner_block(alias: str, unique_name: str) -> None:
+    """N5: once the inner (unbounded) block ends, the outer ``max_hold=0.3`` holds again: it
+    passed meanwhile, so the renewals stop, the lease runs out and the outer exit says so."""
+    manager = locks[alias]
+    with pytest.raises(LockLost):  # noqa: SIM117
+        with manager.lock(unique_name, ttl=0.4, timeout=0, auto_extend=True, max_hold=0.3):
+            with manager.lock(unique_name, ttl=0.4, timeout=0, auto_extend=True):
+                time.sleep(0.5)
+            time.sleep(1.0)
+    assert free_elsewhere(unique_name, alias)
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_n5_reentry_after_max_hold_passed_renews_again(alias: str, unique_name: str) -> None:
+    """N5: a re-entry with ``auto_extend`` after the outer ``max_hold`` passed (the renewals
+    only wait for the lease to run out) starts renewals afresh: the lease is not lost."""
+    manager = locks[alias]
+    with manager.lock(unique_name, ttl=0.6, timeout=0, auto_extend=True, max_hold=0.1):
+        time.sleep(0.3)  # max_hold passed at the first renewal (0.2 s)
+        with manager.lock(unique_name, ttl=0.6, timeout=0, auto_extend=True) as inner:
+            time.sleep(1.0)
+            assert not inner.lost
+            assert not free_elsewhere(unique_name, alias)
+
+
 @pytest.mark.parametrize("alias", ALIASES)
 def test_n5_reentry_with_auto_extend_outlives_the_outer_max_hold(
     alias: str, unique_name: str
