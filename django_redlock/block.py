@@ -13,7 +13,7 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -265,13 +265,18 @@ class LockBlock:
             @functools.wraps(func)
             async def async_gen_wrapper(*args: Any, **kwargs: Any) -> Any:
                 # held from the first iteration until the generator ends, raises or is closed
+                suspensions = context.Suspensions()
                 async with contextlib.AsyncExitStack() as stack:
                     if not await calls.aentered(stack, args, kwargs):
                         return
                     body = func(*args, **kwargs)
                     await stack.enter_async_context(contextlib.aclosing(body))
                     async for item in body:
-                        yield item
+                        suspensions.suspend()  # the caller's writes are the caller's
+                        try:
+                            yield item
+                        finally:
+                            suspensions.resume()
 
             return cast(F, async_gen_wrapper)
         self._sync_allowed(f"decorate {calls.where!r}")
@@ -281,9 +286,10 @@ class LockBlock:
             def gen_wrapper(*args: Any, **kwargs: Any) -> Any:
                 # held from the first iteration until the generator ends, raises or is closed
                 # (an abandoned generator is closed, and so released, when it is collected)
+                suspensions = context.Suspensions()
                 with contextlib.ExitStack() as stack:
                     if calls.entered(stack, args, kwargs):
-                        return (yield from func(*args, **kwargs))
+                        return (yield from _suspending(func(*args, **kwargs), suspensions))
                     return None
 
             return cast(F, gen_wrapper)
@@ -434,6 +440,29 @@ def _raise_if_cancelled_by_loss(entry: _Entered, exc: object) -> None:
     if entry.task is not None and isinstance(exc, asyncio.CancelledError) and entry.lease.lost:
         entry.task.uncancel()
         raise LockLost(entry.lease.name, "it was lost and the block was cancelled") from exc
+
+
+def _suspending(body: Generator[Any, Any, Any], suspensions: context.Suspensions) -> Any:
+    """``yield from body``, with the leases the generator activated guarding none of its
+    caller's writes while it is suspended at a ``yield`` (values sent and exceptions thrown
+    in go to ``body``, as with ``yield from``)."""
+    value: Any = None
+    thrown: BaseException | None = None
+    while True:
+        try:
+            item = body.send(value) if thrown is None else body.throw(thrown)
+        except StopIteration as stop:
+            return stop.value
+        suspensions.suspend()
+        try:
+            value, thrown = (yield item), None
+        except GeneratorExit:
+            suspensions.resume()
+            body.close()
+            raise
+        except BaseException as exc:  # thrown in by the caller: the body handles it
+            value, thrown = None, exc
+        suspensions.resume()
 
 
 def _check_lost(lease: Lease, exc_type: object) -> None:

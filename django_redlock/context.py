@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import itertools
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
@@ -39,7 +40,7 @@ Key = tuple[str | None, str]
 class _Entry:
     """One activation of a lease in one frame."""
 
-    __slots__ = ("dead", "enterable", "fences", "frame", "key", "lease", "usable")
+    __slots__ = ("dead", "enterable", "fences", "frame", "key", "lease", "seq", "usable")
 
     def __init__(
         self,
@@ -60,6 +61,8 @@ class _Entry:
         self.usable = usable
         #: forgotten from another thread: skipped, and dropped by the frame's owner
         self.dead = False
+        #: the order of activation among all entries (a generator's run finds its own)
+        self.seq = next(_SEQ)
 
     def live(self) -> bool:
         lease = self.lease
@@ -154,6 +157,8 @@ def _remove(entries: list[_Entry], entry: _Entry) -> None:
 
 
 _NODES_ATTR = "_redlock_context_entries"
+#: numbers every entry in activation order, process-wide (``next()`` is atomic in CPython)
+_SEQ = itertools.count()
 
 
 def _entries_of(lease: TokenHolder) -> list[_Entry]:
@@ -320,3 +325,41 @@ def push_set(leases: Mapping[str, TokenHolder]) -> list[object]:
     """:func:`push` each lease of a ``lock_many`` set (re-enterable by name); tokens to
     :func:`pop` each."""
     return [push(lease) for lease in leases.values()]
+
+
+class Suspensions:
+    """The leases a generator activated while it ran (its ``@lock`` lease, and blocks its
+    body left open across a ``yield``): while the generator is suspended at a ``yield``
+    they guard none of its caller's writes (the caller's own block is the innermost lease
+    there); each resumption makes them guard again. They stay re-enterable throughout."""
+
+    __slots__ = ("_mark", "_mine")
+
+    def __init__(self) -> None:
+        self._mark = next(_SEQ)
+        self._mine: list[_Entry] = []
+
+    def suspend(self) -> None:
+        """The generator yields: its entries stop guarding writes."""
+        mark, found = self._mark, []
+        owner = _owner()
+        frame = _frame.get()
+        while frame is not None and frame.owner == owner:
+            for entry in reversed(frame.stack):
+                if entry.seq <= mark:
+                    frame = None
+                    break
+                if entry.fences and entry.live():
+                    found.append(entry)
+            else:
+                frame = frame.parent
+        mine = [entry for entry in self._mine if entry.live()] + found
+        for entry in mine:
+            entry.fences = False
+        self._mine = mine
+
+    def resume(self) -> None:
+        """The generator runs again: its entries guard its writes."""
+        for entry in self._mine:
+            entry.fences = True
+        self._mark = next(_SEQ)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.db import transaction
 from django.db.models import F
 
@@ -244,7 +245,6 @@ def test_n1_two_generators_of_one_name_do_not_share_a_lease(alias: str, unique_n
     second.close()
 
 
-@pytest.mark.xfail(strict=True, reason="N1: a generator's lease guards its caller's writes")
 @pytest.mark.django_db(transaction=True)
 def test_n1_a_suspended_generator_does_not_fence_its_callers_writes(unique_name: str) -> None:
     """N1: between two iterations of an ``@lock`` generator of another name, the caller's
@@ -259,6 +259,70 @@ def test_n1_a_suspended_generator_does_not_fence_its_callers_writes(unique_name:
         it.close()
     product.refresh_from_db()
     assert product.fence_token == own.token
+
+
+@pytest.mark.django_db(transaction=True)
+def test_n1_a_generator_fences_its_own_writes_and_takes_sends_and_throws(
+    unique_name: str,
+) -> None:
+    """N1: while it runs, an ``@lock`` generator's writes carry its own token (also after it
+    was suspended under a caller's block), and ``send()``/``throw()`` reach its body as with
+    a plain generator."""
+    manager = locks["default"]
+    product = Product.objects.create(name=unique_name, stock=1)
+    tokens: list[int] = []
+
+    @manager.lock(f"{unique_name}:{{0}}", timeout=0)
+    def writer(name: str) -> Iterator[Any]:
+        lease = context.find("default", f"{unique_name}:{name}")
+        tokens.append(lease.token)
+        while True:
+            try:
+                got = yield lease
+            except KeyError:
+                got = "thrown"
+            Product.objects.filter(pk=product.pk).update(name=f"{unique_name}:{got}")
+
+    with manager.lock(f"{unique_name}:order", timeout=0):
+        it = writer("export")
+        next(it)
+        it.send("sent")
+        product.refresh_from_db()
+        assert (product.name, product.fence_token) == (f"{unique_name}:sent", tokens[0])
+        it.throw(KeyError("x"))
+        product.refresh_from_db()
+        assert (product.name, product.fence_token) == (f"{unique_name}:thrown", tokens[0])
+        it.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_n1_a_suspended_async_generator_does_not_fence_its_callers_writes(
+    unique_name: str,
+) -> None:
+    """N1, asyncio: between iterations of an ``@alock`` async generator of another name, the
+    task's own writes carry its own lease's token."""
+    manager = locks["default"]
+    product = Product.objects.create(name=unique_name, stock=1)
+
+    @manager.alock(f"{unique_name}:{{0}}", timeout=0)
+    async def rows(name: str) -> Any:
+        for _ in range(3):
+            yield name
+
+    async def scenario() -> int:
+        async with manager.alock(f"{unique_name}:order", timeout=0) as own:
+            it = rows("export")
+            await it.__anext__()
+            await sync_to_async(
+                lambda: Product.objects.filter(pk=product.pk).update(stock=F("stock") + 1),
+                thread_sensitive=False,
+            )()
+            await it.aclose()
+            return own.token
+
+    token = asyncio.run(scenario())
+    product.refresh_from_db()
+    assert product.fence_token == token
 
 
 @pytest.mark.parametrize("alias", ALIASES)
