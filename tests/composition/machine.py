@@ -53,7 +53,7 @@ from .model import (
 )
 
 #: Known defects still open on this branch (see the module docstring).
-KNOWN_OPEN: set[str] = {"N2", "N5"}
+KNOWN_OPEN: set[str] = set()
 
 SHORT = (0.2, 0.3)
 #: TTL of short leases that something renews (a renewal every third of it)

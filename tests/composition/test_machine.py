@@ -31,12 +31,6 @@ FIXED_SEED = 20261127
 STEPS = 60 if LONG else 30
 
 
-@pytest.mark.skipif(
-    not LONG,
-    reason="REDLOCK_LONG=1: the machine still finds open compositions (N1 d, N2, N5, and a bare "
-    "lease force-released under its thread, which another kind then refuses) in some test "
-    "orders; its regressions run in every build (test_regressions.py)",
-)
 @pytest.mark.timeout(3600 if LONG else 300)
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("alias", ["default", "multi"])
