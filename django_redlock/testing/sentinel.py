@@ -125,18 +125,19 @@ class SentinelGroup(StopOnExit):
         return {"SENTINELS": self.sentinel_urls, "SERVICE": self.service, **extra}
 
     def master_address(self) -> tuple[str, int] | None:
-        """What the first answering sentinel names as the master, or None."""
+        """What the first answering sentinel names as the master (``SENTINEL MASTER``, as
+        redis-py and the lock engine read it), or None. During a failover the leader's
+        ``GET-MASTER-ADDR-BY-NAME`` names the promoted replica a moment before that view
+        switches to it; this waits for the switch."""
         for watcher in self.sentinels:
             if not watcher.is_running or watcher.is_paused:
                 continue
             try:
-                reply = watcher.client(decode_responses=True).execute_command(
-                    "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service
-                )
+                state = watcher.client(decode_responses=True).sentinel_master(self.service)
             except Exception:  # a sentinel that is down: ask the next
                 continue
-            if reply:
-                return str(reply[0]), int(reply[1])
+            if isinstance(state, dict):
+                return str(state["ip"]), int(state["port"])
         return None
 
     @property
