@@ -9,21 +9,23 @@ name's own hash tag if it has one), so each lock's keys share a slot and there a
 (``"{lock}:"``) keeps every key of the alias in that tag's slot instead (one master, one fence
 counter, ``lock_many`` over any names).
 
-Each new connection asks the seeds (``CLUSTER SLOTS``) which master serves its shard's slot
-(:mod:`.located`). A ``MOVED`` reply (the slot was migrated) or a closed connection (the master
-failed) makes the engine connect again, to the new owner; a master promoted by a failover has
-another ``run_id`` and is quarantined like a restarted node, shard by shard.
+Each new connection asks the seeds (``CLUSTER SHARDS``, or ``CLUSTER SLOTS`` before Redis 7;
+:mod:`.cluster_replies`) which master serves its shard's slot (:mod:`.located`), the address a
+seed announces passed through the node's ``ADDRESS_REMAP``. A ``MOVED`` reply (the slot was
+migrated) or a closed connection (the master failed) makes the engine connect again, to the new
+owner; a master promoted by a failover has another ``run_id`` and is quarantined like a
+restarted node, shard by shard.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import redis
 from redis.crc import key_slot
 
-from .engine import as_text
-from .located import Address, Locator
+from .cluster_replies import Range, from_shards, from_slots, remapped
+from .located import Address, Declined, Locator
 
 #: Redis Cluster's number of hash slots.
 SLOTS = 16384
@@ -64,23 +66,51 @@ def slot_of(prefix: str) -> int:
 
 class ClusterSlot(Locator):
     """The seeds of one cluster, asked which master serves ``slot``; also remembers the
-    cluster's masters and how many slots they cover (for ``redlock nodes`` and the admin)."""
+    cluster's masters and how many slots they cover (for ``redlock nodes`` and the admin).
+    ``remap``: the node's ``ADDRESS_REMAP`` (announced ``(host, port)`` to the one to use)."""
 
-    def __init__(self, urls: Sequence[str], slot: int, timeout: float) -> None:
+    def __init__(
+        self,
+        urls: Sequence[str],
+        slot: int,
+        timeout: float,
+        remap: Callable[[str, int], Address] | None = None,
+    ) -> None:
         super().__init__(urls, timeout)
         self.slot = slot
+        self.remap = remap
         self.what = f"no cluster seed names a master for slot {slot}"
         self.masters: list[Address] = []
         self.covered = 0
+        #: False once a seed refused ``CLUSTER SHARDS`` and answered ``CLUSTER SLOTS``
+        self.shards = True
+
+    def ranges(self, client: redis.Redis) -> list[Range]:
+        """The seed's slot ranges and their masters, as announced (an empty host is the
+        seed's own)."""
+        pool = client.connection_pool
+        seed_host = str(pool.connection_kwargs.get("host") or "")
+        if self.shards:
+            try:
+                reply = client.execute_command("CLUSTER", "SHARDS")
+            except redis.ResponseError:  # before Redis 7, or an ACL without cluster|shards
+                ranges = from_slots(client.execute_command("CLUSTER", "SLOTS"), seed_host)
+                self.shards = False
+                return ranges
+            return from_shards(
+                reply, seed_host, issubclass(pool.connection_class, redis.SSLConnection)
+            )
+        return from_slots(client.execute_command("CLUSTER", "SLOTS"), seed_host)
 
     def ask(self, client: redis.Redis) -> Address | None:
-        ranges = client.execute_command("CLUSTER SLOTS")
+        try:
+            ranges = remapped(self.ranges(client), self.remap)
+        except ValueError as exc:
+            raise Declined(str(exc)) from exc
         found: Address | None = None
         masters: set[Address] = set()
         covered = 0
-        for entry in ranges:
-            start, end, master = int(entry[0]), int(entry[1]), entry[2]
-            address = (as_text(master[0]), int(master[1]))
+        for start, end, address in ranges:
             masters.add(address)
             covered += end - start + 1
             if start <= self.slot <= end:

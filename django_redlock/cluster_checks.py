@@ -58,7 +58,7 @@ def _masters(node: NodeSpec, config: AliasConfig) -> list[tuple[str, int, str | 
     """Every master of the cluster with its policy (None when it could not be read); an
     unreachable cluster gives none (W005 reports it)."""
     timeout = socket_timeout(config)
-    locator = ClusterSlot(node.cluster, slot_of(node.hash_tag_of), timeout)
+    locator = ClusterSlot(node.cluster, slot_of(node.hash_tag_of), timeout, node.address_remap)
     try:
         locator()
     except redis.RedisError:

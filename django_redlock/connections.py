@@ -91,7 +91,7 @@ def _cluster_pool(spec: NodeSpec, timeout: float) -> redis.ConnectionPool:
     """Connections to the master serving the alias's slot, with the first seed's credentials
     and TLS options."""
     tls, options = _url_options(spec.cluster[0])
-    locator = ClusterSlot(spec.cluster, slot_of(spec.hash_tag_of), timeout)
+    locator = ClusterSlot(spec.cluster, slot_of(spec.hash_tag_of), timeout, spec.address_remap)
     return located_pool(locator, ssl=tls, **options)
 
 

@@ -20,6 +20,11 @@ from redis.retry import Retry
 Address = tuple[str, int]
 
 
+class Declined(Exception):
+    """A server answered but its answer must not be followed (e.g. a sentinel that sees its
+    master down); the message says why, and the next server is asked."""
+
+
 class Locator:
     """Asks a list of servers (sentinels, cluster seeds), in order, the last one that answered
     first; subclasses say what to ask. ``last`` is the address found last (for display)."""
@@ -35,12 +40,13 @@ class Locator:
         self.last: Address | None = None
 
     def ask(self, client: redis.Redis) -> Address | None:
-        """The address ``client``'s server gives (None: it does not know)."""
+        """The address ``client``'s server gives (None: it does not know; raises
+        :class:`Declined` when its answer is not to be followed)."""
         raise NotImplementedError
 
     def __call__(self) -> Address:
-        """Ask each server in turn; the first that answers wins and is asked first next time.
-        Raises ``redis.ConnectionError`` when none does."""
+        """Ask each server in turn; the first whose answer is followed wins and is asked first
+        next time. Raises ``redis.ConnectionError`` when none answers so."""
         with self._guard:
             order = list(self._order)
         errors: list[str] = []
@@ -55,6 +61,9 @@ class Locator:
                 address = self.ask(client)
             except redis.RedisError as exc:
                 errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}")
+                continue
+            except Declined as exc:
+                errors.append(str(exc))
                 continue
             finally:
                 client.close()

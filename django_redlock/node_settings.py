@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import ipaddress
 import os.path
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote, unquote_plus, urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from redis.connection import parse_url
 
+from .cluster_replies import MappedAddresses
 from .connections import cache_backend_problem, url_problem
 
 URL_SCHEMES = ("redis", "rediss", "unix")
@@ -40,6 +41,8 @@ class NodeSpec:
     #: puts every key of the alias in one slot (set by ``parse_alias``)
     cluster: tuple[str, ...] = ()
     hash_tag_of: str = ""
+    #: a cluster node's ``ADDRESS_REMAP``: announced ``(host, port)`` to the one to use
+    address_remap: Callable[[str, int], tuple[str, int]] | None = None
 
     def __repr__(self) -> str:  # also in AliasConfig's repr: tracebacks show it
         return f"NodeSpec({self.label!r})"
@@ -221,14 +224,49 @@ def _url_list(alias: str, key: str, urls: Any, what: str) -> tuple[str, ...]:
 def _cluster_node(alias: str, key: str, raw: Mapping[str, Any]) -> NodeSpec:
     """``{"CLUSTER": [seed urls]}``: a Redis Cluster used as one node (credentials and TLS
     from the first seed's URL)."""
-    if set(raw) != {"CLUSTER"}:
-        extra = sorted(set(raw) - {"CLUSTER"}, key=str)[0]
-        raise setting_error(alias, f"{key}.{extra}", "unknown key of a cluster node; only CLUSTER.")
+    if not set(raw) <= set(CLUSTER_KEYS):
+        extra = sorted(set(raw) - set(CLUSTER_KEYS), key=str)[0]
+        raise setting_error(
+            alias, f"{key}.{extra}", "unknown key of a cluster node; only CLUSTER, ADDRESS_REMAP."
+        )
     urls = _url_list(alias, f"{key}.CLUSTER", raw["CLUSTER"], "cluster node")
     for i, url in enumerate(urls):
         if url_identity(url)[1] != 0:
             raise setting_error(alias, f"{key}.CLUSTER[{i}]", "a cluster has only database 0.")
-    return NodeSpec(cluster=urls)
+    remap = _address_remap(alias, f"{key}.ADDRESS_REMAP", raw.get("ADDRESS_REMAP"))
+    return NodeSpec(cluster=urls, address_remap=remap)
+
+
+CLUSTER_KEYS = ("CLUSTER", "ADDRESS_REMAP")
+
+
+def _address_remap(alias: str, key: str, raw: Any) -> Callable[[str, int], tuple[str, int]] | None:
+    """``ADDRESS_REMAP``: None, a callable ``(host, port) -> (host, port)``, or a dict of
+    ``"host:port"`` to ``"host:port"`` (as :class:`~.cluster_replies.MappedAddresses`)."""
+    if raw is None:
+        return None
+    if callable(raw):
+        return cast(Callable[[str, int], tuple[str, int]], raw)
+    if not isinstance(raw, Mapping) or not raw:
+        raise setting_error(
+            alias,
+            key,
+            'must be a callable (host, port) -> (host, port) or a non-empty dict of "host:port"'
+            f' to "host:port", not {raw!r}.',
+        )
+    pairs = []
+    for announced, used in raw.items():
+        pairs.append((_host_port(alias, key, announced), _host_port(alias, key, used)))
+    return MappedAddresses(tuple(sorted(pairs)))
+
+
+def _host_port(alias: str, key: str, raw: Any) -> tuple[str, int]:
+    """``"host:port"`` (``"[::1]:port"`` for IPv6) as ``(host, port)``."""
+    host, sep, port = raw.rpartition(":") if isinstance(raw, str) else ("", "", "")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not (sep and host and port.isdigit() and 0 < int(port) <= 65535):
+        raise setting_error(alias, key, f'needs "host:port" strings (port 1-65535), not {raw!r}.')
+    return host, int(port)
 
 
 def hash_tag(prefix: str) -> str | None:

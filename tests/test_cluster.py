@@ -20,6 +20,7 @@ from django_redlock.exceptions import LockError, LockNotAcquired, NodesUnavailab
 from django_redlock.inspection import list_locks, node_health
 from django_redlock.manager import LockManager
 from django_redlock.testing.cluster import ClusterGroup
+from django_redlock.testing.server import server_version
 
 PREFIX = "{lock}:"
 SEED = "redis://127.0.0.1:7001"
@@ -57,6 +58,26 @@ def _alias(cluster: ClusterGroup, prefix: str = PREFIX, **extra: Any) -> dict[st
             {"NODES": [{"CLUSTER": [SEED], "DB": 0}], "KEY_PREFIX": PREFIX},
             "NODES[0].DB",
             "unknown key",
+        ),
+        (
+            {"NODES": [{"CLUSTER": [SEED], "ADDRESS_REMAP": "x"}], "KEY_PREFIX": PREFIX},
+            "NODES[0].ADDRESS_REMAP",
+            "must be a callable",
+        ),
+        (
+            {"NODES": [{"CLUSTER": [SEED], "ADDRESS_REMAP": {}}], "KEY_PREFIX": PREFIX},
+            "NODES[0].ADDRESS_REMAP",
+            "non-empty dict",
+        ),
+        (
+            {"NODES": [{"CLUSTER": [SEED], "ADDRESS_REMAP": {"a:1": "b"}}], "KEY_PREFIX": PREFIX},
+            "NODES[0].ADDRESS_REMAP",
+            "host:port",
+        ),
+        (
+            {"NODES": [{"CLUSTER": [SEED], "ADDRESS_REMAP": {"a:0": "b:1"}}], "KEY_PREFIX": PREFIX},
+            "NODES[0].ADDRESS_REMAP",
+            "port 1-65535",
         ),
     ],
 )
@@ -294,3 +315,102 @@ def test_the_health_check_of_a_spread_alias_sees_every_shard(cluster: ClusterGro
         status = alias_status("default")
     assert not status.healthy
     assert status.problems() == ["node 0 in the restart quarantine"]
+
+
+# -- one-node cluster: the empty host, CLUSTER SHARDS, address remapping (FINDINGS D11)
+
+
+@pytest.fixture(scope="module")
+def lone() -> Iterator[ClusterGroup]:
+    """A one-node cluster: its node never met another, so it does not know its own IP."""
+    with ClusterGroup.start(1) as started:
+        yield started
+
+
+def _lone_alias(lone: ClusterGroup, **node: Any) -> dict[str, Any]:
+    return {"default": {"NODES": [{**lone.node_setting(), **node}], "KEY_PREFIX": PREFIX}}
+
+
+def _commands(lone: ClusterGroup) -> dict[str, Any]:
+    return lone.nodes[0].client(decode_responses=True).info("commandstats")
+
+
+def test_a_one_node_cluster_names_its_master_with_an_empty_host(lone: ClusterGroup) -> None:
+    """The node of a one-node cluster announces its slots with an empty host, which means "the
+    address you asked": locks work, and the health report names the seed's host (was: a
+    connect to host "" that failed with "Name or service not known")."""
+    (node,) = lone.nodes
+    assert node.client().execute_command("CLUSTER", "SLOTS")[0][2][0] == b""
+    with override_settings(REDLOCK=_lone_alias(lone)):
+        lease = locks["default"].acquire("one", timeout=0)
+        assert node.client().exists("{lock}:one") == 1
+        lease.release()
+        (health,) = node_health(["default"])
+    assert health.master is not None
+    assert health.master.startswith(f"slot {slot_of(PREFIX)} on 127.0.0.1:{node.port}; 1 masters")
+
+
+@pytest.mark.skipif(server_version() < (7,), reason="CLUSTER SHARDS is new in Redis 7")
+def test_cluster_shards_is_asked_on_redis_7(lone: ClusterGroup) -> None:
+    """On Redis 7+ the seeds are asked ``CLUSTER SHARDS``, not the deprecated ``CLUSTER SLOTS``
+    (was: always CLUSTER SLOTS)."""
+    lone.nodes[0].client().config_resetstat()
+    with override_settings(REDLOCK=_lone_alias(lone)):
+        locks["default"].acquire("shards", timeout=0).release()
+    stats = _commands(lone)
+    assert stats["cmdstat_cluster|shards"]["calls"] >= 1
+    assert "cmdstat_cluster|slots" not in stats
+
+
+def test_cluster_slots_when_shards_is_refused(lone: ClusterGroup) -> None:
+    """A seed that refuses ``CLUSTER SHARDS`` (a server before Redis 7; here an ACL user
+    without it) is asked ``CLUSTER SLOTS`` instead."""
+    admin = lone.nodes[0].client()
+    rules = ["on", ">pw", "~*", "+@all", "-cluster|shards"]
+    admin.execute_command("ACL", "SETUSER", "noshards", *rules)
+    admin.config_resetstat()
+    seed = f"redis://noshards:pw@127.0.0.1:{lone.nodes[0].port}"
+    try:
+        with override_settings(REDLOCK=_lone_alias(lone, CLUSTER=[seed])):
+            locks["default"].acquire("a", timeout=0).release()
+        assert _commands(lone)["cmdstat_cluster|slots"]["calls"] >= 1
+    finally:
+        admin.execute_command("ACL", "DELUSER", "noshards")
+
+
+def test_address_remap_reaches_announced_hostnames(lone: ClusterGroup) -> None:
+    """The node announces a hostname this process cannot resolve (as behind NAT, or Docker
+    service names): locks fail without ``ADDRESS_REMAP``, work with it as a callable or as a
+    dict, and a remap that returns no ``(host, port)`` is a clear error."""
+    (node,) = lone.nodes
+    port = node.port
+    assert port is not None
+    admin = node.client()
+    admin.config_set("cluster-announce-hostname", "lone.redlock.invalid")
+    admin.config_set("cluster-preferred-endpoint-type", "hostname")
+    try:
+        with (
+            override_settings(REDLOCK=_lone_alias(lone)),
+            pytest.raises(NodesUnavailable, match=r"lone\.redlock\.invalid"),
+        ):
+            locks["default"].acquire("r", timeout=0)
+
+        def to_loopback(host: str, port: int) -> tuple[str, int]:
+            return ("127.0.0.1", port) if host.endswith(".redlock.invalid") else (host, port)
+
+        mapping = {f"lone.redlock.invalid:{port}": f"127.0.0.1:{port}"}
+        for remap in (to_loopback, mapping):
+            with override_settings(REDLOCK=_lone_alias(lone, ADDRESS_REMAP=remap)):
+                with locks["default"].lock("r", timeout=0):
+                    assert node.client().exists("{lock}:r") == 1
+                (health,) = node_health(["default"])
+                assert health.master is not None and f"127.0.0.1:{port}" in health.master
+        broken = _lone_alias(lone, ADDRESS_REMAP=lambda host, port: f"{host}:{port}")
+        with (
+            override_settings(REDLOCK=broken),
+            pytest.raises(NodesUnavailable, match="ADDRESS_REMAP turned"),
+        ):
+            locks["default"].acquire("r", timeout=0)
+    finally:
+        admin.config_set("cluster-preferred-endpoint-type", "ip")
+        admin.config_set("cluster-announce-hostname", "")

@@ -17,7 +17,8 @@ from django_redlock import locks
 from django_redlock.conf import parse_alias
 from django_redlock.exceptions import LockNotAcquired, NodesUnavailable
 from django_redlock.inspection import node_health
-from django_redlock.testing.sentinel import SentinelGroup
+from django_redlock.testing.node import RedisNode
+from django_redlock.testing.sentinel import SentinelGroup, SentinelProcess
 
 S1, S2 = "redis://127.0.0.1:26001", "redis://127.0.0.1:26002"
 
@@ -276,3 +277,81 @@ def test_command_and_admin_show_the_sentinels_master(
         assert "sentinel:mymaster@" in out.getvalue() and shown in out.getvalue()
         html = admin_client.get(reverse("admin:django_redlock_lock_changelist")).content.decode()
         assert shown in html
+
+
+def _view(sentinel: RedisNode, service: str) -> tuple[int, set[str]]:
+    """The master's port and flags as ``sentinel`` sees them."""
+    state = sentinel.client().sentinel_master(service)
+    flags = state["flags"]
+    return int(state["port"]), set(flags.split(",") if isinstance(flags, str) else flags)
+
+
+def _until(condition: Any, what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_a_stale_sentinel_is_not_followed_to_the_old_master(group: SentinelGroup) -> None:
+    """The first listed sentinel is paused across a failover and comes back with the view it
+    had (restarted from its own config file: a resumed process would read the others'
+    announcements waiting in its sockets at once), while the others stop announcing (as if
+    it could not hear them). It still names the killed master, which it sees ``s_down``:
+    locks pass it over for a sentinel that names the promoted replica, and tokens go on
+    above the ones granted before the failover (was: every connect followed it to the dead
+    master, and locking stopped)."""
+    stale, *others = group.sentinels
+    with override_settings(REDLOCK=_alias(group)):
+        before = locks["default"].acquire("job", timeout=0)
+        before.release()
+    group.wait_replicated()
+    stale.pause()
+    old = group.kill_master()
+    new = group.wait_failover(old)
+    _until(lambda: all(_view(s, group.service)[0] == new.port for s in others), "no gossip")
+    for sentinel in others:  # they announce the new master no more
+        sentinel.client().execute_command("SENTINEL", "DEBUG", "publish-period", 3_600_000)
+    stale.restart(keep_data=True)
+    _until(lambda: _view(stale, group.service)[1] >= {"master", "s_down"}, "never s_down")
+    assert _view(stale, group.service)[0] == old.port
+    outcomes = []
+    with override_settings(REDLOCK=_alias(group)):
+        manager = locks["default"]
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                lease = manager.acquire("job", timeout=0)
+                break
+            except NodesUnavailable as exc:  # the promoted replica is quarantined for a TTL
+                outcomes.append(str(exc))
+                assert time.monotonic() < deadline, outcomes[-1]
+                time.sleep(0.05)
+        assert lease.token > before.token
+        assert new.client().exists("lock:job") == 1
+        (health,) = node_health(["default"])
+        assert health.master == f"127.0.0.1:{new.port}"
+        lease.release()
+    assert all("quarantined" in o for o in outcomes), outcomes[-1:]
+    assert _view(stale, group.service)[0] == old.port  # it was stale all along
+
+
+def test_a_sentinel_that_knows_too_few_others_is_not_followed(
+    group: SentinelGroup, redis_node_factory: Any
+) -> None:
+    """A sentinel listed first that watches a stray server under the service's name and knows
+    no other sentinel (it needs a majority of the listed ones with itself) is passed over: the
+    lock is taken on the group's master, never on the stray server (was: granted there, so
+    two servers could each grant the name)."""
+    (stray,) = redis_node_factory(1)
+    lonely = SentinelProcess(
+        stray.port, group.service, quorum=1, down_after_ms=1000, failover_timeout_ms=4000
+    ).start()
+    try:
+        node = group.node_setting(SENTINELS=[lonely.sentinel_url, *group.sentinel_urls])
+        settings = {"default": {"NODES": [node], "TTL": 1.0}}
+        with override_settings(REDLOCK=settings), locks["default"].lock("job", timeout=0):
+            assert group.master.client().exists("lock:job") == 1
+            assert stray.client().exists("lock:job") == 0
+    finally:
+        lonely.stop()

@@ -468,3 +468,60 @@ def test_serve_command(how: str) -> None:
             serve.stdin.close()
         assert serve.wait(timeout=15) == 0
     assert wait_all_dead(pids, within=1) == []
+
+
+# -- ports= of SentinelGroup.start and ClusterGroup.start (issue 27 item 6)
+
+
+def test_sentinel_group_starts_on_the_given_ports() -> None:
+    """``SentinelGroup.start(ports=...)``: master, replicas, then sentinels, on those ports."""
+    from django_redlock.testing.sentinel import SentinelGroup
+    from django_redlock.testing.wire import free_port
+
+    ports = sorted({free_port() for _ in range(8)})[:4]
+    assert len(ports) == 4
+    with SentinelGroup.start(replicas=1, sentinels=2, ports=ports) as group:
+        assert [n.port for n in group.servers] == ports[:2]
+        assert [s.port for s in group.sentinels] == ports[2:]
+        assert group.master.port == ports[0]
+
+
+def test_cluster_group_starts_on_the_given_ports() -> None:
+    """``ClusterGroup.start(ports=...)``: one port per node, the masters' first."""
+    from django_redlock.testing.cluster import ClusterGroup, cluster_port
+
+    ports = [cluster_port()]
+    with ClusterGroup.start(1, ports=ports) as group:
+        assert [n.port for n in group.nodes] == ports
+        assert group.master_of(0).port == ports[0]
+
+
+def test_group_ports_are_checked_before_anything_starts() -> None:
+    """A wrong number of ports, a bad or repeated one is a ValueError, and a port in use (or,
+    for a cluster, its bus port) an OSError naming it, before any process starts."""
+    from django_redlock.testing import processes
+    from django_redlock.testing.cluster import BUS_OFFSET, ClusterGroup, cluster_port
+    from django_redlock.testing.sentinel import SentinelGroup
+
+    before = len(processes._registry)
+    with pytest.raises(ValueError, match=r"needs 5 ports \(1 master, 1 replicas, 3 sentinels\)"):
+        SentinelGroup.start(ports=[7001, 7002])
+    with pytest.raises(ValueError, match="needs 6 ports"):
+        ClusterGroup.start(3, 1, ports=[7001, 7002, 7003])
+    with pytest.raises(ValueError, match="from 1 to 55535"):
+        ClusterGroup.start(1, ports=[60000])
+    with pytest.raises(ValueError, match="repeats"):
+        SentinelGroup.start(replicas=0, sentinels=1, ports=[7001, 7001])
+    port = cluster_port()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", port + BUS_OFFSET))
+        busy.listen()
+        with pytest.raises(OSError, match=f"port {port + BUS_OFFSET} \\(the cluster bus"):
+            ClusterGroup.start(1, ports=[port])
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        with pytest.raises(OSError, match=f"port {taken} on 127.0.0.1 is in use"):
+            SentinelGroup.start(replicas=0, sentinels=1, ports=[taken, port])
+    assert len(processes._registry) == before

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django_redlock.testing.node import RedisNode, RedisNodeError, StopOnExit
-from django_redlock.testing.wire import HOST, free_port, port_free
+from django_redlock.testing.wire import HOST, chosen_ports, free_port, port_free
 
 SLOTS = 16384
 #: A cluster node also listens on its port + 10000 (the cluster bus).
@@ -51,9 +51,20 @@ class ClusterGroup(StopOnExit):
         extra_args: Iterable[str] = (),
         server: str | None = None,
         timeout: float = 30.0,
+        ports: Sequence[int] | None = None,
     ) -> ClusterGroup:
         """Start the processes, assign the slots, join them and wait until every node sees the
-        cluster ``ok`` (and every replica in sync)."""
+        cluster ``ok`` (and every replica in sync).
+
+        ``ports``: the ports to use, the masters' first (``masters * (1 + replicas)`` of them;
+        default: free ports); each node's cluster bus takes its port + 10000. A wrong count
+        is a ``ValueError`` and a port (or bus port) in use an ``OSError``, before anything
+        starts."""
+        count = masters * (1 + replicas)
+        fixed: list[int] | None = None
+        if ports is not None:
+            what = f"{masters} masters with {replicas} replicas each"
+            fixed = chosen_ports(ports, count, what, bus_offset=BUS_OFFSET)
         args = [
             "--cluster-enabled",
             "yes",
@@ -65,8 +76,8 @@ class ClusterGroup(StopOnExit):
         ]
         nodes: list[RedisNode] = []
         try:
-            for _ in range(masters * (1 + replicas)):
-                port = cluster_port()
+            for i in range(count):
+                port = cluster_port() if fixed is None else fixed[i]
                 nodes.append(RedisNode(port=port, extra_args=args, server=server).start())
             group = cls(nodes, masters)
             group._form(masters, replicas, timeout)

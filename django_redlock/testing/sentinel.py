@@ -9,11 +9,11 @@ promoted replica and it accepts writes.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django_redlock.testing.node import RedisNode, RedisNodeError, StopOnExit
-from django_redlock.testing.wire import HOST
+from django_redlock.testing.wire import HOST, chosen_ports
 
 _CONFIG_NAME = "sentinel.conf"
 
@@ -80,21 +80,32 @@ class SentinelGroup(StopOnExit):
         extra_args: Iterable[str] = (),
         server: str | None = None,
         timeout: float = 20.0,
+        ports: Sequence[int] | None = None,
     ) -> SentinelGroup:
         """Start the master, its replicas (in sync), then the sentinels, and wait until every
-        sentinel knows the replicas and the other sentinels (so a failover can be elected)."""
+        sentinel knows the replicas and the other sentinels (so a failover can be elected).
+
+        ``ports``: the ports to use, master first, then the replicas, then the sentinels
+        (``1 + replicas + sentinels`` of them; default: free ports). A wrong count is a
+        ``ValueError`` and a port in use an ``OSError``, before anything starts."""
+        what = f"1 master, {replicas} replicas, {sentinels} sentinels"
+        fixed: list[int | None] = [None] * (1 + replicas + sentinels)
+        if ports is not None:
+            fixed = list(chosen_ports(ports, len(fixed), what))
         started: list[RedisNode] = []
         try:
-            master = RedisNode(extra_args=extra_args, server=server).start()
+            master = RedisNode(port=fixed[0], extra_args=extra_args, server=server).start()
             started.append(master)
             copies = []
-            for _ in range(replicas):
+            for i in range(replicas):
                 follow = ["--replicaof", HOST, str(master.port), *extra_args]
-                copies.append(RedisNode(extra_args=follow, server=server).start())
+                copies.append(
+                    RedisNode(port=fixed[1 + i], extra_args=follow, server=server).start()
+                )
                 started.append(copies[-1])
             assert master.port is not None
             watchers: list[SentinelProcess] = []
-            for _ in range(sentinels):
+            for i in range(sentinels):
                 watcher = SentinelProcess(
                     master.port,
                     service,
@@ -102,6 +113,7 @@ class SentinelGroup(StopOnExit):
                     down_after_ms=down_after_ms,
                     failover_timeout_ms=failover_timeout_ms,
                     server=server,
+                    port=fixed[1 + replicas + i],
                 )
                 watcher.start()
                 watchers.append(watcher)
@@ -125,18 +137,19 @@ class SentinelGroup(StopOnExit):
         return {"SENTINELS": self.sentinel_urls, "SERVICE": self.service, **extra}
 
     def master_address(self) -> tuple[str, int] | None:
-        """What the first answering sentinel names as the master, or None."""
+        """What the first answering sentinel names as the master (``SENTINEL MASTER``, as
+        redis-py and the lock engine read it), or None. During a failover the leader's
+        ``GET-MASTER-ADDR-BY-NAME`` names the promoted replica a moment before that view
+        switches to it; this waits for the switch."""
         for watcher in self.sentinels:
             if not watcher.is_running or watcher.is_paused:
                 continue
             try:
-                reply = watcher.client(decode_responses=True).execute_command(
-                    "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service
-                )
+                state = watcher.client(decode_responses=True).sentinel_master(self.service)
             except Exception:  # a sentinel that is down: ask the next
                 continue
-            if reply:
-                return str(reply[0]), int(reply[1])
+            if isinstance(state, dict):
+                return str(state["ip"]), int(state["port"])
         return None
 
     @property

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Sequence
 
 HOST = "127.0.0.1"
 
@@ -26,6 +27,27 @@ def port_free(port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+def chosen_ports(ports: Sequence[int], needed: int, what: str, bus_offset: int = 0) -> list[int]:
+    """The ``ports=`` a group was given, checked before anything starts: ``needed`` distinct
+    ports (1-65535), each free now (and its ``port + bus_offset`` too, for a cluster's bus).
+    Raises ``ValueError`` (wrong count or value) or ``OSError`` (a port in use)."""
+    chosen = list(ports)
+    if len(chosen) != needed:
+        raise ValueError(f"ports= needs {needed} ports ({what}), got {len(chosen)}: {chosen}")
+    top = 65535 - bus_offset
+    for port in chosen:
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port <= top:
+            raise ValueError(f"ports= takes ports from 1 to {top}, not {port!r}")
+    if len(set(chosen)) != len(chosen):
+        raise ValueError(f"ports= repeats a port: {chosen}")
+    for port in chosen:
+        for busy in (port, port + bus_offset) if bus_offset else (port,):
+            if not port_free(busy):
+                also = f" (the cluster bus of port {port})" if busy != port else ""
+                raise OSError(f"port {busy}{also} on {HOST} is in use; pass other ports=")
+    return chosen
 
 
 def wait_port_free(port: int, timeout: float) -> None:
