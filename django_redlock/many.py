@@ -181,7 +181,9 @@ class LockManyBlock:
         held = HeldLocks(leases, frozenset(borrowed))
         for lease in leases.values():
             lease._blocks += 1  # like a lock block: the last block of a lease lets it go
-        self._held.append((held, context.push_set(own)))  # lock() re-enters these names
+        # every name of the set, re-entered ones too, guards the block's writes (as a
+        # re-entered lock() block does) and is re-entered by lock() inside it
+        self._held.append((held, context.push_set(leases)))
         return held
 
     def _left(self) -> HeldLocks:

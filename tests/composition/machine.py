@@ -1320,6 +1320,8 @@ class CompositionMachine(RuleBasedStateMachine):
                     return "busy"
                 except LockLost:
                     return "lost"
+                except LockError:
+                    return "lockerror"
 
             obs["sync_to_async"] = await sync_to_async(service)()
 
@@ -1388,6 +1390,8 @@ class CompositionMachine(RuleBasedStateMachine):
         # could take the name) is re-entered there, or found lost
         mains = self.enterable(name)[0] if runner == "async_to_sync" else None
         service_may = {"busy"} if mains is None else {"got it", "lost"}
+        if runner == "async_to_sync" and self.mixed_kinds(name, "lock"):
+            service_may = {"lockerror"}  # the main thread reads or writes the name
         if obs["child"] != "busy" or obs["aacquire"] != "busy":
             raise Violation(f"{what}: another task / aacquire got the held name: {obs}")
         if obs["sync_to_async"] not in service_may:

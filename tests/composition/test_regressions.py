@@ -325,6 +325,33 @@ def test_n1_a_suspended_async_generator_does_not_fence_its_callers_writes(
     assert product.fence_token == token
 
 
+@pytest.mark.django_db(transaction=True)
+def test_n8_lock_many_re_entering_a_generators_lease_fences_its_claims(unique_name: str) -> None:
+    """N8 (found by the machine once N1 d was fixed): ``lock_many([a])`` re-entering the lease
+    of a suspended ``@lock`` generator of ``a``, with a bare lease of ``b`` taken after it,
+    saves a row claimed with a's token with a's token (it was saved with b's: the set did not
+    activate the lease it re-entered, and the suspended generator's entry no longer fences)."""
+    manager = locks["default"]
+    product = Product.objects.create(name=unique_name, stock=1)
+    rows = locked_rows("default")
+    it = rows(f"{unique_name}:a")
+    generator_lease = next(it)
+    bare = manager.acquire(f"{unique_name}:b", timeout=0)
+    try:
+        with manager.lock_many([f"{unique_name}:a"], timeout=0) as held:
+            lease = held.leases[f"{unique_name}:a"]
+            assert lease is generator_lease
+            with transaction.atomic():
+                for row in Product.objects.claim_many({product.pk: lease.token}).values():
+                    row.stock += 1
+                    row.save()
+        product.refresh_from_db()
+        assert product.fence_token == generator_lease.token
+    finally:
+        it.close()
+        bare.release()
+
+
 @pytest.mark.parametrize("alias", ALIASES)
 def test_n2_extend_to_a_shorter_ttl_keeps_an_auto_extended_lease(
     alias: str, unique_name: str
