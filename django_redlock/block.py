@@ -2,7 +2,7 @@
 
 A block re-enters a lease of the same alias and name that is already active in this thread or
 task (it does not wait for itself; only the outermost exit releases), and, inside a
-transaction on the default database, releases after the commit (SPEC 10).
+transaction on the default database, releases after the commit (docs/production.md).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ ON_BUSY_CHOICES = ("raise", "skip")
 #: a ``min_hold`` with less than this left releases at once
 MIN_HOLD_GRANULARITY = 0.1
 
-logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name
+logger = logging.getLogger("django_redlock")  # docs/index.md: one logger name
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """The blocks of the other lock kinds a :class:`~django_redlock.manager.LockManager` makes:
-semaphores and read-write locks (SPEC 12). Mixed into ``LockManager``; each block holds one
+semaphores and read-write locks (docs/primitives.md). Mixed into ``LockManager``; each block holds
+one
 lease from ``acquire(..., permits=N)`` or ``acquire(..., rw="read"/"write")``."""
 
 from __future__ import annotations

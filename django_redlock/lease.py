@@ -28,7 +28,8 @@ from .validation import check_ttl
 if TYPE_CHECKING:
     from .manager import LockManager
 
-logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name (records carry .module)
+# docs/index.md: one logger name (records carry .module)
+logger = logging.getLogger("django_redlock")
 #: Makes "lost" reported once per lease (the renewal thread and a release may both find it);
 #: one for all leases: a lease is found lost rarely, and a mutex per lease costs every acquire.
 _LOST_MUTEX = threading.Lock()

@@ -33,7 +33,8 @@ from .validation import (
 
 __all__ = ["UNSET", "Lease", "LockBlock", "LockManager"]
 
-logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name (records carry .module)
+# docs/index.md: one logger name (records carry .module)
+logger = logging.getLogger("django_redlock")
 
 
 class RenewOptions(TypedDict, total=False):
@@ -257,7 +258,7 @@ class LockManager(KindBlocks):
             wanted.name = outcome.busy_name or names[0]
             raise self._failed(wanted, outcome)
         leases = {record.name: Lease(self, record) for record in outcome}
-        context.activate_all(list(leases.values()))  # guard FencedModel writes (SPEC 10)
+        context.activate_all(list(leases.values()))  # guard FencedModel writes (docs/production.md)
         if signals.wanted(signals.lock_acquired):
             for lease in leases.values():
                 self._send_acquired(lease)
@@ -306,7 +307,8 @@ class LockManager(KindBlocks):
 
     def _won(self, record: LeaseRecord) -> Lease:
         lease = Lease(self, record)
-        context.activate(lease)  # guards FencedModel writes here until released (SPEC 10)
+        # guards FencedModel writes here until released (docs/production.md)
+        context.activate(lease)
         self._send_acquired(lease)
         return lease
 

@@ -1,4 +1,4 @@
-"""``lock_many``: several names held together, all or nothing (SPEC 12).
+"""``lock_many``: several names held together, all or nothing (docs/primitives.md).
 
 ::
 
@@ -200,7 +200,7 @@ class LockManyBlock:
         return held
 
     def _kept(self, held: HeldLocks) -> bool:
-        """Inside a transaction the names are released after it commits (SPEC 10)."""
+        """Inside a transaction the names are released after it commits (docs/production.md)."""
         if not (self._until_commit and in_transaction()):
             return False
         max_hold = self._kwargs.get("max_hold")

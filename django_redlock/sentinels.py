@@ -12,7 +12,7 @@ names the promoted replica.
 After a failover the engine's connections to the old master break (Sentinel kills the clients
 of a demoted master; a killed master closes them; a ``READONLY`` reply drops them), and the
 next connect finds the promoted replica. That replica has another ``run_id``, so the engine
-treats it as a restarted node (SPEC 4, ``engine/trust.py``): it votes only after the
+treats it as a restarted node (docs/algorithm.md, ``engine/trust.py``): it votes only after the
 quarantine, and tokens never go back.
 """
 

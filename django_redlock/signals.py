@@ -26,7 +26,8 @@ lock_released = Signal()
 lock_failed = Signal()
 lock_lost = Signal()
 
-logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name (records carry .module)
+# docs/index.md: one logger name (records carry .module)
+logger = logging.getLogger("django_redlock")
 
 Observer = Callable[..., None]
 #: The library's own observers (``contrib.prometheus``, ``contrib.otel``, the toolbar panel),

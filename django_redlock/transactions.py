@@ -1,4 +1,4 @@
-"""Releasing after the transaction commits (SPEC 10 "Transactions").
+"""Releasing after the transaction commits (docs/production.md "Transactions").
 
 A lock block, an ``@lock`` function or a request lock that ends inside ``transaction.atomic()``
 on the default database must not release its lease yet: the next holder would read rows this
@@ -24,7 +24,8 @@ from django.db import DEFAULT_DB_ALIAS, transaction
 if TYPE_CHECKING:
     from .lease import Lease
 
-logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name (records carry .module)
+# docs/index.md: one logger name (records carry .module)
+logger = logging.getLogger("django_redlock")
 
 
 def in_transaction(using: str = DEFAULT_DB_ALIAS) -> bool:

@@ -1,4 +1,4 @@
-"""LocksPanel in django-debug-toolbar, rendered in headless Chromium (SPEC 14): a real
+"""LocksPanel in django-debug-toolbar, rendered in headless Chromium (docs/observability.md): a real
 ``runserver`` process with the toolbar; the panel lists the request's locks (name, alias,
 token, wait, hold, voters; the busy one too) and nothing another thread took.
 

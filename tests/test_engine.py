@@ -619,7 +619,8 @@ def test_a_node_whose_connection_factory_raises_is_down_with_its_reason() -> Non
         engine.close()
 
 
-# -- who waits (SPEC 10 "Waiting") ---------------------------------------------------------
+# -- who waits (docs/production.md "Waiting")
+# ---------------------------------------------------------
 
 
 def _waiters(alias: str, name: str) -> int:

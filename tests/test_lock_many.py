@@ -1,4 +1,5 @@
-"""``lock_many``/``alock_many`` (SPEC 12) on real nodes: all or nothing, a token per name, no
+"""``lock_many``/``alock_many`` (docs/primitives.md) on real nodes: all or nothing, a token per
+name, no
 deadlock between overlapping sets taken in any order, no partial hold left behind."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The core imports none of the optional observability libraries (SPEC 14): a fresh interpreter
+"""The core imports none of the optional observability libraries (docs/observability.md): a fresh
+interpreter
 in which importing them fails loads every module of django_redlock outside ``contrib`` and
 takes and releases a lock, blocking and asyncio, on a real node."""
 

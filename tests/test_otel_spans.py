@@ -1,4 +1,5 @@
-"""django_redlock.contrib.otel (SPEC 14) with the OpenTelemetry SDK and its in-memory exporter:
+"""django_redlock.contrib.otel (docs/observability.md) with the OpenTelemetry SDK and its in-memory
+exporter:
 the spans, their parents and attributes, on real nodes; nothing recorded without a provider."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The demo served by gunicorn (3 workers, prometheus-client's multiprocess mode) with
 django-prometheus and django_redlock.contrib.prometheus: after a contended workload from several
 client processes, one real HTTP scrape of ``/metrics``, parsed with prometheus-client's own
-parser, counts exactly what the requests did (SPEC 14)."""
+parser, counts exactly what the requests did (docs/observability.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Read-write locks (SPEC 12): ``read_lock``/``write_lock`` and their asyncio twins on real
+"""Read-write locks (docs/primitives.md): ``read_lock``/``write_lock`` and their asyncio twins on
+real
 nodes: readers overlap, a writer excludes everyone, a waiting writer keeps new readers out,
 and a write lease's token is above every earlier lease's."""
 

@@ -1,4 +1,5 @@
-"""Request locks with a limit (SPEC 12): ``@request_lock(key, limit=N)`` and ``"LIMIT": N``
+"""Request locks with a limit (docs/primitives.md): ``@request_lock(key, limit=N)`` and ``"LIMIT":
+N``
 rules take one of N permits of the key; over the limit the answer is 429 with Retry-After.
 Real nodes, Django's test clients."""
 

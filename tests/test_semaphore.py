@@ -1,4 +1,5 @@
-"""Semaphores (SPEC 12): ``semaphore``/``asemaphore`` and ``acquire(..., permits=N)`` on real
+"""Semaphores (docs/primitives.md): ``semaphore``/``asemaphore`` and ``acquire(..., permits=N)`` on
+real
 nodes: at most N valid permits, one token per permit, waking on release, kinds kept apart."""
 
 from __future__ import annotations

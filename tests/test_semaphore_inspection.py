@@ -1,6 +1,6 @@
 """Semaphores in ``manage.py redlock list/show/release/clear`` and on the admin Locks page, on
 real nodes (1 and 5): one row per name with its kind, permits and holders (owners masked),
-force-released permit by permit (SPEC 7 and 12)."""
+force-released permit by permit (docs/admin-and-cli.md and 12)."""
 
 from __future__ import annotations
 

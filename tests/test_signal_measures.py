@@ -1,4 +1,5 @@
-"""SPEC 14: ``lock_acquired`` carries ``waited`` and ``attempts``, ``lock_failed`` also
+"""docs/observability.md: ``lock_acquired`` carries ``waited`` and ``attempts``, ``lock_failed``
+also
 ``votes``, measured by the engine's drivers (blocking and asyncio) for every primitive."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Signals (SPEC 3a): who gets what, and a receiver that raises never changes what the lock
+"""Signals (docs/index.md): who gets what, and a receiver that raises never changes what the lock
 call does (FINDINGS M3: a raising ``lock_acquired`` receiver used to leak the lock for its
 whole TTL)."""
 

@@ -69,7 +69,7 @@ ENQUEUED_SUFFIX = ":enqueued"
 #: of its attempts, the nodes' expiry cycle), so the attempt after the expiry is made.
 REDELIVERY_SLACK = 0.5
 
-logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name
+logger = logging.getLogger("django_redlock")  # docs/index.md: one logger name
 
 
 class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints

@@ -66,7 +66,7 @@ __all__ = [
 ]
 
 
-#: Why a node's vote did not count while it is in the restart quarantine (SPEC 4).
+#: Why a node's vote did not count while it is in the restart quarantine (docs/algorithm.md).
 QUARANTINED = (
     "quarantined: its fence state is missing or from an earlier run (restarted, wiped, evicted"
     " or new node); it votes again once every lease it may have lost has expired"

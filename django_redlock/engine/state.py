@@ -27,7 +27,7 @@ WAKE_TTL_MS = 2000
 #: A failed attempt of a caller that will wait registers it as a waiter for this long (ms), or
 #: until the caller's timeout if that comes sooner; each later attempt renews it. Longer than
 #: the longest single wait (``policy.MAX_BACKOFF``), so a blocked waiter is always covered, and
-#: at most 1 s, so a waiter that died stops counting within 1 s (SPEC 10).
+#: at most 1 s, so a waiter that died stops counting within 1 s (docs/production.md).
 WAIT_MARK_MS = 1000
 #: The kinds of lease other than a lock's (``LeaseRecord.kind``).
 PERMIT, READ, WRITE = "permit", "read", "write"

@@ -1,4 +1,4 @@
-"""Which nodes may vote: restarted or new nodes rejoin only when that is safe (SPEC 4).
+"""Which nodes may vote: restarted or new nodes rejoin only when that is safe (docs/algorithm.md).
 
 A node whose fence hash does not carry the ``run_id`` of its current incarnation has restarted
 (or was wiped, or is new): its lock keys may be gone, so it votes neither for locks nor for

@@ -21,7 +21,8 @@ from ..manager import LockManager
 from ..nodes.probe import NodeHealth, Target, maybe_int, one_line, probe, run_id
 from .records import LockInfo, NodeError, merge, merge_readers, merge_semaphore
 
-logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name (records carry .module)
+# docs/index.md: one logger name (records carry .module)
+logger = logging.getLogger("django_redlock")
 T = TypeVar("T")
 
 #: ``COUNT`` hint of a node's first ``SCAN`` call; each next call asks for twice as many...

@@ -33,7 +33,8 @@ from .rules import LockSpec
 if TYPE_CHECKING:
     from ..manager import Lease
 
-logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name (records carry .module)
+# docs/index.md: one logger name (records carry .module)
+logger = logging.getLogger("django_redlock")
 
 AcquireErrors = (LockNotAcquired, NodesUnavailable)
 """Acquisition errors answered with a 409/503 response; the view does not run."""
@@ -120,7 +121,8 @@ def _release_failure_logged(lease: Lease) -> Iterator[None]:
 
 
 async def _release(io: _IO, lease: Lease, spec: LockSpec) -> None:
-    """Release now, or after the commit when the view ran in a transaction (SPEC 10: under
+    """Release now, or after the commit when the view ran in a transaction (docs/production.md:
+    under
     ``ATOMIC_REQUESTS`` Django wraps a decorated view in ``atomic()``)."""
     if spec.until_commit and in_transaction():
         context.deactivate(lease)

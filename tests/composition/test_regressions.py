@@ -67,7 +67,7 @@ def test_a1_lock_many_of_one_name_holds_it_and_lets_it_go(alias: str, unique_nam
 
 @pytest.mark.parametrize("alias", ALIASES)
 def test_lock_many_counts_a_repeated_name_once(alias: str, unique_name: str) -> None:
-    """SPEC 15: ``lock_many([b, c, b])`` holds b and c (it used to raise ValueError)."""
+    """docs/production.md: ``lock_many([b, c, b])`` holds b and c (it used to raise ValueError)."""
     names = [f"{unique_name}:b", f"{unique_name}:c", f"{unique_name}:b"]
     with locks[alias].lock_many(names, timeout=0) as held:
         assert list(held.leases) == names[:2]

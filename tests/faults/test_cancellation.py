@@ -1,4 +1,5 @@
-"""Cancellation (SPEC 10): cancelling ``aacquire()`` at any point leaves no key behind longer
+"""Cancellation (docs/production.md): cancelling ``aacquire()`` at any point leaves no key behind
+longer
 than the round trip that was in flight, and never leaves a node looking down (FINDINGS F3,
 F9)."""
 

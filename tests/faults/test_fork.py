@@ -1,4 +1,5 @@
-"""Fork safety (SPEC 10, FINDINGS F1): a lock manager used before ``os.fork()`` keeps working in
+"""Fork safety (docs/production.md, FINDINGS F1): a lock manager used before ``os.fork()`` keeps
+working in
 the parent and in every child; no process reads a reply meant for another; a lease acquired
 by the parent stays the parent's (in a child, releasing it raises ``LockError`` and sends
 nothing). gunicorn ``--preload`` with a lock used at import is covered by

@@ -1,4 +1,5 @@
-"""Loss means loss (SPEC 10): a node that answers late (frozen with SIGSTOP for a moment) during
+"""Loss means loss (docs/production.md): a node that answers late (frozen with SIGSTOP for a
+moment) during
 ``extend()``, an auto-extend renewal or a release never forfeits a valid lease, never deletes its
 key, and is never reported as a lost lease (FINDINGS F2, M5)."""
 

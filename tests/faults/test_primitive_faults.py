@@ -1,4 +1,5 @@
-"""The other primitives under faults (SPEC 12): ``lock_many`` carts in the shop workload with
+"""The other primitives under faults (docs/primitives.md): ``lock_many`` carts in the shop workload
+with
 nodes paused and a node restarted empty, judged by the fault suites' oracles; a semaphore's
 "at most N holders" with 8 processes while nodes are paused and one restarts empty."""
 

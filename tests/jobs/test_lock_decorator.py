@@ -1,4 +1,4 @@
-"""@lock for jobs (SPEC 11): names filled from the call's arguments bound to the signature,
+"""@lock for jobs (docs/jobs.md): names filled from the call's arguments bound to the signature,
 on_busy="skip", sync and async functions, against the session's real redis-server nodes."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``manage.py redlock run NAME -- COMMAND`` as a real subprocess against real nodes (SPEC 11):
+"""``manage.py redlock run NAME -- COMMAND`` as a real subprocess against real nodes (docs/jobs.md):
 one of two invocations runs, exit statuses 75/69/70/126/127/2, the child's status passed on,
 signals forwarded, and the child never outlives a SIGKILLed wrapper."""
 

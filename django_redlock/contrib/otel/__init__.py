@@ -1,4 +1,5 @@
-"""OpenTelemetry spans of lock calls (SPEC 14): add ``"django_redlock.contrib.otel"`` to
+"""OpenTelemetry spans of lock calls (docs/observability.md): add ``"django_redlock.contrib.otel"``
+to
 ``INSTALLED_APPS`` (needs ``opentelemetry-api``, the ``otel`` extra).
 
 Each acquire call becomes a ``redlock.acquire`` span and each held lease a ``redlock.hold``

@@ -1,4 +1,4 @@
-"""Prometheus metrics of every lock manager (SPEC 14): add
+"""Prometheus metrics of every lock manager (docs/observability.md): add
 ``"django_redlock.contrib.prometheus"`` to ``INSTALLED_APPS`` (needs ``prometheus-client``,
 the ``prometheus`` extra).
 

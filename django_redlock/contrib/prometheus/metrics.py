@@ -1,4 +1,4 @@
-"""The metrics of SPEC 14 and the signal observers that feed them.
+"""The metrics of docs/observability.md and the signal observers that feed them.
 
 ``redlock_acquire_seconds`` (histogram; ``alias``, ``outcome``): how long acquire calls took,
 by how they ended (``acquired``; ``busy`` for busy and timed-out calls; ``unavailable``).

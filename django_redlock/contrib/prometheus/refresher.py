@@ -23,7 +23,8 @@ from ..nodes import public_label
 if TYPE_CHECKING:
     from .metrics import RedlockMetrics
 
-logger = logging.getLogger("django_redlock")  # SPEC 3: one logger name (records carry .module)
+# docs/index.md: one logger name (records carry .module)
+logger = logging.getLogger("django_redlock")
 
 
 class Refresher:
