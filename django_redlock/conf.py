@@ -19,6 +19,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .cluster import shard_prefixes
 from .engine import GLOB_CHARACTERS, MAX_NAME_LENGTH, TOKEN_LIMIT, quorum
+from .engine.budget import DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS
 from .node_settings import (
     URL_SCHEMES,
     NodeSpec,
@@ -41,6 +42,8 @@ DEFAULTS: dict[str, Any] = {
     "DRIFT_FACTOR": 0.01,
     "TIMEOUT": 10.0,
     "FAN_OUT": "all",
+    "MAX_CONNECTIONS": DEFAULT_MAX_CONNECTIONS,
+    "IDLE_TIMEOUT": DEFAULT_IDLE_TIMEOUT,
 }
 #: ``FAN_OUT``: "all" asks every node at once; "quorum" asks a quorum of nodes first and the
 #: others only when that did not win (docs/algorithm.md).
@@ -79,6 +82,10 @@ class AliasConfig:
     drift_factor: float
     timeout: float | None
     fan_out: str = "all"
+    #: at most this many connections per node and process (SPEC 13a)
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    #: an idle connection is closed after this many seconds
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
     #: a spread cluster alias: the key prefixes of its shards (see :mod:`.cluster`); else ()
     shards: tuple[str, ...] = ()
 
@@ -195,6 +202,8 @@ def parse_alias(alias: str, raw: Any) -> AliasConfig:
         drift_factor=drift,
         timeout=None if timeout is None else _number(alias, "TIMEOUT", timeout, allow_zero=True),
         fan_out=_fan_out(alias, merged["FAN_OUT"]),
+        max_connections=_max_connections(alias, merged["MAX_CONNECTIONS"]),
+        idle_timeout=_idle_timeout(alias, merged["IDLE_TIMEOUT"]),
     )
     if spread:
         # the alias's own nodes (health, checks) look at its first shard's slot
@@ -203,6 +212,31 @@ def parse_alias(alias: str, raw: Any) -> AliasConfig:
     if any(node.cluster for node in nodes):
         return _pinned(config, prefix, shards=())
     return config
+
+
+def _max_connections(alias: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _error(
+            alias,
+            "MAX_CONNECTIONS",
+            f"must be an int >= 1 (connections per node and process), got {value!r}.",
+        )
+    return value
+
+
+def _idle_timeout(alias: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _error(
+            alias, "IDLE_TIMEOUT", f"must be a number of seconds, not {type(value).__name__}."
+        )
+    if not math.isfinite(value) or value <= 0:
+        raise _error(
+            alias,
+            "IDLE_TIMEOUT",
+            f"must be a finite number > 0 (seconds before an idle connection is closed), "
+            f"got {value!r}.",
+        )
+    return float(value)
 
 
 def _fan_out(alias: str, value: Any) -> str:

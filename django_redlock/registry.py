@@ -18,6 +18,7 @@ from . import connections
 from .block import BlockOptions, LockBlock
 from .conf import AliasConfig, alias_config, busy_poll_setting, redlock_settings
 from .engine import AliasState, Engine
+from .engine.budget import Budget
 from .manager import LockManager
 from .validation import UNSET
 
@@ -52,7 +53,9 @@ class LockManagers:
     @staticmethod
     def _create(alias: str) -> LockManager:
         config = alias_config(alias)
-        engines = [_engine(shard) for shard in config.shard_configs]
+        # one budget per alias: its shards' engines share each node's connections
+        budget = Budget(len(config.nodes), config.max_connections, config.idle_timeout)
+        engines = [_engine(shard, budget) for shard in config.shard_configs]
         return LockManager(config, engines[0], engines)
 
     def reset(self) -> None:
@@ -65,7 +68,7 @@ class LockManagers:
         connections.reset_pools()
 
 
-def _engine(config: AliasConfig) -> Engine:
+def _engine(config: AliasConfig, budget: Budget) -> Engine:
     """The engine of one alias (or of one shard of a spread cluster alias)."""
     state = AliasState(
         prefix=config.key_prefix,
@@ -81,6 +84,7 @@ def _engine(config: AliasConfig) -> Engine:
         [node.label for node in config.nodes],
         [connections.sync_factory(node, config) for node in config.nodes],
         [connections.async_factory(node, config) for node in config.nodes],
+        budget,
     )
 
 

@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import math
 import os
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Sequence
 from typing import Any, TypeVar
 
 from . import forks
+from .budget import SPARE_WAIT, Budget
 from .keyspace import new_waiter
 from .lease_plans import release_many_plan
+from .loop_pools import LoopPools
 from .many_plans import acquire_many_plan
 from .plans import (
     acquire_plan,
@@ -51,6 +56,9 @@ HANDOFFS_KEPT = 1024
 #: How late (seconds) a piped wait's attempt may run and still register only within the
 #: caller's timeout (see :meth:`Engine._piped_wait`).
 PIPE_MARGIN = 0.25
+#: ``until`` of a call that is not an acquire attempt with a deadline: it waits up to
+#: :data:`~.budget.SPARE_WAIT` for a connection.
+SPARE = -1.0
 
 
 class Engine:
@@ -62,11 +70,15 @@ class Engine:
         labels: Sequence[str],
         factories: Sequence[ConnectionFactory],
         async_factories: Sequence[AsyncConnectionFactory],
+        budget: Budget | None = None,
     ) -> None:
         self.state = state
         self.labels = list(labels)
         self._factories = list(factories)
         self._async_factories = list(async_factories)
+        #: this alias's connections per node (shared by its shards' engines)
+        self.budget = budget or Budget(len(self.labels))
+        self._every = tuple(range(len(self.labels)))
         self._start_afresh()
 
     def _start_afresh(self) -> None:
@@ -78,19 +90,24 @@ class Engine:
         self._free: list[Channel] = []
         self._all: list[Channel] = []
         self._mutex = threading.Lock()
-        self._async_free: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, list[AsyncChannel]
-        ] = weakref.WeakKeyDictionary()
+        #: threads waiting for a channel (each woken by a channel going back to the pool)
+        self._sync_waiters: deque[threading.Event] = deque()
+        #: wakes the idle reaper thread early (engine closed); True while it runs
+        self._reaper_wake = threading.Event()
+        self._reaping = False
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopPools] = (
+            weakref.WeakKeyDictionary()
+        )
         self._closers: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, AsyncGenerator[None, None]
         ] = weakref.WeakKeyDictionary()
-        self.waiter = ReleaseWaiter(self._factories, self._async_factories)
-        self._async_waiting: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, list[list[Any]]
-        ] = weakref.WeakKeyDictionary()
-        self._async_blocking: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, list[AsyncChannel]
-        ] = weakref.WeakKeyDictionary()
+        self.waiter = ReleaseWaiter(
+            self._factories,
+            self._async_factories,
+            self.budget,
+            self._opened,
+        )
+        self.budget.add_evictor(self, self._evict_one)
         #: name -> until when (monotonic) a release here reserved it for a woken waiter
         self._handoffs: dict[str, float] = {}
         #: the acquire calls of this process waiting for a busy name now (for metrics)
@@ -133,7 +150,7 @@ class Engine:
         waiting = _Waiting.of(started, timeout)
         first = None
         if not queue_first:  # the common case: one attempt, no policy needed if it wins
-            first = target.seen(*self._run(target.attempt(waiting, False)))
+            first = target.seen(*self._run(target.attempt(waiting, False), None, _until(waiting)))
             if not isinstance(first, AcquireFailure) or timeout == 0:
                 return first
         run = Stepper(self._policy(timeout, queue_first, first, started))
@@ -142,7 +159,7 @@ class Engine:
                 while run.step is not None:
                     if isinstance(run.step, Attempt):
                         attempt = target.attempt(waiting, run.step.woken)
-                        run.send(target.seen(*self._run(attempt)))
+                        run.send(target.seen(*self._run(attempt, None, _until(waiting))))
                     elif isinstance(run.step, AwaitRelease):
                         piped = self._piped_wait(target, waiting, run.step)
                         if piped is None:
@@ -178,9 +195,10 @@ class Engine:
         trip after the wake-up). Returns (woken, the attempt's outcome), or None where this
         does not apply (several nodes, ``lock_many``, a short wait, a node that refused)."""
         plan = self._piped_plan(target, waiting, step)
-        if plan is None:
+        channel = None if plan is None else self._blocking_channel()
+        if plan is None or channel is None:  # no blocking connection to be had: wait by polling
             return None
-        return self._piped_outcome(target, *self._run_blocking(plan))
+        return self._piped_outcome(target, *self._run_blocking(plan, channel))
 
     async def _apiped_wait(
         self, target: _Target, waiting: _Waiting | None, step: AwaitRelease
@@ -189,7 +207,13 @@ class Engine:
         plan = self._piped_plan(target, waiting, step)
         if plan is None:
             return None
-        return self._piped_outcome(target, *await self._arun_blocking(plan))
+        pools = await self._loop_pools()
+        channel = pools.blocking.pop() if pools.blocking else None
+        if channel is None:
+            if not self.budget.take(self._every, blocking=True):
+                return None  # no blocking connection to be had: wait by polling
+            pools.opened()
+        return self._piped_outcome(target, *await self._arun_blocking(plan, pools, channel))
 
     def _piped_plan(
         self, target: _Target, waiting: _Waiting | None, step: AwaitRelease
@@ -224,18 +248,25 @@ class Engine:
             self._piping = False
         return isinstance(popped, list), target.seen(outcome, None)
 
-    def _run_blocking(self, make_plan: PlanMaker[T]) -> tuple[T, list[Any]]:
+    def _blocking_channel(self) -> Channel | None:
+        """An idle channel for a piped wait, or a new one if the budget allows; else None."""
+        with self._mutex:
+            if self._blocking_free:
+                return self._blocking_free.pop()
+            if not self.budget.take(self._every, blocking=True):
+                return None
+        channel = Channel(self.labels, self._factories)
+        with self._mutex:
+            self._blocking_all.append(channel)
+        self._opened()
+        return channel
+
+    def _run_blocking(self, make_plan: PlanMaker[T], channel: Channel) -> tuple[T, list[Any]]:
         """Run a plan whose first call blocks, on a channel of its own; returns its result
         and the replies of the commands sent ahead of that call. A channel given up
         mid-call, or with replies still due, is closed, not reused: whatever was written
         before the close runs in full or not at all (the server drops a blocked client's
         unread commands), so the plan's own give-back stays behind its attempt."""
-        with self._mutex:
-            channel = self._blocking_free.pop() if self._blocking_free else None
-        if channel is None:
-            channel = Channel(self.labels, self._factories)
-            with self._mutex:
-                self._blocking_all.append(channel)
         reusable = False
         try:
             with channel.mutex:
@@ -247,11 +278,13 @@ class Engine:
         finally:
             with self._mutex:
                 if reusable:
+                    channel.idle_since = time.monotonic()
                     self._blocking_free.append(channel)
                 else:
                     self._blocking_all.remove(channel)
             if not reusable:
                 channel.close()
+                self.budget.give(self._every, blocking=True)
 
     def extend(self, lease: LeaseRecord, ttl: float) -> Renewal:
         """Renew ``lease`` to ``ttl`` (renewed, lost, or unconfirmed: see ``extend_plan``)."""
@@ -300,7 +333,8 @@ class Engine:
         waiting = _Waiting.of(started, timeout)
         first = None
         if not queue_first:
-            first = target.seen(*await self._arun(target.attempt(waiting, False)))
+            attempt = target.attempt(waiting, False)
+            first = target.seen(*await self._arun(attempt, None, _until(waiting)))
             if not isinstance(first, AcquireFailure) or timeout == 0:
                 return first
         run = Stepper(self._policy(timeout, queue_first, first, started))
@@ -309,7 +343,7 @@ class Engine:
                 while run.step is not None:
                     if isinstance(run.step, Attempt):
                         attempt = target.attempt(waiting, run.step.woken)
-                        run.send(target.seen(*await self._arun(attempt)))
+                        run.send(target.seen(*await self._arun(attempt, None, _until(waiting))))
                     elif isinstance(run.step, AwaitRelease):
                         piped = await self._apiped_wait(target, waiting, run.step)
                         if piped is None:
@@ -393,25 +427,147 @@ class Engine:
         return until is not None and until > time.monotonic()
 
     # -- blocking driver -----------------------------------------------------------------
-    def _run(self, make_plan: PlanMaker[T], pinned: Any = None) -> tuple[T, Channel]:
-        """Run a plan to its end on one channel (``pinned`` if it is a blocking one)."""
+    def _run(
+        self, make_plan: PlanMaker[T], pinned: Any = None, until: float = SPARE
+    ) -> tuple[T, Channel]:
+        """Run a plan to its end on one channel (``pinned`` if it is a blocking one); with
+        none free and the budget spent, wait for one until ``until`` (``time.monotonic()``;
+        :data:`SPARE`: :data:`~.budget.SPARE_WAIT` from now), then fail as if the nodes
+        were down."""
         self._check_fork()
         if isinstance(pinned, Channel) and pinned in self._all:
             with pinned.mutex:
-                return _drive(make_plan, pinned), pinned
+                if pinned in self._all:  # not closed as idle meanwhile
+                    return _drive(make_plan, pinned), pinned
         # pool checkout inline (no context manager): this is the hot path of every call
         with self._mutex:
             channel = self._free.pop() if self._free else None
         if channel is None:
-            channel = Channel(self.labels, self._factories, self.state.busy_poll)
-            with self._mutex:
-                self._all.append(channel)
+            channel = self._checkout(until)
         try:
             with channel.mutex:
                 return _drive(make_plan, channel), channel
         finally:
+            if channel.idle_since >= 0:  # not a stand-in
+                with self._mutex:
+                    surrender = bool(self.budget.hungry) and len(self._all) > 1
+                    if surrender:
+                        self._all.remove(channel)
+                    else:
+                        channel.idle_since = time.monotonic()
+                        self._free.append(channel)
+                        if self._sync_waiters:
+                            self._sync_waiters.popleft().set()
+                if surrender:  # a caller of another kind holds none: its turn
+                    channel.close()
+                    self.budget.give(self._every)
+
+    def _checkout(self, until: float) -> Channel:
+        """No channel free: open one if the budget allows, else wait for one to come back
+        (or for the budget) until ``until``; past it, a stand-in whose nodes are all down."""
+        urgent = until == SPARE  # a release or an extend: served before waiting attempts
+        if urgent:
+            until = time.monotonic() + SPARE_WAIT
+        wake = threading.Event()
+        try:
+            while True:
+                with self._mutex:
+                    if self._free:
+                        return self._free.pop()
+                    wake.clear()
+                    fed = bool(self._all)
+                    if self.budget.take(self._every, listener=wake, wake=wake.set, fed=fed):
+                        break
+                    if wake not in self._sync_waiters:
+                        if urgent:
+                            self._sync_waiters.appendleft(wake)
+                        else:
+                            self._sync_waiters.append(wake)
+                if not fed:  # nothing of ours will come back: ask the others for one
+                    self.budget.starve(wake)
+                remaining = until - time.monotonic()
+                if remaining <= 0:
+                    return self._stand_in()
+                wake.wait(remaining)
+        finally:
+            self._leave(wake)
+        try:
+            channel = Channel(self.labels, self._factories, self.state.busy_poll)
+        except BaseException:
+            self.budget.give(self._every)
+            raise
+        with self._mutex:
+            self._all.append(channel)
+        self._opened()
+        return channel
+
+    def _leave(self, wake: threading.Event) -> None:
+        """A thread stops waiting for a channel; a wake-up meant for it goes to the next."""
+        self.budget.forget(wake)
+        with self._mutex:
+            try:
+                self._sync_waiters.remove(wake)
+            except ValueError:  # already woken: pass it on if a channel is still free
+                if self._free and self._sync_waiters:
+                    self._sync_waiters.popleft().set()
+
+    def _stand_in(self) -> Channel:
+        reason = f"no free connection in time (MAX_CONNECTIONS={self.budget.limit} in use)"
+        channel = Channel(self.labels, self._factories, unavailable=reason)
+        channel.idle_since = -1.0
+        return channel
+
+    # -- idle connections (sync) -----------------------------------------------------------
+    def _opened(self) -> None:
+        """A sync connection was opened: make sure the idle reaper runs."""
+        with self._mutex:
+            if self._reaping:
+                return
+            self._reaping = True
+        threading.Thread(target=self._reap_loop, name="redlock-idle", daemon=True).start()
+
+    def _reap_loop(self) -> None:
+        """Close sync connections idle for ``IDLE_TIMEOUT``; ends when none is left."""
+        generation, timeout = self.generation, self.budget.idle_timeout
+        while generation == self.generation:
+            oldest = self._reap(time.monotonic() - timeout)
             with self._mutex:
-                self._free.append(channel)
+                if oldest is None and not (self._all or self._blocking_all or self.waiter.open):
+                    self._reaping = False
+                    return
+            due = timeout if oldest is None else oldest + timeout - time.monotonic()
+            if self._reaper_wake.wait(max(due, 0.001)):
+                self._reaper_wake.clear()
+
+    def _reap(self, idle_before: float, *, one: bool = False) -> float | None:
+        """Close idle channels idle since before ``idle_before`` (``one``: the oldest idle
+        one, however recent); returns the oldest ``idle_since`` left idle."""
+        closed: list[tuple[Channel, bool]] = []
+        oldest: float | None = None
+        with self._mutex:
+            for pool, every, blocking in (
+                (self._free, self._all, False),
+                (self._blocking_free, self._blocking_all, True),
+            ):
+                for channel in sorted(pool, key=lambda c: c.idle_since):
+                    if (one and not closed) or channel.idle_since < idle_before:
+                        pool.remove(channel)
+                        every.remove(channel)
+                        closed.append((channel, blocking))
+                    elif oldest is None or channel.idle_since < oldest:
+                        oldest = channel.idle_since
+        for channel, blocking in closed:
+            with channel.mutex:
+                channel.close()
+            self.budget.give(self._every, blocking=blocking)
+        if one and closed:
+            return oldest
+        waiting = self.waiter.reap(idle_before, one=one)
+        return waiting if oldest is None else min(oldest, waiting or oldest)
+
+    def _evict_one(self) -> None:
+        """Another pool starves: close one idle sync connection, if any."""
+        self._reap(0.0, one=True)
 
     def wait_release(self, name: str, seconds: float, *, mark: _Waiting | None = None) -> bool:
         """Wait up to ``seconds`` for a release of ``name`` to wake this thread (True if so);
@@ -431,48 +587,129 @@ class Engine:
         return lambda nodes: register_plan(state, nodes, name, waiter, mark_ms)
 
     # -- asyncio driver ------------------------------------------------------------------
-    @contextlib.asynccontextmanager
-    async def achannel(self, pinned: Any = None) -> AsyncIterator[AsyncChannel]:
+    async def _loop_pools(self) -> LoopPools:
+        """This event loop's pools, made (with their closer) on first use."""
         loop = asyncio.get_running_loop()
-        if isinstance(pinned, AsyncChannel) and pinned in self._async_free.get(loop, ()):
-            async with pinned.mutex:
-                yield pinned
-            return
-        pool = self._async_free.get(loop)
-        if pool is None:
-            pool = self._async_free[loop] = []
-            waiting = self._async_waiting[loop] = self.waiter.new_idle()
-            blocking = self._async_blocking[loop] = []
-            closer = _close_at_loop_shutdown(pool, waiting, blocking)
+        pools = self._loops.get(loop)
+        if pools is None:
+            pools = self._loops[loop] = LoopPools(loop, self.budget, self.node_count)
+            closer = _close_at_loop_shutdown(pools)
             await closer.asend(None)
             self._closers[loop] = closer
-        idle = [c for c in pool if not c.mutex.locked()]
-        if idle:
-            async with idle[-1].mutex:
-                yield idle[-1]
+        return pools
+
+    @contextlib.asynccontextmanager
+    async def achannel(
+        self, pinned: Any = None, until: float = SPARE
+    ) -> AsyncIterator[AsyncChannel]:
+        """A channel of this event loop (``pinned`` if it is one); see :meth:`_run`."""
+        pools = self._loops.get(asyncio.get_running_loop()) or await self._loop_pools()
+        if isinstance(pinned, AsyncChannel) and pinned in pools.channels:
+            async with pinned.mutex:
+                still = pinned in pools.channels  # not closed as idle meanwhile
+                if still:
+                    yield pinned
+            if still:
+                return
+        channel = next((c for c in reversed(pools.channels) if not c.mutex.locked()), None)
+        if channel is None:
+            channel = await self._acheckout(pools, until)
+            if channel is None:  # a new one: held while connecting so no other task uses it
+                async with self._aopen(pools) as channel:
+                    yield channel
+                return
+            if channel.idle_since < 0:  # a stand-in
+                yield channel
+                return
+        try:
+            async with channel.mutex:
+                yield channel
+        finally:
+            self._areturn(pools, channel)
+
+    def _areturn(self, pools: LoopPools, channel: AsyncChannel) -> None:
+        """``channel`` is free again: pooled, or closed while another kind starves."""
+        if self.budget.hungry and len(pools.channels) > 1 and channel in pools.channels:
+            pools.channels.remove(channel)
+            channel.close_now()
+            pools.give_soon(self._every)
             return
+        channel.idle_since = time.monotonic()
+        if pools.waiters:
+            pools.wake_one()
+
+    async def _acheckout(self, pools: LoopPools, until: float) -> AsyncChannel | None:
+        """Asyncio twin of :meth:`_checkout`: an idle channel, None when the budget gave a
+        slot for a new one, or a stand-in past ``until``."""
+        urgent = until == SPARE  # a release or an extend: served before waiting attempts
+        if urgent:
+            until = time.monotonic() + SPARE_WAIT
+        loop = asyncio.get_running_loop()
+        while True:
+            channel = next((c for c in reversed(pools.channels) if not c.mutex.locked()), None)
+            if channel is not None:
+                return channel
+            future: asyncio.Future[None] = loop.create_future()
+            wake = functools.partial(pools.wake_threadsafe, future)
+            fed = bool(pools.channels)
+            if self.budget.take(self._every, listener=future, wake=wake, fed=fed):
+                return None
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                self.budget.forget(future)
+                reason = f"no free connection in time (MAX_CONNECTIONS={self.budget.limit} in use)"
+                stand_in = AsyncChannel(
+                    self.labels, self._async_factories, self.state.node_timeout, reason
+                )
+                stand_in.idle_since = -1.0
+                return stand_in
+            if urgent:
+                pools.waiters.appendleft(future)
+            else:
+                pools.waiters.append(future)
+            if not fed:  # nothing of ours will come back: ask the others for one
+                self.budget.starve(future)
+            timer = loop.call_later(remaining, _finish, future)
+            try:
+                await future
+            finally:
+                timer.cancel()
+                self.budget.forget(future)
+                with contextlib.suppress(ValueError):
+                    pools.waiters.remove(future)
+
+    @contextlib.asynccontextmanager
+    async def _aopen(self, pools: LoopPools) -> AsyncIterator[AsyncChannel]:
+        """A new channel of this loop, on a slot the budget gave."""
         channel = AsyncChannel(self.labels, self._async_factories, self.state.node_timeout)
-        async with channel.mutex:  # held while connecting so no other task uses it half-made
-            pool.append(channel)
+        async with channel.mutex:
+            pools.channels.append(channel)
+            pools.opened()
             try:
                 await channel.connect()
             except BaseException:  # cancelled while connecting: never leave it half-made
-                pool.remove(channel)
+                pools.channels.remove(channel)
                 await asyncio.shield(channel.close())
+                pools.give_soon(self._every)
                 raise
-            yield channel
+            try:
+                yield channel
+            finally:
+                channel.idle_since = time.monotonic()
+        self._areturn(pools, channel)
 
-    async def _arun(self, make_plan: PlanMaker[T], pinned: Any = None) -> tuple[T, AsyncChannel]:
+    async def _arun(
+        self, make_plan: PlanMaker[T], pinned: Any = None, until: float = SPARE
+    ) -> tuple[T, AsyncChannel]:
         self._check_fork()
-        async with self.achannel(pinned) as channel:
+        async with self.achannel(pinned, until) as channel:
             return await _adrive(make_plan, channel), channel
 
-    async def _arun_blocking(self, make_plan: PlanMaker[T]) -> tuple[T, list[Any]]:
-        """Asyncio twin of :meth:`_run_blocking` (this event loop's own blocking channels)."""
-        async with self.achannel():  # makes sure this loop's state (and its closer) exists
-            pass
-        idle = self._async_blocking[asyncio.get_running_loop()]
-        channel = idle.pop() if idle else None
+    async def _arun_blocking(
+        self, make_plan: PlanMaker[T], pools: LoopPools, channel: AsyncChannel | None
+    ) -> tuple[T, list[Any]]:
+        """Asyncio twin of :meth:`_run_blocking`: on ``channel`` (None: a new one, on a
+        blocking slot already taken) of this event loop."""
         reusable = False
         try:
             if channel is None:
@@ -483,11 +720,13 @@ class Engine:
             reusable = not channel.pending()
             return result, channel.ahead
         finally:
-            if channel is not None:
-                if reusable:
-                    idle.append(channel)
-                else:  # given up mid-call (cancelled) or a reply still due: never reused
+            if reusable and channel is not None:
+                channel.idle_since = time.monotonic()
+                pools.blocking.append(channel)
+            else:  # given up mid-call (cancelled) or a reply still due: never reused
+                if channel is not None:
                     channel.close_now()
+                pools.give_soon(self._every, blocking=True)
 
     async def await_release(
         self, name: str, seconds: float, *, mark: _Waiting | None = None
@@ -497,26 +736,26 @@ class Engine:
         before = None
         if mark is not None and mark_ms > 0 and self.node_count > 1:
             await self._arun(self._register_elsewhere(name, mark.waiter, mark_ms))
-        else:
-            async with self.achannel():  # makes sure this loop's state (and its closer) exists
-                pass
+        pools = await self._loop_pools()
         if mark is not None and mark_ms > 0:
             before = self.state.mark_command(name, mark.waiter, mark_ms)
-        idle = self._async_waiting[asyncio.get_running_loop()]
+        pools.opened()
         return await self.waiter.await_release(
-            self.state.keys.wake(name), name, seconds, idle, before
+            self.state.keys.wake(name), name, seconds, pools.waiting, before
         )
 
     def close(self) -> None:
         """Close every blocking connection (asyncio ones are closed with their event loop)."""
+        self.budget.remove_evictor(self)
         self.waiter.close()
         with self._mutex:
             channels, self._all, self._free = self._all, [], []
-            channels += self._blocking_all
-            self._blocking_all, self._blocking_free = [], []
-        for channel in channels:
+            blocking, self._blocking_all, self._blocking_free = self._blocking_all, [], []
+        for channel in channels + blocking:
             with channel.mutex:
                 channel.close()
+            self.budget.give(self._every, blocking=channel in blocking)
+        self._reaper_wake.set()
 
 
 class WaiterCount:
@@ -695,21 +934,24 @@ async def _adrive(make_plan: PlanMaker[T], channel: AsyncChannel) -> T:
         return done.value  # type: ignore[no-any-return]
 
 
-async def _close_at_loop_shutdown(
-    pool: list[AsyncChannel], waiting: list[list[Any]], blocking: list[AsyncChannel]
-) -> AsyncGenerator[None, None]:
+async def _close_at_loop_shutdown(pools: LoopPools) -> AsyncGenerator[None, None]:
     """Suspended once per event loop; ``loop.shutdown_asyncgens()`` (run by ``asyncio.run``)
     closes it, which closes that loop's connections before the loop goes away."""
     try:
         yield
         await asyncio.Event().wait()  # never resumed on purpose
     finally:
-        channels = [*pool, *blocking]
-        pool.clear()
-        blocking.clear()
-        for channel in channels:
-            await channel.close()
-        for conns in waiting:
-            while conns:
-                with contextlib.suppress(Exception):
-                    await conns.pop().disconnect(nowait=True)
+        await pools.close()
+
+
+def _until(waiting: _Waiting | None) -> float:
+    """How long an attempt may wait for a connection: until the acquire's deadline (forever
+    without one); a ``timeout=0`` attempt: :data:`SPARE`."""
+    if waiting is None:
+        return SPARE
+    return math.inf if waiting.deadline is None else waiting.deadline
+
+
+def _finish(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -181,12 +181,20 @@ class AsyncChannel:
     """One asyncio connection per node, used by one task at a time (hold :attr:`mutex`)."""
 
     def __init__(
-        self, labels: Sequence[str], factories: Sequence[AsyncConnectionFactory], timeout: float
+        self,
+        labels: Sequence[str],
+        factories: Sequence[AsyncConnectionFactory],
+        timeout: float,
+        unavailable: str = "",
     ) -> None:
         self.links = [AsyncLink(lb, f, timeout) for lb, f in zip(labels, factories, strict=True)]
         self.mutex = asyncio.Lock()
         #: the replies of the last ``before`` commands sent (see :class:`~..replies.Call`)
         self.ahead: list[Any] = []
+        #: when it last went back to its pool (``time.monotonic()``)
+        self.idle_since = 0.0
+        for link in self.links if unavailable else ():  # a stand-in that never connects
+            link.never(unavailable)
 
     async def connect(self) -> None:
         await asyncio.gather(*(link.connect() for link in self.links))

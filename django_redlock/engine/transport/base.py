@@ -127,6 +127,11 @@ class LinkBase:
     def _retry_due(self) -> bool:
         return time.monotonic() >= self._retry_at
 
+    def never(self, reason: str) -> None:
+        """Stay down with ``reason``, never trying to connect (a stand-in channel)."""
+        self.last_error = reason
+        self._retry_at = float("inf")
+
     def fail(self, reason: str) -> None:
         """Drop the connection; every unread call fails with ``reason``."""
         self._fresh_failure = self.connected and self._backoff == RECONNECT_MIN

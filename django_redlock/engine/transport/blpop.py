@@ -24,6 +24,7 @@ import hiredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
+from ..budget import Budget
 from ..keyspace import wake_node
 from . import redis_py
 
@@ -50,6 +51,8 @@ class _BlockingConnection:
         self._reader = hiredis.Reader()
         self._poller = select.poll()
         self._poller.register(sock.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
+        #: when it last went back to the idle pool (``time.monotonic()``)
+        self.idle_since = 0.0
 
     def blpop(
         self, key: str, seconds: float, deadline: float, before: tuple[str | int, ...] | None
@@ -89,17 +92,25 @@ class _BlockingConnection:
 
 
 class ReleaseWaiter:
-    """Blocks waiters on the wake-up list of a name (sync and asyncio)."""
+    """Blocks waiters on the wake-up list of a name (sync and asyncio). Each ``BLPOP``
+    connection takes a blocking slot of ``budget`` on its node; a waiter refused one polls:
+    its wait is a plain sleep (a backoff step, from ``RETRY_DELAY``), then it attempts again."""
 
     def __init__(
         self,
         factories: Sequence[Callable[[], Any]],
         async_factories: Sequence[Callable[[], Any]],
+        budget: Budget,
+        opened: Callable[[], None] = lambda: None,
     ) -> None:
         self._factories = list(factories)
         self._async_factories = list(async_factories)
+        self._budget = budget
+        self._opened = opened
         self._idle: list[list[Any]] = [[] for _ in self._factories]
         self._mutex = threading.Lock()
+        #: how many sync ``BLPOP`` connections are open (idle or blocking)
+        self.open = 0
 
     # -- sync ------------------------------------------------------------------------------
     def wait(
@@ -114,6 +125,16 @@ class ReleaseWaiter:
         node = wake_node(name, len(self._factories))
         with self._mutex:
             conn = self._idle[node].pop() if self._idle[node] else None
+            if conn is None and self._budget.take((node,), blocking=True):
+                self.open += 1
+                opened = True
+            else:
+                opened = conn is not None
+        if not opened:  # no blocking connection to be had: wait without a wake-up
+            time.sleep(seconds)
+            return False
+        if conn is None:
+            self._opened()
         for _ in range(2):
             pooled = conn is not None
             try:
@@ -121,6 +142,7 @@ class ReleaseWaiter:
                     conn = _BlockingConnection(self._factories[node]())
                 left = seconds - (time.monotonic() - started)
                 popped = conn.blpop(key, left, started + seconds + SLACK, before)
+                conn.idle_since = time.monotonic()
                 with self._mutex:
                     self._idle[node].append(conn)
                 return popped
@@ -135,15 +157,40 @@ class ReleaseWaiter:
                     break
                 conn = None  # the pooled connection had gone stale (idle timeout, CLIENT
                 # KILL, restart): one more try on a fresh one, not a whole wait asleep
+        self._closed(node)
         time.sleep(max(0.0, seconds - (time.monotonic() - started)))
         return False
+
+    def _closed(self, node: int) -> None:
+        with self._mutex:
+            self.open -= 1
+        self._budget.give((node,), blocking=True)
+
+    def reap(self, idle_before: float, *, one: bool = False) -> float | None:
+        """Close the idle connections idle since before ``idle_before`` (with ``one``: the
+        single oldest idle one, however recent); returns the oldest ``idle_since`` left."""
+        closed: list[tuple[int, Any]] = []
+        oldest: float | None = None
+        with self._mutex:
+            for node, conns in enumerate(self._idle):
+                for conn in list(conns):
+                    if (one and not closed) or conn.idle_since < idle_before:
+                        conns.remove(conn)
+                        closed.append((node, conn))
+                    elif oldest is None or conn.idle_since < oldest:
+                        oldest = conn.idle_since
+        for node, conn in closed:
+            conn.close()
+            self._closed(node)
+        return oldest
 
     def close(self) -> None:
         with self._mutex:
             idle, self._idle = self._idle, [[] for _ in self._factories]
-        for conns in idle:
+        for node, conns in enumerate(idle):
             for conn in conns:
                 conn.close()
+                self._closed(node)
 
     # -- async -----------------------------------------------------------------------------
     async def await_release(
@@ -162,6 +209,9 @@ class ReleaseWaiter:
         node = wake_node(name, len(self._async_factories))
         pooled = bool(idle[node])
         conn: Any = idle[node].pop() if pooled else None
+        if conn is None and not self._budget.take((node,), blocking=True):
+            await asyncio.sleep(seconds)  # no blocking connection to be had: no wake-up
+            return False
         for _ in range(2):
             try:
                 if conn is None:
@@ -173,12 +223,16 @@ class ReleaseWaiter:
                 for _ in commands[:-1]:
                     await conn.read_response(timeout=left + SLACK)
                 popped = await conn.read_response(timeout=left + SLACK)
+                conn.idle_since = time.monotonic()
                 idle[node].append(conn)
                 return popped is not None
             except asyncio.CancelledError:  # mid-BLPOP: a late reply must never be misread
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        await asyncio.shield(conn.disconnect(nowait=True))
+                try:
+                    if conn is not None:
+                        with contextlib.suppress(Exception):
+                            await asyncio.shield(conn.disconnect(nowait=True))
+                finally:
+                    self._budget.give((node,), blocking=True)
                 raise
             except Exception as exc:  # RedisError, OSError, TimeoutError, a raising factory
                 if conn is not None:
@@ -189,6 +243,7 @@ class ReleaseWaiter:
                     break
                 # the pooled connection had gone stale: one more try on a fresh one
                 pooled, conn = False, None
+        self._budget.give((node,), blocking=True)
         await asyncio.sleep(max(0.0, seconds - (time.monotonic() - started)))
         return False
 

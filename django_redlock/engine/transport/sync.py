@@ -196,13 +196,20 @@ class Channel:
         labels: Sequence[str],
         factories: Sequence[ConnectionFactory],
         busy_poll: float = 0.0,
+        unavailable: str = "",
     ) -> None:
         self.links = [Link(label, f) for label, f in zip(labels, factories, strict=True)]
         self.spinner = Spinner(busy_poll)
         self.mutex = threading.RLock()
         #: the replies of the last ``before`` commands sent (see :class:`~..replies.Call`)
         self.ahead: list[Any] = []
+        #: when it last went back to its pool (``time.monotonic()``)
+        self.idle_since = 0.0
         self._poller = select.poll()
+        if unavailable:  # a stand-in that never connects: every node fails with this reason
+            for link in self.links:
+                link.never(unavailable)
+            return
         threads = [
             threading.Thread(target=link.connect_detached, daemon=True) for link in self.links
         ]

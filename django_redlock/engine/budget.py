@@ -1,0 +1,133 @@
+"""The connection budget of one alias (SPEC 13a): at most ``MAX_CONNECTIONS`` connections to
+each node per process, counted across sync callers and every event loop, waiting
+(``BLPOP``) connections included.
+
+A channel (one connection per node) takes a slot on every node; a ``BLPOP`` connection one
+slot on its node. Blocking waits may hold at most half the budget (rounded down), so lock
+calls, releases first, always keep connections of their own; a waiter refused one polls.
+A caller that finds the budget full registers a wake-up (called, outside any lock, when a slot
+is given back) and asks the pools holding idle connections to close one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+from . import forks
+
+#: Default of ``MAX_CONNECTIONS`` and ``IDLE_TIMEOUT`` (seconds).
+DEFAULT_MAX_CONNECTIONS = 50
+DEFAULT_IDLE_TIMEOUT = 300.0
+#: How long a call that is not an acquire with a deadline (a release, an extend, a
+#: ``timeout=0`` attempt) waits for a free connection, seconds.
+SPARE_WAIT = 5.0
+
+Wake = Callable[[], None]
+
+
+class Budget:
+    """Slots per node, shared by the engines (shards) of one alias. Thread-safe."""
+
+    def __init__(
+        self,
+        nodes: int,
+        limit: int = DEFAULT_MAX_CONNECTIONS,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    ) -> None:
+        self.nodes = nodes
+        self.limit = limit
+        self.blocking_limit = limit // 2
+        self.idle_timeout = idle_timeout
+        self._reset()
+
+    def _reset(self) -> None:
+        self._generation = forks.generation()
+        self._mutex = threading.Lock()
+        self._used = [0] * self.nodes
+        self._blocking = [0] * self.nodes
+        self._listeners: dict[object, Wake] = {}
+        #: pools that may hold idle connections: each closes one when called (if it can)
+        self._evictors: dict[object, Wake] = {}
+        #: callers waiting that hold no connection of their kind: while there are any, a
+        #: pool with more than one channel closes a channel coming back instead of keeping it
+        self.hungry: set[object] = set()
+
+    def _check_fork(self) -> None:
+        if self._generation != forks.generation():  # a child: the parent's slots are not ours
+            self._reset()
+
+    def take(
+        self,
+        nodes: Sequence[int],
+        *,
+        blocking: bool = False,
+        listener: object = None,
+        wake: Wake | None = None,
+        fed: bool = True,
+    ) -> bool:
+        """Take a slot on each of ``nodes``; False if one has none left, or if a hungry
+        caller waits and this one is ``fed`` (its kind holds connections already). Then
+        ``wake`` (if given) is registered under ``listener``, called once a slot is given
+        back."""
+        self._check_fork()
+        with self._mutex:
+            used, limit = self._used, self.limit
+            if (
+                not (fed and self.hungry and listener not in self.hungry)
+                and all(used[i] < limit for i in nodes)
+                and not (blocking and any(self._blocking[i] >= self.blocking_limit for i in nodes))
+            ):
+                for i in nodes:
+                    used[i] += 1
+                    if blocking:
+                        self._blocking[i] += 1
+                return True
+            if wake is not None:
+                self._listeners[listener] = wake
+            return False
+
+    def give(self, nodes: Sequence[int], *, blocking: bool = False) -> None:
+        """Give back the slots ``take`` took; wakes every registered caller."""
+        if self._generation != forks.generation():
+            return  # a slot of the parent's: this process's budget never counted it
+        with self._mutex:
+            for i in nodes:
+                self._used[i] = max(0, self._used[i] - 1)
+                if blocking:
+                    self._blocking[i] = max(0, self._blocking[i] - 1)
+            listeners, self._listeners = self._listeners, {}
+        for wake in listeners.values():
+            wake()
+
+    def forget(self, listener: object) -> None:
+        """Drop ``listener``'s wake-up (it got a connection another way, or gave up)."""
+        self._check_fork()
+        with self._mutex:
+            self._listeners.pop(listener, None)
+            self.hungry.discard(listener)
+
+    def add_evictor(self, owner: object, evict: Wake) -> None:
+        self._check_fork()
+        with self._mutex:
+            self._evictors[owner] = evict
+
+    def remove_evictor(self, owner: object) -> None:
+        self._check_fork()
+        with self._mutex:
+            self._evictors.pop(owner, None)
+
+    def starve(self, listener: object) -> None:
+        """``listener`` waits and its kind holds no connection to wait for: every pool closes
+        one idle connection now, and gives back channels as they come back meanwhile."""
+        self._check_fork()
+        with self._mutex:
+            self.hungry.add(listener)
+            evictors = list(self._evictors.values())
+        for evict in evictors:
+            evict()
+
+    def in_use(self) -> list[int]:
+        """Slots taken per node (for tests and reports)."""
+        with self._mutex:
+            return list(self._used)

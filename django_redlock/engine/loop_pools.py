@@ -1,0 +1,145 @@
+"""One event loop's connections of one engine: its lock channels, its channels for piped
+waits and its idle ``BLPOP`` connections, within the alias's :class:`~.budget.Budget`;
+closed when idle for ``IDLE_TIMEOUT`` (a timer on the loop) or when another pool starves."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from collections import deque
+from typing import Any
+
+from .budget import Budget
+from .transport.aio import AsyncChannel
+
+
+class LoopPools:
+    """What one engine keeps per event loop. Used only on its loop's thread, except
+    :meth:`evict_soon` (any thread)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, budget: Budget, nodes: int) -> None:
+        self.loop = loop
+        self.budget = budget
+        self.every = tuple(range(nodes))
+        self.channels: list[AsyncChannel] = []
+        self.blocking: list[AsyncChannel] = []
+        #: idle ``BLPOP`` connections, per node
+        self.waiting: list[list[Any]] = [[] for _ in range(nodes)]
+        #: tasks waiting for a channel of this loop
+        self.waiters: deque[asyncio.Future[None]] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+        budget.add_evictor(self, self.evict_soon)
+
+    # -- waiting for a channel -------------------------------------------------------------
+    def wake_one(self) -> None:
+        """A channel went back to the pool: the first task waiting for one tries again."""
+        while self.waiters:
+            future = self.waiters.popleft()
+            if not future.done():
+                future.set_result(None)
+                return
+
+    def wake_threadsafe(self, future: asyncio.Future[None]) -> None:
+        """The budget gave a slot back (on any thread): ``future``'s task tries again."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            self.loop.call_soon_threadsafe(_finish, future)
+
+    # -- idle connections ------------------------------------------------------------------
+    def opened(self) -> None:
+        """A connection was opened: make sure the idle timer runs."""
+        if self._timer is None:
+            self._timer = self.loop.call_later(self.budget.idle_timeout, self.reap)
+
+    def reap(self, *, one: bool = False) -> None:
+        """Close the connections idle for ``IDLE_TIMEOUT`` (with ``one``: the oldest idle
+        one); then run again when the next one would be due."""
+        self._timer = None
+        idle_before = time.monotonic() - self.budget.idle_timeout
+        oldest: float | None = None
+        for pool, blocking in ((self.channels, False), (self.blocking, True)):
+            for channel in list(pool):
+                if channel.mutex.locked():
+                    continue
+                if one or channel.idle_since < idle_before:
+                    pool.remove(channel)
+                    channel.close_now()
+                    self.give_soon(self.every, blocking=blocking)
+                    if one:
+                        return
+                else:
+                    oldest = min(oldest or channel.idle_since, channel.idle_since)
+        for node, conns in enumerate(self.waiting):
+            for conn in list(conns):
+                if one or conn.idle_since < idle_before:
+                    conns.remove(conn)
+                    self.loop.create_task(self._disconnect_and_give(conn, node))
+                    if one:
+                        return
+                else:
+                    oldest = min(oldest or conn.idle_since, conn.idle_since)
+        if one:
+            return
+        if oldest is not None or self.channels or self.blocking:
+            delay = self.budget.idle_timeout if oldest is None else oldest - idle_before
+            self._timer = self.loop.call_later(max(delay, 0.001), self.reap)
+
+    def give_soon(self, nodes: tuple[int, ...], *, blocking: bool = False) -> None:
+        """Give slots back once the sockets just closed are closed (the transport closes
+        them on the loop's next turn): a new connection never overlaps the old one."""
+        self.loop.call_soon(functools.partial(self.budget.give, nodes, blocking=blocking))
+
+    async def _disconnect_and_give(self, conn: Any, node: int) -> None:
+        await _disconnect(conn)
+        self.budget.give((node,), blocking=True)
+
+    def evict_soon(self) -> None:
+        """Another pool starves: close one idle connection of this loop (any thread)."""
+        try:
+            self.loop.call_soon_threadsafe(self._evict_one)
+        except RuntimeError:  # the loop is closed without closing its pools: reclaim them
+            self.reclaim()
+
+    def _evict_one(self) -> None:
+        self.reap(one=True)
+        self.opened()  # reap(one=True) leaves the timer off
+
+    def reclaim(self) -> None:
+        """Forget every connection (closing what can be) and give their slots back."""
+        self.budget.remove_evictor(self)
+        channels, blocking = list(self.channels), list(self.blocking)
+        self.channels.clear()
+        self.blocking.clear()
+        for channel in channels:
+            with contextlib.suppress(Exception):
+                channel.close_now()
+            self.budget.give(self.every)
+        for channel in blocking:
+            with contextlib.suppress(Exception):
+                channel.close_now()
+            self.budget.give(self.every, blocking=True)
+        for node, conns in enumerate(self.waiting):
+            while conns:
+                conns.pop()
+                self.budget.give((node,), blocking=True)
+
+    async def close(self) -> None:
+        """Close every connection of this loop (at the loop's shutdown)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        conns = [c for per_node in self.waiting for c in per_node]
+        self.reclaim()
+        for conn in conns:
+            await _disconnect(conn)
+
+
+def _finish(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def _disconnect(conn: Any) -> None:
+    with contextlib.suppress(Exception):
+        await conn.disconnect(nowait=True)

@@ -1,0 +1,276 @@
+"""Bounded pools (SPEC 13a, FINDINGS D5): at most ``MAX_CONNECTIONS`` connections per node
+and process, waiting connections included, and idle ones closed after ``IDLE_TIMEOUT``.
+Real redis-server nodes; connections counted with ``CLIENT LIST`` on each node."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from django_redlock.checks import check_settings
+from django_redlock.conf import parse_alias
+from django_redlock.manager import LockManager
+from django_redlock.testing import RedisNode, RedisNodes
+
+Nodes = Callable[..., RedisNodes]
+Alias = Callable[..., LockManager]
+
+CAP = 10
+INSPECTOR = "inspector"
+WORKERS = 200
+
+
+def _ours(node: RedisNode, inspector: Any) -> int:
+    """How many clients of the node are this process's lock connections: every client but
+    the inspecting ones (named ``inspector``; each test starts its own nodes)."""
+    return sum(1 for c in inspector.client_list() if c.get("name") != INSPECTOR)
+
+
+def _inspector(node: RedisNode) -> Any:
+    return node.client(client_name=INSPECTOR)
+
+
+class _Peak:
+    """Samples every node's client count in the background; ``peak`` is the highest seen."""
+
+    def __init__(self, nodes: RedisNodes) -> None:
+        self._probes = [(node, _inspector(node)) for node in nodes]
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for node, inspector in self._probes:
+                self.peak = max(self.peak, _ours(node, inspector))
+            self._stop.wait(0.005)
+
+    def __enter__(self) -> _Peak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        for node, inspector in self._probes:  # once more, at the end
+            self.peak = max(self.peak, _ours(node, inspector))
+
+    def now(self) -> list[int]:
+        return [_ours(node, inspector) for node, inspector in self._probes]
+
+
+def _until(test: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not test():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.fixture
+def three(redis_node_factory: Nodes) -> Iterator[RedisNodes]:
+    yield redis_node_factory(3)
+
+
+def test_200_threads_on_3_nodes_stay_within_max_connections(
+    three: RedisNodes, redlock_alias: Alias
+) -> None:
+    """200 threads lock one name at once (most of them wait) with MAX_CONNECTIONS=10: no node
+    ever sees more than 10 connections of this process, every lock is taken (generous
+    timeout), and a counter incremented under the lock ends exact."""
+    manager = redlock_alias(three, MAX_CONNECTIONS=CAP, TTL=10.0, RETRY_DELAY=0.02)
+    counter = [0]
+    errors: list[BaseException] = []
+    start = threading.Barrier(WORKERS)
+
+    def work() -> None:
+        try:
+            start.wait()
+            for _ in range(2):
+                with manager.lock("shared", timeout=60):
+                    seen = counter[0]
+                    time.sleep(0)  # let another thread run here if it could
+                    counter[0] = seen + 1
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    with _Peak(three) as peak:
+        threads = [threading.Thread(target=work) for _ in range(WORKERS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
+    assert counter[0] == 2 * WORKERS
+    assert 0 < peak.peak <= CAP
+
+
+def test_200_tasks_on_3_nodes_stay_within_max_connections(
+    three: RedisNodes, redlock_alias: Alias
+) -> None:
+    """The asyncio twin: 200 tasks of one event loop, MAX_CONNECTIONS=10."""
+    manager = redlock_alias(three, MAX_CONNECTIONS=CAP, TTL=10.0, RETRY_DELAY=0.02)
+    counter = [0]
+
+    async def work() -> None:
+        for _ in range(2):
+            async with manager.alock("shared", timeout=60):
+                seen = counter[0]
+                await asyncio.sleep(0)  # let another task run here if it could
+                counter[0] = seen + 1
+
+    async def main() -> list[Any]:
+        return await asyncio.gather(*(work() for _ in range(WORKERS)), return_exceptions=True)
+
+    with _Peak(three) as peak:
+        results = asyncio.run(main())
+    assert [r for r in results if r is not None] == []
+    assert counter[0] == 2 * WORKERS
+    assert 0 < peak.peak <= CAP
+
+
+def test_threads_and_tasks_share_one_budget(three: RedisNodes, redlock_alias: Alias) -> None:
+    """Threads and two event loops (in two threads) at once, MAX_CONNECTIONS=4: the cap
+    holds for all of them together, and everyone gets the lock."""
+    manager = redlock_alias(three, MAX_CONNECTIONS=4, TTL=10.0, RETRY_DELAY=0.02)
+    counter = [0]
+    errors: list[BaseException] = []
+
+    def sync_work() -> None:
+        try:
+            for _ in range(3):
+                with manager.lock("mixed", timeout=60):
+                    counter[0] += 1
+        except BaseException as exc:
+            errors.append(exc)
+
+    async def task() -> None:
+        for _ in range(3):
+            async with manager.alock("mixed", timeout=60):
+                counter[0] += 1
+
+    def loop_work() -> None:
+        async def main() -> None:
+            await asyncio.gather(*(task() for _ in range(20)))
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:
+            errors.append(exc)
+
+    with _Peak(three) as peak:
+        threads = [threading.Thread(target=sync_work) for _ in range(20)]
+        threads += [threading.Thread(target=loop_work) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
+    assert counter[0] == 3 * 60
+    assert 0 < peak.peak <= 4
+
+
+def test_idle_connections_close_after_idle_timeout(three: RedisNodes, redlock_alias: Alias) -> None:
+    """Connections opened by 20 concurrent threads (lock channels and waiting connections)
+    are all closed once idle for IDLE_TIMEOUT, with no further lock call to notice it."""
+    manager = redlock_alias(three, IDLE_TIMEOUT=0.5, TTL=10.0, RETRY_DELAY=0.02)
+
+    def work() -> None:
+        with manager.lock("idle", timeout=30):
+            time.sleep(0.01)
+
+    with _Peak(three) as peak:
+        threads = [threading.Thread(target=work) for _ in range(20)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert peak.peak > 1
+    probe = _Peak(three)  # its own inspecting connections (the sampler had others)
+    assert _until(lambda: probe.now() == [0, 0, 0], 3.0), probe.now()
+
+
+def test_idle_asyncio_connections_close_after_idle_timeout(
+    three: RedisNodes, redlock_alias: Alias
+) -> None:
+    """The asyncio twin: while the event loop runs on, its idle connections close."""
+    manager = redlock_alias(three, IDLE_TIMEOUT=0.5, TTL=10.0, RETRY_DELAY=0.02)
+    probe = _Peak(three)
+
+    async def work() -> None:
+        async with manager.alock("idle", timeout=30):
+            await asyncio.sleep(0.01)
+
+    async def main() -> list[int]:
+        await asyncio.gather(*(work() for _ in range(20)))
+        assert max(probe.now()) > 1
+        deadline = time.monotonic() + 3.0
+        while probe.now() != [0, 0, 0] and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return probe.now()
+
+    assert asyncio.run(main()) == [0, 0, 0]
+
+
+def test_a_call_waits_for_a_connection_within_its_deadline(
+    three: RedisNodes, redlock_alias: Alias
+) -> None:
+    """MAX_CONNECTIONS=1: while one thread's call holds the only connection (a node is
+    paused, so the call waits NODE_TIMEOUT), another lock call waits for it and then wins."""
+    manager = redlock_alias(three, MAX_CONNECTIONS=1, NODE_TIMEOUT=0.3)
+    manager.acquire("warm", timeout=0).release()  # one connection open
+    with _Peak(RedisNodes(list(three)[1:])) as peak:
+        three[0].pause()
+        try:
+            slow = threading.Thread(target=lambda: manager.acquire("slow", timeout=0).release())
+            slow.start()
+            time.sleep(0.05)  # the slow call holds the connection now
+            lease = manager.acquire("other", timeout=5)
+            slow.join()
+        finally:
+            three[0].resume()
+    assert lease.release() is True
+    assert peak.peak == 1
+
+
+# -- settings ---------------------------------------------------------------------------
+URL = "redis://127.0.0.1:1/0"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("MAX_CONNECTIONS", 0, "must be an int >= 1"),
+        ("MAX_CONNECTIONS", -3, "must be an int >= 1"),
+        ("MAX_CONNECTIONS", 2.5, "must be an int >= 1"),
+        ("MAX_CONNECTIONS", True, "must be an int >= 1"),
+        ("MAX_CONNECTIONS", "10", "must be an int >= 1"),
+        ("IDLE_TIMEOUT", 0, "must be a finite number > 0"),
+        ("IDLE_TIMEOUT", -1, "must be a finite number > 0"),
+        ("IDLE_TIMEOUT", float("inf"), "must be a finite number > 0"),
+        ("IDLE_TIMEOUT", "300", "must be a number of seconds"),
+    ],
+)
+def test_bad_pool_settings_are_refused(key: str, value: Any, message: str) -> None:
+    with pytest.raises(ImproperlyConfigured, match=rf"REDLOCK\['bad'\]\['{key}'\]: {message}"):
+        parse_alias("bad", {"NODES": [URL], key: value})
+    with override_settings(REDLOCK={"bad": {"NODES": [URL], key: value}}):
+        errors = check_settings(None)
+    assert [e.id for e in errors] == ["django_redlock.E002"]
+    assert isinstance(errors[0], checks.Error) and key in errors[0].msg
+
+
+def test_pool_settings_defaults_and_values() -> None:
+    config = parse_alias("ok", {"NODES": [URL]})
+    assert (config.max_connections, config.idle_timeout) == (50, 300.0)
+    config = parse_alias("ok", {"NODES": [URL], "MAX_CONNECTIONS": 1, "IDLE_TIMEOUT": 0.5})
+    assert (config.max_connections, config.idle_timeout) == (1, 0.5)
