@@ -82,7 +82,7 @@ class AliasConfig:
     drift_factor: float
     timeout: float | None
     fan_out: str = "all"
-    #: at most this many connections per node and process (SPEC 13a)
+    #: at most this many connections per node and process (docs/production.md)
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     #: an idle connection is closed after this many seconds
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT

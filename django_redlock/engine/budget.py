@@ -1,4 +1,5 @@
-"""The connection budget of one alias (SPEC 13a): at most ``MAX_CONNECTIONS`` connections to
+"""The connection budget of one alias (docs/production.md): at most ``MAX_CONNECTIONS``
+connections to
 each node per process, counted across sync callers and every event loop, waiting
 (``BLPOP``) connections included.
 
