@@ -1,6 +1,5 @@
 """The connection budget of one alias (docs/production.md): at most ``MAX_CONNECTIONS``
-connections to
-each node per process, counted across sync callers and every event loop, waiting
+connections to each node per process, counted across sync callers and every event loop, waiting
 (``BLPOP``) connections included.
 
 A channel (one connection per node) takes a slot on every node; a ``BLPOP`` connection one
