@@ -130,7 +130,8 @@ def run(args: argparse.Namespace) -> None:
     from django.core.management import call_command
     from django.db import connection, models, transaction
 
-    from django_redlock import context, locks
+    from django_redlock import locks
+    from django_redlock.locking import context
     from django_redlock.models import FencedModel
 
     call_command("migrate", verbosity=0)

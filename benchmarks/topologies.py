@@ -58,7 +58,7 @@ def spread(redlock: dict[str, Any], aliases: list[str], seconds: float) -> float
 
 def tags_on_each_master(cluster: Any) -> list[str]:
     """One hash tag per master of ``cluster`` (``{m0}:``, ...), each on a different master."""
-    from django_redlock.cluster import slot_of
+    from django_redlock.nodes.cluster import slot_of
 
     found: dict[int, str] = {}
     for i in range(10_000):

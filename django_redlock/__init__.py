@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .registry import lock, locks
+from .locking.registry import lock, locks
 
 __all__ = ["lock", "locks"]
 __version__ = "0.1.0.dev0"

@@ -21,7 +21,6 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
-from .cluster_checks import cluster_checks
 from .conf import (
     DEFAULTS,
     SETTING_NAMES,
@@ -33,6 +32,7 @@ from .conf import (
     redlock_settings,
     url_identity,
 )
+from .nodes.cluster_checks import cluster_checks
 from .nodes.probe import UNKNOWN, probe_alias
 
 #: ``manage.py check --tag django_redlock`` runs only these checks (and the request-lock ones).

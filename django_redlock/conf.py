@@ -17,10 +17,11 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from .cluster import shard_prefixes
 from .engine import GLOB_CHARACTERS, MAX_NAME_LENGTH, TOKEN_LIMIT, quorum
 from .engine.budget import DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS
-from .node_settings import (
+from .locking.validation import ttl_problem
+from .nodes.cluster import shard_prefixes
+from .nodes.node_settings import (
     URL_SCHEMES,
     NodeSpec,
     hash_tag,
@@ -29,8 +30,7 @@ from .node_settings import (
     parse_node,
     url_identity,
 )
-from .node_settings import setting_error as _error
-from .validation import ttl_problem
+from .nodes.node_settings import setting_error as _error
 
 DEFAULT_NODE_URL = "redis://127.0.0.1:6379/0"
 DEFAULTS: dict[str, Any] = {

@@ -11,7 +11,7 @@ from .fencing.tombstones import FenceTombstone as FenceTombstone
 class Lock(models.Model):
     """An unmanaged stand-in for held locks: it gives the admin its "Locks" entry and the
     ``view_lock``/``delete_lock`` permissions. No table exists; locks live in Redis and are
-    read by :mod:`django_redlock.inspect`."""
+    read by :mod:`django_redlock.inspection`."""
 
     alias = models.CharField(max_length=200)
     name = models.CharField(max_length=512)

@@ -1,6 +1,7 @@
 """Signals sent by lock managers.
 
-All are sent with ``sender`` = the :class:`~django_redlock.manager.LockManager` and the keyword
+All are sent with ``sender`` = the :class:`~django_redlock.locking.manager.LockManager` and the
+keyword
 arguments ``alias`` and ``name``, plus ``lease`` (acquired, released, lost) or ``reason``
 (failed: ``"busy"``, ``"timeout"`` or ``"unavailable"``). ``lock_acquired`` also gets
 ``waited`` (seconds the acquire call took) and ``attempts``; ``lock_failed`` gets ``waited``,

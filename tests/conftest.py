@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from django_redlock import context, locks
-from django_redlock.manager import LockManager
+from django_redlock import locks
+from django_redlock.locking import context
+from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes
 
 SESSION_ALIASES: dict[str, dict[str, Any]] = {}

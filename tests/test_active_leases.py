@@ -11,9 +11,10 @@ import time
 
 import pytest
 
-from django_redlock import context, locks
-from django_redlock.block import BlockOptions, LockBlock
+from django_redlock import locks
 from django_redlock.exceptions import LockLost
+from django_redlock.locking import context
+from django_redlock.locking.block import BlockOptions, LockBlock
 from testproject.inventory.models import Product
 
 

@@ -17,8 +17,9 @@ from django.test import Client
 from django.urls import reverse
 from django.utils.html import escape
 
-from django_redlock import inspect, locks
-from django_redlock.manager import LockManager
+from django_redlock import inspection as inspect
+from django_redlock import locks
+from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes
 
 pytestmark = pytest.mark.django_db

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from django_redlock import inspect, locks
+from django_redlock import inspection as inspect
+from django_redlock import locks
 from django_redlock.testing.server import find_redis_server
 from tests.support.browser import chromium_page, find_chromium, in_ci, playwright_api
 

@@ -18,8 +18,8 @@ import redis
 
 from django_redlock import locks
 from django_redlock.exceptions import LockNotAcquired
-from django_redlock.lease import Lease
-from django_redlock.manager import LockManager
+from django_redlock.locking.lease import Lease
+from django_redlock.locking.manager import LockManager
 
 #: The registration of a waiter lives up to 1 s; a withdrawn one is gone within a round trip.
 #: Polling this long tells the two apart with room for a loaded machine.

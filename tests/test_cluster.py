@@ -14,11 +14,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from django_redlock import locks
-from django_redlock.cluster import SHARDS, shard_of, slot_of
 from django_redlock.conf import hash_tag, parse_alias
 from django_redlock.exceptions import LockError, LockNotAcquired, NodesUnavailable
 from django_redlock.inspection import list_locks, node_health
-from django_redlock.manager import LockManager
+from django_redlock.locking.manager import LockManager
+from django_redlock.nodes.cluster import SHARDS, shard_of, slot_of
 from django_redlock.testing.cluster import ClusterGroup
 from django_redlock.testing.server import server_version
 
@@ -270,7 +270,7 @@ def test_every_primitive_on_a_spread_alias(cluster: ClusterGroup) -> None:
 def test_listing_and_force_release_over_the_shards(cluster: ClusterGroup) -> None:
     """The listing reads every shard (name order, pages covering each name once), ``get_lock``
     and force-release find a name's shard, and the held lease then learns it was lost."""
-    from django_redlock import inspect
+    from django_redlock import inspection as inspect
 
     with override_settings(REDLOCK=_alias(cluster, "spread:")):
         manager = locks["default"]

@@ -15,8 +15,9 @@ import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
 
-from django_redlock import inspect, locks
-from django_redlock.manager import LockManager
+from django_redlock import inspection as inspect
+from django_redlock import locks
+from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes
 
 ROOT = Path(__file__).resolve().parent.parent

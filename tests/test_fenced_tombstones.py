@@ -21,9 +21,10 @@ from django.db import connection, models, transaction
 from django.test.utils import isolate_apps
 from django.utils import timezone
 
-from django_redlock import context, locks
+from django_redlock import locks
 from django_redlock.exceptions import StaleTokenError
 from django_redlock.fencing import tombstones
+from django_redlock.locking import context
 from django_redlock.models import FencedModel, FenceTombstone
 from testproject.inventory.models import Product
 from tests.fencing_app.models import Coupon, Seat

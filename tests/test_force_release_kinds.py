@@ -13,9 +13,10 @@ from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
-from django_redlock import inspect, inspection, locks
+from django_redlock import inspection, locks
+from django_redlock import inspection as inspect
 from django_redlock.exceptions import LockLost, LockNotAcquired
-from django_redlock.lease import Lease
+from django_redlock.locking.lease import Lease
 
 pytestmark = pytest.mark.django_db
 RELEASE = "admin:django_redlock_lock_release"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from django_redlock.manager import LockManager
+from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes
 
 pytestmark = pytest.mark.urls("tests.support.health_urls")

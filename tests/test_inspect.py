@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from django_redlock import inspect, locks
-from django_redlock.manager import LockManager
+from django_redlock import inspection as inspect
+from django_redlock import locks
+from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNode, RedisNodes
 
 

@@ -13,7 +13,8 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import reverse
 
-from django_redlock import inspect, locks
+from django_redlock import inspection as inspect
+from django_redlock import locks
 from django_redlock.exceptions import LockNotAcquired
 
 pytestmark = pytest.mark.django_db

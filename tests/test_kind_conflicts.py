@@ -14,7 +14,7 @@ import pytest
 
 from django_redlock import locks
 from django_redlock.exceptions import LockError, LockNotAcquired
-from django_redlock.manager import LockManager
+from django_redlock.locking.manager import LockManager
 
 #: The timeout every conflicting acquire is given; it must return long before.
 TIMEOUT = 5.0

@@ -18,7 +18,7 @@ from django.test import AsyncClient, Client
 
 from django_redlock import locks
 from django_redlock.conf import MAX_NAME_LENGTH
-from django_redlock.manager import Lease
+from django_redlock.locking.manager import Lease
 from tests.support.request_lock_urls import SEEN
 
 pytestmark = pytest.mark.urls("tests.support.request_lock_urls")

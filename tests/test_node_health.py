@@ -20,7 +20,7 @@ from django.urls import reverse
 
 from django_redlock import checks, inspection
 from django_redlock.contrib.health.report import statuses
-from django_redlock.manager import LockManager
+from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes
 from tests.support.redis_acl import acl_user_urls
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from django_redlock.lease import Lease
-from django_redlock.manager import LockManager
+from django_redlock.locking.lease import Lease
+from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNode, RedisNodes
 from tests.support import engine_workers as workers
 from tests.support.redis_acl import ACL_COMMANDS, acl_user_urls

@@ -17,7 +17,7 @@ from django.test import override_settings
 
 from django_redlock.checks import check_settings
 from django_redlock.conf import parse_alias
-from django_redlock.manager import LockManager
+from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNode, RedisNodes
 
 Nodes = Callable[..., RedisNodes]

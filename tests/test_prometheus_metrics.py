@@ -17,7 +17,7 @@ from django_redlock import locks
 from django_redlock.contrib.nodes import public_label
 from django_redlock.contrib.prometheus.metrics import RedlockMetrics
 from django_redlock.exceptions import LockLost, LockNotAcquired, NodesUnavailable
-from django_redlock.manager import LockManager
+from django_redlock.locking.manager import LockManager
 from tests.support.waiting import release_once_waited_for
 
 

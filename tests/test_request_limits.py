@@ -17,7 +17,7 @@ from django.test import AsyncClient, Client
 
 from django_redlock import locks
 from django_redlock.decorators import request_lock
-from django_redlock.lease import Lease
+from django_redlock.locking.lease import Lease
 from django_redlock.request_locks.rules import RuleError, parse_rule
 from tests.support.request_lock_urls import SEEN
 

@@ -22,7 +22,7 @@ from django.utils.html import escape
 
 from django_redlock import inspection, locks
 from django_redlock.exceptions import LockLost, LockNotAcquired
-from django_redlock.lease import Lease
+from django_redlock.locking.lease import Lease
 from tests.test_admin import staff
 from tests.test_command import owner_of, run
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from django_redlock.lease import Lease
-from django_redlock.manager import LockManager
+from django_redlock.locking.lease import Lease
+from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNode, RedisNodes
 
 TTL = 0.2

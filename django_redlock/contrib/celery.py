@@ -50,13 +50,13 @@ from typing import Any
 from celery import Task
 from celery.signals import task_revoked
 
-from .. import context
 from ..engine import LeaseRecord
 from ..exceptions import LockError, LockNotAcquired
 from ..jobs.templates import CallTemplate
-from ..manager import LockManager
-from ..registry import locks
-from ..validation import check_max_hold, check_name, check_ttl
+from ..locking import context
+from ..locking.manager import LockManager
+from ..locking.registry import locks
+from ..locking.validation import check_max_hold, check_name, check_ttl
 
 __all__ = ["ENQUEUED_HEADER", "ON_BUSY_CHOICES", "LockedTask"]
 

@@ -11,7 +11,7 @@ Layers, each importing only the ones below it::
     transport/           pipelined calls to the nodes: sync, asyncio, BLPOP wake-ups, and the
                          one module that touches redis-py's internals
 
-The Django layer (``django_redlock.manager`` and the modules that use it) imports only what
+The Django layer (``django_redlock.locking.manager`` and the modules that use it) imports only what
 this module exports.
 """
 

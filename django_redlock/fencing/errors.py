@@ -6,8 +6,8 @@ from typing import Any
 
 from django.db import models
 
-from .. import context
 from ..exceptions import StaleTokenError
+from ..locking import context
 
 
 def model_label(model: Any) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import context
 from ..engine.keyspace import TOKEN_LIMIT
+from ..locking import context
 from .errors import alias_error
 
 MAX_TOKEN = TOKEN_LIMIT

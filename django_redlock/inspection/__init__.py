@@ -14,9 +14,9 @@ from collections.abc import Iterable
 
 from ..engine import escape_glob
 from ..engine.keyspace import SEMAPHORE_MARKER
-from ..manager import LockManager
+from ..locking.manager import LockManager
+from ..locking.registry import locks
 from ..nodes.probe import NodeHealth, Target, probe
-from ..registry import locks
 from .reader import SCAN_COUNT, AliasInspector
 from .records import (
     HolderChanged,

@@ -14,10 +14,10 @@ import redis
 
 from ..checks import valid_aliases
 from ..conf import AliasConfig
-from ..connections import client_factory
 from ..engine import WAITING, Keyspace, LockValue, as_text, escape_glob, quorum
 from ..engine.keyspace import SEMAPHORE_MARKER
-from ..manager import LockManager
+from ..locking.manager import LockManager
+from ..nodes.connections import client_factory
 from ..nodes.probe import NodeHealth, Target, maybe_int, one_line, probe, run_id
 from .records import LockInfo, NodeError, merge, merge_readers, merge_semaphore
 

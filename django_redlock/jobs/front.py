@@ -21,7 +21,7 @@ import traceback
 from types import FrameType
 from typing import Any, NoReturn
 
-from ..manager import LockManager
+from ..locking.manager import LockManager
 from .keeper import foreground_of, give_terminal
 from .runner import (
     EX_LOST,

@@ -34,8 +34,8 @@ from types import FrameType
 from typing import Any
 
 from ..exceptions import LockError, LockNotAcquired, NodesUnavailable
-from ..lease import Lease
-from ..manager import LockManager
+from ..locking.lease import Lease
+from ..locking.manager import LockManager
 from .keeper import EX_NOT_EXECUTABLE, EX_NOT_FOUND, SHIELDED, foreground_of, give_terminal
 
 EX_BUSY = 75

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from ..connections import client_factory, current_master
+from .connections import client_factory, current_master
 
 if TYPE_CHECKING:  # settings are read by conf; this module only reads what it is given
     from ..conf import AliasConfig

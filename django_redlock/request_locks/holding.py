@@ -1,7 +1,8 @@
 """Holding one lease around one request, for sync and async views alike.
 
 While the view runs, ``request.lease`` is the lease and it is the innermost active lease
-(``django_redlock.context``), so FencedModel saves use its token. The lease is released once the
+(``django_redlock.locking.context``), so FencedModel saves use its token. The lease is released
+once the
 response is built, when the view raises, or, for a streaming response, when the stream is closed.
 
 The hold is written once, as the coroutine :func:`_hold` over three I/O calls (load the user,
@@ -23,15 +24,15 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
-from .. import context
 from ..exceptions import LockNotAcquired, NodesUnavailable
-from ..registry import locks
-from ..transactions import in_transaction, release_after_commit
+from ..locking import context
+from ..locking.registry import locks
+from ..locking.transactions import in_transaction, release_after_commit
 from .responses import lock_error_response
 from .rules import LockSpec
 
 if TYPE_CHECKING:
-    from ..manager import Lease
+    from ..locking.manager import Lease
 
 # docs/index.md: one logger name (records carry .module)
 logger = logging.getLogger("django_redlock")

@@ -36,8 +36,9 @@ from django.db.models import F
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from django_redlock import context, locks
+from django_redlock import locks
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, StaleTokenError
+from django_redlock.locking import context
 from testproject.inventory.models import Product
 
 from .model import (
@@ -157,7 +158,8 @@ class Gen:
 
 @dataclass(eq=False)
 class CtxEntry:
-    """The model of one entry of the main thread's active leases (``django_redlock.context``)."""
+    """The model of one entry of the main thread's active leases
+    (``django_redlock.locking.context``)."""
 
     holding: Holding
     enterable: bool

@@ -39,7 +39,7 @@ class Peer:
     """The leases this process holds, by id."""
 
     def __init__(self) -> None:
-        from django_redlock.lease import Lease
+        from django_redlock.locking.lease import Lease
 
         self.leases: dict[int, Lease] = {}
         self.next_id = 0

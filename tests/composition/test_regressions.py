@@ -18,8 +18,9 @@ from asgiref.sync import sync_to_async
 from django.db import transaction
 from django.db.models import F
 
-from django_redlock import context, locks
+from django_redlock import locks
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired
+from django_redlock.locking import context
 from testproject.inventory.models import Product
 from tests.support.attempts import free_elsewhere
 

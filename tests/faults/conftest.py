@@ -21,7 +21,7 @@ import pytest
 from django.db import connection
 
 from django_redlock import signals
-from django_redlock.manager import LockManager
+from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes
 from tests.support.shop_workload import (
     SHOP_ALIAS,

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import redis
 
-from django_redlock.inspect import list_locks
-from django_redlock.manager import LockManager
+from django_redlock.inspection import list_locks
+from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes
 from tests.faults.conftest import DURATION, TTL, WORKERS, Shop, assert_all_oracles
 from tests.support.redis_acl import acl_user_urls

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from django_redlock.manager import LockManager
+from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes
 
 Nodes = Callable[..., RedisNodes]

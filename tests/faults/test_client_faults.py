@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from django_redlock.exceptions import LockNotAcquired
-from django_redlock.manager import LockManager
+from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes
 from tests.faults.conftest import SEEDS, Shop, is_postgres, keys_of
 from tests.support.shop_workload import (

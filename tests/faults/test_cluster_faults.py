@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from django_redlock.cluster import SHARDS, shard_of, shard_prefixes, slot_of
 from django_redlock.engine.keyspace import Keyspace
+from django_redlock.nodes.cluster import SHARDS, shard_of, shard_prefixes, slot_of
 from django_redlock.testing.cluster import ClusterGroup
 from django_redlock.testing.node import RedisNode
 from tests.faults.conftest import LONG, TTL, Run, Shop, assert_data_oracles

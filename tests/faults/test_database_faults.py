@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 from django.db import DatabaseError, connection, transaction
 
-from django_redlock.manager import LockManager
+from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes
 from tests.faults.conftest import Shop, is_postgres, keys_of
 from tests.support.shop_workload import (

@@ -14,7 +14,7 @@ import pytest
 from django.db import transaction
 
 from django_redlock.exceptions import LockLost, StaleTokenError
-from django_redlock.manager import LockManager
+from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes
 
 Nodes = Callable[..., RedisNodes]

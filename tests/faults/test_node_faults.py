@@ -22,7 +22,7 @@ import redis
 
 from django_redlock import locks
 from django_redlock.exceptions import LockNotAcquired, NodesUnavailable
-from django_redlock.manager import LockManager
+from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes, server_version
 from tests.faults.conftest import DURATION, SEEDS, TTL, Shop, assert_data_oracles
 from tests.support.shop_workload import (

@@ -22,7 +22,7 @@ from django.db import transaction
 
 from django_redlock.engine.plans import HANDOFF_MS
 from django_redlock.exceptions import LockNotAcquired, NodesUnavailable, StaleTokenError
-from django_redlock.manager import LockManager
+from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes
 from tests.faults.conftest import DURATION, LONG, SEEDS, TTL, Shop, assert_all_oracles
 from tests.support.shop_workload import wait_no_lock_keys

@@ -17,7 +17,7 @@ import pytest
 from django.db import transaction
 
 from django_redlock.exceptions import StaleTokenError
-from django_redlock.manager import LockManager
+from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes
 from tests.faults.conftest import DURATION, SEEDS, Shop
 from tests.support.shop_workload import (

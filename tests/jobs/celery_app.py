@@ -25,9 +25,9 @@ if not apps.ready:  # the worker; the test process has set Django up already
 import redis
 from celery import Celery
 
-from django_redlock import context
 from django_redlock.contrib.celery import LockedTask
 from django_redlock.exceptions import StaleTokenError
+from django_redlock.locking import context
 
 app = Celery("redlock_tests")
 app.conf.update(

@@ -8,8 +8,9 @@ import os
 import time
 from typing import Any
 
-from django_redlock import context, locks
+from django_redlock import locks
 from django_redlock.contrib.celery import LockedTask
+from django_redlock.locking import context
 from tests.jobs.celery_app import _record, app, wait_go
 
 __all__ = ["app"]

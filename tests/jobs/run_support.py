@@ -16,7 +16,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from django_redlock.manager import LockManager
+from django_redlock.locking.manager import LockManager
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 #: Resets the signals an interactive shell leaves at their defaults, then execs argv: the test

@@ -28,9 +28,10 @@ from celery import Celery, chain, chord, group
 from celery.exceptions import ChordError
 from celery.signals import before_task_publish
 
-from django_redlock import context, locks
+from django_redlock import locks
 from django_redlock.contrib.celery import LockedTask
 from django_redlock.exceptions import LockError, LockNotAcquired, NodesUnavailable
+from django_redlock.locking import context
 from testproject.inventory.demo_run import stop_group
 from testproject.inventory.models import Product
 from tests.jobs.celery_app import (

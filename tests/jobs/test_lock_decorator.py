@@ -191,7 +191,7 @@ def _in_thread(call: Any) -> Any:
 
 
 def _active() -> str:
-    from django_redlock import context
+    from django_redlock.locking import context
 
     lease = context.current_lease()
     assert lease is not None

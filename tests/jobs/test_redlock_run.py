@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from django_redlock.manager import LockManager
+from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes
 from tests.support.waiting import pttls
 

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from django_redlock import inspection
-from django_redlock.manager import LockManager
+from django_redlock.locking.manager import LockManager
 
 from .run_support import (
     Terminal,

@@ -17,8 +17,9 @@ import pytest
 import redis
 from django.db import connection, transaction
 
-from django_redlock import context, lock, locks
+from django_redlock import lock, locks
 from django_redlock.exceptions import LockError
+from django_redlock.locking import context
 from tests.support.attempts import free_elsewhere
 
 

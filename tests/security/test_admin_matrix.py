@@ -21,7 +21,8 @@ from django.test import Client
 from django.urls import reverse
 from django.utils.http import urlencode
 
-from django_redlock import inspect, locks
+from django_redlock import inspection as inspect
+from django_redlock import locks
 
 pytestmark = pytest.mark.django_db
 

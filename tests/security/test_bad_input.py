@@ -24,8 +24,8 @@ from django_redlock import locks
 from django_redlock.checks import _topology
 from django_redlock.conf import parse_alias
 from django_redlock.exceptions import LockLost, LockNotAcquired, NodesUnavailable
-from django_redlock.inspect import get_lock, list_locks
-from django_redlock.manager import LockManager
+from django_redlock.inspection import get_lock, list_locks
+from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes, server_version
 from tests.support.redis_acl import ACL_COMMANDS, acl_user_urls
 from tests.support.shop_workload import lock_keys

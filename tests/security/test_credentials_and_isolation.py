@@ -20,8 +20,8 @@ from django.core.management.base import CommandError
 
 from django_redlock import checks, locks
 from django_redlock.exceptions import LockNotAcquired, NodesUnavailable
-from django_redlock.inspect import get_lock, list_locks, node_health
-from django_redlock.manager import LockManager
+from django_redlock.inspection import get_lock, list_locks, node_health
+from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes
 from tests.support.redis_acl import acl_user_urls
 from tests.support.waiting import assert_woken, backing_off, until_waiting

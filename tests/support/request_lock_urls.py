@@ -11,8 +11,9 @@ from urllib.parse import unquote
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.urls import path, re_path, register_converter
 
-from django_redlock import context, locks
+from django_redlock import locks
 from django_redlock.decorators import request_lock
+from django_redlock.locking import context
 
 SEEN: dict[str, Any] = {}
 """What the last view saw: ``lease`` (request.lease), ``token`` (the active-lease token)."""

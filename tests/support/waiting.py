@@ -28,7 +28,7 @@ import redis
 
 from django_redlock.engine.keyspace import wake_node
 from django_redlock.engine.policy import MAX_BACKOFF
-from django_redlock.manager import LockManager
+from django_redlock.locking.manager import LockManager
 
 
 def waiters(manager: LockManager, name: str) -> int:

@@ -10,8 +10,8 @@ from typing import Any
 
 from ...engine import Keyspace
 from ...inspection import aliases
+from ...locking.registry import locks
 from ...nodes.probe import NodeHealth, Reading, Target, probe
-from ...registry import locks
 
 
 @dataclass(frozen=True)

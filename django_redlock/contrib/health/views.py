@@ -6,7 +6,7 @@ from django.http import HttpRequest, JsonResponse
 from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_safe
 
-from ...registry import locks
+from ...locking.registry import locks
 from .report import statuses
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-from ...registry import locks
+from ...locking.registry import locks
 from ..observers import LockObserver
 from .refresher import Refresher
 

@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ... import inspection
-from ...registry import locks
+from ...locking.registry import locks
 from ..nodes import public_label
 
 if TYPE_CHECKING:

@@ -28,8 +28,8 @@ from ...fencing import tombstones
 from ...inspection import LockInfo, NodeError, NodeHealth
 from ...jobs import front
 from ...jobs.runner import Outcome, RunRequest
-from ...registry import locks
-from ...validation import check_name, check_timeout, check_ttl
+from ...locking.registry import locks
+from ...locking.validation import check_name, check_timeout, check_ttl
 
 #: ``clear`` lists and releases locks in batches of this many names.
 CLEAR_BATCH = 500

@@ -9,7 +9,7 @@ import pytest
 from django.test import override_settings
 
 from django_redlock import checks
-from django_redlock.request_checks import check_request_locks
+from django_redlock.request_locks.checks import check_request_locks
 
 MIDDLEWARE_PATH = "django_redlock.middleware.RequestLockMiddleware"
 

@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from .engine import MAX_NAME_LENGTH, RESERVED_MARK, TOKEN_LIMIT
+from ..engine import MAX_NAME_LENGTH, RESERVED_MARK, TOKEN_LIMIT
 
 
 class _Unset:

@@ -1,6 +1,6 @@
 """The ``locks`` registry: ``locks["default"]`` like ``django.core.cache.caches``.
 
-One :class:`~django_redlock.manager.LockManager` per alias and process (its connections are
+One :class:`~django_redlock.locking.manager.LockManager` per alias and process (its connections are
 pooled per thread inside the engine); reset when ``REDLOCK``, ``REDLOCK_BUSY_POLL`` or
 ``CACHES`` change, so ``override_settings(REDLOCK=...)`` works in tests.
 """
@@ -14,11 +14,11 @@ from typing import Any
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from . import connections
+from ..conf import AliasConfig, alias_config, busy_poll_setting, redlock_settings
+from ..engine import AliasState, Engine
+from ..engine.budget import Budget
+from ..nodes import connections
 from .block import BlockOptions, LockBlock
-from .conf import AliasConfig, alias_config, busy_poll_setting, redlock_settings
-from .engine import AliasState, Engine
-from .engine.budget import Budget
 from .manager import LockManager
 from .validation import UNSET
 

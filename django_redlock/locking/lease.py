@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
-from . import context, signals
-from .engine import (
+from .. import signals
+from ..engine import (
     LOST,
     RENEWED,
     UNCONFIRMED,
@@ -22,7 +22,8 @@ from .engine import (
     Stepper,
     renewal_policy,
 )
-from .exceptions import LockError, LockLost, NodesUnavailable
+from ..exceptions import LockError, LockLost, NodesUnavailable
+from . import context
 from .validation import check_ttl
 
 if TYPE_CHECKING:

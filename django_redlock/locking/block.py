@@ -17,9 +17,9 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from ..exceptions import LockError, LockLost, LockNotAcquired
+from ..jobs.templates import CallTemplate
 from . import context
-from .exceptions import LockError, LockLost, LockNotAcquired
-from .jobs.templates import CallTemplate
 from .transactions import in_transaction, release_after_commit
 from .validation import UNSET, check_max_hold
 

@@ -1,4 +1,4 @@
-"""The blocks of the other lock kinds a :class:`~django_redlock.manager.LockManager` makes:
+"""The blocks of the other lock kinds a :class:`~django_redlock.locking.manager.LockManager` makes:
 semaphores and read-write locks (docs/primitives.md). Mixed into ``LockManager``; each block holds
 one
 lease from ``acquire(..., permits=N)`` or ``acquire(..., rw="read"/"write")``."""

@@ -24,7 +24,7 @@ from typing import Any
 import redis
 from redis.sentinel import Sentinel
 
-from .engine import as_text
+from ..engine import as_text
 from .located import Address, Declined, Locator
 
 

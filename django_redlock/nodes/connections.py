@@ -25,7 +25,7 @@ from .located import ASYNC_TWINS, located_pool
 from .sentinels import Sentinels
 
 if TYPE_CHECKING:  # conf imports this module to validate node URLs
-    from .conf import AliasConfig, NodeSpec
+    from ..conf import AliasConfig, NodeSpec
 
 _pools: dict[tuple[NodeSpec, float], redis.ConnectionPool] = {}
 _pools_guard = threading.Lock()

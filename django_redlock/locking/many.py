@@ -8,7 +8,7 @@
 
 The names are taken in one attempt (one script per node): a node grants all of them or none,
 so two callers asking for overlapping sets in any order never deadlock and a failed attempt
-leaves nothing held. Each name has a :class:`~django_redlock.lease.Lease` of its own, with
+leaves nothing held. Each name has a :class:`~django_redlock.locking.lease.Lease` of its own, with
 its own fencing token.
 """
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
+from ..exceptions import LockError, LockLost
 from . import context
-from .exceptions import LockError, LockLost
 from .lease import Lease, keep_alive_all
 from .transactions import in_transaction, release_after_commit
 from .validation import check_name

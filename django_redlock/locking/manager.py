@@ -11,12 +11,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict, Unpack, cast
 
-from . import context, signals
+from .. import signals
+from ..conf import AliasConfig
+from ..engine import AcquireFailure, Engine, LeaseRecord, Outcome
+from ..exceptions import LockError, LockNotAcquired, NodesUnavailable
+from ..nodes.cluster import shard_of
+from . import context
 from .block import AsyncLockBlock, BlockOptions, LockBlock
-from .cluster import shard_of
-from .conf import AliasConfig
-from .engine import AcquireFailure, Engine, LeaseRecord, Outcome
-from .exceptions import LockError, LockNotAcquired, NodesUnavailable
 from .kind_blocks import HoldOptions, KindBlocks
 from .lease import Lease, start_renewals
 from .many import HeldLocks, LockManyBlock, check_names

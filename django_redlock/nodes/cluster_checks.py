@@ -10,10 +10,10 @@ from __future__ import annotations
 import redis
 from django.core import checks
 
+from ..conf import AliasConfig, NodeSpec, url_identity
 from .cluster import ClusterSlot, slot_of
-from .conf import AliasConfig, NodeSpec, url_identity
 from .connections import socket_timeout
-from .nodes.probe import eviction_policy
+from .probe import eviction_policy
 
 
 def cluster_checks(config: AliasConfig) -> list[checks.CheckMessage]:

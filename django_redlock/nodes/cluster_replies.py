@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .engine import as_text
+from ..engine import as_text
 
 Address = tuple[str, int]
 #: ``(first slot, last slot, master)``
