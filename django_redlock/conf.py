@@ -21,16 +21,9 @@ from .engine import GLOB_CHARACTERS, MAX_NAME_LENGTH, TOKEN_LIMIT, quorum
 from .engine.budget import DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS
 from .locking.validation import ttl_problem
 from .nodes.cluster import shard_prefixes
-from .nodes.node_settings import (
-    URL_SCHEMES,
-    NodeSpec,
-    hash_tag,
-    mask_secrets,
-    mask_url,
-    parse_node,
-    url_identity,
-)
+from .nodes.node_settings import URL_SCHEMES, hash_tag, parse_node
 from .nodes.node_settings import setting_error as _error
+from .nodes.spec import NodeSpec, mask_secrets, mask_url, url_identity
 
 DEFAULT_NODE_URL = "redis://127.0.0.1:6379/0"
 DEFAULTS: dict[str, Any] = {

@@ -24,8 +24,8 @@ from .transactions import in_transaction, release_after_commit
 from .validation import UNSET, check_max_hold
 
 if TYPE_CHECKING:
+    from .acquirer import Acquirer
     from .lease import Lease
-    from .manager import LockManager
 
 F = TypeVar("F", bound=Callable[..., Any])
 ON_LOST_CHOICES = (None, "cancel")
@@ -120,7 +120,7 @@ class LockBlock:
     """
 
     def __init__(
-        self, get_manager: Callable[[], LockManager], name: str, options: BlockOptions
+        self, get_manager: Callable[[], Acquirer], name: str, options: BlockOptions
     ) -> None:
         if not isinstance(name, str):
             raise TypeError(f"Lock name must be a str, not {type(name).__name__}.")
@@ -176,7 +176,7 @@ class LockBlock:
         if entry.hold_for:
             await entry.lease.aextend(ttl=entry.hold_for)
 
-    def _reentrant_lease(self, manager: LockManager) -> Lease | None:
+    def _reentrant_lease(self, manager: Acquirer) -> Lease | None:
         """The lease this block re-enters (this thread's or task's lease of the name, of the
         same kind), or None; ``LockError`` at once for a read-write lock whose other side this
         thread or task holds (it would wait for itself)."""

@@ -11,7 +11,7 @@ from .block import AsyncLockBlock, BlockOptions, LockBlock
 from .validation import UNSET, check_keywords, check_permits
 
 if TYPE_CHECKING:
-    from .manager import LockManager
+    from .acquirer import Acquirer
 
 
 class HoldOptions(TypedDict, total=False):
@@ -38,8 +38,8 @@ class KindBlocks:
     block under its own read lease, or a read block under its own write lease, raises
     ``LockError`` at once (it would wait for itself)."""
 
-    def _itself(self) -> LockManager:
-        return cast("LockManager", self)
+    def _itself(self) -> Acquirer:
+        return cast("Acquirer", self)
 
     def semaphore(
         self,

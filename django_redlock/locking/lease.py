@@ -27,7 +27,7 @@ from . import context
 from .validation import check_ttl
 
 if TYPE_CHECKING:
-    from .manager import LockManager
+    from .owner import LeaseOwner
 
 # docs/index.md: one logger name (records carry .module)
 logger = logging.getLogger("django_redlock")
@@ -39,7 +39,7 @@ _LOST_MUTEX = threading.Lock()
 class Lease:
     """A held lock. ``token`` is its fencing token; ``validity`` the seconds it has left."""
 
-    def __init__(self, manager: LockManager, record: LeaseRecord) -> None:
+    def __init__(self, manager: LeaseOwner, record: LeaseRecord) -> None:
         self._manager = manager
         self._engine = manager.engine_for(record.name)
         self._record = record

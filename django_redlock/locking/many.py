@@ -24,7 +24,7 @@ from .transactions import in_transaction, release_after_commit
 from .validation import check_name
 
 if TYPE_CHECKING:
-    from .manager import LockManager
+    from .acquirer import Acquirer
 
 #: The most names one ``lock_many`` call may take (each is a key in one script call).
 MAX_NAMES = 1000
@@ -114,7 +114,7 @@ class LockManyBlock:
 
     def __init__(
         self,
-        manager: LockManager,
+        manager: Acquirer,
         names: tuple[str, ...],
         kwargs: dict[str, Any],
         until_commit: bool,

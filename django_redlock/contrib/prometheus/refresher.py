@@ -14,14 +14,22 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
+
+from prometheus_client import Gauge
 
 from ... import inspection
 from ...locking.registry import locks
 from ..nodes import public_label
 
-if TYPE_CHECKING:
-    from .metrics import RedlockMetrics
+
+class Gauges(Protocol):
+    """The gauges a refresher sets (``RedlockMetrics`` has them)."""
+
+    waiters: Gauge
+    node_up: Gauge
+    node_rtt: Gauge
+
 
 # docs/index.md: one logger name (records carry .module)
 logger = logging.getLogger("django_redlock")
@@ -30,9 +38,7 @@ logger = logging.getLogger("django_redlock")
 class Refresher:
     """Sets ``redlock_waiters``, ``redlock_node_up`` and ``redlock_node_rtt_seconds``."""
 
-    def __init__(
-        self, metrics: RedlockMetrics, waiters_interval: float, nodes_interval: float
-    ) -> None:
+    def __init__(self, metrics: Gauges, waiters_interval: float, nodes_interval: float) -> None:
         self._metrics = metrics
         self.waiters_interval = waiters_interval
         self.nodes_interval = nodes_interval
