@@ -6,6 +6,7 @@ named and left out)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import threading
@@ -17,7 +18,6 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 
-from django_redlock import locks
 from django_redlock.conf import parse_alias
 from django_redlock.exceptions import LockNotAcquired, NodesUnavailable
 from django_redlock.manager import LockManager
@@ -46,7 +46,7 @@ def _run_threads(targets: list[Callable[[], None]], seconds: float) -> list[Base
         def run() -> None:
             try:
                 target()
-            except BaseException as exc:  # noqa: BLE001 - reported to the test
+            except BaseException as exc:  # reported to the test
                 errors.append(exc)
 
         return run
@@ -200,19 +200,14 @@ def test_renewal_is_not_starved_by_waiters_holding_the_budget(
     MAX_CONNECTIONS=2: every renewal gets a connection, the lease is never lost."""
     nodes = redis_node_factory(1)
     manager = redlock_alias(nodes, MAX_CONNECTIONS=2, TTL=0.6, RETRY_DELAY=0.005)
-    guard = threading.Lock()
     stop = time.monotonic() + 2.2
-    outcomes: dict[str, int] = {}
 
     def waiter() -> None:
         while time.monotonic() < stop:
-            try:
+            # a waiter refused a connection within its timeout fails as if the node were
+            # down (docs/production.md): NodesUnavailable
+            with contextlib.suppress(LockNotAcquired, NodesUnavailable):
                 manager.acquire(unique_name, timeout=0.3).release()
-                kind = "granted"
-            except (LockNotAcquired, NodesUnavailable) as exc:
-                kind = type(exc).__name__ + (": no free connection" if "no free connection" in str(exc) else "")
-            with guard:
-                outcomes[kind] = outcomes.get(kind, 0) + 1
 
     threads = [threading.Thread(target=waiter, daemon=True) for _ in range(20)]
     with manager.lock(unique_name, auto_extend=True, timeout=0) as lease:
@@ -223,7 +218,6 @@ def test_renewal_is_not_starved_by_waiters_holding_the_budget(
         lease.check()
     for thread in threads:
         thread.join(5)
-    print(outcomes)
     assert _ours(nodes[0]) <= 2
 
 
@@ -332,23 +326,18 @@ def test_cancelled_waiters_in_blpop_leave_the_full_budget(
 def test_forked_child_gets_a_fresh_budget_while_the_parents_is_spent(
     redis_node_factory: Nodes, redlock_alias: Alias, unique_name: str
 ) -> None:
-    """MAX_CONNECTIONS=1 and the parent's only connection busy (a paused node, a thread in a
-    call) at the fork: the child locks at once on its own budget; the parent goes on."""
+    """MAX_CONNECTIONS=1 and four parent threads locking without pause, so the parent's only
+    connection is busy (or its budget's lock held) at each fork: every child locks on its own
+    budget; the parent goes on within its budget."""
     nodes = redis_node_factory(1)
     manager = redlock_alias(nodes, MAX_CONNECTIONS=1, NODE_TIMEOUT=1.0)
     manager.acquire(f"{unique_name}:warm", timeout=0).release()
-    other = redis_node_factory(1)
-    # a second alias on a paused node, to keep a thread busy without touching `nodes`
-    busy = redlock_alias(other, MAX_CONNECTIONS=1, NODE_TIMEOUT=1.0)
-    busy.acquire("w", timeout=0).release()
     stop = threading.Event()
 
     def hammer() -> None:
         while not stop.is_set():
-            try:
+            with contextlib.suppress(LockNotAcquired):
                 manager.acquire(f"{unique_name}:p", timeout=1).release()
-            except LockNotAcquired:
-                pass
 
     threads = [threading.Thread(target=hammer, daemon=True) for _ in range(4)]
     for thread in threads:
@@ -433,3 +422,87 @@ def test_paused_node_with_a_spent_budget_still_grants_and_recovers(
     finally:
         nodes[1].resume()
     assert max(_ours(n) for n in nodes) <= 2
+
+
+# -- kinds sharing a budget of one ------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open defect: a kind always keeps its last connection (docs/production.md), so "
+    "with more kinds than MAX_CONNECTIONS a busy kind starves the other; giving the last one "
+    "up after a grace stalled test_threads_and_tasks_share_one_budget ~60 s in 1 run of 3",
+)
+@pytest.mark.parametrize("busy_side", ["threads", "loop"])
+def test_budget_of_one_shared_by_a_busy_kind_and_a_starving_one(
+    redis_node_factory: Nodes, redlock_alias: Alias, unique_name: str, busy_side: str
+) -> None:
+    """MAX_CONNECTIONS=1: one kind (sync threads, or an event loop) locks without pause; the
+    other kind must still get the connection within its timeout, and both finish."""
+    nodes = redis_node_factory(1)
+    manager = redlock_alias(nodes, MAX_CONNECTIONS=1)
+    stop = threading.Event()
+    rounds = [0]
+
+    def hammer_sync() -> None:
+        while not stop.is_set():
+            manager.acquire(f"{unique_name}:busy", timeout=2).release()
+            rounds[0] += 1
+
+    async def hammer_async() -> None:
+        while not stop.is_set():
+            lease = await manager.aacquire(f"{unique_name}:busy", timeout=2)
+            await lease.arelease()
+            rounds[0] += 1
+
+    busy = threading.Thread(
+        target=hammer_sync if busy_side == "threads" else lambda: asyncio.run(hammer_async()),
+        daemon=True,
+    )
+    busy.start()
+    try:
+        time.sleep(0.2)
+        for _ in range(5):
+            if busy_side == "threads":
+
+                async def once() -> bool:
+                    lease = await manager.aacquire(f"{unique_name}:other", timeout=3)
+                    return await lease.arelease()
+
+                assert asyncio.run(once()) is True
+            else:
+                assert manager.acquire(f"{unique_name}:other", timeout=3).release() is True
+    finally:
+        stop.set()
+        busy.join(10)
+    assert not busy.is_alive() and rounds[0] > 0
+    assert _ours(nodes[0]) <= 1
+
+
+def test_async_renewal_is_not_starved_by_waiting_tasks(
+    redis_node_factory: Nodes, redlock_alias: Alias, unique_name: str
+) -> None:
+    """alock(auto_extend=True), TTL 0.6 s, held 2 s while 30 tasks of the same loop wait for
+    the name with MAX_CONNECTIONS=1: the renewals get through, the lease is never lost."""
+    nodes = redis_node_factory(1)
+    manager = redlock_alias(nodes, MAX_CONNECTIONS=1, TTL=0.6, RETRY_DELAY=0.005)
+
+    async def main() -> None:
+        stop = time.monotonic() + 2.2
+
+        async def waiter() -> None:
+            while time.monotonic() < stop:
+                try:
+                    lease = await manager.aacquire(unique_name, timeout=0.3)
+                    await lease.arelease()
+                except (LockNotAcquired, NodesUnavailable):
+                    pass
+
+        async with manager.alock(unique_name, auto_extend=True, timeout=0) as lease:
+            tasks = [asyncio.create_task(waiter()) for _ in range(30)]
+            await asyncio.sleep(2.0)
+            assert not lease.lost
+            lease.check()
+        await asyncio.gather(*tasks)
+
+    asyncio.run(main())

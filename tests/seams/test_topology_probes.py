@@ -38,13 +38,15 @@ def busy_port() -> Iterator[int]:
     sock.close()
 
 
-def _free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    for sock in socks:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in socks]
-    for sock in socks:
-        sock.close()
+def _free_ports(count: int, below: int = 65536) -> list[int]:
+    """``count`` distinct ports below ``below`` that are free now."""
+    ports: list[int] = []
+    while len(ports) < count:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port < below and port not in ports:
+            ports.append(port)
     return ports
 
 
@@ -100,7 +102,7 @@ def test_ports_in_use_name_the_port(busy_port: int) -> None:
     if busy_port > 10000:
         # a cluster port whose bus port (port + 10000) is the busy one
         with pytest.raises(OSError, match=str(busy_port)):
-            ClusterGroup.start(3, ports=[busy_port - 10000, *_free_ports(2)])
+            ClusterGroup.start(3, ports=[busy_port - 10000, *_free_ports(2, below=45000)])
         assert _children() == before
 
 
