@@ -48,6 +48,9 @@ FAN_OUTS = ("quorum", "all")
 NODE_TIMEOUT_RANGE = (0.001, 60.0)
 RETRY_DELAY_MIN = 0.001
 DRIFT_FACTOR_MAX = 0.5
+#: Longest IDLE_TIMEOUT, 30 days: the idle closer waits that long in a thread, and a thread
+#: wait above about 9.2e9 s raises OverflowError (which would end the closer for good).
+IDLE_TIMEOUT_MAX = 30 * 86400.0
 __all__ = [
     "MAX_NAME_LENGTH",
     "URL_SCHEMES",
@@ -222,12 +225,12 @@ def _idle_timeout(alias: str, value: Any) -> float:
         raise _error(
             alias, "IDLE_TIMEOUT", f"must be a number of seconds, not {type(value).__name__}."
         )
-    if not math.isfinite(value) or value <= 0:
+    if not math.isfinite(value) or not 0 < value <= IDLE_TIMEOUT_MAX:
         raise _error(
             alias,
             "IDLE_TIMEOUT",
-            f"must be a finite number > 0 (seconds before an idle connection is closed), "
-            f"got {value!r}.",
+            f"must be a finite number > 0 and at most {IDLE_TIMEOUT_MAX:.0f} (30 days; seconds "
+            f"before an idle connection is closed), got {value!r}.",
         )
     return float(value)
 

@@ -31,7 +31,8 @@ def port_free(port: int) -> bool:
 
 def chosen_ports(ports: Sequence[int], needed: int, what: str, bus_offset: int = 0) -> list[int]:
     """The ``ports=`` a group was given, checked before anything starts: ``needed`` distinct
-    ports (1-65535), each free now (and its ``port + bus_offset`` too, for a cluster's bus).
+    ports (1-65535), each free now (and its ``port + bus_offset`` too, for a cluster's bus,
+    which must not be another of the ports).
     Raises ``ValueError`` (wrong count or value) or ``OSError`` (a port in use)."""
     chosen = list(ports)
     if len(chosen) != needed:
@@ -42,6 +43,13 @@ def chosen_ports(ports: Sequence[int], needed: int, what: str, bus_offset: int =
             raise ValueError(f"ports= takes ports from 1 to {top}, not {port!r}")
     if len(set(chosen)) != len(chosen):
         raise ValueError(f"ports= repeats a port: {chosen}")
+    if bus_offset:
+        for port in chosen:
+            if port + bus_offset in chosen:
+                raise ValueError(
+                    f"ports= gives port {port + bus_offset} twice: to a node, and as the "
+                    f"cluster bus of port {port} (port + {bus_offset}): {chosen}"
+                )
     for port in chosen:
         for busy in (port, port + bus_offset) if bus_offset else (port,):
             if not port_free(busy):

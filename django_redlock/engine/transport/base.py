@@ -47,10 +47,16 @@ HANDSHAKE: list[tuple[str, ...]] = [("INFO", "server")] + [
 ]
 
 
+#: Longest reason :func:`describe` gives: room for every view of a list of sentinels or seeds
+#: that all declined (about 65 characters each), yet bounded for a huge error text.
+REASON_MAX = 1000
+
+
 def describe(exc: BaseException) -> str:
-    """A short reason for ``exc``; never includes a URL (and so never a password)."""
+    """A short reason for ``exc`` (its first line); never includes a URL (and so never a
+    password)."""
     text = str(exc).split("\n", 1)[0]
-    return f"{type(exc).__name__}: {text}"[:200]
+    return f"{type(exc).__name__}: {text}"[:REASON_MAX]
 
 
 def parse_info(raw: Any) -> dict[str, str]:
