@@ -20,7 +20,7 @@ from django.db import transaction
 
 from django_redlock.conf import parse_alias
 from django_redlock.exceptions import LockNotAcquired, NodesUnavailable
-from django_redlock.manager import LockManager
+from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNode, RedisNodes
 
 Nodes = Callable[..., RedisNodes]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from django_redlock.exceptions import LockNotAcquired, NodesUnavailable
-from django_redlock.manager import LockManager
+from django_redlock.locking.manager import LockManager
 from django_redlock.testing import ClusterGroup, RedisNodes, SentinelGroup
 
 Nodes = Callable[..., RedisNodes]
