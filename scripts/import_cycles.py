@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Print the import circles among django_redlock's modules (type-only imports included);
-exit 1 if there is one. Standard library only: ``python3 scripts/import_cycles.py``."""
+"""Print the import circles among django_redlock's modules (type-only imports included) and
+the imports that cross a layer the wrong way (the engine imports nothing of the package
+outside it; the node topology imports neither ``conf`` nor the lock API); exit 1 if there is
+one. Standard library only: ``python3 scripts/import_cycles.py``."""
 
 from __future__ import annotations
 
@@ -74,6 +76,28 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+#: (importer prefix, forbidden prefixes): the layering rules
+RULES = (
+    (f"{PACKAGE}.engine", (f"{PACKAGE}.",), (f"{PACKAGE}.engine",)),
+    (f"{PACKAGE}.nodes", (f"{PACKAGE}.conf", f"{PACKAGE}.locking"), ()),
+)
+
+
+def crossings(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that break :data:`RULES`."""
+    found = []
+    for name, deps in sorted(graph.items()):
+        for prefix, forbidden, allowed in RULES:
+            if name != prefix and not name.startswith(prefix + "."):
+                continue
+            for dep in sorted(deps):
+                if any(dep == f or dep.startswith(f) for f in forbidden) and not any(
+                    dep == a or dep.startswith(a + ".") for a in allowed
+                ):
+                    found.append(f"{name} imports {dep}")
+    return found
+
+
 def main() -> int:
     paths = sorted((ROOT / PACKAGE).rglob("*.py"))
     modules = {module_of(p) for p in paths}
@@ -84,8 +108,13 @@ def main() -> int:
     found = cycles(graph)
     for component in found:
         print("import circle:", " <-> ".join(component))
-    print(f"{len(found)} import circle(s) among {len(modules)} modules")
-    return 1 if found else 0
+    crossed = crossings(graph)
+    for line in crossed:
+        print("layer crossed:", line)
+    print(
+        f"{len(found)} import circle(s), {len(crossed)} layer crossing(s), {len(modules)} modules"
+    )
+    return 1 if found or crossed else 0
 
 
 if __name__ == "__main__":

@@ -10,13 +10,13 @@ from __future__ import annotations
 import redis
 from django.core import checks
 
-from ..conf import AliasConfig, NodeSpec, url_identity
 from .cluster import ClusterSlot, slot_of
 from .connections import socket_timeout
 from .probe import eviction_policy
+from .spec import AliasNodes, NodeSpec, url_identity
 
 
-def cluster_checks(config: AliasConfig) -> list[checks.CheckMessage]:
+def cluster_checks(config: AliasNodes) -> list[checks.CheckMessage]:
     """W004 for each cluster master that can evict keys; W008 when a cluster node shares a
     server with another node of the set (their votes are not independent)."""
     messages: list[checks.CheckMessage] = []
@@ -54,7 +54,7 @@ def cluster_checks(config: AliasConfig) -> list[checks.CheckMessage]:
     return messages
 
 
-def _masters(node: NodeSpec, config: AliasConfig) -> list[tuple[str, int, str | None]]:
+def _masters(node: NodeSpec, config: AliasNodes) -> list[tuple[str, int, str | None]]:
     """Every master of the cluster with its policy (None when it could not be read); an
     unreachable cluster gives none (W005 reports it)."""
     timeout = socket_timeout(config)

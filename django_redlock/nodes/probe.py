@@ -28,7 +28,7 @@ import redis
 from .connections import client_factory, current_master
 
 if TYPE_CHECKING:  # settings are read by conf; this module only reads what it is given
-    from ..conf import AliasConfig
+    from .spec import AliasNodes
 
 #: The policy under which Redis never evicts keys (a lock key lives until its TTL).
 NO_EVICTION = "noeviction"
@@ -107,7 +107,7 @@ class Target:
     ``factories``: a client factory per node (default: :func:`~..connections.client_factory`).
     """
 
-    config: AliasConfig
+    config: AliasNodes
     shards: int = 1
     fence: str | None = None
     factories: Sequence[Callable[[], redis.Redis]] | None = None
@@ -133,7 +133,7 @@ def probe(targets: Sequence[Target]) -> list[list[Reading]]:
     return result
 
 
-def probe_alias(config: AliasConfig, shards: int = 1) -> list[NodeHealth]:
+def probe_alias(config: AliasNodes, shards: int = 1) -> list[NodeHealth]:
     """The health of every node of one alias, read at the same time."""
     return [reading.health for reading in probe([Target(config, shards)])[0]]
 

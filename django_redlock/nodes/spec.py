@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import ipaddress
 import os.path
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import unquote, unquote_plus, urlsplit
 
 from redis.connection import parse_url
@@ -129,3 +129,17 @@ def _server_host(host: str) -> str:
     if str(ip) in ("127.0.0.1", "::1"):
         return "localhost"
     return f"[{ip}]" if ip.version == 6 else str(ip)
+
+
+class AliasNodes(Protocol):
+    """What the topology reads of an alias's settings (``conf.AliasConfig`` has it): the
+    topology never imports ``conf``, which imports it to validate node URLs."""
+
+    @property
+    def alias(self) -> str: ...
+
+    @property
+    def nodes(self) -> Sequence[NodeSpec]: ...
+
+    @property
+    def node_timeout(self) -> float: ...
