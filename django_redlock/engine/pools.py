@@ -1,0 +1,460 @@
+"""The channel pools of one alias's engine: checking a channel out (within the connection
+budget, ``MAX_CONNECTIONS``), running a plan on it, blocking and asyncio, and closing idle
+ones (``IDLE_TIMEOUT``). :class:`ChannelPools` is the part of
+:class:`~.core.Engine` that knows connections; the engine's acquire loops use it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from typing import Any, TypeVar
+
+from .budget import SPARE_WAIT, Budget
+from .loop_pools import LoopPools
+from .replies import Request
+from .state import Abandoned, AliasState, NodeView, Plan
+from .transport.aio import AsyncChannel, AsyncConnectionFactory
+from .transport.blpop import ReleaseWaiter
+from .transport.sync import Channel, ConnectionFactory
+
+T = TypeVar("T")
+PlanMaker = Callable[[Sequence[NodeView]], Plan[T]]
+
+#: ``until`` of a call that is not an acquire attempt with a deadline: it waits up to
+#: :data:`~.budget.SPARE_WAIT` for a connection.
+SPARE = -1.0
+
+
+class ChannelPools:
+    """Sync channels shared by threads, each event loop's own, and the channels of blocking
+    waits, all within one :class:`~.budget.Budget`. The engine sets the attributes below
+    (:meth:`~.core.Engine._start_afresh`, also after a fork)."""
+
+    state: AliasState
+    labels: list[str]
+    _factories: list[ConnectionFactory]
+    _async_factories: list[AsyncConnectionFactory]
+    budget: Budget
+    _every: tuple[int, ...]
+    generation: int
+    waiter: ReleaseWaiter
+    _free: list[Channel]
+    _all: list[Channel]
+    _mutex: threading.Lock
+    #: threads waiting for a channel (each woken by a channel going back to the pool)
+    _sync_waiters: deque[threading.Event]
+    #: wakes the idle reaper thread early (engine closed); True while it runs
+    _reaper_wake: threading.Event
+    _reaping: bool
+    _loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopPools]
+    _closers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncGenerator[None, None]]
+    #: channels for waits piped with the next attempt; never pinned by a lease
+    _blocking_free: list[Channel]
+    _blocking_all: list[Channel]
+
+    def _check_fork(self) -> None:
+        """Start afresh in a forked child (the engine's)."""
+        raise NotImplementedError
+
+    def _blocking_channel(self) -> Channel | None:
+        """An idle channel for a piped wait, or a new one if the budget allows; else None."""
+        with self._mutex:
+            if self._blocking_free:
+                return self._blocking_free.pop()
+            if not self.budget.take(self._every, blocking=True):
+                return None
+        channel = Channel(self.labels, self._factories)
+        with self._mutex:
+            self._blocking_all.append(channel)
+        self._opened()
+        return channel
+
+    def _run_blocking(self, make_plan: PlanMaker[T], channel: Channel) -> tuple[T, list[Any]]:
+        """Run a plan whose first call blocks, on a channel of its own; returns its result
+        and the replies of the commands sent ahead of that call. A channel given up
+        mid-call, or with replies still due, is closed, not reused: whatever was written
+        before the close runs in full or not at all (the server drops a blocked client's
+        unread commands), so the plan's own give-back stays behind its attempt."""
+        reusable = False
+        try:
+            with channel.mutex:
+                channel.ahead = []
+                result = drive(make_plan, channel)
+                ahead = channel.ahead
+                reusable = not channel.pending()
+            return result, ahead
+        finally:
+            with self._mutex:
+                if reusable:
+                    channel.idle_since = time.monotonic()
+                    self._blocking_free.append(channel)
+                else:
+                    self._blocking_all.remove(channel)
+            if not reusable:
+                channel.close()
+                self.budget.give(self._every, blocking=True)
+
+    # -- blocking driver -----------------------------------------------------------------
+    def _run(
+        self, make_plan: PlanMaker[T], pinned: Any = None, until: float = SPARE
+    ) -> tuple[T, Channel]:
+        """Run a plan to its end on one channel (``pinned`` if it is a blocking one); with
+        none free and the budget spent, wait for one until ``until`` (``time.monotonic()``;
+        :data:`SPARE`: :data:`~.budget.SPARE_WAIT` from now), then fail as if the nodes
+        were down."""
+        self._check_fork()
+        if isinstance(pinned, Channel) and pinned in self._all:
+            with pinned.mutex:
+                if pinned in self._all:  # not closed as idle meanwhile
+                    return drive(make_plan, pinned), pinned
+        # pool checkout inline (no context manager): this is the hot path of every call
+        with self._mutex:
+            channel = self._free.pop() if self._free else None
+        if channel is None:
+            channel = self._checkout(until)
+        try:
+            with channel.mutex:
+                return drive(make_plan, channel), channel
+        finally:
+            if channel.idle_since >= 0:  # not a stand-in
+                with self._mutex:
+                    surrender = bool(self.budget.hungry) and len(self._all) > 1
+                    if surrender:
+                        self._all.remove(channel)
+                    else:
+                        channel.idle_since = time.monotonic()
+                        self._free.append(channel)
+                        if self._sync_waiters:
+                            self._sync_waiters.popleft().set()
+                if surrender:  # a caller of another kind holds none: its turn
+                    channel.close()
+                    self.budget.give(self._every)
+
+    def _checkout(self, until: float) -> Channel:
+        """No channel free: open one if the budget allows, else wait for one to come back
+        (or for the budget) until ``until``; past it, a stand-in whose nodes are all down."""
+        urgent = until == SPARE  # a release or an extend: served before waiting attempts
+        if urgent:
+            until = time.monotonic() + SPARE_WAIT
+        wake = threading.Event()
+        try:
+            while True:
+                with self._mutex:
+                    if self._free:
+                        return self._free.pop()
+                    wake.clear()
+                    fed = bool(self._all)
+                    if self.budget.take(self._every, listener=wake, wake=wake.set, fed=fed):
+                        break
+                    if wake not in self._sync_waiters:
+                        if urgent:
+                            self._sync_waiters.appendleft(wake)
+                        else:
+                            self._sync_waiters.append(wake)
+                if not fed:  # nothing of ours will come back: ask the others for one
+                    self.budget.starve(wake)
+                remaining = until - time.monotonic()
+                if remaining <= 0:
+                    return self._stand_in()
+                wake.wait(remaining)
+        finally:
+            self._leave(wake)
+        try:
+            channel = Channel(self.labels, self._factories, self.state.busy_poll)
+        except BaseException:
+            self.budget.give(self._every)
+            raise
+        with self._mutex:
+            self._all.append(channel)
+        self._opened()
+        return channel
+
+    def _leave(self, wake: threading.Event) -> None:
+        """A thread stops waiting for a channel; a wake-up meant for it goes to the next."""
+        self.budget.forget(wake)
+        with self._mutex:
+            try:
+                self._sync_waiters.remove(wake)
+            except ValueError:  # already woken: pass it on if a channel is still free
+                if self._free and self._sync_waiters:
+                    self._sync_waiters.popleft().set()
+
+    def _stand_in(self) -> Channel:
+        reason = f"no free connection in time (MAX_CONNECTIONS={self.budget.limit} in use)"
+        channel = Channel(self.labels, self._factories, unavailable=reason)
+        channel.idle_since = -1.0
+        return channel
+
+    # -- idle connections (sync) -----------------------------------------------------------
+    def _opened(self) -> None:
+        """A sync connection was opened: make sure the idle reaper runs."""
+        with self._mutex:
+            if self._reaping:
+                return
+            self._reaping = True
+        threading.Thread(target=self._reap_loop, name="redlock-idle", daemon=True).start()
+
+    def _reap_loop(self) -> None:
+        """Close sync connections idle for ``IDLE_TIMEOUT``; ends when none is left."""
+        generation, timeout = self.generation, self.budget.idle_timeout
+        while generation == self.generation:
+            oldest = self._reap(time.monotonic() - timeout)
+            with self._mutex:
+                if oldest is None and not (self._all or self._blocking_all or self.waiter.open):
+                    self._reaping = False
+                    return
+            due = timeout if oldest is None else oldest + timeout - time.monotonic()
+            if self._reaper_wake.wait(max(due, 0.001)):
+                self._reaper_wake.clear()
+
+    def _reap(self, idle_before: float, *, one: bool = False) -> float | None:
+        """Close idle channels idle since before ``idle_before`` (``one``: the oldest idle
+        one, however recent); returns the oldest ``idle_since`` left idle."""
+        closed: list[tuple[Channel, bool]] = []
+        oldest: float | None = None
+        with self._mutex:
+            for pool, every, blocking in (
+                (self._free, self._all, False),
+                (self._blocking_free, self._blocking_all, True),
+            ):
+                for channel in sorted(pool, key=lambda c: c.idle_since):
+                    if (one and not closed) or channel.idle_since < idle_before:
+                        pool.remove(channel)
+                        every.remove(channel)
+                        closed.append((channel, blocking))
+                    elif oldest is None or channel.idle_since < oldest:
+                        oldest = channel.idle_since
+        for channel, blocking in closed:
+            with channel.mutex:
+                channel.close()
+            self.budget.give(self._every, blocking=blocking)
+        if one and closed:
+            return oldest
+        waiting = self.waiter.reap(idle_before, one=one)
+        return waiting if oldest is None else min(oldest, waiting or oldest)
+
+    def _evict_one(self) -> None:
+        """Another pool starves: close one idle sync connection, if any."""
+        self._reap(0.0, one=True)
+
+    # -- asyncio driver ------------------------------------------------------------------
+    async def _loop_pools(self) -> LoopPools:
+        """This event loop's pools, made (with their closer) on first use."""
+        loop = asyncio.get_running_loop()
+        pools = self._loops.get(loop)
+        if pools is None:
+            pools = self._loops[loop] = LoopPools(loop, self.budget, len(self.labels))
+            closer = _close_at_loop_shutdown(pools)
+            await closer.asend(None)
+            self._closers[loop] = closer
+        return pools
+
+    @contextlib.asynccontextmanager
+    async def achannel(
+        self, pinned: Any = None, until: float = SPARE
+    ) -> AsyncIterator[AsyncChannel]:
+        """A channel of this event loop (``pinned`` if it is one); see :meth:`_run`."""
+        pools = self._loops.get(asyncio.get_running_loop()) or await self._loop_pools()
+        if isinstance(pinned, AsyncChannel) and pinned in pools.channels:
+            async with pinned.mutex:
+                still = pinned in pools.channels  # not closed as idle meanwhile
+                if still:
+                    yield pinned
+            if still:
+                return
+        channel = next((c for c in reversed(pools.channels) if not c.mutex.locked()), None)
+        if channel is None:
+            channel = await self._acheckout(pools, until)
+            if channel is None:  # a new one: held while connecting so no other task uses it
+                async with self._aopen(pools) as channel:
+                    yield channel
+                return
+            if channel.idle_since < 0:  # a stand-in
+                yield channel
+                return
+        try:
+            async with channel.mutex:
+                yield channel
+        finally:
+            self._areturn(pools, channel)
+
+    def _areturn(self, pools: LoopPools, channel: AsyncChannel) -> None:
+        """``channel`` is free again: pooled, or closed while another kind starves."""
+        if self.budget.hungry and len(pools.channels) > 1 and channel in pools.channels:
+            pools.channels.remove(channel)
+            channel.close_now()
+            pools.give_soon(self._every)
+            return
+        channel.idle_since = time.monotonic()
+        if pools.waiters:
+            pools.wake_one()
+
+    async def _acheckout(self, pools: LoopPools, until: float) -> AsyncChannel | None:
+        """Asyncio twin of :meth:`_checkout`: an idle channel, None when the budget gave a
+        slot for a new one, or a stand-in past ``until``."""
+        urgent = until == SPARE  # a release or an extend: served before waiting attempts
+        if urgent:
+            until = time.monotonic() + SPARE_WAIT
+        loop = asyncio.get_running_loop()
+        while True:
+            channel = next((c for c in reversed(pools.channels) if not c.mutex.locked()), None)
+            if channel is not None:
+                return channel
+            future: asyncio.Future[None] = loop.create_future()
+            wake = functools.partial(pools.wake_threadsafe, future)
+            fed = bool(pools.channels)
+            if self.budget.take(self._every, listener=future, wake=wake, fed=fed):
+                return None
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                self.budget.forget(future)
+                reason = f"no free connection in time (MAX_CONNECTIONS={self.budget.limit} in use)"
+                stand_in = AsyncChannel(
+                    self.labels, self._async_factories, self.state.node_timeout, reason
+                )
+                stand_in.idle_since = -1.0
+                return stand_in
+            if urgent:
+                pools.waiters.appendleft(future)
+            else:
+                pools.waiters.append(future)
+            if not fed:  # nothing of ours will come back: ask the others for one
+                self.budget.starve(future)
+            timer = loop.call_later(remaining, _finish, future)
+            try:
+                await future
+            finally:
+                timer.cancel()
+                self.budget.forget(future)
+                with contextlib.suppress(ValueError):
+                    pools.waiters.remove(future)
+
+    @contextlib.asynccontextmanager
+    async def _aopen(self, pools: LoopPools) -> AsyncIterator[AsyncChannel]:
+        """A new channel of this loop, on a slot the budget gave."""
+        channel = AsyncChannel(self.labels, self._async_factories, self.state.node_timeout)
+        async with channel.mutex:
+            pools.channels.append(channel)
+            pools.opened()
+            try:
+                await channel.connect()
+            except BaseException:  # cancelled while connecting: never leave it half-made
+                pools.channels.remove(channel)
+                await asyncio.shield(channel.close())
+                pools.give_soon(self._every)
+                raise
+            try:
+                yield channel
+            finally:
+                channel.idle_since = time.monotonic()
+        self._areturn(pools, channel)
+
+    async def _arun(
+        self, make_plan: PlanMaker[T], pinned: Any = None, until: float = SPARE
+    ) -> tuple[T, AsyncChannel]:
+        self._check_fork()
+        async with self.achannel(pinned, until) as channel:
+            return await adrive(make_plan, channel), channel
+
+    async def _arun_blocking(
+        self, make_plan: PlanMaker[T], pools: LoopPools, channel: AsyncChannel | None
+    ) -> tuple[T, list[Any]]:
+        """Asyncio twin of :meth:`_run_blocking`: on ``channel`` (None: a new one, on a
+        blocking slot already taken) of this event loop."""
+        reusable = False
+        try:
+            if channel is None:
+                channel = AsyncChannel(self.labels, self._async_factories, self.state.node_timeout)
+                await channel.connect()
+            channel.ahead = []
+            result = await adrive(make_plan, channel)
+            reusable = not channel.pending()
+            return result, channel.ahead
+        finally:
+            if reusable and channel is not None:
+                channel.idle_since = time.monotonic()
+                pools.blocking.append(channel)
+            else:  # given up mid-call (cancelled) or a reply still due: never reused
+                if channel is not None:
+                    channel.close_now()
+                pools.give_soon(self._every, blocking=True)
+
+    def close(self) -> None:
+        """Close every blocking connection (asyncio ones are closed with their event loop)."""
+        self.budget.remove_evictor(self)
+        self.waiter.close()
+        with self._mutex:
+            channels, self._all, self._free = self._all, [], []
+            blocking, self._blocking_all, self._blocking_free = self._blocking_all, [], []
+        for channel in channels + blocking:
+            with channel.mutex:
+                channel.close()
+            self.budget.give(self._every, blocking=channel in blocking)
+        self._reaper_wake.set()
+
+
+def drive(make_plan: PlanMaker[T], channel: Channel) -> T:
+    # the generator protocol by hand, not a Stepper: this loop runs for every lock call
+    channel.prepare()
+    plan = make_plan(channel.links)
+    try:
+        request = next(plan)
+        while True:
+            try:
+                replies = channel.execute(request)
+            except BaseException:  # an interrupt (KeyboardInterrupt, a worker timeout) mid-call
+                _abandon(plan, channel.execute)
+                raise
+            request = plan.send(replies)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+def _abandon(plan: Plan[Any], send_now: Callable[[Request], Any]) -> None:
+    """The caller gave up while a request was in flight: let the plan undo what it may have
+    done (fire-and-forget requests, sent at once), whatever it was."""
+    try:
+        request = plan.throw(Abandoned())
+        while True:
+            send_now(request)
+            request = plan.send([None] * len(request.calls))
+    except (Abandoned, StopIteration):
+        pass
+
+
+async def adrive(make_plan: PlanMaker[T], channel: AsyncChannel) -> T:
+    """Asyncio twin of :func:`drive`."""
+    await channel.prepare()
+    plan = make_plan(channel.links)
+    try:
+        request = next(plan)
+        while True:
+            try:
+                replies = await channel.execute(request)
+            except BaseException:  # cancelled (task.cancel, wait_for, timeout) mid-call
+                _abandon(plan, channel.send_now)
+                raise
+            request = plan.send(replies)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def _close_at_loop_shutdown(pools: LoopPools) -> AsyncGenerator[None, None]:
+    """Suspended once per event loop; ``loop.shutdown_asyncgens()`` (run by ``asyncio.run``)
+    closes it, which closes that loop's connections before the loop goes away."""
+    try:
+        yield
+        await asyncio.Event().wait()  # never resumed on purpose
+    finally:
+        await pools.close()
+
+
+def _finish(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
