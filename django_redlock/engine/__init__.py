@@ -31,12 +31,23 @@ from .keyspace import (
 )
 from .policy import Pause, Renew, RenewalBound, Stepper, renewal_policy
 from .scripts import WAITING
-from .state import LOST, RENEWED, UNCONFIRMED, AcquireFailure, AliasState, LeaseRecord, Renewal
+from .state import (
+    DRIFT_ALLOWANCE,
+    LOST,
+    RENEWED,
+    UNCONFIRMED,
+    AcquireFailure,
+    AliasState,
+    LeaseRecord,
+    Renewal,
+    drift_allowance,
+)
 from .transport.aio import AsyncConnectionFactory
 from .transport.base import describe
 from .transport.sync import ConnectionFactory
 
 __all__ = [
+    "DRIFT_ALLOWANCE",
     "GLOB_CHARACTERS",
     "LOST",
     "MAX_NAME_LENGTH",
@@ -61,6 +72,7 @@ __all__ = [
     "Stepper",
     "as_text",
     "describe",
+    "drift_allowance",
     "escape_glob",
     "quorum",
     "renewal_policy",

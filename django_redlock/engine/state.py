@@ -22,6 +22,16 @@ T_co = TypeVar("T_co", covariant=True)
 #: and returns its result (``T_co``).
 Plan = Generator[Request, list[Any], T_co]
 
+#: The fixed part of the clock-drift allowance, seconds.
+DRIFT_ALLOWANCE = 0.002
+
+
+def drift_allowance(ttl: float, drift_factor: float) -> float:
+    """How much of a ``ttl``-second lease the clock-drift allowance takes: ``TTL *
+    DRIFT_FACTOR + 2 ms`` (a lease is valid for ``TTL`` minus this, minus the round trip)."""
+    return ttl * drift_factor + DRIFT_ALLOWANCE
+
+
 #: How long a wake-up left by a release waits for a waiter to take it, in ms.
 WAKE_TTL_MS = 2000
 #: A failed attempt of a caller that will wait registers it as a waiter for this long (ms), or
@@ -156,7 +166,8 @@ class AliasState:
         self.round_trip += (seconds - self.round_trip) * ROUND_TRIP_WEIGHT
 
     def drift(self, ttl: float) -> float:
-        return ttl * self.drift_factor + 0.002
+        """:func:`drift_allowance` with this alias's factor (inlined: every attempt runs it)."""
+        return ttl * self.drift_factor + DRIFT_ALLOWANCE
 
 
 @dataclass

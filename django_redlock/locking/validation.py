@@ -6,7 +6,13 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from ..engine import MAX_NAME_LENGTH, RESERVED_MARK, TOKEN_LIMIT
+from ..engine import (
+    DRIFT_ALLOWANCE,
+    MAX_NAME_LENGTH,
+    RESERVED_MARK,
+    TOKEN_LIMIT,
+    drift_allowance,
+)
 
 
 class _Unset:
@@ -44,8 +50,6 @@ def check_name(name: Any) -> str:
     return name
 
 
-#: The fixed part of the clock-drift allowance, seconds (``AliasState.drift``).
-DRIFT_ALLOWANCE = 0.002
 #: ``DRIFT_FACTOR``'s default; ``check_ttl`` uses it unless told the alias's own.
 DEFAULT_DRIFT_FACTOR = 0.01
 
@@ -53,7 +57,7 @@ DEFAULT_DRIFT_FACTOR = 0.01
 def ttl_problem(ttl: float, drift_factor: float) -> str | None:
     """Why a lease of ``ttl`` seconds can never be valid (None if it can): the engine counts
     a lease valid for ``TTL - (TTL * DRIFT_FACTOR + 2 ms)`` minus the round trip."""
-    if ttl - (ttl * drift_factor + DRIFT_ALLOWANCE) > 0:
+    if ttl - drift_allowance(ttl, drift_factor) > 0:
         return None
     shortest = DRIFT_ALLOWANCE / (1 - drift_factor)
     return (
