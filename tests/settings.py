@@ -19,7 +19,7 @@ ROOT_URLCONF = "testproject.urls"
 
 # django-tasks (the backport of django.tasks) with its database backend: @lock under @task is
 # tested with real db_worker processes (tests/jobs/test_django_tasks.py).
-# tests.fencing_app: FencedModels with unique keys (tests/test_fenced_tombstones.py).
+# tests.fencing_app: FencedModels with unique keys (tests/fencing/test_fenced_tombstones.py).
 INSTALLED_APPS = [
     *demo_settings.INSTALLED_APPS,
     "django_tasks",

@@ -1,6 +1,7 @@
 """System checks of the ``REDLOCK`` settings (``django_redlock/checks.py``): E001-E005 for bad
 or clashing aliases and ``REDLOCK_BUSY_POLL``, the ``--deploy`` warnings, and every id listed
-once in ``docs/checks.md``. The per-request lock checks are in ``tests/test_request_checks.py``."""
+once in ``docs/checks.md``. The per-request lock checks are in
+``tests/request_locks/test_request_checks.py``."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ Layers, each importing only the ones below it::
     core.Engine          the facade: acquire / extend / release / force_release (+ asyncio)
     policy               when to try again and when to renew (I/O-free generators)
     plans, trust         the algorithm: one attempt, release, renewal, rejoining nodes
-                         (I/O-free generators of requests; tests/test_plans.py drives them)
+                         (I/O-free generators of requests; tests/engine/test_plans.py drives them)
     state, keyspace,     what plans know; key names, limits and the lock value format;
     scripts, replies     the Lua scripts with their reply codes; requests and replies
     transport/           pipelined calls to the nodes: sync, asyncio, BLPOP wake-ups, and the

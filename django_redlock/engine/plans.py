@@ -2,7 +2,7 @@
 
 A plan is a generator: it yields a :class:`~.replies.Request` (one call per node, a deadline
 and an optional "settled" test) and receives the per-node replies, so one algorithm serves
-both ``lock()`` and ``alock()``. ``tests/test_plans.py`` drives each plan with scripted
+both ``lock()`` and ``alock()``. ``tests/engine/test_plans.py`` drives each plan with scripted
 replies, without Redis.
 """
 

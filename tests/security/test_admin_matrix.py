@@ -1,4 +1,4 @@
-"""Admin permission matrix: what ``tests/test_admin.py`` does not already cover.
+"""Admin permission matrix: what ``tests/operations/test_admin.py`` does not already cover.
 
 Every user kind x every way of asking for a force release: only a staff user with both
 ``view_lock`` and ``delete_lock`` (or a superuser) releases, only with a POST carrying

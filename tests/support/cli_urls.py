@@ -1,4 +1,4 @@
-"""Test-only URLconf for ``tests/test_cli_terminal.py``: a request-locked view that runs
+"""Test-only URLconf for ``tests/operations/test_cli_terminal.py``: a request-locked view that runs
 ``manage.py redlock`` while its lock (named from the URL) is held and answers with the output."""
 
 from __future__ import annotations

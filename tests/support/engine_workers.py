@@ -1,5 +1,5 @@
 """Code run in worker processes (``multiprocessing`` spawn) by the race tests of
-``tests/test_engine.py``."""
+``tests/engine/test_engine.py``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""URLconf of ``tests/test_health_check.py`` and ``tests/test_node_health.py``: the plain view,
+"""URLconf of ``tests/nodes/test_health_check.py`` and ``tests/nodes/test_node_health.py``: the
+plain view,
 django-health-check's, and the admin (its node panel)."""
 
 from __future__ import annotations

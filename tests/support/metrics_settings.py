@@ -1,4 +1,5 @@
-"""Settings of the gunicorn server of ``tests/test_prometheus_scrape.py``: the demo with
+"""Settings of the gunicorn server of ``tests/observability/test_prometheus_scrape.py``: the demo
+with
 django-prometheus and ``django_redlock.contrib.prometheus`` (as ``REDLOCK_DEMO_METRICS=1``
 makes it), on the test's database and nodes (passed as JSON, as for
 ``live_server_settings``)."""

@@ -1,4 +1,5 @@
-"""The client side of ``tests/test_prometheus_scrape.py``: a process of a few threads that
+"""The client side of ``tests/observability/test_prometheus_scrape.py``: a process of a few threads
+that
 POST to the demo's buy endpoint; returns what each request answered."""
 
 from __future__ import annotations

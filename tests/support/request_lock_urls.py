@@ -1,5 +1,5 @@
-"""Test-only URLconf for the per-request lock tests (``tests/test_middleware.py``,
-``tests/test_request_checks.py``): views that record, raise, stream, await."""
+"""Test-only URLconf for the per-request lock tests (``tests/request_locks/test_middleware.py``,
+``tests/request_locks/test_request_checks.py``): views that record, raise, stream, await."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def recording_views(template: str) -> tuple[Callable[..., Any], Callable[..., An
 
 
 # one field only, and a user field after a separator: any URL value must still give a valid,
-# distinct name (tests/test_middleware.py, key templates)
+# distinct name (tests/request_locks/test_middleware.py, key templates)
 bare, abare = recording_views("{slug}")
 doc, adoc = recording_views("doc:{slug}:{user.username}")
 

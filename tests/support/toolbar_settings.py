@@ -1,4 +1,5 @@
-"""Settings of the ``runserver`` process of ``tests/test_debug_toolbar_browser.py``: the test
+"""Settings of the ``runserver`` process of ``tests/observability/test_debug_toolbar_browser.py``:
+the test
 project with django-debug-toolbar and ``LocksPanel``, on the test's nodes (``REDLOCK`` as
 JSON in ``REDLOCK_TEST_ALIASES``) and an SQLite file of its own (``TOOLBAR_SQLITE``)."""
 

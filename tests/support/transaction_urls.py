@@ -1,4 +1,4 @@
-"""URLconf of tests/test_transactions.py: request-locked views that write a row, one of them
+"""URLconf of tests/locking/test_transactions.py: request-locked views that write a row, one of them
 behind an outer transaction that commits late (to widen the release-before-commit window)."""
 
 from __future__ import annotations

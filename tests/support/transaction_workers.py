@@ -1,4 +1,4 @@
-"""A spawned process of tests/test_transactions.py: the next holder of a request lock."""
+"""A spawned process of tests/locking/test_transactions.py: the next holder of a request lock."""
 
 from __future__ import annotations
 

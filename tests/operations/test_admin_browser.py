@@ -24,9 +24,9 @@ from django_redlock import locks
 from django_redlock.testing.server import find_redis_server
 from tests.support.browser import chromium_page, find_chromium, in_ci, playwright_api
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS_IMAGES = ROOT / "docs" / "images"
-BROWSER_TEST = "tests/test_admin_browser.py::test_login_see_and_force_release"
+BROWSER_TEST = "tests/operations/test_admin_browser.py::test_login_see_and_force_release"
 
 
 CHROMIUM = find_chromium()

@@ -20,7 +20,7 @@ from django_redlock import locks
 from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*args: str) -> str:

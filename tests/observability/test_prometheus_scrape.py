@@ -28,7 +28,7 @@ from django_redlock.contrib.nodes import public_label
 from tests.support.metrics_workload import shopper_process
 from tests.support.server_process import server_process
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 3
 
 

@@ -23,8 +23,8 @@ from django.utils.html import escape
 from django_redlock import inspection, locks
 from django_redlock.exceptions import LockLost, LockNotAcquired
 from django_redlock.locking.lease import Lease
-from tests.test_admin import staff
-from tests.test_command import owner_of, run
+from tests.operations.test_admin import staff
+from tests.operations.test_command import owner_of, run
 
 pytestmark = pytest.mark.django_db
 CHANGELIST = "admin:django_redlock_lock_changelist"

@@ -62,7 +62,7 @@ def test_list_show_and_release_a_semaphore(alias: str, unique_name: str) -> None
 
 def test_read_leases_are_listed_with_their_holders(unique_name: str) -> None:
     """A read-write lock's readers are one row of kind ``read``, each reader a holder
-    (released by an operator in tests/test_force_release_kinds.py)."""
+    (released by an operator in tests/operations/test_force_release_kinds.py)."""
     manager = locks["five"]
     readers = [manager.acquire(unique_name, ttl=30, timeout=0, rw="read") for _ in range(3)]
     info, _ = inspect.get_lock("five", unique_name)

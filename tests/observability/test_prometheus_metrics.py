@@ -1,7 +1,7 @@
 """django_redlock.contrib.prometheus in one process (docs/observability.md): each metric counts
 what the lock
 calls did, on real nodes, in a registry of the test's own. The multi-process scrape through
-django-prometheus is tests/test_prometheus_scrape.py."""
+django-prometheus is tests/observability/test_prometheus_scrape.py."""
 
 from __future__ import annotations
 

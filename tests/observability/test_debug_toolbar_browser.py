@@ -24,7 +24,7 @@ from django_redlock.testing.wire import free_port
 from tests.support.browser import chromium_page, require_browser
 from tests.support.server_process import server_process
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -101,7 +101,9 @@ def test_under_ci_a_missing_browser_fails(tmp_path: Path) -> None:
     env = {key: value for key, value in os.environ.items() if key not in hidden}
     env.update(PATH=str(tmp_path), CI="true", REDLOCK_REDIS_SERVER=find_redis_server())
     env.update(SQLITE_TEST_PATH=str(tmp_path / "t.db"), SQLITE_PATH=str(tmp_path / "d.db"))
-    test = "tests/test_debug_toolbar_browser.py::test_the_panel_lists_the_requests_locks"
+    test = (
+        "tests/observability/test_debug_toolbar_browser.py::test_the_panel_lists_the_requests_locks"
+    )
     command = [sys.executable, "-m", "pytest", test, "-q", "-p", "no:cacheprovider"]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     output = done.stdout + done.stderr
