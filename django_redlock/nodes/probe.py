@@ -10,8 +10,8 @@ comes from ``INFO memory``; ``CONFIG GET`` is asked only when ``INFO memory`` is
 All the nodes of one probe are read at the same time, one thread each: paused or unreachable
 nodes cost one socket timeout together, not one each.
 
-It imports only :mod:`..connections` (never the settings or the lock API), so ``checks``
-and ``inspection`` both use it without an import circle.
+It imports only :mod:`..connections` and the engine's error formatter (never the settings or
+the lock API), so ``checks`` and ``inspection`` both use it without an import circle.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from ..engine import describe
 from .connections import client_factory, current_master
 
 if TYPE_CHECKING:  # settings are read by conf; this module only reads what it is given
@@ -215,10 +216,8 @@ def run_id(client: redis.Redis) -> str:
     return str(client.info("server").get("run_id", ""))
 
 
-def one_line(exc: BaseException) -> str:
-    """``ExceptionName: message`` on one line (redis-py's messages carry no password)."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"
+#: ``ExceptionName: message`` on one line: the engine's formatter, so every report reads alike
+one_line = describe
 
 
 def _config_policy(client: redis.Redis) -> str | None:

@@ -53,10 +53,11 @@ REASON_MAX = 1000
 
 
 def describe(exc: BaseException) -> str:
-    """A short reason for ``exc`` (its first line); never includes a URL (and so never a
-    password)."""
-    text = str(exc).split("\n", 1)[0]
-    return f"{type(exc).__name__}: {text}"[:REASON_MAX]
+    """``ExceptionName: message`` on one line (whitespace runs collapsed), at most
+    :data:`REASON_MAX` characters: the one way every report shows an error. redis-py's
+    messages never include a URL, and so never a password."""
+    text = " ".join(str(exc).split())
+    return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:REASON_MAX]
 
 
 def parse_info(raw: Any) -> dict[str, str]:
