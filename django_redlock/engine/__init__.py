@@ -43,7 +43,7 @@ from .state import (
     drift_allowance,
 )
 from .transport.aio import AsyncConnectionFactory
-from .transport.base import describe
+from .transport.base import describe, socket_timeout
 from .transport.sync import ConnectionFactory
 
 __all__ = [
@@ -76,4 +76,5 @@ __all__ = [
     "escape_glob",
     "quorum",
     "renewal_policy",
+    "socket_timeout",
 ]

@@ -20,6 +20,7 @@ import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from ..engine import socket_timeout as engine_socket_timeout
 from .cluster import ClusterSlot, slot_of
 from .located import ASYNC_TWINS, located_pool
 from .sentinels import Sentinels
@@ -56,8 +57,8 @@ _SYNC_ONLY_KWARGS = {
 
 
 def socket_timeout(config: Timed) -> float:
-    """The per-socket bound: generous for connecting; calls have their own deadline."""
-    return max(config.node_timeout * 4, 0.2)
+    """The per-socket bound (the engine's :func:`~..engine.socket_timeout` of the alias)."""
+    return engine_socket_timeout(config.node_timeout)
 
 
 def _pool_for(spec: NodeSpec, timeout: float) -> redis.ConnectionPool:

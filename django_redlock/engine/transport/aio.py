@@ -25,6 +25,7 @@ from .base import (
     request_slots,
     resend_unknown_scripts,
     send_later,
+    socket_timeout,
 )
 
 AsyncConnectionFactory = Callable[[], AbstractConnection]
@@ -62,7 +63,7 @@ class AsyncLink(LinkBase):
         try:
             conn = self._factory()
             replies = await asyncio.wait_for(
-                redis_py.ahandshake(conn, HANDSHAKE), max(self._timeout * 4, 0.2)
+                redis_py.ahandshake(conn, HANDSHAKE), socket_timeout(self._timeout)
             )
             transport = redis_py.take_transport(conn)
         except Exception as exc:  # also a factory that raises (bad TLS option, overflow)

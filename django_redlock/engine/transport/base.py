@@ -52,6 +52,12 @@ HANDSHAKE: list[tuple[str, ...]] = [("INFO", "server")] + [
 REASON_MAX = 1000
 
 
+def socket_timeout(node_timeout: float) -> float:
+    """How long one socket operation (connecting, the handshake) may block: four node
+    timeouts, at least 0.2 s. Calls have their own, shorter deadlines."""
+    return max(node_timeout * 4, 0.2)
+
+
 def describe(exc: BaseException) -> str:
     """``ExceptionName: message`` on one line (whitespace runs collapsed), at most
     :data:`REASON_MAX` characters: the one way every report shows an error. redis-py's
