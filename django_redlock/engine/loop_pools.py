@@ -105,24 +105,27 @@ class LoopPools:
         self.reap(one=True)
         self.opened()  # reap(one=True) leaves the timer off
 
-    def reclaim(self) -> None:
-        """Forget every connection (closing what can be) and give their slots back."""
+    def reclaim(self) -> list[asyncio.Task[bool]]:
+        """Forget every connection (closing what can be) and give their slots back; returns
+        the background reconnects it cancelled."""
         self.budget.remove_evictor(self)
         channels, blocking = list(self.channels), list(self.blocking)
         self.channels.clear()
         self.blocking.clear()
+        stopped: list[asyncio.Task[bool]] = []
         for channel in channels:
             with contextlib.suppress(Exception):
-                channel.close_now()
+                stopped += channel.close_now()
             self.budget.give(self.every)
         for channel in blocking:
             with contextlib.suppress(Exception):
-                channel.close_now()
+                stopped += channel.close_now()
             self.budget.give(self.every, blocking=True)
         for node, conns in enumerate(self.waiting):
             while conns:
                 conns.pop()
                 self.budget.give((node,), blocking=True)
+        return stopped
 
     async def close(self) -> None:
         """Close every connection of this loop (at the loop's shutdown)."""
@@ -130,9 +133,11 @@ class LoopPools:
             self._timer.cancel()
             self._timer = None
         conns = [c for per_node in self.waiting for c in per_node]
-        self.reclaim()
+        stopped = self.reclaim()
         for conn in conns:
             await _disconnect(conn)
+        if stopped:  # let each cancelled reconnect close its socket before the loop closes
+            await asyncio.gather(*stopped, return_exceptions=True)
 
 
 def _finish(future: asyncio.Future[None]) -> None:

@@ -66,6 +66,10 @@ class AsyncLink(LinkBase):
                 redis_py.ahandshake(conn, HANDSHAKE), socket_timeout(self._timeout)
             )
             transport = redis_py.take_transport(conn)
+        except asyncio.CancelledError:  # given up mid-handshake: never leave it open
+            if conn is not None:
+                redis_py.abandon(conn)
+            raise
         except Exception as exc:  # also a factory that raises (bad TLS option, overflow)
             if conn is not None:
                 await conn.disconnect(nowait=True)
@@ -104,6 +108,15 @@ class AsyncLink(LinkBase):
             return await self.connect()
         finally:
             self._connecting = None
+
+    def stop_connecting(self) -> asyncio.Task[bool] | None:
+        """Cancel a reconnect running in the background; returns it (to await) if any. A
+        reconnect left pending when its loop closes would leak its half-made socket."""
+        task, self._connecting = self._connecting, None
+        if task is None or task.done():
+            return None
+        task.cancel()
+        return task
 
     def _drop(self) -> None:
         self.connected, self._output = False, None
@@ -238,10 +251,16 @@ class AsyncChannel:
         """True while a call sent on this channel has no reply read yet."""
         return any(link.pending() for link in self.links)
 
-    def close_now(self) -> None:
-        """Close every connection at once (no await: usable while being cancelled)."""
+    def close_now(self) -> list[asyncio.Task[bool]]:
+        """Close every connection at once (no await: usable while being cancelled); returns
+        the background reconnects it cancelled (await them where you can)."""
+        stopped = []
         for link in self.links:
             link.close_link()
+            task = link.stop_connecting()
+            if task is not None:
+                stopped.append(task)
+        return stopped
 
     async def close(self) -> None:
         self.close_now()

@@ -60,3 +60,12 @@ def take_transport(conn: AsyncConnection) -> asyncio.WriteTransport:
 def forget_stream(conn: AsyncConnection) -> None:
     """Let redis-py forget the stream the engine took over (and has closed)."""
     conn._reader = conn._writer = None
+
+
+def abandon(conn: AsyncConnection) -> None:
+    """Close a connection given up mid-handshake (cancelled), without awaiting: its
+    transport is closed at once and redis-py forgets it."""
+    writer = conn._writer
+    if writer is not None:
+        writer.transport.close()
+    forget_stream(conn)
