@@ -58,6 +58,10 @@ class ChannelPools:
     _blocking_free: list[Channel]
     _blocking_all: list[Channel]
 
+    def _spent(self) -> str:
+        """Why a call that found no connection in time fails (its nodes count as down)."""
+        return f"no free connection in time (MAX_CONNECTIONS={self.budget.limit} in use)"
+
     def _check_fork(self) -> None:
         """Start afresh in a forked child (the engine's)."""
         raise NotImplementedError
@@ -186,8 +190,7 @@ class ChannelPools:
                     self._sync_waiters.popleft().set()
 
     def _stand_in(self) -> Channel:
-        reason = f"no free connection in time (MAX_CONNECTIONS={self.budget.limit} in use)"
-        channel = Channel(self.labels, self._factories, unavailable=reason)
+        channel = Channel(self.labels, self._factories, unavailable=self._spent())
         channel.idle_since = -1.0
         return channel
 
@@ -314,9 +317,8 @@ class ChannelPools:
             remaining = until - time.monotonic()
             if remaining <= 0:
                 self.budget.forget(future)
-                reason = f"no free connection in time (MAX_CONNECTIONS={self.budget.limit} in use)"
                 stand_in = AsyncChannel(
-                    self.labels, self._async_factories, self.state.node_timeout, reason
+                    self.labels, self._async_factories, self.state.node_timeout, self._spent()
                 )
                 stand_in.idle_since = -1.0
                 return stand_in

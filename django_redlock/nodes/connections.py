@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 import redis
@@ -26,15 +26,7 @@ from .located import ASYNC_TWINS, located_pool
 from .sentinels import Sentinels
 
 if TYPE_CHECKING:
-    from .spec import NodeSpec
-
-
-class Timed(Protocol):
-    """What the factories need of an alias's settings (conf's ``AliasConfig`` has it): the
-    topology does not import ``conf``, which imports the topology to validate node URLs."""
-
-    @property
-    def node_timeout(self) -> float: ...
+    from .spec import AliasNodes, NodeSpec
 
 
 _pools: dict[tuple[NodeSpec, float], redis.ConnectionPool] = {}
@@ -56,7 +48,7 @@ _SYNC_ONLY_KWARGS = {
 }
 
 
-def socket_timeout(config: Timed) -> float:
+def socket_timeout(config: AliasNodes) -> float:
     """The per-socket bound (the engine's :func:`~..engine.socket_timeout` of the alias)."""
     return engine_socket_timeout(config.node_timeout)
 
@@ -179,14 +171,14 @@ def _async_parts(pool: redis.ConnectionPool, timeout: float) -> tuple[type[Any],
     return _ASYNC_CLASSES.get(pool.connection_class.__name__, redis.asyncio.Connection), kwargs
 
 
-def sync_factory(spec: NodeSpec, config: Timed) -> Callable[[], redis.connection.Connection]:
+def sync_factory(spec: NodeSpec, config: AliasNodes) -> Callable[[], redis.connection.Connection]:
     """A callable that opens a new, retry-free connection to the node."""
     timeout = socket_timeout(config)
     cls, kwargs = _sync_parts(_pool_for(spec, timeout), timeout)
     return lambda: cls(**kwargs)
 
 
-def async_factory(spec: NodeSpec, config: Timed) -> Callable[[], Any]:
+def async_factory(spec: NodeSpec, config: AliasNodes) -> Callable[[], Any]:
     """The asyncio twin of :func:`sync_factory`."""
     timeout = socket_timeout(config)
     cls, kwargs = _async_parts(_pool_for(spec, timeout), timeout)
@@ -223,7 +215,7 @@ def url_problem(url: str) -> str | None:
     return None
 
 
-def client_factory(spec: NodeSpec, config: Timed) -> Callable[[], redis.Redis]:
+def client_factory(spec: NodeSpec, config: AliasNodes) -> Callable[[], redis.Redis]:
     """A callable returning a plain client (pub/sub, inspection) for the node."""
     timeout = socket_timeout(config)
     pool = _pool_for(spec, timeout)
@@ -239,7 +231,7 @@ def client_factory(spec: NodeSpec, config: Timed) -> Callable[[], redis.Redis]:
     return make
 
 
-def current_master(spec: NodeSpec, config: Timed, shards: int = 1) -> str | None:
+def current_master(spec: NodeSpec, config: AliasNodes, shards: int = 1) -> str | None:
     """Where a sentinel or cluster node's server was found last: ``host:port`` of the
     sentinels' master, or the cluster's slot, its master and the slot coverage (None for
     other nodes, or before any connection). ``shards`` > 1: the node of a spread alias, shown
