@@ -7,12 +7,15 @@ nodes, each with its own key prefix. Tests that inject faults start their own no
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from django.conf import settings
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.signals import connection_created
 
 from django_redlock import locks
 from django_redlock.locking import context
@@ -54,6 +57,41 @@ def _no_active_leases() -> Iterator[None]:
     context.clear()
     yield
     context.clear()
+
+
+# Database connections opened by threads other than the main one (asgiref's executor under the
+# async test client, live-server request threads, test workers): Django's test client turns
+# off the request signals that would close them, so each stays open until its thread dies and
+# the garbage collector finds it. On PostgreSQL that is a ResourceWarning at a random later
+# test, or a session that stops pytest-django from dropping the test database at the end.
+_OTHER_THREAD_CONNECTIONS: list[BaseDatabaseWrapper] = []
+_OTHER_THREAD_CONNECTIONS_LOCK = threading.Lock()
+
+
+def _remember_other_thread_connection(connection: BaseDatabaseWrapper, **_: Any) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        with _OTHER_THREAD_CONNECTIONS_LOCK:
+            _OTHER_THREAD_CONNECTIONS.append(connection)
+
+
+connection_created.connect(_remember_other_thread_connection, dispatch_uid="redlock-tests")
+
+
+@pytest.fixture(autouse=True)
+def _close_other_threads_connections() -> Iterator[None]:
+    """Close, at the end of each test, the database connections other threads opened during
+    it. The wrapper forgets its connection, so a thread that is reused (asgiref's executor)
+    reconnects on its next query."""
+    yield
+    with _OTHER_THREAD_CONNECTIONS_LOCK:
+        opened = list(_OTHER_THREAD_CONNECTIONS)
+        _OTHER_THREAD_CONNECTIONS.clear()
+    for wrapper in opened:
+        raw = wrapper.connection
+        if raw is None or wrapper.in_atomic_block:
+            continue
+        wrapper.connection = None
+        raw.close()
 
 
 @pytest.fixture

@@ -49,31 +49,6 @@ def browser_available() -> None:
 
 
 @pytest.fixture
-def _close_live_server_sessions(live_server: Any) -> Iterator[None]:
-    """The live server's request threads keep their own database sessions; on PostgreSQL they
-    would stop pytest-django from dropping the test database at the end of the run. Only the
-    sessions opened during this test are terminated: terminating every other one took other
-    threads' sessions (asgiref's executor thread) with them, and later tests failed."""
-    from django.db import connection
-
-    def sessions() -> set[int]:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                "AND pid <> pg_backend_pid()"
-            )
-            return {row[0] for row in cursor.fetchall()}
-
-    postgres = connection.vendor == "postgresql"
-    before = sessions() if postgres else set()
-    yield
-    if postgres:
-        with connection.cursor() as cursor:
-            for pid in sessions() - before:
-                cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
-
-
-@pytest.fixture
 def page(browser_available: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     # Playwright's sync API keeps an event loop on this thread; the test's own ORM calls are
     # still plain synchronous code.
@@ -97,7 +72,7 @@ def run_action(page: Any) -> None:
     page.wait_for_selector("#redlock-release-list")
 
 
-@pytest.mark.usefixtures("browser_available", "_close_live_server_sessions")
+@pytest.mark.usefixtures("browser_available")
 def test_login_see_and_force_release(
     page: Any, live_server: Any, admin_user: Any, tmp_path: Path
 ) -> None:
