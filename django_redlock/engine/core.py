@@ -14,18 +14,19 @@ from collections.abc import AsyncGenerator, Generator, Sequence
 from typing import Any, TypeVar
 
 from . import forks
+from .acquire_loop import LoopRequest, Pipe, Try, Wait, acquire_loop
 from .budget import Budget
-from .lease_plans import release_many_plan
 from .loop_pools import LoopPools
 from .plans import (
     extend_plan,
     force_release_plan,
     register_plan,
+    release_many_plan,
     release_plan,
     waited_reply,
     withdraw_plan,
 )
-from .policy import AcquireStep, Attempt, AwaitRelease, Stepper, acquire_policy, registration_ms
+from .policy import AcquireStep, AwaitRelease, acquire_policy, registration_ms
 from .pools import ChannelPools, PlanMaker
 from .state import (
     HANDOFF_MS,
@@ -35,7 +36,7 @@ from .state import (
     LeaseRecord,
     Renewal,
 )
-from .targets import Target, WaiterCount, Waiting, answer_piped, deadline_of, refused
+from .targets import Target, WaiterCount, Waiting, deadline_of, refused
 from .transport.aio import AsyncConnectionFactory
 from .transport.blpop import MIN_BLOCK, ReleaseWaiter, blpop_command
 from .transport.sync import Channel, ConnectionFactory
@@ -126,7 +127,7 @@ class Engine(ChannelPools):
     def acquire_many(
         self, names: Sequence[str], ttl: float, timeout: float | None
     ) -> list[LeaseRecord] | AcquireFailure:
-        """Every name of ``names`` or none (see :mod:`.many_plans`), attempted as
+        """Every name of ``names`` or none (see :mod:`.plans.many`), attempted as
         :meth:`acquire` does; a waiting caller waits for the name its last attempt found busy."""
         result: LeaseRecord | list[LeaseRecord] | AcquireFailure = self._acquire(
             Target(self.state, tuple(names), ttl, 0), timeout
@@ -144,27 +145,28 @@ class Engine(ChannelPools):
             )
             if not isinstance(first, AcquireFailure) or timeout == 0:
                 return first
-        run = Stepper(self._policy(timeout, queue_first, first, started))
+        loop = acquire_loop(target, waiting, self._policy(timeout, queue_first, first, started))
         with self.waiters:
             try:
-                while run.step is not None:
-                    if isinstance(run.step, Attempt):
-                        attempt = target.attempt(waiting, run.step.woken)
-                        run.send(target.seen(*self._run(attempt, None, deadline_of(waiting))))
-                    elif isinstance(run.step, AwaitRelease):
-                        piped = self._piped_wait(target, waiting, run.step)
-                        if piped is None:
-                            mark = waiting if run.step.mark or target.many else None
-                            run.send(self.wait_release(target.name, run.step.seconds, mark=mark))
-                        else:
-                            answer_piped(run, *piped)
-                    else:
-                        time.sleep(run.step.seconds)
-                        run.send(None)
+                request = next(loop)
+                while True:
+                    request = loop.send(self._carry_out(request, target, waiting))
+            except StopIteration as done:
+                return done.value
             except BaseException:  # an interrupt (KeyboardInterrupt, a worker timeout)
                 self._withdraw(target, waiting)
                 raise
-        return run.result
+
+    def _carry_out(self, request: LoopRequest, target: Target, waiting: Waiting | None) -> Any:
+        """One request of :func:`.acquire_loop.acquire_loop`, blocking."""
+        if isinstance(request, Try):
+            return self._run(request.plan, None, request.until)
+        if isinstance(request, Pipe):
+            return self._piped_wait(target, waiting, request.step)
+        if isinstance(request, Wait):
+            return self.wait_release(request.name, request.seconds, mark=request.mark)
+        time.sleep(request.seconds)
+        return None
 
     def _withdraw(self, target: Target, waiting: Waiting | None) -> None:
         """A waiting call was interrupted: it stops counting as a waiter of its names on
@@ -290,30 +292,30 @@ class Engine(ChannelPools):
             first = target.seen(*await self._arun(attempt, None, deadline_of(waiting)))
             if not isinstance(first, AcquireFailure) or timeout == 0:
                 return first
-        run = Stepper(self._policy(timeout, queue_first, first, started))
+        loop = acquire_loop(target, waiting, self._policy(timeout, queue_first, first, started))
         with self.waiters:
             try:
-                while run.step is not None:
-                    if isinstance(run.step, Attempt):
-                        attempt = target.attempt(waiting, run.step.woken)
-                        run.send(
-                            target.seen(*await self._arun(attempt, None, deadline_of(waiting)))
-                        )
-                    elif isinstance(run.step, AwaitRelease):
-                        piped = await self._apiped_wait(target, waiting, run.step)
-                        if piped is None:
-                            mark = waiting if run.step.mark or target.many else None
-                            seconds = run.step.seconds
-                            run.send(await self.await_release(target.name, seconds, mark=mark))
-                        else:
-                            answer_piped(run, *piped)
-                    else:
-                        await asyncio.sleep(run.step.seconds)
-                        run.send(None)
+                request = next(loop)
+                while True:
+                    request = loop.send(await self._acarry_out(request, target, waiting))
+            except StopIteration as done:
+                return done.value
             except asyncio.CancelledError:  # task.cancel(), wait_for, asyncio.timeout
                 await self._awithdraw(target, waiting)
                 raise
-        return run.result
+
+    async def _acarry_out(
+        self, request: LoopRequest, target: Target, waiting: Waiting | None
+    ) -> Any:
+        """Asyncio twin of :meth:`_carry_out`."""
+        if isinstance(request, Try):
+            return await self._arun(request.plan, None, request.until)
+        if isinstance(request, Pipe):
+            return await self._apiped_wait(target, waiting, request.step)
+        if isinstance(request, Wait):
+            return await self.await_release(request.name, request.seconds, mark=request.mark)
+        await asyncio.sleep(request.seconds)
+        return None
 
     async def _awithdraw(self, target: Target, waiting: Waiting | None) -> None:
         """Asyncio twin of :meth:`_withdraw`, for a cancelled waiting call: written at once on

@@ -16,7 +16,7 @@ Keys an alias writes (all start with its ``KEY_PREFIX``; lock names may not star
   holds the marker ``rwlock|readers`` (a writer holds it like a lock, its value ending with
   :data:`WRITE_MARK`).
 
-``engine/scripts.py`` explains what each script does with them.
+``engine/scripts/`` explains what each script does with them.
 """
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from . import primitive_scripts as more
 from . import scripts
 from .keyspace import Keyspace
 from .replies import Call, Request
+from .scripts import primitives as more
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -131,7 +131,8 @@ class AliasState:
         long, as its ACQUIRE would have. ``kind``: the lease's (:attr:`LeaseRecord.kind`).
         ``held``: the keys the lease may hold instead of the name's own (a permit: its slot,
         or every slot when which one is unknown); ``slots``: a permit's semaphore's slots (its
-        release counts the free ones: see ``_RELEASE``; ignored for the other kinds)."""
+        release counts the free ones: see ``RELEASE_LUA`` in :mod:`.scripts.fragments`;
+        ignored for the other kinds)."""
         keys = self.keys
         queue = (keys.waiters(name), keys.wake(name), keys.handoff(name))
         touched: tuple[str, ...]

@@ -11,8 +11,7 @@ from typing import Any
 
 from . import forks
 from .keyspace import new_waiter
-from .many_plans import acquire_many_plan
-from .plans import acquire_plan
+from .plans import acquire_many_plan, acquire_plan
 from .policy import Attempt, Stepper, registration_ms
 from .pools import SPARE, PlanMaker
 from .replies import NodeFailure

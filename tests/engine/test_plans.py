@@ -12,9 +12,26 @@ from typing import Any
 
 import pytest
 
-from django_redlock.engine import plans, primitive_scripts, scripts
+from django_redlock.engine import plans, scripts
+from django_redlock.engine.keyspace import TOKEN_LIMIT, wake_node
 from django_redlock.engine.replies import NOT_AWAITED, NodeFailure
-from django_redlock.engine.state import HEDGE_MIN, PERMIT_HANDOFF_MS
+from django_redlock.engine.scripts import primitives as primitive_scripts
+from django_redlock.engine.state import (
+    HANDOFF_MS,
+    HEDGE_MIN,
+    LOST,
+    PERMIT_HANDOFF_MS,
+    RENEWED,
+    UNCONFIRMED,
+    WAIT_MARK_MS,
+    WAKE_TTL_MS,
+    Abandoned,
+    AcquireFailure,
+    AliasState,
+    LeaseRecord,
+)
+from django_redlock.engine.state import PERMIT as PERMIT_KIND
+from django_redlock.engine.trust import rejoin_plan
 from tests.support.scripted import (
     NOT_CONNECTED,
     PENDING,
@@ -29,7 +46,7 @@ from tests.support.scripted import (
 ACQUIRE, RELEASE, EXTEND, RAISE = scripts.ACQUIRE, scripts.RELEASE, scripts.EXTEND, scripts.RAISE
 PROBE, REJOIN, FORCE_RELEASE = scripts.PROBE, scripts.REJOIN, scripts.FORCE_RELEASE
 # the rejoin constants live next to rejoin_plan (plans.py re-exports the plan itself)
-_trust = sys.modules[plans.rejoin_plan.__module__]
+_trust = sys.modules[rejoin_plan.__module__]
 CLOCK_FLOOR, REJOIN_INTERVAL = _trust.CLOCK_FLOOR, _trust.REJOIN_INTERVAL
 
 START = 1000.0  # the fake monotonic clock at the start of every test
@@ -75,17 +92,15 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
 
 
 @pytest.fixture
-def state() -> plans.AliasState:
-    return plans.AliasState(
-        prefix="t:", node_timeout=0.05, drift_factor=0.01, ttl=5.0, host="h", pid=7
-    )
+def state() -> AliasState:
+    return AliasState(prefix="t:", node_timeout=0.05, drift_factor=0.01, ttl=5.0, host="h", pid=7)
 
 
 def lease_for(
     reached: tuple[bool, ...] = (True, True, True), valid: float = 4.0, ttl: float = 5.0
-) -> plans.LeaseRecord:
+) -> LeaseRecord:
     """A lease on NAME valid for ``valid`` more seconds of the fake clock."""
-    return plans.LeaseRecord(
+    return LeaseRecord(
         NAME, "t:job", "a" * 32, token=12, ttl=ttl, deadline=START + valid, reached=reached
     )
 
@@ -94,7 +109,7 @@ def release_args(call: Any) -> tuple[Any, ...]:
     """(owner, wakes, mark_ms) of a RELEASE call; a release that registers no waiter
     (mark_ms 0) names none."""
     owner, wake_ttl, handoff_ms, wakes, mark_ms, waiter, permit = call.args
-    assert (wake_ttl, handoff_ms, permit) == (plans.WAKE_TTL_MS, plans.HANDOFF_MS, "0")
+    assert (wake_ttl, handoff_ms, permit) == (WAKE_TTL_MS, HANDOFF_MS, "0")
     assert call.keys == ("t:job", "t:__waiters__:job", "t:__wake__:job", "t:__handoff__:job")
     assert (waiter != "") == (mark_ms > 0)
     return owner, wakes, mark_ms
@@ -103,14 +118,14 @@ def release_args(call: Any) -> tuple[Any, ...]:
 # -- acquire_plan ------------------------------------------------------------------------
 
 
-def test_acquire_quorum_of_grants_returns_lease(state: plans.AliasState) -> None:
+def test_acquire_quorum_of_grants_returns_lease(state: AliasState) -> None:
     """A quorum of grants gives a lease (token, reached, start+ttl-drift) from well-formed calls."""
     run = drive(
         plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
         [answer(ACQUIRE, granted(12), granted(12), busy(11, 700))],
     )
     lease = run.result
-    assert isinstance(lease, plans.LeaseRecord)
+    assert isinstance(lease, LeaseRecord)
     assert (lease.name, lease.key, lease.token, lease.ttl) == (NAME, "t:job", 12, 5.0)
     assert lease.reached == (True, True, False)
     assert lease.deadline == pytest.approx(START + 5.0 - (5.0 * 0.01 + 0.002))
@@ -126,7 +141,7 @@ def test_acquire_quorum_of_grants_returns_lease(state: plans.AliasState) -> None
 
 
 def test_acquire_deadline_counts_time_from_before_the_request(
-    state: plans.AliasState, clock: Clock
+    state: AliasState, clock: Clock
 ) -> None:
     """The lease deadline is start + ttl - drift even when the replies took 0.3 s."""
     run = drive(
@@ -138,7 +153,7 @@ def test_acquire_deadline_counts_time_from_before_the_request(
     assert run.result.validity() == pytest.approx(5.0 - state.drift(5.0) - 0.3)
 
 
-def test_acquire_single_node(state: plans.AliasState) -> None:
+def test_acquire_single_node(state: AliasState) -> None:
     """With one node, its grant alone is the quorum."""
     run = drive(plans.acquire_plan(state, fake_nodes(1), NAME, 2.0), [answer(ACQUIRE, granted(5))])
     assert run.result.token == 5
@@ -146,16 +161,16 @@ def test_acquire_single_node(state: plans.AliasState) -> None:
     assert state.longest_ttl_ms == 5000  # the alias TTL stays the longest seen
 
 
-def test_acquire_busy_reports_retry_after(state: plans.AliasState) -> None:
+def test_acquire_busy_reports_retry_after(state: AliasState) -> None:
     """All nodes busy: "busy" with retry_after = longest PTTL, and no release sent."""
     run = drive(
         plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
         [answer(ACQUIRE, busy(12, 1500), busy(12, 800), busy(12, 1200))],
     )
-    assert run.result == plans.AcquireFailure("busy", 0, 3, {}, 1.5)
+    assert run.result == AcquireFailure("busy", 0, 3, {}, 1.5)
 
 
-def test_acquire_busy_without_pttl_has_no_retry_after(state: plans.AliasState) -> None:
+def test_acquire_busy_without_pttl_has_no_retry_after(state: AliasState) -> None:
     """Busy replies with PTTL -1 (a key without expiry) give retry_after None, not a negative."""
     run = drive(
         plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
@@ -165,18 +180,18 @@ def test_acquire_busy_without_pttl_has_no_retry_after(state: plans.AliasState) -
     assert run.result.retry_after is None
 
 
-def test_acquire_without_quorum_is_unavailable(state: plans.AliasState) -> None:
+def test_acquire_without_quorum_is_unavailable(state: AliasState) -> None:
     """One grant and two failures: "unavailable", errors per node, and the grant released."""
     run = drive(
         plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
         [answer(ACQUIRE, granted(12), REFUSED, TIMED_OUT), fire(RELEASE, to=[0, 2])],
     )
-    assert run.result == plans.AcquireFailure(
+    assert run.result == AcquireFailure(
         "unavailable", 1, 1, {"n1": "down: Connection refused", "n2": "timed out"}, None
     )
 
 
-def test_acquire_release_goes_to_granted_and_silent_nodes_only(state: plans.AliasState) -> None:
+def test_acquire_release_goes_to_granted_and_silent_nodes_only(state: AliasState) -> None:
     """A failed attempt releases where granted or sent unanswered, not where refused/unsent."""
     nodes = fake_nodes(5, down=[4])
     run = drive(
@@ -195,22 +210,22 @@ def test_acquire_release_goes_to_granted_and_silent_nodes_only(state: plans.Alia
         "n4": NOT_CONNECTED.reason,
     }
     owner = run.calls(0)[0].args[0]
-    waking = plans.wake_node(NAME, 5)
+    waking = wake_node(NAME, 5)
     for i in (0, 3):
         assert release_args(run.calls(1)[i]) == (owner, "1" if i == waking else "0", 0)
     assert run.requests[1].wait is False
 
 
-def test_acquire_busy_when_a_quorum_answers(state: plans.AliasState) -> None:
+def test_acquire_busy_when_a_quorum_answers(state: AliasState) -> None:
     """Grant + busy + node down: "busy" (2 of 3 could answer) and the lone grant released."""
     run = drive(
         plans.acquire_plan(state, fake_nodes(3, down=[2]), NAME, 5.0),
         [answer(ACQUIRE, granted(12), busy(12, 300), None), fire(RELEASE, to=[0])],
     )
-    assert run.result == plans.AcquireFailure("busy", 1, 2, {"n2": NOT_CONNECTED.reason}, 0.3)
+    assert run.result == AcquireFailure("busy", 1, 2, {"n2": NOT_CONNECTED.reason}, 0.3)
 
 
-def test_acquire_token_is_max_of_winners_and_laggard_is_raised(state: plans.AliasState) -> None:
+def test_acquire_token_is_max_of_winners_and_laggard_is_raised(state: AliasState) -> None:
     """A lagging winner is RAISEd to the max token; its "still held" (1) completes the quorum."""
     run = drive(
         plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
@@ -220,7 +235,7 @@ def test_acquire_token_is_max_of_winners_and_laggard_is_raised(state: plans.Alia
         ],
     )
     lease = run.result
-    assert isinstance(lease, plans.LeaseRecord)
+    assert isinstance(lease, LeaseRecord)
     assert lease.token == 12
     raise_call = run.calls(1)[0]
     assert raise_call.keys == ("t:__fence__", "t:job")
@@ -228,7 +243,7 @@ def test_acquire_token_is_max_of_winners_and_laggard_is_raised(state: plans.Alia
     assert run.requests[1].timeout == state.node_timeout
 
 
-def test_acquire_raise_not_needed_for_quorum_is_still_sent(state: plans.AliasState) -> None:
+def test_acquire_raise_not_needed_for_quorum_is_still_sent(state: AliasState) -> None:
     """A laggard is RAISEd even with the quorum complete; that request settles at once."""
     run = drive(
         plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
@@ -242,9 +257,7 @@ def test_acquire_raise_not_needed_for_quorum_is_still_sent(state: plans.AliasSta
 
 
 @pytest.mark.parametrize("raise_reply", [0, -1, TIMED_OUT], ids=["not-held", "untrusted", "silent"])
-def test_acquire_failed_write_back_does_not_count(
-    state: plans.AliasState, raise_reply: Any
-) -> None:
+def test_acquire_failed_write_back_does_not_count(state: AliasState, raise_reply: Any) -> None:
     """A RAISE answered 0 (force-released meanwhile), -1 or not at all fails the attempt."""
     run = drive(
         plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
@@ -254,13 +267,13 @@ def test_acquire_failed_write_back_does_not_count(
             fire(RELEASE, to=[0, 1]),
         ],
     )
-    assert isinstance(run.result, plans.AcquireFailure)
+    assert isinstance(run.result, AcquireFailure)
     assert (run.result.reason, run.result.votes) == ("busy", 2)
     owner = run.calls(0)[0].args[0]
     assert {release_args(c)[0] for c in run.calls(2) if c} == {owner}
 
 
-def test_acquire_raise_settles_on_needed_confirmations(state: plans.AliasState) -> None:
+def test_acquire_raise_settles_on_needed_confirmations(state: AliasState) -> None:
     """The RAISE request settles once enough laggards confirmed to complete the quorum."""
     plan = plans.acquire_plan(state, fake_nodes(5), NAME, 5.0)
     next(plan)
@@ -275,7 +288,7 @@ def test_acquire_raise_settles_on_needed_confirmations(state: plans.AliasState) 
 
 @pytest.mark.parametrize(("elapsed", "won"), [(0.0965, True), (0.0975, False)])
 def test_acquire_validity_must_outlast_the_round_trip(
-    state: plans.AliasState, clock: Clock, elapsed: float, won: bool
+    state: AliasState, clock: Clock, elapsed: float, won: bool
 ) -> None:
     """Grants that took longer than ttl - drift are no lease: they are released ("busy")."""
     steps = [answer(ACQUIRE, granted(5), granted(5), granted(5), elapsed=elapsed)]
@@ -285,10 +298,10 @@ def test_acquire_validity_must_outlast_the_round_trip(
     if won:
         assert run.result.token == 5
     else:
-        assert run.result == plans.AcquireFailure("busy", 3, 3, {})
+        assert run.result == AcquireFailure("busy", 3, 3, {})
 
 
-def test_acquire_validity_counts_the_write_back(state: plans.AliasState, clock: Clock) -> None:
+def test_acquire_validity_counts_the_write_back(state: AliasState, clock: Clock) -> None:
     """Time spent in the RAISE write-back counts against validity too."""
     run = drive(
         plans.acquire_plan(state, fake_nodes(3), NAME, 1.0),
@@ -299,26 +312,24 @@ def test_acquire_validity_counts_the_write_back(state: plans.AliasState, clock: 
         ],
         clock,
     )
-    assert isinstance(run.result, plans.AcquireFailure)
+    assert isinstance(run.result, AcquireFailure)
 
 
-@pytest.mark.parametrize(
-    ("token", "won"), [(plans.TOKEN_LIMIT - 1, True), (plans.TOKEN_LIMIT, False)]
-)
-def test_acquire_refuses_token_at_limit(state: plans.AliasState, token: int, won: bool) -> None:
+@pytest.mark.parametrize(("token", "won"), [(TOKEN_LIMIT - 1, True), (TOKEN_LIMIT, False)])
+def test_acquire_refuses_token_at_limit(state: AliasState, token: int, won: bool) -> None:
     """A token of 2**53 or more is never handed out: the grants are released."""
     steps = [answer(ACQUIRE, granted(token), granted(token), granted(token))]
     if not won:
         steps.append(fire(RELEASE, to=[0, 1, 2]))
     run = drive(plans.acquire_plan(state, fake_nodes(3), NAME, 5.0), steps)
-    assert isinstance(run.result, plans.LeaseRecord) is won
+    assert isinstance(run.result, LeaseRecord) is won
     if won:
         assert run.result.token == token
 
 
-def test_acquire_does_not_write_back_a_token_over_limit(state: plans.AliasState) -> None:
+def test_acquire_does_not_write_back_a_token_over_limit(state: AliasState) -> None:
     """A laggard is not raised to a token at the limit (no RAISE request at all)."""
-    limit = plans.TOKEN_LIMIT
+    limit = TOKEN_LIMIT
     run = drive(
         plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
         [answer(ACQUIRE, granted(10), granted(limit), granted(limit)), fire(RELEASE, to=[0, 1, 2])],
@@ -326,7 +337,7 @@ def test_acquire_does_not_write_back_a_token_over_limit(state: plans.AliasState)
     assert run.result.reason == "busy"
 
 
-def test_acquire_of_a_waiter_registers_it_on_failure(state: plans.AliasState) -> None:
+def test_acquire_of_a_waiter_registers_it_on_failure(state: AliasState) -> None:
     """A caller that will wait: every ACQUIRE and the release of the failed attempt (where a
     node granted it) carry its waiter id and how long it stays registered."""
     run = drive(
@@ -339,23 +350,23 @@ def test_acquire_of_a_waiter_registers_it_on_failure(state: plans.AliasState) ->
     assert release_args(release)[2] == 700 and release.args[5] == "w1"
 
 
-def test_acquire_registers_for_wait_mark_ms_by_default(state: plans.AliasState) -> None:
+def test_acquire_registers_for_wait_mark_ms_by_default(state: AliasState) -> None:
     """Without mark_ms a waiter is registered for WAIT_MARK_MS (1 s: a dead waiter stops
     counting within 1 s), longer than any single wait."""
     from django_redlock.engine import policy
 
-    assert plans.WAIT_MARK_MS <= 1000
-    assert policy.MAX_BACKOFF * 1000 < plans.WAIT_MARK_MS
+    assert WAIT_MARK_MS <= 1000
+    assert policy.MAX_BACKOFF * 1000 < WAIT_MARK_MS
     run = drive(
         plans.acquire_plan(state, fake_nodes(1), NAME, 5.0, waiter="w1"),
         [answer(ACQUIRE, busy(12, 900))],
     )
-    assert run.calls(0)[0].args[4] == plans.WAIT_MARK_MS
+    assert run.calls(0)[0].args[4] == WAIT_MARK_MS
 
 
 @pytest.mark.parametrize(("waiter", "mark_ms"), [("", 1000), ("w1", 0), ("w1", -5)])
 def test_acquire_that_will_not_wait_registers_nothing(
-    state: plans.AliasState, waiter: str, mark_ms: int
+    state: AliasState, waiter: str, mark_ms: int
 ) -> None:
     """No waiter id (timeout=0), or no time left before the caller's deadline: mark_ms 0, so
     the nodes register nothing and the failed attempt's release neither."""
@@ -367,25 +378,25 @@ def test_acquire_that_will_not_wait_registers_nothing(
     assert release_args(run.calls(1)[0])[2] == 0
 
 
-def test_acquire_won_by_a_waiter_withdraws_it_where_busy(state: plans.AliasState) -> None:
+def test_acquire_won_by_a_waiter_withdraws_it_where_busy(state: AliasState) -> None:
     """A waiter that wins on a quorum stops counting everywhere: the granting nodes removed it
     in ACQUIRE, the node that said busy (and registered it again) gets a WITHDRAW."""
     run = drive(
         plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, waiter="w1"),
         [answer(ACQUIRE, granted(12), busy(12, 900), granted(12)), fire(scripts.WITHDRAW, to=[1])],
     )
-    assert isinstance(run.result, plans.LeaseRecord)
+    assert isinstance(run.result, LeaseRecord)
     withdraw = run.calls(1)[1]
     assert (withdraw.keys, withdraw.args) == (("t:__waiters__:job",), ("w1",))
 
 
-def test_acquire_won_everywhere_sends_no_withdraw(state: plans.AliasState) -> None:
+def test_acquire_won_everywhere_sends_no_withdraw(state: AliasState) -> None:
     """Every node granted: nothing more is sent (the hot path stays one round trip)."""
     run = drive(
         plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, waiter="w1"),
         [answer(ACQUIRE, granted(12), granted(12), granted(12))],
     )
-    assert isinstance(run.result, plans.LeaseRecord) and len(run.requests) == 1
+    assert isinstance(run.result, LeaseRecord) and len(run.requests) == 1
 
 
 def _withdraws(request: Any, keys: tuple[str, ...], waiter: str) -> list[int]:
@@ -399,24 +410,24 @@ def _withdraws(request: Any, keys: tuple[str, ...], waiter: str) -> list[int]:
 
 @pytest.mark.parametrize("waiter", ["w1", ""])
 def test_acquire_given_up_mid_attempt_withdraws_a_waiter_everywhere(
-    state: plans.AliasState, waiter: str
+    state: AliasState, waiter: str
 ) -> None:
     """Cancelled (or interrupted) with its attempt in flight, a caller that would have
     waited gives back what any node may have granted, then stops counting as a waiter on
     every node (behind the attempt, on its connection); one that never waits sends none."""
     plan = plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, waiter=waiter)
     next(plan)
-    give_back = plan.throw(plans.Abandoned())
+    give_back = plan.throw(Abandoned())
     assert not give_back.wait and all(c.script is RELEASE for c in give_back.calls if c)
     if waiter:
         withdraw = plan.send([None] * 3)
         assert _withdraws(withdraw, ("t:__waiters__:job",), "w1") == [0, 1, 2]
-    with pytest.raises(plans.Abandoned):
+    with pytest.raises(Abandoned):
         plan.send([None] * 3)
 
 
 def test_acquire_given_up_during_its_write_back_withdraws_the_waiter(
-    state: plans.AliasState,
+    state: AliasState,
 ) -> None:
     """Given up after the attempt (a lagging winner's counter being raised): its grants go
     back and the waiter is withdrawn on every node."""
@@ -424,15 +435,15 @@ def test_acquire_given_up_during_its_write_back_withdraws_the_waiter(
     next(plan)
     raising = plan.send([granted(12), granted(10), busy(12, 900)])
     assert [c.script for c in raising.calls if c] == [RAISE]
-    give_back = plan.throw(plans.Abandoned())
+    give_back = plan.throw(Abandoned())
     assert not give_back.wait and all(c.script is RELEASE for c in give_back.calls if c)
     assert _withdraws(plan.send([None] * 3), ("t:__waiters__:job",), "w1") == [0, 1, 2]
-    with pytest.raises(plans.Abandoned):
+    with pytest.raises(Abandoned):
         plan.send([None] * 3)
 
 
 def test_acquire_finding_another_kind_leaves_no_waiter_registered(
-    state: plans.AliasState,
+    state: AliasState,
 ) -> None:
     """A node says the name is another kind's: the caller will not wait (no wait ends that),
     so the grant it gives back registers nobody and the "busy" node that registered it gets
@@ -450,7 +461,7 @@ def test_acquire_finding_another_kind_leaves_no_waiter_registered(
     assert _withdraws(run.requests[2], ("t:__waiters__:job",), "w1") == [1]
 
 
-def test_acquire_woken_flag_is_passed(state: plans.AliasState) -> None:
+def test_acquire_woken_flag_is_passed(state: AliasState) -> None:
     """woken=True tells every node this caller may take a name reserved for a hand-off."""
     run = drive(
         plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, woken=True),
@@ -460,7 +471,7 @@ def test_acquire_woken_flag_is_passed(state: plans.AliasState) -> None:
     assert run.result.token == 3
 
 
-def test_acquire_not_connected_node_gets_no_call(state: plans.AliasState) -> None:
+def test_acquire_not_connected_node_gets_no_call(state: AliasState) -> None:
     """A node without a connection gets no ACQUIRE, and its reached flag is False."""
     run = drive(
         plans.acquire_plan(state, fake_nodes(3, down=[1]), NAME, 5.0),
@@ -469,7 +480,7 @@ def test_acquire_not_connected_node_gets_no_call(state: plans.AliasState) -> Non
     assert run.result.reached == (True, False, True)
 
 
-def test_acquire_early_settle_leaves_silent_node_reached(state: plans.AliasState) -> None:
+def test_acquire_early_settle_leaves_silent_node_reached(state: AliasState) -> None:
     """Settled on two grants, the still-silent third node counts as reached (may hold the key)."""
     run = drive(
         plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
@@ -481,7 +492,7 @@ def test_acquire_early_settle_leaves_silent_node_reached(state: plans.AliasState
 
 
 def test_acquire_decided_early_does_not_blame_the_node_not_awaited(
-    state: plans.AliasState,
+    state: AliasState,
 ) -> None:
     """Two busy answers settle a 3-node attempt; the healthy third node was only not waited
     for: it is neither reported as timed out nor counted as failing (L13)."""
@@ -494,10 +505,10 @@ def test_acquire_decided_early_does_not_blame_the_node_not_awaited(
     )
     assert run.settled_after == [2, None]
     assert run.replies[0][2] == NodeFailure(NOT_AWAITED)
-    assert run.result == plans.AcquireFailure("busy", 0, 2, {}, 0.7)
+    assert run.result == AcquireFailure("busy", 0, 2, {}, 0.7)
 
 
-def test_acquire_sent_false_failure_is_not_reached(state: plans.AliasState) -> None:
+def test_acquire_sent_false_failure_is_not_reached(state: AliasState) -> None:
     """reached is False for a call that never left (sent=False), True for one sent unanswered."""
     run = drive(
         plans.acquire_plan(state, fake_nodes(4), NAME, 5.0),
@@ -524,7 +535,7 @@ def test_acquire_sent_false_failure_is_not_reached(state: plans.AliasState) -> N
     ],
     ids=["two-wins", "one-win", "two-busy", "win-busy", "untrusted-win", "two-failures", "all"],
 )
-def test_acquire_settled(state: plans.AliasState, replies: tuple[Any, ...], settled: bool) -> None:
+def test_acquire_settled(state: AliasState, replies: tuple[Any, ...], settled: bool) -> None:
     """ACQUIRE settles on a quorum of grants or once a quorum can no longer be reached."""
     request = next(plans.acquire_plan(state, fake_nodes(3), NAME, 5.0))
     assert request.settled(slots(*replies)) is settled
@@ -533,7 +544,7 @@ def test_acquire_settled(state: plans.AliasState, replies: tuple[Any, ...], sett
 # -- quarantine and rejoin ----------------------------------------------------------------
 
 
-def test_acquire_on_brand_new_cluster_initialises_it(state: plans.AliasState) -> None:
+def test_acquire_on_brand_new_cluster_initialises_it(state: AliasState) -> None:
     """A brand-new cluster is rejoined at once at the clock floor; the retry uses a new owner."""
     nodes = fake_nodes(3)
     fresh = [probe("", 0, 0, 0)] * 3
@@ -555,7 +566,7 @@ def test_acquire_on_brand_new_cluster_initialises_it(state: plans.AliasState) ->
 
 
 def test_acquire_piped_behind_a_wait_sends_it_once_and_waits_longer(
-    state: plans.AliasState,
+    state: AliasState,
 ) -> None:
     """An attempt piped behind a BLPOP: the first try's call carries the BLPOP ahead of it
     (between two readings of the node's clock) and its request waits ``wait`` seconds and one
@@ -586,7 +597,7 @@ def test_acquire_piped_behind_a_wait_sends_it_once_and_waits_longer(
 PIPED = (("BLPOP", "t:__wake__:job", "0.400"),)
 
 
-def piped_acquire(state: plans.AliasState, ttl: float) -> Any:
+def piped_acquire(state: AliasState, ttl: float) -> Any:
     """A woken waiter's attempt on one node, piped behind a 0.4 s BLPOP."""
     return plans.acquire_plan(
         state, fake_nodes(1), NAME, ttl, waiter="w", woken=True, before=PIPED, wait=0.4
@@ -594,7 +605,7 @@ def piped_acquire(state: plans.AliasState, ttl: float) -> Any:
 
 
 def test_a_piped_attempt_counts_its_validity_from_when_the_node_ran_it(
-    state: plans.AliasState, clock: Clock
+    state: AliasState, clock: Clock
 ) -> None:
     """The node held the attempt 0.25 s behind the BLPOP (its clock read before and after),
     the replies came 0.3 s after the write: a 0.2 s lease is granted with 0.2 - drift - 0.05 s
@@ -612,13 +623,13 @@ def test_a_piped_attempt_counts_its_validity_from_when_the_node_ran_it(
         ],
         clock,
     )
-    assert isinstance(run.result, plans.LeaseRecord) and run.result.token == 7
+    assert isinstance(run.result, LeaseRecord) and run.result.token == 7
     assert run.result.deadline == pytest.approx(START + 0.25 + 0.2 - state.drift(0.2))
     assert run.result.validity() == pytest.approx(0.2 - state.drift(0.2) - 0.05)
 
 
 def test_a_piped_attempt_waits_for_the_cycle_of_a_slow_ticking_node(
-    state: plans.AliasState,
+    state: AliasState,
 ) -> None:
     """A node at hz 2 ends a timed-out BLPOP up to 0.5 s late: the attempt behind it is waited
     for that much longer, not given up on (its grant would be thrown away); an attempt that
@@ -634,7 +645,7 @@ def test_a_piped_attempt_waits_for_the_cycle_of_a_slow_ticking_node(
 
 
 def test_a_piped_attempt_that_timed_out_its_wait_keeps_the_grant(
-    state: plans.AliasState, clock: Clock
+    state: AliasState, clock: Clock
 ) -> None:
     """The BLPOP timed out (nil) after 0.4 s on the node, longer than the 0.2 s TTL, and the
     attempt then took the name (the holder's key had expired): the lease keeps the grant with
@@ -651,7 +662,7 @@ def test_a_piped_attempt_that_timed_out_its_wait_keeps_the_grant(
         ],
         clock,
     )
-    assert isinstance(run.result, plans.LeaseRecord)
+    assert isinstance(run.result, LeaseRecord)
     assert run.result.validity() == pytest.approx(0.2 - state.drift(0.2) - 0.01)
 
 
@@ -664,7 +675,7 @@ def test_a_piped_attempt_that_timed_out_its_wait_keeps_the_grant(
     ],
 )
 def test_a_piped_attempt_without_both_clock_readings_counts_from_the_write(
-    state: plans.AliasState, clock: Clock, first: Any, last: Any
+    state: AliasState, clock: Clock, first: Any, last: Any
 ) -> None:
     """A clock reading missing (refused, unanswered) or going backwards: nothing says how long
     the node held the attempt back, so its validity counts from the write, as a plain attempt's
@@ -678,7 +689,7 @@ def test_a_piped_attempt_without_both_clock_readings_counts_from_the_write(
 
 
 def test_a_piped_attempt_is_held_back_no_longer_than_our_clock_saw(
-    state: plans.AliasState, clock: Clock
+    state: AliasState, clock: Clock
 ) -> None:
     """The node's clock says 10 s passed between its readings (stepped forward) while our
     clock saw 0.3 s from the write to the replies: the lease starts at most 0.3 s after the
@@ -699,7 +710,7 @@ def test_a_piped_attempt_is_held_back_no_longer_than_our_clock_saw(
 
 
 def test_acquire_retries_when_another_process_initialised_the_new_cluster(
-    state: plans.AliasState,
+    state: AliasState,
 ) -> None:
     """Two processes' first acquires on a new cluster: both find every node untrusted, the
     other one initialises the fence state before this one's probe. The nodes are trusted now,
@@ -719,7 +730,7 @@ def test_acquire_retries_when_another_process_initialised_the_new_cluster(
 
 
 def test_a_cluster_half_initialised_by_another_process_is_finished_at_once(
-    state: plans.AliasState,
+    state: AliasState,
 ) -> None:
     """Another process's REJOIN reached node 0 only (it was preempted): node 0 is trusted but
     has granted nothing (no longest TTL), nodes 1 and 2 have no fence hash. No lease can exist,
@@ -740,7 +751,7 @@ def test_a_cluster_half_initialised_by_another_process_is_finished_at_once(
 
 
 def test_acquire_does_not_retry_when_its_untrusted_nodes_stay_untrusted(
-    state: plans.AliasState,
+    state: AliasState,
 ) -> None:
     """Trusted nodes in the probe do not cause a retry; only an untrusted node of the
     attempt that is trusted now does."""
@@ -757,7 +768,7 @@ def test_acquire_does_not_retry_when_its_untrusted_nodes_stay_untrusted(
     assert run.scripts() == ["acquire", "probe"]
 
 
-def test_acquire_rejoin_releases_first_attempt_and_retries(state: plans.AliasState) -> None:
+def test_acquire_rejoin_releases_first_attempt_and_retries(state: AliasState) -> None:
     """After a rejoin, the first attempt's grants are released with its owner, then it retries."""
     nodes = fake_nodes(3)
     for i in (1, 2):
@@ -780,7 +791,7 @@ def test_acquire_rejoin_releases_first_attempt_and_retries(state: plans.AliasSta
     assert [c.args for c in run.calls(2) if c] == [("r1", FLOOR), ("r2", FLOOR)]
 
 
-def test_acquire_keeps_quarantined_node_out(state: plans.AliasState) -> None:
+def test_acquire_keeps_quarantined_node_out(state: AliasState) -> None:
     """A node restarted 1 s ago (longest TTL 5 s) is not rejoined: "unavailable", quarantined."""
     nodes = fake_nodes(3)
     nodes[2].up = 1.0
@@ -794,7 +805,7 @@ def test_acquire_keeps_quarantined_node_out(state: plans.AliasState) -> None:
             fire(RELEASE, to=[0, 1]),
         ],
     )
-    assert run.result == plans.AcquireFailure(
+    assert run.result == AcquireFailure(
         "unavailable",
         1,
         1,
@@ -805,7 +816,7 @@ def test_acquire_keeps_quarantined_node_out(state: plans.AliasState) -> None:
 
 
 def test_acquire_looks_again_when_probes_straddle_another_first_acquire(
-    state: plans.AliasState,
+    state: AliasState,
 ) -> None:
     """First acquires racing on a new cluster: node 0 was probed before another process's
     initialisation reached it (no fence state) and the others after its first grant. One
@@ -826,7 +837,7 @@ def test_acquire_looks_again_when_probes_straddle_another_first_acquire(
 
 
 def test_acquire_does_not_count_its_own_grant_as_a_used_cluster(
-    state: plans.AliasState,
+    state: AliasState,
 ) -> None:
     """First acquires racing on a new cluster: another process's initialisation reached node
     2 only, and this attempt got a grant there; nodes 0 and 1 have no fence state yet. The
@@ -850,7 +861,7 @@ def test_acquire_does_not_count_its_own_grant_as_a_used_cluster(
 
 
 def test_acquire_counts_a_grant_beside_its_own_as_a_used_cluster(
-    state: plans.AliasState,
+    state: AliasState,
 ) -> None:
     """As above, but two tokens were drawn on node 2 since it joined: one is someone else's,
     who may hold a lease that nodes 0 and 1 lost, so they stay in quarantine."""
@@ -868,7 +879,7 @@ def test_acquire_counts_a_grant_beside_its_own_as_a_used_cluster(
     assert run.result.reason == "unavailable"
 
 
-def test_acquire_does_not_probe_when_quorum_won(state: plans.AliasState) -> None:
+def test_acquire_does_not_probe_when_quorum_won(state: AliasState) -> None:
     """An untrusted node does not trigger a rejoin when a quorum granted anyway."""
     run = drive(
         plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
@@ -878,7 +889,7 @@ def test_acquire_does_not_probe_when_quorum_won(state: plans.AliasState) -> None
     assert run.result.reached == (True, True, False)
 
 
-def test_acquire_rejoins_at_most_once(state: plans.AliasState, clock: Clock) -> None:
+def test_acquire_rejoins_at_most_once(state: AliasState, clock: Clock) -> None:
     """If nodes are still untrusted after a rejoin, the attempt fails instead of looping."""
     fresh = [probe("", 0, 0, 0)] * 3
     run = drive(
@@ -895,7 +906,7 @@ def test_acquire_rejoins_at_most_once(state: plans.AliasState, clock: Clock) -> 
     assert run.scripts() == ["acquire", "probe", "rejoin", "acquire"]
 
 
-def test_acquire_rejoin_is_rate_limited(state: plans.AliasState) -> None:
+def test_acquire_rejoin_is_rate_limited(state: AliasState) -> None:
     """Within REJOIN_INTERVAL of the last probe, an untrusted reply does not probe again."""
     state.next_rejoin_check = START + 0.1
     run = drive(
@@ -905,56 +916,54 @@ def test_acquire_rejoin_is_rate_limited(state: plans.AliasState) -> None:
     assert run.result.reason == "unavailable"
 
 
-def test_rejoin_rate_limit(state: plans.AliasState, clock: Clock) -> None:
+def test_rejoin_rate_limit(state: AliasState, clock: Clock) -> None:
     """rejoin_plan probes at most once per REJOIN_INTERVAL; in between it returns False."""
     nodes = fake_nodes(3)
     trusted = [probe(f"r{i}", 5) for i in range(3)]
-    first = drive(plans.rejoin_plan(state, nodes), [answer(PROBE, *trusted)])
+    first = drive(rejoin_plan(state, nodes), [answer(PROBE, *trusted)])
     assert first.result is False  # nothing to rejoin
     assert state.next_rejoin_check == START + REJOIN_INTERVAL
     clock.advance(REJOIN_INTERVAL - 0.01)
-    assert drive(plans.rejoin_plan(state, nodes), []).result is False
+    assert drive(rejoin_plan(state, nodes), []).result is False
     clock.advance(0.01)
-    drive(plans.rejoin_plan(state, nodes), [answer(PROBE, *trusted)])
+    drive(rejoin_plan(state, nodes), [answer(PROBE, *trusted)])
 
 
-def test_rejoin_uses_max_counter_of_trusted_majority(state: plans.AliasState, clock: Clock) -> None:
+def test_rejoin_uses_max_counter_of_trusted_majority(state: AliasState, clock: Clock) -> None:
     """A wiped node waits the longest TTL from first sight, then gets the trusted max counter."""
     nodes = fake_nodes(3)
     probes = [probe("r0", 12), probe("r1", 15, 7000), probe("", 40, 0, 0)]
-    assert drive(plans.rejoin_plan(state, nodes), [answer(PROBE, *probes)]).result is False
+    assert drive(rejoin_plan(state, nodes), [answer(PROBE, *probes)]).result is False
     assert state.longest_ttl_ms == 7000  # learned from the probes
     clock.advance(6.9)
-    assert drive(plans.rejoin_plan(state, nodes), [answer(PROBE, *probes)]).result is False
+    assert drive(rejoin_plan(state, nodes), [answer(PROBE, *probes)]).result is False
     clock.advance(REJOIN_INTERVAL)  # 7.4 s since first seen, also past the rate limit
-    run = drive(
-        plans.rejoin_plan(state, nodes), [answer(PROBE, *probes), answer(REJOIN, None, None, 15)]
-    )
+    run = drive(rejoin_plan(state, nodes), [answer(PROBE, *probes), answer(REJOIN, None, None, 15)])
     assert run.result is True
     assert run.calls(1)[2].args == ("r2", 15)
 
 
-def test_rejoin_takes_reachable_counter_above_floor(state: plans.AliasState) -> None:
+def test_rejoin_takes_reachable_counter_above_floor(state: AliasState) -> None:
     """Without a trusted quorum, a reachable counter above the clock floor is the rejoin value."""
     nodes = fake_nodes(3)
     for i in (1, 2):
         state.untrusted_seen[(f"n{i}", f"r{i}")] = START - 60
     probes = [probe("r0", 12), probe("old", FLOOR + 50), probe("old", 20)]
     run = drive(
-        plans.rejoin_plan(state, nodes),
+        rejoin_plan(state, nodes),
         [answer(PROBE, *probes), answer(REJOIN, None, FLOOR + 50, NodeFailure("timed out"))],
     )
     assert run.result is True
     assert [c.args for c in run.calls(1) if c] == [("r1", FLOOR + 50), ("r2", FLOOR + 50)]
 
 
-def test_rejoin_clock_floor(state: plans.AliasState) -> None:
+def test_rejoin_clock_floor(state: AliasState) -> None:
     """Without a trusted quorum and with counters below it, the clock floor is the value."""
     nodes = fake_nodes(3)
     for i in (1, 2):
         state.untrusted_seen[(f"n{i}", f"r{i}")] = START - 60
     run = drive(
-        plans.rejoin_plan(state, nodes),
+        rejoin_plan(state, nodes),
         [
             answer(PROBE, probe("r0", 12), probe("old", 99), probe("old", 20)),
             answer(REJOIN, None, FLOOR, FLOOR),
@@ -963,28 +972,28 @@ def test_rejoin_clock_floor(state: plans.AliasState) -> None:
     assert [c.args for c in run.calls(1) if c] == [("r1", FLOOR), ("r2", FLOOR)]
 
 
-def test_rejoin_needs_a_reachable_quorum(state: plans.AliasState) -> None:
+def test_rejoin_needs_a_reachable_quorum(state: AliasState) -> None:
     """Fewer than a quorum of probes answered: nothing is rejoined."""
     run = drive(
-        plans.rejoin_plan(state, fake_nodes(3)),
+        rejoin_plan(state, fake_nodes(3)),
         [answer(PROBE, probe("", 0, 0, 0), TIMED_OUT, REFUSED)],
     )
     assert run.result is False
 
 
-def test_rejoin_refuses_value_at_token_limit(state: plans.AliasState) -> None:
+def test_rejoin_refuses_value_at_token_limit(state: AliasState) -> None:
     """A rejoin value at 2**53 would overflow the tokens: nothing is rejoined."""
     state.untrusted_seen[("n2", "r2")] = START - 60
-    probes = [probe("r0", plans.TOKEN_LIMIT), probe("r1", 3), probe("", 0, 0, 0)]
-    assert drive(plans.rejoin_plan(state, fake_nodes(3)), [answer(PROBE, *probes)]).result is False
+    probes = [probe("r0", TOKEN_LIMIT), probe("r1", 3), probe("", 0, 0, 0)]
+    assert drive(rejoin_plan(state, fake_nodes(3)), [answer(PROBE, *probes)]).result is False
 
 
-def test_rejoin_fails_when_no_target_answers(state: plans.AliasState) -> None:
+def test_rejoin_fails_when_no_target_answers(state: AliasState) -> None:
     """A REJOIN that no target answered reports False."""
     state.untrusted_seen[("n2", "r2")] = START - 60
     probes = [probe("r0", 5), probe("r1", 5), probe("", 0, 0, 0)]
     run = drive(
-        plans.rejoin_plan(state, fake_nodes(3)),
+        rejoin_plan(state, fake_nodes(3)),
         [answer(PROBE, *probes), answer(REJOIN, None, None, TIMED_OUT)],
     )
     assert run.result is False
@@ -1007,7 +1016,7 @@ def test_rejoin_fails_when_no_target_answers(state: plans.AliasState) -> None:
     ids=["all", "quorum", "handed-off", "one-of-three", "majority-refused", "none", "silent"],
 )
 def test_release_result(
-    state: plans.AliasState, replies: tuple[Any, ...], held: bool, handed_off: bool
+    state: AliasState, replies: tuple[Any, ...], held: bool, handed_off: bool
 ) -> None:
     """release is True unless more than total-quorum nodes said "not yours" (a release that
     merely timed out is not a loss: its compare-and-delete runs when the node answers); 2 marks
@@ -1016,19 +1025,19 @@ def test_release_result(
     run = drive(plans.release_plan(state, fake_nodes(3), lease), [answer(RELEASE, *replies)])
     assert run.result is held
     assert lease.released and lease.handed_off is handed_off
-    waking = plans.wake_node(NAME, 3)
+    waking = wake_node(NAME, 3)
     for i, call in enumerate(run.calls(0)):
         assert release_args(call) == ("a" * 32, "1" if i == waking else "0", 0)
 
 
-def test_release_twice_sends_nothing(state: plans.AliasState) -> None:
+def test_release_twice_sends_nothing(state: AliasState) -> None:
     """A second release returns False without a request."""
     lease = lease_for()
     drive(plans.release_plan(state, fake_nodes(3), lease), [answer(RELEASE, 1, 1, 1)])
     assert drive(plans.release_plan(state, fake_nodes(3), lease), []).result is False
 
 
-def test_release_of_expired_or_lost_lease_cleans_up_but_is_false(state: plans.AliasState) -> None:
+def test_release_of_expired_or_lost_lease_cleans_up_but_is_false(state: AliasState) -> None:
     """An expired or lost lease is still deleted everywhere, but release reports False."""
     expired = lease_for(valid=-0.1)
     run = drive(plans.release_plan(state, fake_nodes(3), expired), [answer(RELEASE, 1, 1, 1)])
@@ -1039,7 +1048,7 @@ def test_release_of_expired_or_lost_lease_cleans_up_but_is_false(state: plans.Al
     assert run.result is False
 
 
-def test_release_skips_unreached_and_disconnected_nodes(state: plans.AliasState) -> None:
+def test_release_skips_unreached_and_disconnected_nodes(state: AliasState) -> None:
     """No RELEASE to a node the acquire never reached, nor to one not connected."""
     lease = lease_for(reached=(True, False, True))
     nodes = fake_nodes(3, down=[2])
@@ -1047,7 +1056,7 @@ def test_release_skips_unreached_and_disconnected_nodes(state: plans.AliasState)
     assert run.result is True
 
 
-def test_release_without_reached_goes_everywhere(state: plans.AliasState) -> None:
+def test_release_without_reached_goes_everywhere(state: AliasState) -> None:
     """A lease without reached flags (made elsewhere) is released on every node."""
     lease = lease_for(reached=())
     run = drive(plans.release_plan(state, fake_nodes(3), lease), [answer(RELEASE, 1, 1, 1)])
@@ -1067,7 +1076,7 @@ def test_release_without_reached_goes_everywhere(state: plans.AliasState) -> Non
     ids=["one-answer", "quorum-answered", "one-of-two", "both", "lone-pending", "lone-answered"],
 )
 def test_release_settled(
-    state: plans.AliasState,
+    state: AliasState,
     reached: tuple[bool, ...],
     replies: tuple[Any, ...],
     settled: bool,
@@ -1080,7 +1089,7 @@ def test_release_settled(
 # -- extend_plan ---------------------------------------------------------------------------
 
 
-def test_extend_renews_deadline_and_ttl(state: plans.AliasState, clock: Clock) -> None:
+def test_extend_renews_deadline_and_ttl(state: AliasState, clock: Clock) -> None:
     """A quorum of 1s renews: deadline = start + ttl - drift, ttl and longest TTL updated."""
     lease = lease_for(valid=1.0)
     nodes = fake_nodes(3, down=[2])
@@ -1089,7 +1098,7 @@ def test_extend_renews_deadline_and_ttl(state: plans.AliasState, clock: Clock) -
         [answer(EXTEND, 1, 1, None, elapsed=0.2)],
         clock,
     )
-    assert run.result.status == plans.RENEWED
+    assert run.result.status == RENEWED
     assert lease.deadline == pytest.approx(START + 8.0 - state.drift(8.0))
     assert (lease.ttl, lease.lost, state.longest_ttl_ms) == (8.0, False, 8000)
     assert run.calls(0)[0].keys == ("t:job", "t:__fence__")
@@ -1101,9 +1110,7 @@ def test_extend_renews_deadline_and_ttl(state: plans.AliasState, clock: Clock) -
     [((0, 0, TIMED_OUT), [2]), ((0, 0, 0), []), ((0, 0, 1), [2])],
     ids=["majority-not-held", "none", "one-renewed"],
 )
-def test_extend_lost(
-    state: plans.AliasState, replies: tuple[Any, ...], released: list[int]
-) -> None:
+def test_extend_lost(state: AliasState, replies: tuple[Any, ...], released: list[int]) -> None:
     """When so many nodes say "not held" that no quorum can hold it, the lease is lost and
     released where it was just renewed (or may have been: no answer)."""
     lease = lease_for()
@@ -1112,7 +1119,7 @@ def test_extend_lost(
     if released:
         steps.append(fire(RELEASE, to=released))
     run = drive(plans.extend_plan(state, fake_nodes(3), lease, 5.0), steps)
-    assert run.result.status == plans.LOST
+    assert run.result.status == LOST
     assert lease.lost and lease.deadline == deadline
     for call in run.calls(1) if released else []:
         if call is not None:
@@ -1124,20 +1131,18 @@ def test_extend_lost(
     [(0, TIMED_OUT, 1), (-1, 1, REFUSED), (TIMED_OUT, TIMED_OUT, TIMED_OUT), (1, TIMED_OUT, 0)],
     ids=["one-not-held", "untrusted", "silent", "split"],
 )
-def test_extend_unconfirmed_keeps_the_lease(
-    state: plans.AliasState, replies: tuple[Any, ...]
-) -> None:
+def test_extend_unconfirmed_keeps_the_lease(state: AliasState, replies: tuple[Any, ...]) -> None:
     """Too few answers in time (slow, down or restarted nodes) but no quorum of "not held":
     the lease stays valid for the validity it had, and nothing is deleted (F2)."""
     lease = lease_for()
     deadline = lease.deadline
     run = drive(plans.extend_plan(state, fake_nodes(3), lease, 5.0), [answer(EXTEND, *replies)])
-    assert run.result.status == plans.UNCONFIRMED
+    assert run.result.status == UNCONFIRMED
     assert not lease.lost and lease.deadline == deadline
     assert len(run.requests) == 1  # no release
 
 
-def test_extend_too_slow_is_unconfirmed(state: plans.AliasState, clock: Clock) -> None:
+def test_extend_too_slow_is_unconfirmed(state: AliasState, clock: Clock) -> None:
     """Renewals that arrive after ttl - drift do not renew, but the lease keeps its validity."""
     lease = lease_for()
     run = drive(
@@ -1145,12 +1150,10 @@ def test_extend_too_slow_is_unconfirmed(state: plans.AliasState, clock: Clock) -
         [answer(EXTEND, 1, 1, 1, elapsed=1.0)],
         clock,
     )
-    assert run.result.status == plans.UNCONFIRMED and not lease.lost
+    assert run.result.status == UNCONFIRMED and not lease.lost
 
 
-def test_extend_too_slow_after_the_lease_ran_out_is_lost(
-    state: plans.AliasState, clock: Clock
-) -> None:
+def test_extend_too_slow_after_the_lease_ran_out_is_lost(state: AliasState, clock: Clock) -> None:
     """A renewal whose answers came after the lease's own validity ran out: lost, released."""
     lease = lease_for(valid=0.5)
     run = drive(
@@ -1158,10 +1161,10 @@ def test_extend_too_slow_after_the_lease_ran_out_is_lost(
         [answer(EXTEND, 1, 1, 1, elapsed=1.0), fire(RELEASE, to=[0, 1, 2])],
         clock,
     )
-    assert run.result.status == plans.LOST and lease.lost
+    assert run.result.status == LOST and lease.lost
 
 
-def test_extend_expired_lease_sends_nothing(state: plans.AliasState) -> None:
+def test_extend_expired_lease_sends_nothing(state: AliasState) -> None:
     """An already expired (or released) lease is lost at once, without a request."""
     expired = lease_for(valid=-0.001)
     assert drive(plans.extend_plan(state, fake_nodes(3), expired, 5.0), []).result.status == "lost"
@@ -1169,7 +1172,7 @@ def test_extend_expired_lease_sends_nothing(state: plans.AliasState) -> None:
     released = lease_for()
     released.released = True
     run = drive(plans.extend_plan(state, fake_nodes(3), released, 5.0), [])
-    assert run.result.status == plans.LOST
+    assert run.result.status == LOST
 
 
 @pytest.mark.parametrize(
@@ -1183,7 +1186,7 @@ def test_extend_expired_lease_sends_nothing(state: plans.AliasState) -> None:
     ],
     ids=["two-renewed", "two-not-held", "split", "untrusted-renewed", "two-failures"],
 )
-def test_extend_settled(state: plans.AliasState, replies: tuple[Any, ...], settled: bool) -> None:
+def test_extend_settled(state: AliasState, replies: tuple[Any, ...], settled: bool) -> None:
     """EXTEND settles on a quorum of renewals or once a quorum can no longer be reached."""
     request = next(plans.extend_plan(state, fake_nodes(3), lease_for(), 5.0))
     assert request.settled(slots(*replies)) is settled
@@ -1192,7 +1195,7 @@ def test_extend_settled(state: plans.AliasState, replies: tuple[Any, ...], settl
 # -- force_release_plan and wake_node -------------------------------------------------------
 
 
-def test_force_release_counts_deletions(state: plans.AliasState) -> None:
+def test_force_release_counts_deletions(state: AliasState) -> None:
     """force_release_plan returns how many nodes deleted the key; failures do not count."""
     run = drive(
         plans.force_release_plan(state, fake_nodes(4, down=[3]), NAME, "v"),
@@ -1201,7 +1204,7 @@ def test_force_release_counts_deletions(state: plans.AliasState) -> None:
     assert run.result == 1
     call = run.calls(0)[0]
     assert call.keys == ("t:job", "t:__fence__", "t:__wake__:job", "t:__readers__:job")
-    assert call.args == ("v", plans.WAKE_TTL_MS)
+    assert call.args == ("v", WAKE_TTL_MS)
     assert run.requests[0].timeout == 4 * state.node_timeout
     run = drive(
         plans.force_release_plan(state, fake_nodes(3), NAME), [answer(FORCE_RELEASE, 1, 1, 1)]
@@ -1212,21 +1215,21 @@ def test_force_release_counts_deletions(state: plans.AliasState) -> None:
 def test_wake_node_is_stable_and_in_range() -> None:
     """wake_node is a fixed function of (name, count) every process agrees on, in range."""
     # pinned: waiters and releasers in processes of different versions must agree
-    assert [plans.wake_node("orders:42", n) for n in (1, 2, 3, 5, 7)] == [0, 1, 1, 2, 4]
-    assert [plans.wake_node("invoice-7", n) for n in (1, 2, 3, 5, 7)] == [0, 0, 2, 4, 2]
+    assert [wake_node("orders:42", n) for n in (1, 2, 3, 5, 7)] == [0, 1, 1, 2, 4]
+    assert [wake_node("invoice-7", n) for n in (1, 2, 3, 5, 7)] == [0, 0, 2, 4, 2]
     names = [f"name-{i}" for i in range(200)] + ["", "é", "名前", "\udc80"]
     for count in range(1, 8):
-        picks = [plans.wake_node(name, count) for name in names]
+        picks = [wake_node(name, count) for name in names]
         assert all(0 <= p < count for p in picks)
-        assert picks == [plans.wake_node(name, count) for name in names]
+        assert picks == [wake_node(name, count) for name in names]
         assert set(picks) == set(range(count))  # every node serves some names
 
 
-def test_register_goes_to_every_node_but_the_wake_node(state: plans.AliasState) -> None:
+def test_register_goes_to_every_node_but_the_wake_node(state: AliasState) -> None:
     """A caller that queues without a failed attempt registers on the other nodes from a lock
     connection, fire-and-forget (the wake-up node gets it with the caller's BLPOP), so each
     node's release reserves the name for the hand-off."""
-    waking = plans.wake_node(NAME, 5)
+    waking = wake_node(NAME, 5)
     others = [i for i in range(5) if i != waking]
     run = drive(
         plans.register_plan(state, fake_nodes(5), NAME, "w1", 900),
@@ -1245,7 +1248,7 @@ def test_register_goes_to_every_node_but_the_wake_node(state: plans.AliasState) 
     )
 
 
-def test_register_on_one_node_sends_nothing(state: plans.AliasState) -> None:
+def test_register_on_one_node_sends_nothing(state: AliasState) -> None:
     """With one node, the BLPOP's own registration is all there is."""
     run = drive(plans.register_plan(state, fake_nodes(1), NAME, "w1", 900), [])
     assert run.requests == []
@@ -1260,7 +1263,7 @@ def permit(token: int, slot: int) -> list[int]:
 
 
 def test_permit_takes_the_slot_a_quorum_granted_and_gives_back_the_other(
-    state: plans.AliasState,
+    state: AliasState,
 ) -> None:
     """Two nodes granted the second slot tried, one the first: the permit is the second slot;
     the odd grant is released on its node, with that slot's key."""
@@ -1284,7 +1287,7 @@ def test_permit_takes_the_slot_a_quorum_granted_and_gives_back_the_other(
 
 
 def test_permit_without_a_quorum_on_one_slot_fails_and_releases_every_grant(
-    state: plans.AliasState,
+    state: AliasState,
 ) -> None:
     """Two nodes granted different slots (callers raced), the third is full: no permit; each
     grant is released on its node, with its slot's key."""
@@ -1302,7 +1305,7 @@ def test_permit_without_a_quorum_on_one_slot_fails_and_releases_every_grant(
 
 
 def test_permit_on_silent_nodes_releases_whichever_slot_has_its_owner(
-    state: plans.AliasState,
+    state: AliasState,
 ) -> None:
     """No answer in time: each node may have granted any slot, so each gets RELEASE_PERMIT
     with every slot's key (it deletes only the one holding this attempt's owner)."""
@@ -1323,7 +1326,7 @@ def test_permit_on_silent_nodes_releases_whichever_slot_has_its_owner(
     ids=["quorum-full", "one-full", "one-full-one-silent"],
 )
 def test_a_permit_releaser_queues_only_when_a_quorum_has_no_slot_for_it(
-    state: plans.AliasState, replies: tuple[Any, ...], queues: bool
+    state: AliasState, replies: tuple[Any, ...], queues: bool
 ) -> None:
     """A permit's release answers 2 on a node whose free slots all go to woken waiters:
     its releaser queues at once only when a quorum said so, else it tries for a free slot
@@ -1332,14 +1335,14 @@ def test_a_permit_releaser_queues_only_when_a_quorum_has_no_slot_for_it(
     slots = tuple(f"t:__permit__:{k}:job" for k in range(3))
     lease = lease_for()
     lease.key, lease.slots, lease.voters = slots[1], slots, (0, 1, 2)
-    lease = lease.with_kind("t:job", plans.PERMIT)
+    lease = lease.with_kind("t:job", PERMIT_KIND)
     run = drive(plans.release_plan(state, fake_nodes(3), lease), [answer(RELEASE_PERMIT, *replies)])
     assert lease.handed_off is queues
     assert run.calls(0)[0].keys[3:] == (slots[1], slots[0], slots[2])
     assert run.calls(0)[0].args[2] == PERMIT_HANDOFF_MS
 
 
-def test_permit_write_back_is_strict(state: plans.AliasState) -> None:
+def test_permit_write_back_is_strict(state: AliasState) -> None:
     """A lagging node is raised strictly: a node already at the token (another permit got it
     through that node) does not confirm, so two permits never share a token."""
     run = drive(
@@ -1354,7 +1357,7 @@ def test_permit_write_back_is_strict(state: plans.AliasState) -> None:
     assert run.result.reason == "busy"
 
 
-def test_other_kind_is_its_own_failure(state: plans.AliasState) -> None:
+def test_other_kind_is_its_own_failure(state: AliasState) -> None:
     run = drive(
         plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
         [answer(ACQUIRE, [-2, 5, 0], [-2, 5, 0], busy(5, 100))],
@@ -1364,11 +1367,11 @@ def test_other_kind_is_its_own_failure(state: plans.AliasState) -> None:
 
 # -- lock_many ----------------------------------------------------------------------------
 ACQUIRE_MANY = primitive_scripts.ACQUIRE_MANY
-_many = sys.modules["django_redlock.engine.many_plans"]
+_many = sys.modules["django_redlock.engine.plans.many"]
 
 
 def test_many_tokens_follow_the_highest_first_token_and_laggards_raise_every_key(
-    state: plans.AliasState,
+    state: AliasState,
 ) -> None:
     """Names get first, first + 1, ... of the highest winner; a lagging winner is raised to
     the set's last token, and RAISE checks every key of the set."""
@@ -1388,7 +1391,7 @@ def test_many_tokens_follow_the_highest_first_token_and_laggards_raise_every_key
 
 
 def test_many_failure_names_the_busy_name_and_gives_back_every_grant(
-    state: plans.AliasState,
+    state: AliasState,
 ) -> None:
     run = drive(
         _many.acquire_many_plan(state, fake_nodes(3), ["a", "b", "c"], 5.0),
@@ -1405,23 +1408,23 @@ def test_many_failure_names_the_busy_name_and_gives_back_every_grant(
 
 
 def test_many_given_up_mid_attempt_withdraws_the_waiter_from_every_name(
-    state: plans.AliasState,
+    state: AliasState,
 ) -> None:
     """A lock_many caller cancelled with its attempt in flight gives back every name, then
     stops counting as a waiter of any name of the set, on every node."""
     plan = _many.acquire_many_plan(state, fake_nodes(3), ["a", "b"], 5.0, waiter="w1")
     next(plan)
-    request = plan.throw(plans.Abandoned())
+    request = plan.throw(Abandoned())
     while request.calls[0] is not None and request.calls[0].script is RELEASE:
         request = plan.send([None] * 3)
     keys = ("t:__waiters__:a", "t:__waiters__:b")
     assert _withdraws(request, keys, "w1") == [0, 1, 2]
-    with pytest.raises(plans.Abandoned):
+    with pytest.raises(Abandoned):
         plan.send([None] * 3)
 
 
 def test_many_finding_another_kind_withdraws_the_waiter_where_busy(
-    state: plans.AliasState,
+    state: AliasState,
 ) -> None:
     """A name of the set is another kind's on one node: the caller will not wait, so the
     nodes that said "busy" (and registered it) get a WITHDRAW for the set's names."""
@@ -1437,7 +1440,7 @@ def test_many_finding_another_kind_withdraws_the_waiter_where_busy(
 
 
 def test_release_many_is_one_call_per_node_and_judges_each_lease(
-    state: plans.AliasState,
+    state: AliasState,
 ) -> None:
     """A set's release sends one RELEASE_MANY per node with every name's keys; a name that a
     majority says is not ours any more is reported not held, the others held."""
@@ -1446,7 +1449,7 @@ def test_release_many_is_one_call_per_node_and_judges_each_lease(
         [answer(ACQUIRE_MANY, [1, 10, 0], [1, 10, 0], [1, 10, 0])],
     )
     records = run.result
-    lease_plans = sys.modules["django_redlock.engine.lease_plans"]
+    lease_plans = sys.modules["django_redlock.engine.plans.lease"]
     release = drive(
         lease_plans.release_many_plan(state, fake_nodes(3), records),
         [answer(primitive_scripts.RELEASE_MANY, [1, 0], [1, 0], [2, 1])],
@@ -1462,14 +1465,14 @@ def test_release_many_is_one_call_per_node_and_judges_each_lease(
 
 
 @pytest.fixture
-def qstate() -> plans.AliasState:
-    return plans.AliasState(
+def qstate() -> AliasState:
+    return AliasState(
         prefix="t:", node_timeout=0.05, drift_factor=0.01, ttl=5.0, host="h", pid=7,
         quorum_first=True,
     )  # fmt: skip
 
 
-WAKE5 = plans.wake_node(NAME, 5)
+WAKE5 = wake_node(NAME, 5)
 FIRST5 = [(WAKE5 + k) % 5 for k in range(3)]
 REST5 = [i for i in range(5) if i not in FIRST5]
 
@@ -1478,7 +1481,7 @@ def _per_node(values: dict[int, Any], count: int = 5) -> list[Any]:
     return [values.get(i) for i in range(count)]
 
 
-def test_quorum_first_asks_the_wake_node_and_the_next_ones_only(qstate: plans.AliasState) -> None:
+def test_quorum_first_asks_the_wake_node_and_the_next_ones_only(qstate: AliasState) -> None:
     """Three grants from the three nodes asked first win: one request, the other two nodes
     never asked, and the lease reaches only the three (its renewals and release go there)."""
     run = drive(
@@ -1490,7 +1493,7 @@ def test_quorum_first_asks_the_wake_node_and_the_next_ones_only(qstate: plans.Al
     assert run.result.reached == tuple(i in FIRST5 for i in range(5))
 
 
-def test_quorum_first_asks_the_rest_when_the_first_did_not_win(qstate: plans.AliasState) -> None:
+def test_quorum_first_asks_the_rest_when_the_first_did_not_win(qstate: AliasState) -> None:
     """One of the first three says busy: the request is not settled (a "no" is not the end
     while the rest may make a quorum), so once the first three answered the hedge goes to the
     other two, in the same request; three grants win, the token is the highest counter among
@@ -1510,7 +1513,7 @@ def test_quorum_first_asks_the_rest_when_the_first_did_not_win(qstate: plans.Ali
     assert run.result.reached == tuple(i != FIRST5[2] for i in range(5))
 
 
-def test_quorum_first_hedges_around_a_slow_first_node(qstate: plans.AliasState) -> None:
+def test_quorum_first_hedges_around_a_slow_first_node(qstate: AliasState) -> None:
     """A first node does not answer in time: the hedge asks the other two and the slow
     node's reply still counts when it comes (the quorum here needs it: one of the hedge
     nodes says busy). The lease reaches the four that granted."""
@@ -1531,7 +1534,7 @@ def test_quorum_first_hedges_around_a_slow_first_node(qstate: plans.AliasState) 
     assert run.result.reached == tuple(i in (*FIRST5, REST5[1]) for i in range(5))
 
 
-def test_hedge_delay_follows_the_round_trips_within_bounds(qstate: plans.AliasState) -> None:
+def test_hedge_delay_follows_the_round_trips_within_bounds(qstate: AliasState) -> None:
     """The hedge waits about two usual round trips: at least HEDGE_MIN, at most NODE_TIMEOUT."""
     for _ in range(100):
         qstate.saw_round_trip(0.002)
@@ -1544,7 +1547,7 @@ def test_hedge_delay_follows_the_round_trips_within_bounds(qstate: plans.AliasSt
     assert qstate.hedge_delay() == qstate.node_timeout
 
 
-def test_a_hedged_round_counts_as_the_hedge_delay(qstate: plans.AliasState, clock: Clock) -> None:
+def test_a_hedged_round_counts_as_the_hedge_delay(qstate: AliasState, clock: Clock) -> None:
     """A round that needed the hedge counts as one that took the hedge delay, not its whole
     wait (a paused node's 200 ms would inflate the average); one that did not, as it took."""
     qstate.round_trip = 0.001  # hedge delay 2 ms
@@ -1566,22 +1569,22 @@ def test_a_hedged_round_counts_as_the_hedge_delay(qstate: plans.AliasState, cloc
 
 
 def _first(name: str) -> list[int]:
-    wake = plans.wake_node(name, 5)
+    wake = wake_node(name, 5)
     return [(wake + k) % 5 for k in range(3)]
 
 
-def test_a_hedged_attempt_given_up_releases_on_every_node(qstate: plans.AliasState) -> None:
+def test_a_hedged_attempt_given_up_releases_on_every_node(qstate: AliasState) -> None:
     """Cancelled while the hedge may be out: the give-back goes to all five nodes."""
     plan = plans.acquire_plan(qstate, fake_nodes(5), NAME, 5.0)
     request = next(plan)
     assert request.later_nodes() == set(REST5)
-    give_back = plan.throw(plans.Abandoned())
+    give_back = plan.throw(Abandoned())
     assert not give_back.wait
     assert [i for i, c in enumerate(give_back.calls) if c is not None] == list(range(5))
 
 
 def test_quorum_first_does_not_ask_the_rest_when_they_cannot_win(
-    qstate: plans.AliasState,
+    qstate: AliasState,
 ) -> None:
     """All three asked first say busy: the other two could not make a quorum, so they are not
     asked; the failure is "busy" and names no node as failing."""
@@ -1593,7 +1596,7 @@ def test_quorum_first_does_not_ask_the_rest_when_they_cannot_win(
     assert run.result.reason == "busy" and run.result.errors == {}
 
 
-def test_quorum_first_skips_nodes_down_or_behind(qstate: plans.AliasState) -> None:
+def test_quorum_first_skips_nodes_down_or_behind(qstate: AliasState) -> None:
     """A node with a call still unanswered (paused) or down is skipped: the next healthy ones
     are asked instead; with fewer healthy nodes than a quorum, every node is asked."""
     nodes = fake_nodes(5)

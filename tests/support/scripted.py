@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from django_redlock.engine import plans
-from django_redlock.engine.replies import NOT_ASKED, Call, NodeFailure, Slot, result_of
+from django_redlock.engine.replies import NOT_ASKED, Call, NodeFailure, Request, Slot, result_of
 from django_redlock.engine.scripts import Script
 
 NOT_CONNECTED = NodeFailure("down: not connected", sent=False)
@@ -134,7 +133,7 @@ class Run:
     """What a plan did: its result, every request it yielded and the replies it got."""
 
     result: Any
-    requests: list[plans.Request] = field(default_factory=list)
+    requests: list[Request] = field(default_factory=list)
     replies: list[list[Any]] = field(default_factory=list)
     #: per request: how many replies had arrived when ``settled`` said yes (ordered steps)
     settled_after: list[int | None] = field(default_factory=list)
@@ -156,13 +155,13 @@ class Run:
         return [next(c.script.name for c in r.calls if c is not None) for r in self.requests]
 
 
-def describe(request: plans.Request) -> str:
+def describe(request: Request) -> str:
     calls = ", ".join("-" if c is None else c.script.name for c in request.calls)
     return f"[{calls}] wait={request.wait} timeout={request.timeout}"
 
 
 def drive(
-    plan: Generator[plans.Request, list[Any], Any],
+    plan: Generator[Request, list[Any], Any],
     steps: Sequence[Step],
     clock: Clock | None = None,
 ) -> Run:
@@ -192,7 +191,7 @@ def drive(
     return run
 
 
-def _answer(index: int, request: plans.Request, step: Step) -> tuple[list[Any], int | None]:
+def _answer(index: int, request: Request, step: Step) -> tuple[list[Any], int | None]:
     count = len(request.calls)
     where = f"request #{index} {describe(request)}"
     if request.wait != step.wait:

@@ -1,10 +1,11 @@
 """Lua scripts of the other primitives: semaphore permits, ``lock_many`` sets and
-read-write locks. They build on the shared Lua of :mod:`.scripts` (granting, waiting, waking)
-and are loaded with the others (:mod:`.loaded_scripts`)."""
+read-write locks. They build on the shared Lua of :mod:`.fragments` (granting, waiting, waking)
+and are loaded with the others (``ALL_SCRIPTS``)."""
 
 from __future__ import annotations
 
-from .scripts import _RELEASE, _TAKE, Script
+from .fragments import RELEASE_LUA, TAKE_LUA
+from .script import Script
 
 # KEYS: fence, then for each name: lock, waiter set, hand-off reservation (three keys each).
 # ARGV: as ACQUIRE. All or nothing (``lock_many``): grants every name or none. Returns {1,
@@ -14,7 +15,7 @@ from .scripts import _RELEASE, _TAKE, Script
 # name i is a semaphore's.
 ACQUIRE_MANY = Script(
     "acquire_many",
-    _TAKE
+    TAKE_LUA
     + """
 local ok, counter, max_ttl = trusted(KEYS[1])
 if not ok then
@@ -78,7 +79,7 @@ return {1, first, 0}
 # a lock's or a semaphore's with another N.
 PERMIT = Script(
     "permit",
-    _TAKE
+    TAKE_LUA
     + """
 local ok, counter, max_ttl = trusted(KEYS[1])
 if not ok then
@@ -128,7 +129,7 @@ return {1, token, free - 4}
 # for its releaser.
 RELEASE_PERMIT = Script(
     "release_permit",
-    _RELEASE
+    RELEASE_LUA
     + """
 local slots, lock = {}, KEYS[4]
 for i = 4, #KEYS do
@@ -156,7 +157,7 @@ return release(lock, KEYS[1], KEYS[2], KEYS[3], ARGV[4] == '1', slots)
 # waiting writers. ARGV: as ACQUIRE. Replies as ACQUIRE ({-2, ...} when the name is a
 # semaphore's).
 _RW = (
-    _TAKE
+    TAKE_LUA
     + """
 local function held_by(key)
   -- 'lock' (a writer or a plain lock), 'readers', 'semaphore' or nil
@@ -265,7 +266,7 @@ return {1, token, 0}
 # Returns as RELEASE.
 READ_RELEASE = Script(
     "read_release",
-    _RELEASE
+    RELEASE_LUA
     + """
 local mine = redis.call('ZREM', KEYS[1], ARGV[1]) == 1
 if tonumber(ARGV[5]) > 0 then
@@ -297,7 +298,7 @@ return wake(KEYS[3], KEYS[4], KEYS[5], ARGV[4] == '1')
 # Replies as EXTEND.
 READ_EXTEND = Script(
     "read_extend",
-    _TAKE
+    TAKE_LUA
     + """
 local ok, _, max_ttl = trusted(KEYS[2])
 if not ok then
@@ -325,7 +326,7 @@ return 1
 # RELEASE of every name in one call; returns the replies, one per name.
 RELEASE_MANY = Script(
     "release_many",
-    _RELEASE
+    RELEASE_LUA
     + """
 local replies = {}
 for i = 1, #KEYS, 4 do

@@ -16,7 +16,6 @@ from typing import Any
 
 import hiredis
 
-from ..loaded_scripts import ALL_SCRIPTS
 from ..replies import (
     NOT_INVOLVED,
     Call,
@@ -26,7 +25,7 @@ from ..replies import (
     failed_slot,
     is_noscript,
 )
-from ..scripts import RELEASE
+from ..scripts import ALL_SCRIPTS, RELEASE
 
 #: A node with this many unanswered calls gets no new acquisitions until it catches up. Kept
 #: small so the calls in flight (a few hundred bytes each) always fit in the kernel's socket

@@ -1,5 +1,5 @@
 """The plans of a lease once it is held: release, extend (renew) and force-release; like
-:mod:`.plans`, I/O-free generators run by the sync and the asyncio driver alike."""
+every plan, I/O-free generators run by the sync and the asyncio driver alike."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from . import primitive_scripts as more
-from . import scripts
-from .keyspace import quorum, wake_node
-from .replies import Call, NodeFailure, Request, Slot, granted_per_node, node_errors
-from .state import (
+from .. import scripts
+from ..keyspace import quorum, wake_node
+from ..replies import Call, NodeFailure, Request, Slot, granted_per_node, node_errors
+from ..scripts import primitives as more
+from ..state import (
     HANDOFF_MS,
     LOST,
     PERMIT,

@@ -1,5 +1,4 @@
-"""One ``lock_many`` attempt: several names, all or nothing, in one script per node (I/O-free,
-like :mod:`.plans`).
+"""One ``lock_many`` attempt: several names, all or nothing, in one script per node (I/O-free).
 
 A node grants every name or none (``ACQUIRE_MANY``), so no caller ever holds part of a set
 and waits for the rest: callers asking for overlapping sets in any order cannot deadlock.
@@ -14,12 +13,14 @@ import dataclasses
 import time
 from collections.abc import Sequence
 
-from . import primitive_scripts as more
-from . import scripts
-from .keyspace import TOKEN_LIMIT, quorum, wake_node
-from .plans import attempt_round, failure_of, withdraw_plan, write_back
-from .replies import Call, NodeFailure, Request, Slot, granted_per_node
-from .state import WAIT_MARK_MS, Abandoned, AcquireFailure, AliasState, LeaseRecord, NodeView, Plan
+from .. import scripts
+from ..keyspace import TOKEN_LIMIT, quorum, wake_node
+from ..replies import Call, NodeFailure, Request, Slot, granted_per_node
+from ..scripts import primitives as more
+from ..state import WAIT_MARK_MS, Abandoned, AcquireFailure, AliasState, LeaseRecord, NodeView, Plan
+from .acquire import failure_of
+from .rounds import attempt_round, write_back
+from .waiters import withdraw_plan
 
 
 def acquire_many_plan(

@@ -1,0 +1,212 @@
+"""The round every acquiring plan shares: send an attempt to the nodes (a quorum first, the rest
+as a hedge), rejoin restarted nodes once, read the node clocks around a carried wait; and the
+write-back that raises the fence counter of winners that are behind."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, NamedTuple
+
+from .. import scripts
+from ..keyspace import LockValue, new_owner, quorum, wake_node
+from ..replies import NOT_ASKED, Call, NodeFailure, Request, Slot
+from ..state import Abandoned, AliasState, NodeView, Plan
+from ..trust import rejoin_plan
+
+
+class Attempted(NamedTuple):
+    """One attempt's round: the owner value it used, its calls and what the nodes said."""
+
+    owner: str
+    calls: list[Call | None]
+    replies: list[Any]
+    #: per node: the reply's status code, None for a node that failed
+    statuses: list[int | None]
+    #: when the attempt was sent (our clock); for one carried behind a wait, when the node
+    #: could first run it: the write, plus how long the node held the attempt back
+    started: float
+
+
+def attempt_round(
+    state: AliasState,
+    nodes: Sequence[NodeView],
+    script: scripts.Script,
+    touched: tuple[str, ...],
+    ttl: float,
+    args: tuple[str | int, ...],
+    settled: Callable[[list[Slot]], bool],
+    give_back: Callable[[list[Call | None], Sequence[Any], str], Plan[None]],
+    before: tuple[tuple[str | int, ...], ...] = (),
+    wait: float = 0.0,
+    first: Collection[int] | None = None,
+    tokens: int = 1,
+) -> Plan[Attempted]:
+    """Send an acquiring ``script`` to every trusted node, with the args ``(owner, ttl_ms,
+    run_id, value suffix, *args)``; when untrusted nodes kept it from a quorum, rejoin them
+    if that is safe (or another process just did) and try once more with a new owner, after
+    ``give_back`` (fire and forget) released what the first try got. If the caller gives up
+    meanwhile, ``give_back`` releases everything it may have got. ``before``: commands sent
+    ahead of the first try's calls, whose replies may take ``wait`` seconds longer (and a
+    node's :attr:`~.state.NodeView.tick`, the lateness of a timed-out ``BLPOP``); they are
+    sent between two readings of the node's clock (see :data:`CLOCK`), so the attempt's
+    validity counts from when the node could run it, not from before the wait.
+
+    ``first``: the nodes to ask first (a quorum, see :func:`quorum_first`); the others are
+    asked as a hedge (:class:`~.replies.Request` ``later``) when those have not settled the
+    attempt within :meth:`AliasState.hedge_delay`, or at once when they all answered without
+    settling it, and the replies of every node asked count. ``tokens``: how many tokens one
+    grant draws from a node's counter (``lock_many``: one per name)."""
+    total = len(nodes)
+    needed = quorum(total)
+    ttl_ms = math.ceil(ttl * 1000)
+    state.longest_ttl_ms = max(state.longest_ttl_ms, ttl_ms)
+    suffix = LockValue.suffix(int(time.time() * 1000), state.host, state.pid)
+    owner, rejoined = new_owner(), False
+    calls: list[Call | None] = []
+    later: list[Call | None] | None = None
+    before = bracketed(before)
+
+    def call(node: NodeView, ahead: tuple[tuple[str | int, ...], ...] = ()) -> Call | None:
+        if node.run_id is None:
+            return None
+        return Call(script, touched, (owner, ttl_ms, node.run_id, suffix, *args), ahead)
+
+    try:
+        while True:
+            started = time.monotonic()
+            asked = range(total) if first is None or rejoined else first
+            calls = [call(node, before) if i in asked else None for i, node in enumerate(nodes)]
+            later = None
+            if len(asked) < total:
+                later = [None if i in asked else call(node) for i, node in enumerate(nodes)]
+            hedge = state.hedge_delay()
+            # a node ends a timed-out BLPOP on its next cycle: wait for that too, rather than
+            # give up on an attempt it is about to run
+            late = max(nodes[i].tick for i in asked) if before and asked else 0.0
+            timeout = state.node_timeout + wait + late
+            request = Request(calls, timeout, settled, later=later, hedge=hedge)
+            replies = yield request
+            held_back = 0.0
+            if before:
+                held_back = _held_back(request, time.monotonic() - started)
+            before, wait = (), 0.0
+            if later is not None:
+                hedged = [
+                    i for i, c in enumerate(later) if c is not None and replies[i] != _NOT_ASKED
+                ]
+                calls = [later[i] if i in hedged else c for i, c in enumerate(calls)]
+                # A hedged round counts as one that took the hedge delay: the average grows
+                # when hedges are common (a delay below the real round trip), but a paused
+                # node's long wait does not inflate it (measured: feeding the whole wait cut
+                # the long profile's operations by a fifth).
+                elapsed = time.monotonic() - started
+                state.saw_round_trip(min(elapsed, hedge) if hedged else elapsed)
+            statuses = [None if isinstance(r, NodeFailure) else int(r[0]) for r in replies]
+            seen = [i for i, st in enumerate(statuses) if st == scripts.UNTRUSTED]
+            if seen and statuses.count(scripts.GRANTED) < needed and not rejoined:
+                rejoined = True
+                drawn = [tokens if st == scripts.GRANTED else 0 for st in statuses]
+                if (yield from rejoin_plan(state, nodes, seen, drawn)):
+                    yield from give_back(calls, replies, owner)
+                    owner = new_owner()
+                    continue
+            return Attempted(owner, calls, replies, statuses, started + held_back)
+    except Abandoned:
+        # the caller gave up while a call was in flight: any node may have granted it (a
+        # hedge call too, if it went out)
+        sent = [c if c is not None else (later[i] if later else None) for i, c in enumerate(calls)]
+        yield from give_back(sent, [None] * len(nodes), owner)
+        raise
+
+
+_NOT_ASKED = NodeFailure(NOT_ASKED, sent=False)
+
+#: A reading of the node's clock, sent first and last among the commands an attempt carries
+#: ahead of it (a waiter's ``BLPOP``). The node runs the attempt after the second reading, so
+#: the time between the two (the wait) is time the lease had not started yet.
+CLOCK: tuple[str] = ("TIME",)
+
+
+def bracketed(before: tuple[tuple[str | int, ...], ...]) -> tuple[tuple[str | int, ...], ...]:
+    """``before`` between two :data:`CLOCK` readings (nothing when it is empty)."""
+    return (CLOCK, *before, CLOCK) if before else ()
+
+
+def waited_reply(ahead: Sequence[Any]) -> Any:
+    """The reply of the last command an attempt carried ahead of it (a waiter's ``BLPOP``),
+    from the replies of everything it carried (see :func:`bracketed`); None without any."""
+    return ahead[-2] if len(ahead) >= 3 else None
+
+
+def _held_back(request: Request, most: float) -> float:
+    """How long the node held the attempt back behind the commands carried ahead of it,
+    seconds on its clock: the least over the nodes that got them, 0.0 where a clock reading is
+    missing. At most ``most``, what our clock saw from the write to the replies, so a node
+    clock stepped forward meanwhile does not stretch the lease."""
+    ahead = request.ahead or {}
+    held: list[float] = []
+    for i, call in enumerate(request.calls):
+        if call is not None and call.before:
+            replies = ahead.get(i, ())
+            first = _clock_seconds(replies[0]) if replies else None
+            last = _clock_seconds(replies[-1]) if replies else None
+            held.append(0.0 if first is None or last is None else last - first)
+    return min(max(min(held, default=0.0), 0.0), most)
+
+
+def _clock_seconds(reply: Any) -> float | None:
+    """A ``TIME`` reply in seconds; None for anything else (a failure)."""
+    if isinstance(reply, list) and len(reply) == 2:
+        return int(reply[0]) + int(reply[1]) / 1_000_000
+    return None
+
+
+def quorum_first(state: AliasState, nodes: Sequence[NodeView], name: str) -> list[int] | None:
+    """The quorum of nodes a quorum-first attempt on ``name`` asks first (None: ask all):
+    the node its waiters block on, then the next ones in order, skipping nodes that are down
+    or behind (a call still unanswered). Every caller of a name picks the same nodes while
+    they are healthy, so its waiters, releases and reservations meet on them."""
+    total = len(nodes)
+    needed = quorum(total)
+    if not state.quorum_first or total < 3:
+        return None
+    start = wake_node(name, total)
+    chosen = []
+    for step in range(total):
+        i = (start + step) % total
+        if nodes[i].run_id is not None and not nodes[i].behind:
+            chosen.append(i)
+            if len(chosen) == needed:
+                return chosen
+    return None
+
+
+def write_back(
+    state: AliasState,
+    nodes: Sequence[NodeView],
+    behind: Sequence[int],
+    token: int,
+    key: str | tuple[str, ...],
+    owner: str,
+    still_needed: int,
+    strict: bool = False,
+) -> Plan[int]:
+    """Raise the counter of the winners that are ``behind`` to ``token``; returns how many
+    of them still hold the lock (a node that lost it since the acquire does not count: someone
+    else may have taken it there and read the old counter). Settles once ``still_needed``
+    of them confirmed. ``key``: the lock's key, or every key of a ``lock_many`` set."""
+    calls: list[Call | None] = [None] * len(nodes)
+    for i in behind:
+        run_id = nodes[i].run_id
+        if run_id is not None:
+            args = (token, run_id, owner, "1" if strict else "0")
+            held = (key,) if isinstance(key, str) else key
+            calls[i] = Call(scripts.RAISE, (state.keys.fence, *held), args)
+
+    def settled(slots: list[Slot]) -> bool:
+        return sum(1 for s in slots if s.done and s.value == scripts.STILL_HELD) >= still_needed
+
+    replies = yield Request(calls, state.node_timeout, settled)
+    return sum(1 for i in behind if replies[i] == scripts.STILL_HELD)

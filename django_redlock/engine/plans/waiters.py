@@ -1,0 +1,47 @@
+"""Fire-and-forget plans of the waiter sets: withdraw a caller that stops waiting, register one
+that queues without a failed attempt."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from .. import scripts
+from ..keyspace import wake_node
+from ..replies import Call, Request
+from ..state import AliasState, NodeView, Plan
+
+
+def withdraw_plan(
+    state: AliasState,
+    nodes: Sequence[NodeView],
+    names: Sequence[str],
+    waiter: str,
+    only: Collection[int] | None = None,
+) -> Plan[None]:
+    """Fire-and-forget: ``waiter`` stops counting as a waiter of ``names`` on every node
+    (``only``: on those), so no release reserves a name for a caller that has stopped waiting.
+    Sent on the connection of the call in flight, it runs after that call on each node."""
+    keys = tuple(state.keys.waiters(name) for name in names)
+    calls: list[Call | None] = [
+        Call(scripts.WITHDRAW, keys, (waiter,)) if only is None or i in only else None
+        for i in range(len(nodes))
+    ]
+    if any(calls):
+        yield Request(calls, 0.0, wait=False)
+
+
+def register_plan(
+    state: AliasState, nodes: Sequence[NodeView], name: str, waiter: str, mark_ms: int
+) -> Plan[None]:
+    """Fire-and-forget: register ``waiter`` for ``mark_ms`` on every node but the one waiters
+    block on, for a caller that queues without a failed attempt (that node gets the same
+    registration in the write of the caller's ``BLPOP``, so it is registered before it
+    blocks). So every node reserves the name for the hand-off, as after a failed attempt."""
+    waking = wake_node(name, len(nodes))
+    key = state.keys.waiters(name)
+    calls: list[Call | None] = [
+        Call(scripts.REGISTER, (key,), (waiter, mark_ms)) if i != waking else None
+        for i in range(len(nodes))
+    ]
+    if any(calls):
+        yield Request(calls, 0.0, wait=False)

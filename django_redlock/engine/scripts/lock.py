@@ -1,0 +1,166 @@
+"""The lock's scripts: acquire, release, extend, the fence write-back, rejoin, probe and
+force-release, with their reply codes."""
+
+from __future__ import annotations
+
+from .fragments import RELEASE_LUA, TAKE_LUA
+from .script import Script
+
+# KEYS: lock, fence, waiter set, hand-off reservation.
+# ARGV: owner, ttl_ms, run_id, value suffix ("|acquired_ms|host|pid"), how long the caller's
+# registration as a waiter lives (ms; 0 = the caller will not wait, do not register), "1" if
+# this caller was woken by a release (else "0"), the caller's waiter id ('' when it never waits).
+# Returns {1, token, 0} when acquired (token = the node's counter after the increment; the
+# caller no longer counts as a waiter), {0, counter, pttl} when the name is busy or reserved for
+# a woken waiter (and registers the caller as a waiter, if it will wait), {-1, counter, 0} when
+# this node is not trusted.
+ACQUIRE = Script(
+    "acquire",
+    TAKE_LUA
+    + """
+local ok, counter, max_ttl = trusted(KEYS[2])
+if not ok then
+  return {-1, counter, 0}
+end
+local woken = ARGV[6] == '1'
+-- the common case, in one call: neither the lock nor a hand-off reservation exists
+if redis.call('EXISTS', KEYS[1], KEYS[4]) > 0 then
+  local pttl = redis.call('PTTL', KEYS[1])
+  if pttl == -2 and not woken then
+    pttl = redis.call('PTTL', KEYS[4])  -- free, but handed to the waiter a release woke
+  end
+  if pttl ~= -2 then
+    if string.sub(redis.call('GET', KEYS[1]) or '', 1, 10) == 'semaphore|' then
+      return {-2, counter, 0}  -- the name is a semaphore's (only looked at when busy)
+    end
+    return busy(KEYS[3], pttl, counter)
+  end
+end
+-- only a woken caller can find a reservation to use up
+return {1, take(KEYS[1], KEYS[2], KEYS[3], woken and KEYS[4] or nil, max_ttl), 0}
+""",
+)
+#: ACQUIRE reply statuses (the first element of its reply).
+GRANTED, BUSY, UNTRUSTED, OTHER_KIND = 1, 0, -1, -2
+
+# KEYS and ARGV: see ``RELEASE_LUA`` in :mod:`.fragments`.
+RELEASE = Script(
+    "release", RELEASE_LUA + "return release(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[4] == '1')\n"
+)
+
+#: RELEASE replies.
+NOT_HELD, RELEASED, HANDED_OFF = 0, 1, 2
+
+# KEYS: lock, fence (and, for a permit, its semaphore's marker). ARGV: owner, ttl_ms, run_id.
+# Compare-and-pexpire on a trusted node. Returns 1 when renewed, 0 when not held, -1 untrusted.
+EXTEND = Script(
+    "extend",
+    """
+if redis.call('HGET', KEYS[2], 'run_id') ~= ARGV[3] then
+  return -1
+end
+local value = redis.call('GET', KEYS[1])
+if value and string.sub(value, 1, #ARGV[1] + 1) == ARGV[1] .. '|' then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if KEYS[3] and redis.call('PTTL', KEYS[3]) < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[3], ARGV[2])  -- a permit's semaphore marker
+  end
+  local max_ttl = tonumber(redis.call('HGET', KEYS[2], 'max_ttl')) or 0
+  if tonumber(ARGV[2]) > max_ttl then
+    redis.call('HSET', KEYS[2], 'max_ttl', ARGV[2])
+  end
+  return 1
+end
+return 0
+""",
+)
+#: EXTEND replies: RENEWED, NOT_HELD (above) or UNTRUSTED (above).
+RENEWED = 1
+
+# KEYS: fence, lock (several for ``lock_many``: all must be held). ARGV: token, run_id,
+# owner, "1" for a permit (strict).
+# Token write-back: raise the counter to ARGV[1] if it is lower ("set if greater"). Returns 1
+# when the caller still holds the lock here, 0 when it does not (force-released or expired
+# since its acquire: someone else may have taken this node and read the old counter, so it
+# must not count towards the quorum that hands out this token), -1 when the node is not trusted.
+# Strict (permits, which may be held side by side): the counter must still be below the token,
+# else 0: another permit may have been handed the same token through this node, and any two
+# quorums share a node, so of two permits given one token at most one confirms it.
+RAISE = Script(
+    "raise",
+    """
+if redis.call('HGET', KEYS[1], 'run_id') ~= ARGV[2] then
+  return -1
+end
+local counter = tonumber(redis.call('HGET', KEYS[1], 'token')) or 0
+if counter < tonumber(ARGV[1]) then
+  redis.call('HSET', KEYS[1], 'token', ARGV[1])
+elseif ARGV[4] == '1' then
+  return 0  -- strict: another caller reached this token here first
+end
+for i = 2, #KEYS do
+  local value = redis.call('GET', KEYS[i])
+  if not (value and string.sub(value, 1, #ARGV[3] + 1) == ARGV[3] .. '|') then
+    return 0
+  end
+end
+return 1
+""",
+)
+#: RAISE replies: STILL_HELD, NOT_HELD (above) or UNTRUSTED (above).
+STILL_HELD = 1
+
+# KEYS: fence. ARGV: run_id, floor.
+# Make a restarted or new node trusted again: counter = max(counter, floor), run_id = ARGV[1];
+# 'joined' keeps the counter it rejoined with (the tokens drawn since are counter - joined).
+# Returns the counter.
+REJOIN = Script(
+    "rejoin",
+    """
+local counter = tonumber(redis.call('HGET', KEYS[1], 'token')) or 0
+if counter < tonumber(ARGV[2]) then
+  counter = tonumber(ARGV[2])
+end
+redis.call('HSET', KEYS[1], 'token', string.format('%d', counter), 'joined',
+           string.format('%d', counter), 'run_id', ARGV[1])
+return counter
+""",
+)
+
+# KEYS: fence. Returns {run_id or '', counter, max_ttl, exists(0/1), joined (-1: unknown)}.
+PROBE = Script(
+    "probe",
+    """
+local meta = redis.call('HMGET', KEYS[1], 'run_id', 'token', 'max_ttl', 'joined')
+return {meta[1] or '', tonumber(meta[2]) or 0, tonumber(meta[3]) or 0,
+        redis.call('EXISTS', KEYS[1]), tonumber(meta[4]) or -1}
+""",
+)
+
+# KEYS: lock, fence, wake-up list, the name's readers (of a read-write lock). ARGV: expected
+# value ('' = any owner), wake-up TTL in ms.
+# Force-release: delete whatever holds the name (or only the expected value), advance the
+# counter so the evicted holder's token is older than every later one, and wake one waiter.
+# Readers' marker: every read lease goes with it (else a reader's renewal would mark the name
+# "readers" again over the writer that came next). Returns 1 when a key was deleted, 0 otherwise.
+FORCE_RELEASE = Script(
+    "force_release",
+    """
+local value = redis.call('GET', KEYS[1])
+if not value or (ARGV[1] ~= '' and value ~= ARGV[1]) then
+  return 0
+end
+redis.call('DEL', KEYS[1], KEYS[3])
+if string.sub(value, 1, 7) == 'rwlock|' then
+  redis.call('DEL', KEYS[4])
+end
+if redis.call('HEXISTS', KEYS[2], 'token') == 1 then
+  redis.call('HINCRBY', KEYS[2], 'token', 1)
+end
+redis.call('RPUSH', KEYS[3], '1')
+redis.call('PEXPIRE', KEYS[3], ARGV[2])
+return 1
+""",
+)
+#: FORCE_RELEASE replies: DELETED, or NOT_HELD (above).
+DELETED = 1

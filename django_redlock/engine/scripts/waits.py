@@ -1,0 +1,60 @@
+"""The scripts that keep the waiter sets outside an attempt: register, withdraw, and count
+(inspection)."""
+
+from __future__ import annotations
+
+from .fragments import NOW_LUA, REGISTER_LUA
+from .script import Script
+
+# KEYS: waiter set. ARGV: waiter id, registration TTL in ms.
+# Registers a caller that queues without a failed attempt (a process that has just handed the
+# name to a waiter): on the node waiters block on as EVAL, in the same write as its BLPOP (the
+# wake-up connections load no scripts), on the others from a lock connection. It does not
+# prune: such a caller has just released the name, and that release pruned. Returns 1.
+REGISTER = Script(
+    "register",
+    REGISTER_LUA
+    + """
+register(KEYS[1], ARGV[1], tonumber(ARGV[2]), false)
+return 1
+""",
+)
+
+# KEYS: waiter sets. ARGV: waiter id.
+# A caller that won the lock on a quorum is no longer waiting: the nodes that answered "busy"
+# registered it, so it withdraws there; so does a caller that gives up before its timeout
+# (cancelled, interrupted, or the name is another kind's), from the sets of every name it
+# waited for. Returns how many registrations were removed.
+WITHDRAW = Script(
+    "withdraw",
+    """
+local removed = 0
+for i = 1, #KEYS do
+  local n = redis.pcall('ZREM', KEYS[i], ARGV[1])
+  if type(n) == 'number' then
+    removed = removed + n
+  end
+end
+return removed
+""",
+)
+
+# KEYS: waiter sets. Returns, per key, how many registrations are still ahead (a key that is
+# not a sorted set counts 0). Read-only; for inspection.
+WAITING = Script(
+    "waiting",
+    NOW_LUA
+    + """
+local now = now_ms()
+if not now then
+  return redis.error_reply('cannot read the clock (TIME)')
+end
+local after = '(' .. string.format('%d', now)
+local counts = {}
+for i, key in ipairs(KEYS) do
+  local n = redis.pcall('ZCOUNT', key, after, '+inf')
+  counts[i] = type(n) == 'number' and n or 0
+end
+return counts
+""",
+)
