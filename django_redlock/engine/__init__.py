@@ -7,6 +7,7 @@ Layers, each importing only the ones below it::
     plans, trust         the algorithm: one attempt, release, renewal, rejoining nodes
                          (I/O-free generators of requests; tests/engine/test_plans.py drives them)
     state, keyspace,     what plans know; key names, limits and the lock value format;
+    kinds,               the kinds of lease in one table (lock, permit, read, write);
     scripts, replies     the Lua scripts with their reply codes; requests and replies
     transport/           pipelined calls to the nodes: sync, asyncio, BLPOP wake-ups, and the
                          one module that touches redis-py's internals
@@ -29,6 +30,7 @@ from .keyspace import (
     escape_glob,
     quorum,
 )
+from .kinds import KINDS
 from .policy import Pause, Renew, RenewalBound, Stepper, renewal_policy
 from .scripts import WAITING
 from .state import (
@@ -49,6 +51,7 @@ from .transport.sync import ConnectionFactory
 __all__ = [
     "DRIFT_ALLOWANCE",
     "GLOB_CHARACTERS",
+    "KINDS",
     "LOST",
     "MAX_NAME_LENGTH",
     "RENEWED",

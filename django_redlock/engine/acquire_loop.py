@@ -13,8 +13,8 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
+from .drive import PlanMaker
 from .policy import AcquireStep, Attempt, AwaitRelease, Pause, Stepper
-from .pools import PlanMaker
 from .targets import Outcome, Target, Waiting, answer_piped, deadline_of
 
 

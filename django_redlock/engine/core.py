@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 from . import forks
 from .acquire_loop import LoopRequest, Pipe, Try, Wait, acquire_loop
 from .budget import Budget
+from .drive import PlanMaker
+from .kinds import HANDOFF_MS
 from .loop_pools import LoopPools
 from .plans import (
     extend_plan,
@@ -27,9 +29,8 @@ from .plans import (
     withdraw_plan,
 )
 from .policy import AcquireStep, AwaitRelease, acquire_policy, registration_ms
-from .pools import ChannelPools, PlanMaker
+from .pools import ChannelPools
 from .state import (
-    HANDOFF_MS,
     WAIT_MARK_MS,
     AcquireFailure,
     AliasState,

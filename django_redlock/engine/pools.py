@@ -12,19 +12,18 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, TypeVar
 
 from .budget import SPARE_WAIT, Budget
+from .drive import PlanMaker, adrive, drive
 from .loop_pools import LoopPools
-from .replies import Request
-from .state import Abandoned, AliasState, NodeView, Plan
+from .state import AliasState
 from .transport.aio import AsyncChannel, AsyncConnectionFactory
 from .transport.blpop import ReleaseWaiter
 from .transport.sync import Channel, ConnectionFactory
 
 T = TypeVar("T")
-PlanMaker = Callable[[Sequence[NodeView]], Plan[T]]
 
 #: ``until`` of a call that is not an acquire attempt with a deadline: it waits up to
 #: :data:`~.budget.SPARE_WAIT` for a connection.
@@ -399,52 +398,6 @@ class ChannelPools:
                 channel.close()
             self.budget.give(self._every, blocking=channel in blocking)
         self._reaper_wake.set()
-
-
-def drive(make_plan: PlanMaker[T], channel: Channel) -> T:
-    # the generator protocol by hand, not a Stepper: this loop runs for every lock call
-    channel.prepare()
-    plan = make_plan(channel.links)
-    try:
-        request = next(plan)
-        while True:
-            try:
-                replies = channel.execute(request)
-            except BaseException:  # an interrupt (KeyboardInterrupt, a worker timeout) mid-call
-                _abandon(plan, channel.execute)
-                raise
-            request = plan.send(replies)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-
-
-def _abandon(plan: Plan[Any], send_now: Callable[[Request], Any]) -> None:
-    """The caller gave up while a request was in flight: let the plan undo what it may have
-    done (fire-and-forget requests, sent at once), whatever it was."""
-    try:
-        request = plan.throw(Abandoned())
-        while True:
-            send_now(request)
-            request = plan.send([None] * len(request.calls))
-    except (Abandoned, StopIteration):
-        pass
-
-
-async def adrive(make_plan: PlanMaker[T], channel: AsyncChannel) -> T:
-    """Asyncio twin of :func:`drive`."""
-    await channel.prepare()
-    plan = make_plan(channel.links)
-    try:
-        request = next(plan)
-        while True:
-            try:
-                replies = await channel.execute(request)
-            except BaseException:  # cancelled (task.cancel, wait_for, timeout) mid-call
-                _abandon(plan, channel.send_now)
-                raise
-            request = plan.send(replies)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
 
 
 async def _close_at_loop_shutdown(pools: LoopPools) -> AsyncGenerator[None, None]:

@@ -13,8 +13,8 @@ from typing import Any, Protocol, TypeVar
 
 from . import scripts
 from .keyspace import Keyspace
+from .kinds import KINDS
 from .replies import Call, Request
-from .scripts import primitives as more
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -39,19 +39,6 @@ WAKE_TTL_MS = 2000
 #: the longest single wait (``policy.MAX_BACKOFF``), so a blocked waiter is always covered, and
 #: at most 1 s, so a waiter that died stops counting within 1 s (docs/production.md).
 WAIT_MARK_MS = 1000
-#: The kinds of lease other than a lock's (``LeaseRecord.kind``).
-PERMIT, READ, WRITE = "permit", "read", "write"
-#: How many waiters a release of each kind wakes (the RELEASE script's last argument): a
-#: lock's exactly one ("0"), a permit's one more per release ("1"), a write lease's every
-#: waiter ("2": the readers it kept out go in together).
-WAKES = {"": "0", PERMIT: "1", READ: "0", WRITE: "2"}
-#: After a release that woke a waiter, only a woken waiter may take the name for this long
-#: (ms); if it never comes (it died, or its timeout ran out) anyone may take it afterwards.
-HANDOFF_MS = 10
-#: A semaphore's reservation counts the slots promised to woken waiters, each taken off when its
-#: waiter wins: it lapses this long after the last release (a waiter that gave up or died
-#: keeps its slot from callers that were not woken no longer than that).
-PERMIT_HANDOFF_MS = 100
 #: Quorum-first (``FAN_OUT = "quorum"``): the other nodes are asked once the first quorum has
 #: not settled after this many of its usual round trips (a moving average), and never
 #: sooner than :data:`HEDGE_MIN` seconds (never later than ``NODE_TIMEOUT``).
@@ -134,23 +121,11 @@ class AliasState:
         release counts the free ones: see ``RELEASE_LUA`` in :mod:`.scripts.fragments`;
         ignored for the other kinds)."""
         keys = self.keys
+        spec = KINDS[kind]
         queue = (keys.waiters(name), keys.wake(name), keys.handoff(name))
-        touched: tuple[str, ...]
-        if kind == READ:
-            script, touched = more.READ_RELEASE, (keys.readers(name), keys.lock(name), *queue)
-        elif kind == PERMIT:
-            others = tuple(slot for slot in slots if slot not in held)
-            script, touched = more.RELEASE_PERMIT, (*queue, *held, *others)
-        else:
-            script, touched = scripts.RELEASE, (held[0] if held else keys.lock(name), *queue)
-        args = (
-            owner,
-            WAKE_TTL_MS,
-            PERMIT_HANDOFF_MS if kind == PERMIT else HANDOFF_MS,
-            "1" if wakes else "0",
-            mark_ms,
-        )
-        return Call(script, touched, (*args, waiter if mark_ms else "", WAKES[kind]))
+        touched = spec.release_keys(keys, name, held, slots, queue)
+        args = (owner, WAKE_TTL_MS, spec.handoff_ms, "1" if wakes else "0", mark_ms)
+        return Call(spec.release, touched, (*args, waiter if mark_ms else "", spec.wakes))
 
     def mark_command(self, name: str, waiter: str, mark_ms: int) -> tuple[str | int, ...]:
         """The command registering ``waiter`` for ``mark_ms``, for a caller that queues
@@ -194,7 +169,7 @@ class LeaseRecord:
     generation: int = 0
     #: a permit's or a read lease's marker key (renewed with it); '' otherwise
     marker: str = ""
-    #: :data:`PERMIT`, :data:`READ` or :data:`WRITE`; '' for a lock
+    #: a key of :data:`~.kinds.KINDS`: '' for a lock, ``permit``, ``read`` or ``write``
     kind: str = ""
     #: the nodes (indexes) whose grant made the quorum
     voters: tuple[int, ...] = ()

@@ -10,10 +10,11 @@ import time
 from typing import Any
 
 from . import forks
+from .drive import PlanMaker
 from .keyspace import new_waiter
 from .plans import acquire_many_plan, acquire_plan
 from .policy import Attempt, Stepper, registration_ms
-from .pools import SPARE, PlanMaker
+from .pools import SPARE
 from .replies import NodeFailure
 from .state import AcquireFailure, AliasState, LeaseRecord
 from .transport.aio import AsyncChannel

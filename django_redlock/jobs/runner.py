@@ -20,6 +20,7 @@ COMMAND in a process group of its own and makes sure none of the job's processes
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import signal
@@ -98,6 +99,18 @@ class Outcome:
     outcome: str
     child_status: int | None = None
     message: str | None = None
+
+    def write_status(self, path: str) -> None:
+        """``redlock run --status-file``: what happened, written atomically (rename)."""
+        document = {
+            "outcome": self.outcome,
+            "child_status": self.child_status,
+            "exit_status": self.status,
+        }
+        temporary = f"{path}.{os.getpid()}.tmp"
+        with open(temporary, "w") as file:
+            file.write(json.dumps(document) + "\n")
+        os.replace(temporary, path)
 
 
 def ignored_signals() -> frozenset[int]:

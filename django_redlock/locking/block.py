@@ -7,19 +7,27 @@ transaction on the default database, releases after the commit (docs/production.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import inspect
 import logging
 import time
-from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from ..exceptions import LockError, LockLost, LockNotAcquired
+from ..exceptions import LockNotAcquired
 from ..jobs.templates import CallTemplate
 from . import context
+from .entries import (
+    Entered,
+    cancel_on_loss,
+    check_held,
+    check_lost,
+    raise_if_cancelled_by_loss,
+    refuse_other_kind,
+    suspending,
+)
 from .transactions import in_transaction, release_after_commit
 from .validation import UNSET, check_max_hold
 
@@ -89,26 +97,6 @@ class BlockOptions:
         }
 
 
-@dataclass
-class _Entered:
-    """One entry of a block: its lease, whether it re-entered an outer one, and the task an
-    ``on_lost="cancel"`` block cancels when the lease is lost."""
-
-    lease: Lease
-    reentered: bool
-    #: the context token of this entry (the lease guards writes and is re-enterable)
-    token: object = None
-    task: asyncio.Task[Any] | None = None
-    started: float = field(default_factory=time.monotonic)
-    #: seconds the lease is kept after the block (``min_hold``); 0: released at once
-    hold_for: float = 0.0
-    #: a re-entry's ``auto_extend``: undone when it ends (stops the renewals it started, or
-    #: takes off the longer ``max_hold`` it put on the running ones)
-    renews: Callable[[], None] | None = None
-    #: a re-entry's ``on_lost`` callback to put back when it ends
-    outer_on_lost: Callable[[], None] | None = None
-
-
 class LockBlock:
     """Holds one lock for a ``with`` (or ``async with``) block, or around each call of the
     function it decorates (sync or coroutine function).
@@ -129,7 +117,7 @@ class LockBlock:
         self._get_manager = get_manager
         self._name = name
         self._options = options
-        self._entries: list[_Entered] = []
+        self._entries: list[Entered] = []
         #: made by a decorator for one call (``on_busy="skip"`` is allowed)
         self._decorating = False
 
@@ -150,7 +138,7 @@ class LockBlock:
     def __exit__(self, *exc_info: object) -> None:
         entry = self._entries.pop()
         if not self._kept(entry, exc_info[0]):
-            _check_held(entry.lease, entry.lease.release(), exc_info[0])
+            check_held(entry.lease, entry.lease.release(), exc_info[0])
         elif entry.hold_for:
             entry.lease.extend(ttl=entry.hold_for)
 
@@ -169,10 +157,10 @@ class LockBlock:
         entry = self._entries.pop()
         if not self._kept(entry, exc_info[0]):
             held = await entry.lease.arelease()
-            _raise_if_cancelled_by_loss(entry, exc_info[1])
-            _check_held(entry.lease, held, exc_info[0])
+            raise_if_cancelled_by_loss(entry, exc_info[1])
+            check_held(entry.lease, held, exc_info[0])
             return
-        _raise_if_cancelled_by_loss(entry, exc_info[1])
+        raise_if_cancelled_by_loss(entry, exc_info[1])
         if entry.hold_for:
             await entry.lease.aextend(ttl=entry.hold_for)
 
@@ -196,18 +184,18 @@ class LockBlock:
         return ttl is not None and ttl > lease.ttl
 
     def _entered(self, lease: Lease, *, reentered: bool = False) -> Lease:
-        entry = _Entered(lease, reentered, context.push(lease))  # re-enterable, guards writes
+        entry = Entered(lease, reentered, context.push(lease))  # re-enterable, guards writes
         lease._blocks += 1
         options = self._options
         if reentered and options.auto_extend:
             entry.renews = lease.keep_alive(options.max_hold)
         if options.on_lost == "cancel":
             entry.outer_on_lost = lease.on_lost
-            entry.task = _cancel_on_loss(lease)
+            entry.task = cancel_on_loss(lease)
         self._entries.append(entry)
         return lease
 
-    def _kept(self, entry: _Entered, exc_type: object) -> bool:
+    def _kept(self, entry: Entered, exc_type: object) -> bool:
         """True when this exit does not release now: an inner (re-entered) block, a block
         that ends inside a transaction (released after the commit), or one whose ``min_hold``
         has time left (then ``entry.hold_for``: the lease is shortened to it, not released)."""
@@ -217,7 +205,7 @@ class LockBlock:
         if lease._blocks > 0:  # another block of this lease is still open: it lets go
             if entry.renews is not None:
                 entry.renews()
-            _check_lost(lease, exc_type)
+            check_lost(lease, exc_type)
             return True
         # the last open block of the lease (usually the outermost; a generator or an
         # ExitStack can end the outermost first) decides what happens to it
@@ -227,7 +215,7 @@ class LockBlock:
             if pending is None or not pending():
                 pending = release_after_commit(lease, self._options.max_hold)
             context.push_findable(lease, pending)  # ... but this transaction re-enters it
-            _check_lost(lease, exc_type)
+            check_lost(lease, exc_type)
             return True
         left = (self._options.min_hold or 0.0) - (time.monotonic() - entry.started)
         if exc_type is None and left >= MIN_HOLD_GRANULARITY:
@@ -289,7 +277,7 @@ class LockBlock:
                 suspensions = context.Suspensions()
                 with contextlib.ExitStack() as stack:
                     if calls.entered(stack, args, kwargs):
-                        return (yield from _suspending(func(*args, **kwargs), suspensions))
+                        return (yield from suspending(func(*args, **kwargs), suspensions))
                     return None
 
             return cast(F, gen_wrapper)
@@ -386,93 +374,3 @@ class _Calls:
             left,
         )
         return False
-
-
-_KIND_NAMES = {
-    "": "lock",
-    "permit": "semaphore permit",
-    "read": "read lease",
-    "write": "write lease",
-}
-
-
-def refuse_other_kind(alias: str, name: str, kind: str) -> None:
-    """``LockError`` at once when this thread or task holds ``name`` as another kind (a lock,
-    a semaphore's permit, a read or a write lease) than ``kind``: the call would wait for
-    itself (a write lease wanted under its own read lease would also keep every other reader
-    out as a waiting writer)."""
-    held = {getattr(lease, "kind", "") for lease in context.held(alias, name)} - {kind}
-    if not held:
-        return
-    other = sorted(held)[0]
-    if {kind, other} == {"read", "write"}:
-        change = "upgrade its read lease to a write" if kind == "write" else "downgrade its write"
-        raise LockError(
-            f"Cannot {change} lease of {name!r} (alias {alias!r}) in the thread or task that "
-            f"holds it: it would wait for itself. Release the {other} lease first, or take the "
-            "write lease from the start."
-        )
-    raise LockError(
-        f"{name!r} (alias {alias!r}) is held by this thread or task as a "
-        f"{_KIND_NAMES[other]}; taking it as a {_KIND_NAMES[kind]} would wait for itself. "
-        "One name is one kind of lock: use another name."
-    )
-
-
-def _cancel_on_loss(lease: Lease) -> asyncio.Task[Any] | None:
-    """Make the loss of ``lease`` cancel the current task (from any thread)."""
-    task = asyncio.current_task()
-    if task is None:
-        return None
-    loop = task.get_loop()
-
-    def cancel() -> None:
-        loop.call_soon_threadsafe(task.cancel)
-
-    lease.on_lost = cancel
-    return task
-
-
-def _raise_if_cancelled_by_loss(entry: _Entered, exc: object) -> None:
-    """An ``on_lost="cancel"`` block whose task was cancelled because the lease was lost:
-    leaving it raises ``LockLost`` instead of the cancellation."""
-    entry.lease.on_lost = entry.outer_on_lost
-    if entry.task is not None and isinstance(exc, asyncio.CancelledError) and entry.lease.lost:
-        entry.task.uncancel()
-        raise LockLost(entry.lease.name, "it was lost and the block was cancelled") from exc
-
-
-def _suspending(body: Generator[Any, Any, Any], suspensions: context.Suspensions) -> Any:
-    """``yield from body``, with the leases the generator activated guarding none of its
-    caller's writes while it is suspended at a ``yield`` (values sent and exceptions thrown
-    in go to ``body``, as with ``yield from``)."""
-    value: Any = None
-    thrown: BaseException | None = None
-    while True:
-        try:
-            item = body.send(value) if thrown is None else body.throw(thrown)
-        except StopIteration as stop:
-            return stop.value
-        suspensions.suspend()
-        try:
-            value, thrown = (yield item), None
-        except GeneratorExit:
-            suspensions.resume()
-            body.close()
-            raise
-        except BaseException as exc:  # thrown in by the caller: the body handles it
-            value, thrown = None, exc
-        suspensions.resume()
-
-
-def _check_lost(lease: Lease, exc_type: object) -> None:
-    """Leaving a block whose lease is lost raises ``LockLost`` (unless the block raised)."""
-    if exc_type is None:
-        lease.check()
-
-
-def _check_held(lease: Lease, held: bool, exc_type: object) -> None:
-    """Leaving a block whose lease was lost raises ``LockLost`` (unless the block raised; a
-    lease the block's body released itself was not lost)."""
-    if exc_type is None and not held and (lease.lost or lease._released_by != context._owner()):
-        raise LockLost(lease.name, "its lease ran out or was taken while the block ran")

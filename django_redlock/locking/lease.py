@@ -1,5 +1,5 @@
-"""A held lock: :class:`Lease` (renew, release, learn that it was lost) and its auto-extend
-drivers, a daemon thread or an asyncio task running the engine's renewal policy."""
+"""A held lock: :class:`Lease` (renew, release, learn that it was lost); its auto-extend
+drivers are in :mod:`.renewal`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from .. import signals
 from ..engine import (
@@ -16,14 +16,12 @@ from ..engine import (
     RENEWED,
     UNCONFIRMED,
     LeaseRecord,
-    Renew,
     Renewal,
     RenewalBound,
-    Stepper,
-    renewal_policy,
 )
 from ..exceptions import LockError, LockLost, NodesUnavailable
 from . import context
+from .renewal import RenewalThread, renew_in_task
 from .validation import check_ttl
 
 if TYPE_CHECKING:
@@ -44,7 +42,7 @@ class Lease:
         self._engine = manager.engine_for(record.name)
         self._record = record
         self._lost_sent = False
-        self._renewer: _RenewalThread | None = None
+        self._renewer: RenewalThread | None = None
         self._renewal_task: asyncio.Task[None] | None = None
         #: until when the renewals go on (set when they start)
         self._bound: RenewalBound | None = None
@@ -260,7 +258,7 @@ class Lease:
         loop = asyncio.get_running_loop()
         self._bound = RenewalBound(max_hold)
         self._renewal_wakeup = asyncio.Event()
-        self._renewal_task = loop.create_task(_renew_in_task(self, self._bound))
+        self._renewal_task = loop.create_task(renew_in_task(self, self._bound))
 
     def keep_alive(
         self, max_hold: float | None, *, longer: bool = True
@@ -327,7 +325,7 @@ def start_renewals(leases: list[Lease], max_hold: float | None) -> None:
     names is one thread, not a thousand."""
     for lease in leases:
         lease._bound = RenewalBound(max_hold)
-    renewer = _RenewalThread(leases)
+    renewer = RenewalThread(leases)
     for lease in leases:
         lease._renewer = renewer
     renewer.start()
@@ -340,100 +338,3 @@ def keep_alive_all(leases: list[Lease], max_hold: float | None) -> list[Lease]:
     if idle:
         start_renewals(idle, max_hold)
     return idle
-
-
-class _RenewalThread(threading.Thread):
-    """Runs :func:`~.engine.policy.renewal_policy` for each of its leases until the policy
-    ends or the lease's renewals are stopped; the thread ends with its last lease."""
-
-    def __init__(self, leases: list[Lease]) -> None:
-        names = leases[0].name if len(leases) == 1 else f"{leases[0].name} +{len(leases) - 1}"
-        super().__init__(name=f"redlock-renew {names}", daemon=True)
-        self._runs = {
-            lease: Stepper(renewal_policy(lease._record, cast(RenewalBound, lease._bound)))
-            for lease in leases
-        }
-        #: held while a renewal runs: a lease stopped meanwhile is renewed no more after stop()
-        #: (re-entrant: a lock_lost receiver may release the lease from this very thread)
-        self._renewing = threading.RLock()
-        self._stopped: set[Lease] = set()
-        #: leases whose TTL was shortened: their pause is cut to a third of the new TTL
-        self._hastened: set[Lease] = set()
-        self._wakeup = threading.Event()
-
-    def hasten(self, lease: Lease) -> None:
-        """Cut ``lease``'s current pause to a third of its (new, shorter) TTL."""
-        with self._renewing:
-            self._hastened.add(lease)
-        self._wakeup.set()
-
-    def stop(self, lease: Lease) -> None:
-        """No renewal of ``lease`` starts after this returns; the last lease stopped also waits
-        for the thread to end."""
-        with self._renewing:
-            self._stopped.add(lease)
-            last = len(self._stopped) == len(self._runs)
-        if last:
-            self._wakeup.set()
-            if self is not threading.current_thread():
-                self.join()
-
-    def run(self) -> None:
-        due: dict[Lease, float] = {}  # when each lease's pause ends
-        for lease in self._runs:
-            self._advance(lease, due)
-        while due:
-            if self._wakeup.wait(max(0.0, min(due.values()) - time.monotonic())):
-                with self._renewing:
-                    if len(self._stopped) == len(self._runs):
-                        return  # every lease was stopped
-                    self._wakeup.clear()
-                    hastened, self._hastened = self._hastened, set()
-                for lease in hastened & due.keys():
-                    due[lease] = min(due[lease], time.monotonic() + lease.ttl / 3)
-            now = time.monotonic()
-            for lease in [lease for lease, until in due.items() if until <= now]:
-                self._runs[lease].send(None)
-                self._advance(lease, due)
-
-    def _advance(self, lease: Lease, due: dict[Lease, float]) -> None:
-        """Run ``lease``'s renewals up to its policy's next pause and note when it ends; forget
-        the lease once it is stopped or its policy has ended."""
-        run = self._runs[lease]
-        while isinstance(run.step, Renew):
-            with self._renewing:
-                if lease in self._stopped:
-                    due.pop(lease, None)
-                    return
-                run.send(lease._renew_once())
-        if run.step is None:
-            due.pop(lease, None)
-            if lease not in self._stopped:
-                lease._renewals_ended(run.result)
-        else:
-            due[lease] = time.monotonic() + run.step.seconds
-
-
-async def _renew_in_task(lease: Lease, bound: RenewalBound) -> None:
-    """The asyncio driver of the renewal policy (cancelling the task stops it)."""
-    run = Stepper(renewal_policy(lease._record, bound))
-    while run.step is not None:
-        if isinstance(run.step, Renew):
-            run.send(await lease._arenew_once())
-        else:
-            await _pause(lease, run.step.seconds)
-            run.send(None)
-    lease._renewals_ended(run.result)
-
-
-async def _pause(lease: Lease, seconds: float) -> None:
-    """Sleep ``seconds``, cut to a third of the TTL whenever an extend shortens it."""
-    wakeup = cast(asyncio.Event, lease._renewal_wakeup)
-    until = time.monotonic() + seconds
-    while (left := until - time.monotonic()) > 0:
-        try:
-            await asyncio.wait_for(wakeup.wait(), left)
-        except TimeoutError:
-            return
-        wakeup.clear()
-        until = min(until, time.monotonic() + lease.ttl / 3)

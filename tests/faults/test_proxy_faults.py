@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from django.db import transaction
 
-from django_redlock.engine.state import HANDOFF_MS
+from django_redlock.engine.kinds import HANDOFF_MS
 from django_redlock.exceptions import LockNotAcquired, NodesUnavailable, StaleTokenError
 from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes

@@ -10,17 +10,14 @@ from typing import Any
 
 from .. import scripts
 from ..keyspace import quorum, wake_node
+from ..kinds import HANDOFF_MS, KINDS, LOCK
 from ..replies import Call, NodeFailure, Request, Slot, granted_per_node, node_errors
 from ..scripts import primitives as more
 from ..state import (
-    HANDOFF_MS,
     LOST,
-    PERMIT,
-    READ,
     RENEWED,
     UNCONFIRMED,
     WAKE_TTL_MS,
-    WAKES,
     AliasState,
     LeaseRecord,
     NodeView,
@@ -58,7 +55,7 @@ def release_plan(state: AliasState, nodes: Sequence[NodeView], lease: LeaseRecor
     replies = yield Request(calls, state.node_timeout, settled)
     handed = sum(1 for r in replies if r == scripts.HANDED_OFF)
     # a permit's releaser queues only when a quorum left no free slot that it could take
-    lease.handed_off = handed >= needed if lease.kind == PERMIT else handed > 0
+    lease.handed_off = handed >= needed if KINDS[lease.kind].handoff_needs_quorum else handed > 0
     # Held unless nodes said "not yours": a release that merely timed out is not a loss (its
     # compare-and-delete still runs when the node answers, in order, on this connection).
     refused = sum(1 for r in replies if r == scripts.NOT_HELD)
@@ -88,7 +85,7 @@ def release_many_plan(
 
     def call(i: int) -> Call:
         wakes = "".join("1" if i == node else "0" for node in waking)  # per name, in order
-        args = (live[0].owner, WAKE_TTL_MS, HANDOFF_MS, wakes, 0, "", WAKES[""])
+        args = (live[0].owner, WAKE_TTL_MS, HANDOFF_MS, wakes, 0, "", KINDS[LOCK].wakes)
         return Call(more.RELEASE_MANY, touched, args)
 
     calls: list[Call | None] = [
@@ -126,7 +123,7 @@ def extend_plan(
     needed = quorum(total)
     ttl_ms = math.ceil(ttl * 1000)
     state.longest_ttl_ms = max(state.longest_ttl_ms, ttl_ms)
-    script = more.READ_EXTEND if lease.kind == READ else scripts.EXTEND
+    script = KINDS[lease.kind].extend
     extended = (lease.key, state.keys.fence, *((lease.marker,) if lease.marker else ()))
     reached = lease.reached or (True,) * total  # nodes that said no never hold it
     calls: list[Call | None] = [

@@ -27,113 +27,24 @@ from ... import inspection
 from ...fencing import tombstones
 from ...inspection import LockInfo, NodeError, NodeHealth
 from ...jobs import front
-from ...jobs.runner import Outcome, RunRequest
+from ...jobs.runner import RunRequest
 from ...locking.registry import locks
 from ...locking.validation import check_name, check_timeout, check_ttl
+from ..rendering import (
+    HOLDER_HEADERS,
+    LOCK_HEADERS,
+    NODE_HEADERS,
+    holder_rows,
+    lock_row,
+    node_row,
+    printable,
+    released_what,
+    table,
+)
 
 #: ``clear`` lists and releases locks in batches of this many names.
 CLEAR_BATCH = 500
 
-
-def printable(text: str) -> str:
-    """``text`` safe to write to a terminal: every character ``repr()`` would escape (C0
-    controls such as ESC, CR, LF and BEL; DEL; C1 controls; bidi embeddings, overrides and
-    isolates; line and paragraph separators) as its ``repr()`` escape (``\\x1b``, ``\\n``,
-    ``\\u202e``), and a backslash doubled, so no two names print alike. Lock names come
-    from HTTP clients (request-lock keys are filled from URL values)."""
-    if text.isprintable() and "\\" not in text:
-        return text
-    return "".join(_escaped(ch) for ch in text)
-
-
-def _escaped(ch: str) -> str:
-    """One character of :func:`printable`: ASCII controls as ``repr()`` writes them, other
-    code points as ``\\uXXXX`` (never ``\\xHH`` above 0x7f, which bash's ``$'...'`` would
-    read as a raw byte rather than the character)."""
-    if ch == "\\":
-        return "\\\\"
-    if ch.isprintable():
-        return ch
-    code = ord(ch)
-    if code < 0x80:
-        return repr(ch)[1:-1]
-    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """Left-aligned columns separated by two spaces; every cell :func:`printable`."""
-    cells = [
-        [str(h) for h in headers],
-        *[["" if c is None else printable(str(c)) for c in r] for r in rows],
-    ]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join(line.rstrip() for line in lines)
-
-
-def _lock_row(info: LockInfo) -> list[object]:
-    held = f"{info.nodes_held}/{info.nodes_total}"
-    if info.nodes_other:
-        held += f" (+{info.nodes_other} other)"
-    return [
-        info.alias,
-        info.name,
-        held,
-        f"{info.ttl_ms} ms" if info.ttl_ms >= 0 else "none",
-        info.token,
-        info.owner,
-        info.acquired_at.strftime("%Y-%m-%d %H:%M:%S") if info.acquired_at else "",
-        f"{info.host} ({info.pid})" if info.pid else info.host,
-        info.waiters,
-        info.kind_label,
-    ]
-
-
-def _holder_rows(info: LockInfo) -> list[list[object]]:
-    """``show``'s lines under HOLDERS: each lease holding the name (a semaphore's permits)."""
-    return [
-        [
-            "" if holder["slot"] is None else holder["slot"],
-            "" if holder["token"] is None else holder["token"],
-            holder["owner"],
-            holder["lease_id"],
-            f"{holder['ttl_ms']} ms" if holder["ttl_ms"] >= 0 else "none",
-            f"{holder['nodes_held']}/{info.nodes_total}",
-        ]
-        for holder in info.holders
-    ]
-
-
-def released_what(info: LockInfo) -> str:
-    """What ``release`` says it released, by kind."""
-    where = f"{info.name!r} on alias {info.alias!r}"
-    count = len(info.holders)
-    if info.kind == "semaphore":  # every permit; the token is the newest permit's
-        return (
-            f"semaphore {where} ({count} permit{'s' if count != 1 else ''} of "
-            f"{info.permits}, newest token {info.token})"
-        )
-    if info.kind == "read":  # every read lease
-        return f"the {count} read lease{'s' if count != 1 else ''} of {where}"
-    if info.kind == "write":
-        return f"write lease {where} (token {info.token})"
-    return f"{where} (token {info.token})"
-
-
-HOLDER_HEADERS = ("SLOT", "TOKEN", "OWNER", "LEASE", "TTL", "NODES")
-
-LOCK_HEADERS = (
-    "ALIAS",
-    "NAME",
-    "NODES",
-    "TTL",
-    "TOKEN",
-    "OWNER",
-    "ACQUIRED (UTC)",
-    "HOLDER",
-    "WAITERS",
-    "KIND",
-)
 
 #: ``code`` of the ``--json`` error document for each refusal of ``inspection.force_release``.
 RELEASE_CODES = {
@@ -382,7 +293,7 @@ class Command(BaseCommand):
                 os.unlink(status_file)
         outcome = front.run(manager, request)
         if status_file:
-            _write_status(status_file, outcome)
+            outcome.write_status(status_file)
         if outcome.message is not None:
             raise CommandError(f"redlock run: {outcome.message}", returncode=outcome.status)
         if outcome.status:
@@ -421,7 +332,7 @@ class Command(BaseCommand):
         if options["json"]:
             self._json([info.as_dict() for info in found])
         elif found:
-            self.stdout.write(table(LOCK_HEADERS, [_lock_row(info) for info in found]))
+            self.stdout.write(table(LOCK_HEADERS, [lock_row(info) for info in found]))
         else:
             self.stdout.write("No locks are held.")
         self._fail(problems)
@@ -435,12 +346,12 @@ class Command(BaseCommand):
         if options["json"]:
             self._json(info.as_dict())
         else:
-            row = _lock_row(info)
+            row = lock_row(info)
             width = max(len(h) for h in LOCK_HEADERS)
             for header, value in zip(LOCK_HEADERS, row, strict=True):
                 self.stdout.write(f"{header.ljust(width)}  {printable(str(value))}")
             self.stdout.write(f"HOLDERS ({len(info.holders)}):")
-            self.stdout.write(table(HOLDER_HEADERS, _holder_rows(info)))
+            self.stdout.write(table(HOLDER_HEADERS, holder_rows(info)))
         self._fail(errors)
 
     def release(self, options: dict[str, Any]) -> None:
@@ -493,37 +404,6 @@ class Command(BaseCommand):
         if options["json"]:
             self._json([node.as_dict() for node in report])
         else:
-            self.stdout.write(table(NODE_HEADERS, [_node_row(node) for node in report]))
+            self.stdout.write(table(NODE_HEADERS, [node_row(node) for node in report]))
         problems += [NodeError(n.alias, n.node, n.error) for n in report if not n.up]
         self._fail(problems)
-
-
-def _write_status(path: str, outcome: Outcome) -> None:
-    """``redlock run --status-file``: what happened, written atomically (rename)."""
-    document = {
-        "outcome": outcome.outcome,
-        "child_status": outcome.child_status,
-        "exit_status": outcome.status,
-    }
-    temporary = f"{path}.{os.getpid()}.tmp"
-    with open(temporary, "w") as file:
-        file.write(json.dumps(document) + "\n")
-    os.replace(temporary, path)
-
-
-NODE_HEADERS = ("ALIAS", "NODE", "STATUS", "LATENCY", "RUN_ID", "UPTIME", "POLICY", "MEMORY")
-
-
-def _node_row(node: NodeHealth) -> list[object]:
-    if not node.up:
-        return [node.alias, node.node, "down", "", "", "", "", node.error]
-    return [
-        node.alias,
-        node.shown,
-        "up (replica)" if node.replica else "up",
-        f"{node.latency_ms:.2f} ms",
-        node.run_id,
-        f"{node.uptime_s} s",
-        node.policy_shown,
-        node.used_memory_human or node.used_memory,
-    ]

@@ -19,7 +19,7 @@ from django.test import Client
 from django_redlock import locks
 from django_redlock.exceptions import LockError, LockLost
 from django_redlock.locking.manager import LockManager
-from django_redlock.management.commands.redlock import printable
+from django_redlock.management.rendering import printable
 from django_redlock.testing import RedisNodes
 from tests.seams.helpers import keys_left
 from tests.support.redis_acl import ACL_COMMANDS, acl_user_urls

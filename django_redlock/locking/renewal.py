@@ -1,0 +1,129 @@
+"""The drivers of the engine's renewal policy for held leases: one daemon thread for a lease or
+a ``lock_many`` set, or an asyncio task per lease."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Sequence
+from typing import Protocol, cast
+
+from ..engine import LeaseRecord, Renew, RenewalBound, Stepper, renewal_policy
+
+
+class Renewable(Protocol):
+    """What the drivers need of a lease (:class:`~.lease.Lease`)."""
+
+    _record: LeaseRecord
+    _bound: RenewalBound | None
+    _renewal_wakeup: asyncio.Event | None
+
+    @property
+    def ttl(self) -> float: ...
+
+    @property
+    def name(self) -> str: ...
+
+    def _renew_once(self) -> str: ...
+
+    async def _arenew_once(self) -> str: ...
+
+    def _renewals_ended(self, why: str | None) -> None: ...
+
+
+class RenewalThread(threading.Thread):
+    """Runs :func:`~.engine.policy.renewal_policy` for each of its leases until the policy
+    ends or the lease's renewals are stopped; the thread ends with its last lease."""
+
+    def __init__(self, leases: Sequence[Renewable]) -> None:
+        names = leases[0].name if len(leases) == 1 else f"{leases[0].name} +{len(leases) - 1}"
+        super().__init__(name=f"redlock-renew {names}", daemon=True)
+        self._runs = {
+            lease: Stepper(renewal_policy(lease._record, cast(RenewalBound, lease._bound)))
+            for lease in leases
+        }
+        #: held while a renewal runs: a lease stopped meanwhile is renewed no more after stop()
+        #: (re-entrant: a lock_lost receiver may release the lease from this very thread)
+        self._renewing = threading.RLock()
+        self._stopped: set[Renewable] = set()
+        #: leases whose TTL was shortened: their pause is cut to a third of the new TTL
+        self._hastened: set[Renewable] = set()
+        self._wakeup = threading.Event()
+
+    def hasten(self, lease: Renewable) -> None:
+        """Cut ``lease``'s current pause to a third of its (new, shorter) TTL."""
+        with self._renewing:
+            self._hastened.add(lease)
+        self._wakeup.set()
+
+    def stop(self, lease: Renewable) -> None:
+        """No renewal of ``lease`` starts after this returns; the last lease stopped also waits
+        for the thread to end."""
+        with self._renewing:
+            self._stopped.add(lease)
+            last = len(self._stopped) == len(self._runs)
+        if last:
+            self._wakeup.set()
+            if self is not threading.current_thread():
+                self.join()
+
+    def run(self) -> None:
+        due: dict[Renewable, float] = {}  # when each lease's pause ends
+        for lease in self._runs:
+            self._advance(lease, due)
+        while due:
+            if self._wakeup.wait(max(0.0, min(due.values()) - time.monotonic())):
+                with self._renewing:
+                    if len(self._stopped) == len(self._runs):
+                        return  # every lease was stopped
+                    self._wakeup.clear()
+                    hastened, self._hastened = self._hastened, set()
+                for lease in hastened & due.keys():
+                    due[lease] = min(due[lease], time.monotonic() + lease.ttl / 3)
+            now = time.monotonic()
+            for lease in [lease for lease, until in due.items() if until <= now]:
+                self._runs[lease].send(None)
+                self._advance(lease, due)
+
+    def _advance(self, lease: Renewable, due: dict[Renewable, float]) -> None:
+        """Run ``lease``'s renewals up to its policy's next pause and note when it ends; forget
+        the lease once it is stopped or its policy has ended."""
+        run = self._runs[lease]
+        while isinstance(run.step, Renew):
+            with self._renewing:
+                if lease in self._stopped:
+                    due.pop(lease, None)
+                    return
+                run.send(lease._renew_once())
+        if run.step is None:
+            due.pop(lease, None)
+            if lease not in self._stopped:
+                lease._renewals_ended(run.result)
+        else:
+            due[lease] = time.monotonic() + run.step.seconds
+
+
+async def renew_in_task(lease: Renewable, bound: RenewalBound) -> None:
+    """The asyncio driver of the renewal policy (cancelling the task stops it)."""
+    run = Stepper(renewal_policy(lease._record, bound))
+    while run.step is not None:
+        if isinstance(run.step, Renew):
+            run.send(await lease._arenew_once())
+        else:
+            await _pause(lease, run.step.seconds)
+            run.send(None)
+    lease._renewals_ended(run.result)
+
+
+async def _pause(lease: Renewable, seconds: float) -> None:
+    """Sleep ``seconds``, cut to a third of the TTL whenever an extend shortens it."""
+    wakeup = cast(asyncio.Event, lease._renewal_wakeup)
+    until = time.monotonic() + seconds
+    while (left := until - time.monotonic()) > 0:
+        try:
+            await asyncio.wait_for(wakeup.wait(), left)
+        except TimeoutError:
+            return
+        wakeup.clear()
+        until = min(until, time.monotonic() + lease.ttl / 3)
