@@ -1,0 +1,182 @@
+"""What one uncontended lock costs (issue 29): a table, same run.
+
+Per contender, acquire (one attempt) + release of free names, back to back, on 1 node and on
+5 nodes: pairs/s, acquire p50, client CPU per pair (``time.process_time``), server CPU per pair
+(the nodes' ``used_cpu_user`` + ``used_cpu_sys`` from ``INFO cpu``, summed over the nodes)
+and Python function calls per pair (``cProfile``, counted in a separate pass so the profiler's
+cost stays out of the timings). Contenders: this tree; the tree of each ``--ref`` (extracted
+with ``git archive``); raw redis-py on 1 node (``SET NX PX`` + ``EVALSHA`` compare-and-delete,
+hiredis) and the multiplexed raw fan-out on 5 (each command written to the five connections,
+then the five replies read). Each contender runs in its own process, rounds interleave the
+contenders, and the table shows the median over the rounds.
+
+    .venv/bin/python benchmarks/hot_path.py [--ref 0f914f6] [--pairs 3000] [--rounds 5]
+
+Starts its own redis-server processes on free loopback ports and stops them at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.pool_cap import tree_of  # noqa: E402
+
+CHILD = r"""
+import cProfile, json, pstats, secrets, sys, time
+import redis
+
+urls, pairs, kind = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+clients = [redis.Redis.from_url(url) for url in urls]
+
+def server_cpu():
+    total = 0.0
+    for client in clients:
+        info = client.info("cpu")
+        total += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    return total
+
+if kind == "ours":
+    import django
+    from django.conf import settings
+    alias = {"NODES": urls, "KEY_PREFIX": "hot:", "NODE_TIMEOUT": 1.0}
+    settings.configure(REDLOCK={"default": alias}, INSTALLED_APPS=[], USE_TZ=True)
+    django.setup()
+    from django_redlock import locks
+    manager = locks["default"]
+
+    def acquire(name):
+        return manager.acquire(name, timeout=0)
+
+    def release(held):
+        held.release()
+else:
+    RELEASE = (
+        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end "
+        "return 0"
+    )
+    conns = []
+    for client in clients:
+        sha = client.script_load(RELEASE)
+        conns.append(client.connection_pool.get_connection())
+    majority = len(conns) // 2 + 1
+
+    def release(held):
+        name, owner = held
+        for conn in conns:
+            conn.send_command("EVALSHA", sha, 1, name, owner)
+        return [conn.read_response() for conn in conns]
+
+    def acquire(name):
+        owner = secrets.token_hex(16)
+        for conn in conns:
+            conn.send_command("SET", name, owner, "NX", "PX", 10000)
+        if sum(conn.read_response() is not None for conn in conns) >= majority:
+            return name, owner
+        release((name, owner))
+        raise SystemExit("the raw lock was not free")
+
+for i in range(300):  # warm up: connections, scripts, fence state
+    release(acquire(f"warm:{i}"))
+times = []
+cpu, server, started = time.process_time(), server_cpu(), time.perf_counter()
+for i in range(pairs):
+    before = time.perf_counter()
+    held = acquire(f"t:{i}")
+    times.append(time.perf_counter() - before)
+    release(held)
+elapsed = time.perf_counter() - started
+cpu, server = time.process_time() - cpu, server_cpu() - server
+profile = cProfile.Profile()
+counted = min(pairs, 1000)
+profile.enable()
+for i in range(counted):
+    release(acquire(f"p:{i}"))
+profile.disable()
+calls = pstats.Stats(profile).total_calls / counted
+times.sort()
+print(json.dumps({
+    "rate": pairs / elapsed,
+    "p50": times[len(times) // 2] * 1e6,
+    "cpu": cpu / pairs * 1e6,
+    "server": server / pairs * 1e6,
+    "calls": calls,
+}))
+"""
+
+
+def run(tree: Path | None, urls: list[str], pairs: int) -> dict[str, float]:
+    """One contender's pass in a process of its own (``tree``: None for raw redis-py)."""
+    path = [str(tree)] if tree is not None else []
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            json.dumps(urls),
+            str(pairs),
+            "raw" if tree is None else "ours",
+        ],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": ":".join(path), "PATH": "/usr/bin:/bin"},
+    )
+    if done.returncode:
+        raise SystemExit(f"{tree or 'raw'}: {done.stderr}")
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--ref", action="append", default=[], help="a git ref to compare")
+    parser.add_argument("--pairs", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+
+    from django_redlock.testing import RedisNodes
+
+    with tempfile.TemporaryDirectory() as tmp, RedisNodes.start(6) as nodes:
+        contenders: list[tuple[str, Path | None]] = [("this tree", ROOT)]
+        for ref in args.ref:
+            contenders.append((ref, tree_of(ref, Path(tmp) / ref)))
+        print(
+            f"uncontended acquire + release, median of {args.rounds} rounds of "
+            f"{args.pairs} pairs (calls: cProfile, up to 1,000 pairs)"
+        )
+        print(
+            "| nodes | contender | pairs/s | acquire p50 µs | client CPU µs/pair | "
+            "server CPU µs/pair | Python calls/pair | pairs/s vs raw | CPU vs raw |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
+        for count in (1, 5):
+            urls = nodes.urls[:1] if count == 1 else nodes.urls[1:]  # a fresh set each
+            raw = "raw redis-py" if count == 1 else "raw fan-out"
+            every = [*contenders, (raw, None)]
+            results: dict[str, list[dict[str, float]]] = {name: [] for name, _ in every}
+            for _ in range(args.rounds):
+                for name, tree in every:
+                    results[name].append(run(tree, urls, args.pairs))
+            median = {
+                name: {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+                for name, rows in results.items()
+            }
+            for name, _ in every:
+                m, r = median[name], median[raw]
+                print(
+                    f"| {count} | {name} | {m['rate']:,.0f} | {m['p50']:.0f} | {m['cpu']:.0f} | "
+                    f"{m['server']:.0f} | {m['calls']:.0f} | {m['rate'] / r['rate']:.2f}x | "
+                    f"{m['cpu'] / r['cpu']:.2f}x |"
+                )
+
+
+if __name__ == "__main__":
+    main()
