@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
@@ -59,36 +60,46 @@ def _no_active_leases() -> Iterator[None]:
     context.clear()
 
 
-# Database connections opened by threads other than the main one (asgiref's executor under the
-# async test client, live-server request threads, test workers): Django's test client turns
-# off the request signals that would close them, so each stays open until its thread dies and
-# the garbage collector finds it. On PostgreSQL that is a ResourceWarning at a random later
-# test, or a session that stops pytest-django from dropping the test database at the end.
-_OTHER_THREAD_CONNECTIONS: list[BaseDatabaseWrapper] = []
-_OTHER_THREAD_CONNECTIONS_LOCK = threading.Lock()
+# Database connections that no later code of the test session will use or close: those opened
+# by threads other than the main one (asgiref's executor under the async test client, live-server
+# request threads, test workers), and those the main thread opened while an event loop ran in
+# it (asyncio.run, Playwright's sync API): Django keeps a connection per thread, but per asyncio
+# context while a loop runs, so once the loop is gone the main thread never sees them again.
+# Django's test client turns off the request signals that would close them, so each stays open
+# until the garbage collector finds it. On PostgreSQL that is a ResourceWarning at a random
+# later test, or a session that keeps pytest-django from dropping the test database.
+_OPENED: list[tuple[BaseDatabaseWrapper, bool]] = []
+_OPENED_LOCK = threading.Lock()
 
 
-def _remember_other_thread_connection(connection: BaseDatabaseWrapper, **_: Any) -> None:
-    if threading.current_thread() is not threading.main_thread():
-        with _OTHER_THREAD_CONNECTIONS_LOCK:
-            _OTHER_THREAD_CONNECTIONS.append(connection)
+def _remember_connection(connection: BaseDatabaseWrapper, **_: Any) -> None:
+    with _OPENED_LOCK:
+        _OPENED.append((connection, threading.current_thread() is threading.main_thread()))
 
 
-connection_created.connect(_remember_other_thread_connection, dispatch_uid="redlock-tests")
+connection_created.connect(_remember_connection, dispatch_uid="redlock-tests")
 
 
 @pytest.fixture(autouse=True)
-def _close_other_threads_connections() -> Iterator[None]:
-    """Close, at the end of each test, the database connections other threads opened during
-    it. The wrapper forgets its connection, so a thread that is reused (asgiref's executor)
-    reconnects on its next query."""
+def _close_orphaned_connections() -> Iterator[None]:
+    """Close, at the end of each test, the connections opened during it that no later code
+    will use: every other thread's, and the main thread's that are not its connection now
+    (opened while an event loop ran). The main thread's own connection stays (an in-memory
+    SQLite database lives in it). A closed wrapper forgets its connection, so a thread that is
+    reused (asgiref's executor) reconnects on its next query."""
     yield
-    with _OTHER_THREAD_CONNECTIONS_LOCK:
-        opened = list(_OTHER_THREAD_CONNECTIONS)
-        _OTHER_THREAD_CONNECTIONS.clear()
-    for wrapper in opened:
+    with _OPENED_LOCK:
+        opened = list(_OPENED)
+        _OPENED.clear()
+    for wrapper, in_main_thread in opened:
         raw = wrapper.connection
         if raw is None or wrapper.in_atomic_block:
+            continue
+        if (
+            in_main_thread
+            and wrapper.alias in connections
+            and connections[wrapper.alias] is wrapper
+        ):
             continue
         wrapper.connection = None
         raw.close()
