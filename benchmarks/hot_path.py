@@ -1,14 +1,17 @@
 """What one uncontended lock costs (issue 29): a table, same run.
 
 Per contender, acquire (one attempt) + release of free names, back to back, on 1 node and on
-5 nodes: pairs/s, acquire p50, client CPU per pair (``time.process_time``), server CPU per pair
-(the nodes' ``used_cpu_user`` + ``used_cpu_sys`` from ``INFO cpu``, summed over the nodes)
-and Python function calls per pair (``cProfile``, counted in a separate pass so the profiler's
-cost stays out of the timings). Contenders: this tree; the tree of each ``--ref`` (extracted
-with ``git archive``); raw redis-py on 1 node (``SET NX PX`` + ``EVALSHA`` compare-and-delete,
-hiredis) and the multiplexed raw fan-out on 5 (each command written to the five connections,
-then the five replies read). Each contender runs in its own process, rounds interleave the
-contenders, and the table shows the median over the rounds.
+5 nodes: pairs/s; acquire p50; client CPU per pair (``time.process_time``); server CPU per
+pair (the nodes' ``used_cpu_user`` + ``used_cpu_sys`` from ``INFO cpu``, summed over the
+nodes); Python function calls per pair (``cProfile``, counted in a separate pass so the
+profiler's cost stays out of the timings); Redis commands per pair and node (``INFO
+commandstats``: those the scripts run, not the ``EVALSHA`` itself).
+
+Contenders: this tree; the tree of each ``--ref`` (extracted with ``git archive``); raw
+redis-py on 1 node (``SET NX PX`` + ``EVALSHA`` compare-and-delete, hiredis) and the
+multiplexed raw fan-out on 5 (each command written to the five connections, then the five
+replies read). Each contender runs in its own process, rounds interleave the contenders, and
+the table shows the median over the rounds.
 
     .venv/bin/python benchmarks/hot_path.py [--ref 0f914f6] [--pairs 3000] [--rounds 5]
 
@@ -42,6 +45,16 @@ def server_cpu():
     for client in clients:
         info = client.info("cpu")
         total += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    return total
+
+def commands():
+    # commands the nodes ran (those inside scripts included), but INFO and the scripts' own
+    # EVALSHA and EVAL: what the scripts (or raw redis-py) ask of Redis
+    total = 0
+    for client in clients:
+        for name, stats in client.info("commandstats").items():
+            if name not in ("cmdstat_info", "cmdstat_evalsha", "cmdstat_eval"):
+                total += int(stats["calls"])
     return total
 
 if kind == "ours":
@@ -87,6 +100,7 @@ else:
 for i in range(300):  # warm up: connections, scripts, fence state
     release(acquire(f"warm:{i}"))
 times = []
+ran = commands()
 cpu, server, started = time.process_time(), server_cpu(), time.perf_counter()
 for i in range(pairs):
     before = time.perf_counter()
@@ -95,6 +109,7 @@ for i in range(pairs):
     release(held)
 elapsed = time.perf_counter() - started
 cpu, server = time.process_time() - cpu, server_cpu() - server
+ran = (commands() - ran) / pairs / len(clients)
 profile = cProfile.Profile()
 counted = min(pairs, 1000)
 profile.enable()
@@ -109,6 +124,7 @@ print(json.dumps({
     "cpu": cpu / pairs * 1e6,
     "server": server / pairs * 1e6,
     "calls": calls,
+    "commands": ran,
 }))
 """
 
@@ -173,8 +189,9 @@ def main() -> None:
                 m, r = median[name], median[raw]
                 print(
                     f"| {count} | {name} | {m['rate']:,.0f} | {m['p50']:.0f} | {m['cpu']:.0f} | "
-                    f"{m['server']:.0f} | {m['calls']:.0f} | {m['rate'] / r['rate']:.2f}x | "
-                    f"{m['cpu'] / r['cpu']:.2f}x |"
+                    f"{m['server']:.0f} | {m['calls']:.0f} | {m['commands']:.1f} | "
+                    f"{m['rate'] / r['rate']:.2f}x | {m['cpu'] / r['cpu']:.2f}x | "
+                    f"{m['server'] / r['server']:.2f}x |"
                 )
 
 

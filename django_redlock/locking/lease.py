@@ -232,9 +232,10 @@ class Lease:
         self._released_at = time.monotonic()
         if not held:
             self._mark_lost("it had expired or was taken when it was released")
-        signals.emit(
-            signals.lock_released, self._manager, alias=self.alias, name=self.name, lease=self
-        )
+        if signals.wanted(signals.lock_released):
+            signals.emit(
+                signals.lock_released, self._manager, alias=self.alias, name=self.name, lease=self
+            )
         return held
 
     def _mark_lost(self, reason: str) -> None:

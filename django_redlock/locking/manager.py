@@ -314,6 +314,8 @@ class LockManager(KindBlocks):
         return lease
 
     def _send_acquired(self, lease: Lease) -> None:
+        if not signals.wanted(signals.lock_acquired):  # the common case: nothing to build
+            return
         signals.emit(
             signals.lock_acquired,
             self,

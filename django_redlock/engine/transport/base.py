@@ -171,9 +171,11 @@ class LinkBase:
             return failed_slot(call, f"not answering ({len(self._unread)} calls queued)")
         slot = Slot(call, notify)
         assert self._output is not None
-        commands = (*call.before, call.packed_args(by_sha=by_sha))
+        packed = hiredis.pack_command(call.packed_args(by_sha=by_sha))  # type: ignore[arg-type]
+        if call.before:
+            packed = b"".join([*map(hiredis.pack_command, call.before), packed])  # type: ignore[arg-type]
         try:
-            self._output(b"".join(hiredis.pack_command(c) for c in commands))  # type: ignore[arg-type]
+            self._output(packed)
         except OSError as exc:  # includes a full send buffer on a non-blocking socket
             self.fail(describe(exc))
             slot.fill(NodeFailure(f"down: {describe(exc)}"))
@@ -227,6 +229,8 @@ def request_slots(
                 NOT_INVOLVED if link.usable() else f"down: {link.last_error or 'not connected'}"
             )
             slots.append(failed_slot(None, reason))
+        elif link.connected:  # the common case, without the call below
+            slots.append(send(link, call))
         else:
             slots.append(_send_one(link, call, send))
     return slots
@@ -261,7 +265,9 @@ def resend_unknown_scripts(
 ) -> bool:
     """After ``SCRIPT FLUSH`` on a node: send the calls it refused again with ``EVAL`` (which
     caches the script again); True if any was."""
-    retry = [i for i, s in enumerate(slots) if s.done and is_noscript(s.value)]
+    retry = [
+        i for i, s in enumerate(slots) if isinstance(s.value, NodeFailure) and is_noscript(s.value)
+    ]
     for i in retry:
         call, ahead = slots[i].call, slots[i].ahead
         assert call is not None

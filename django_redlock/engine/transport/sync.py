@@ -134,12 +134,13 @@ class Link(LinkBase):
             except OSError as exc:
                 self.fail(describe(exc))
                 return True
-            if count == 0:
+            if count > 0:
+                self._reader.feed(self._buffer, 0, count)
+            elif count == 0:
                 self.fail("ConnectionError: connection closed by the server")
                 return True
-            if count < 0:  # nothing new (what the reader holds is drained with receive=False)
+            elif not self._reader.has_data():  # nothing new, nothing parsed but unread
                 return False
-            self._reader.feed(self._buffer, 0, count)
         return self._read_replies()
 
 
@@ -222,22 +223,30 @@ class Channel:
         """Before a plan reads the links, one zero-timeout poll over all of them: read late
         replies that arrived meanwhile (a resumed node catching up), drop connections the
         server closed while idle, and reconnect those that just broke, so no call is lost."""
-        by_fd = {fd: link for link in self.links if (fd := link.fileno()) is not None}
-        for fd in by_fd:
-            self._poller.register(fd, _POLL_EVENTS)
-        try:
-            ready = self._poller.poll(0)
-        finally:
-            for fd in by_fd:
-                self._poller.unregister(fd)
-        for fd, _ in ready:
-            link = by_fd[fd]
-            if link.is_idle():  # nothing is expected from an idle link: the server closed it
-                link.fail("ConnectionError: connection closed by the server")
-            else:
-                link.drain(receive=True)
+        poller = self._poller
+        registered: list[tuple[int, Link]] = []
         for link in self.links:
-            link.revive()
+            sock = link._sock
+            if sock is not None and link.connected:
+                fd = sock.fileno()
+                poller.register(fd, _POLL_EVENTS)
+                registered.append((fd, link))
+        try:
+            ready = poller.poll(0)
+        finally:
+            for fd, _ in registered:
+                poller.unregister(fd)
+        if ready:
+            by_fd = dict(registered)
+            for fd, _ in ready:
+                link = by_fd[fd]
+                if link.is_idle():  # nothing is expected from an idle link: the server closed it
+                    link.fail("ConnectionError: connection closed by the server")
+                else:
+                    link.drain(receive=True)
+        for link in self.links:
+            if link._sock is None and link._fresh_failure:
+                link.revive()
 
     def execute(self, request: Request) -> list[Any]:
         """Run one plan request and return one reply (or NodeFailure) per node."""
@@ -259,7 +268,7 @@ class Channel:
             if slot.ahead:
                 self.ahead = [s.result(expired=expired) for s in slot.ahead]
                 request.ahead = {**(request.ahead or {}), i: self.ahead}
-        return [result_of(s, expired=expired) for s in slots]
+        return [s.value if s.done else result_of(s, expired=expired) for s in slots]
 
     def _collect(
         self,
@@ -269,44 +278,63 @@ class Channel:
         skip: set[int] | frozenset[int] = frozenset(),
     ) -> None:
         """Read replies until ``settled`` says yes, every slot (but ``skip``: hedge nodes not
-        asked yet) is filled, or ``deadline`` passes."""
-        poller = self._poller
+        asked yet) is filled, or ``deadline`` passes. ``settled`` is asked again only after
+        a reply came in (this loop runs for every lock call: each turn of a spin is a read
+        and a yield, nothing more)."""
         links = self.links
         budget = self.spinner.budget()
         spin_until = min(time.monotonic() + budget, deadline)
+        waiting = [links[i] for i, slot in enumerate(slots) if not slot.done and i not in skip]
+        ask = settled is not None and len(waiting) + len(skip) < len(slots)
         while True:
-            waiting = [links[i] for i, slot in enumerate(slots) if not slot.done and i not in skip]
-            if not waiting or (settled is not None and settled(slots)):
+            if not waiting or (ask and settled is not None and settled(slots)):
                 if budget:
                     self.spinner.settled(True)
                 return
-            if any(link.has_buffered() for link in waiting):
-                for link in waiting:
-                    link.drain(receive=False)
-                continue
-            now = time.monotonic()
-            if budget:
-                if now < spin_until:
-                    if not any([link.drain(receive=True) for link in waiting]):
-                        os.sched_yield()  # let the node (or anyone) run if it shares our CPU
+            progressed = False
+            if budget and time.monotonic() < spin_until:
+                for link in waiting:  # a read of what arrived, buffered replies included
+                    if link.drain(receive=True):
+                        progressed = True
+                if not progressed:
+                    os.sched_yield()  # let the node (or anyone) run if it shares our CPU
                     continue
-                self.spinner.settled(False)
-                budget = 0.0
-            remaining = deadline - now
-            if remaining <= 0:
-                return
-            by_fd = {fd: link for link in waiting if (fd := link.fileno()) is not None}
-            if not by_fd:
-                return
-            for fd in by_fd:  # a poll object's registry lives in user space: no syscalls
-                poller.register(fd, _POLL_EVENTS)
-            try:
-                ready = poller.poll(remaining * 1000)
-            finally:
-                for fd in by_fd:
-                    poller.unregister(fd)
-            for fd, _ in ready:
-                by_fd[fd].drain(receive=True)
+            else:
+                if budget:
+                    self.spinner.settled(False)
+                    budget = 0.0
+                for link in waiting:  # replies already read or decrypted: poll would miss them
+                    if link.has_buffered() and link.drain(receive=True):
+                        progressed = True
+                if not progressed:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return
+                    readable = self._sleep(waiting, remaining)
+                    if readable is None:  # no waiting link has a connection to wait on
+                        return
+                    if not readable:
+                        continue
+            waiting = [links[i] for i, slot in enumerate(slots) if not slot.done and i not in skip]
+            ask = settled is not None
+
+    def _sleep(self, waiting: list[Link], remaining: float) -> bool | None:
+        """Block in ``poll()`` until a waiting link is readable or ``remaining`` seconds pass,
+        then read the readable ones; False when none was, None when no link has a socket."""
+        by_fd = {fd: link for link in waiting if (fd := link.fileno()) is not None}
+        if not by_fd:
+            return None
+        poller = self._poller
+        for fd in by_fd:  # a poll object's registry lives in user space: no syscalls
+            poller.register(fd, _POLL_EVENTS)
+        try:
+            ready = poller.poll(remaining * 1000)
+        finally:
+            for fd in by_fd:
+                poller.unregister(fd)
+        for fd, _ in ready:
+            by_fd[fd].drain(receive=True)
+        return bool(ready)
 
     def pending(self) -> bool:
         """True while a call sent on this channel has no reply read yet."""
