@@ -13,6 +13,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
@@ -208,9 +209,15 @@ class RedisNode(StopOnExit):
         else:
             kwargs.setdefault("host", HOST)
             kwargs.setdefault("port", self.port)
-        return redis.Redis(
+        client = redis.Redis(
             decode_responses=decode_responses, socket_timeout=socket_timeout, **kwargs
         )
+        # redis-py 8 keeps its connections in reference cycles (event listeners): a client
+        # dropped unclosed left its socket to the garbage collector, which may free it before
+        # the connection closes it (a ResourceWarning at a random later moment). Its sockets
+        # are closed the moment the client itself is dropped.
+        weakref.finalize(client, client.connection_pool.disconnect)
+        return client
 
     def ping(self, timeout: float = 0.5) -> bool:
         """True if the node answers PING within ``timeout`` seconds (raw socket, no redis-py)."""
