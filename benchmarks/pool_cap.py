@@ -36,6 +36,8 @@ if cap != "-":
 settings.configure(REDLOCK={"default": alias}, INSTALLED_APPS=[], USE_TZ=True)
 django.setup()
 from django_redlock import locks
+import django_redlock, os
+assert django_redlock.__file__.startswith(os.environ["PYTHONPATH"]), django_redlock.__file__
 manager = locks["default"]
 for i in range(200):  # warm up: connections, scripts
     manager.acquire(f"warm:{i}", timeout=0).release()
@@ -74,6 +76,7 @@ def run(tree: Path, urls: list[str], pairs: int, cap: str) -> list[float]:
         capture_output=True,
         text=True,
         env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
+        cwd=tree,  # not the checkout: python -c puts the working directory first on sys.path
     )
     if done.returncode:
         raise SystemExit(f"{tree} cap={cap}: {done.stderr}")
