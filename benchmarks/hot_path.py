@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.pool_cap import tree_of  # noqa: E402
 
 CHILD = r"""
-import cProfile, json, pstats, secrets, sys, time
+import cProfile, json, os, pstats, sys, time
 import redis
 
 urls, pairs, kind = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -82,31 +82,21 @@ if kind == "ours":
 
     def release(held):
         held.release()
-else:
-    RELEASE = (
-        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end "
-        "return 0"
-    )
-    conns = []
-    for client in clients:
-        sha = client.script_load(RELEASE)
-        conns.append(client.connection_pool.get_connection())
-    majority = len(conns) // 2 + 1
+else:  # the raw pairs every benchmark compares with (benchmarks/contenders.py, scale.py)
+    sys.path.insert(0, os.environ["BENCH_ROOT"])
+    from benchmarks.contenders import raw_pair
+    from benchmarks.scale import raw_fanout_pair
 
-    def release(held):
-        name, owner = held
-        for conn in conns:
-            conn.send_command("EVALSHA", sha, 1, name, owner)
-        return [conn.read_response() for conn in conns]
+    one = len(urls) == 1
+    take, give = raw_pair(urls[0], "raw:hot") if one else raw_fanout_pair(urls, "raw:hot")
 
     def acquire(name):
-        owner = secrets.token_hex(16)
-        for conn in conns:
-            conn.send_command("SET", name, owner, "NX", "PX", 10000)
-        if sum(conn.read_response() is not None for conn in conns) >= majority:
-            return name, owner
-        release((name, owner))
-        raise SystemExit("the raw lock was not free")
+        owner = take()
+        if owner is None:
+            raise SystemExit("the raw lock was not free")
+        return owner
+
+    release = give
 
 if kind != "ours":
     counted_acquire = acquire
@@ -157,7 +147,7 @@ def run(tree: Path | None, urls: list[str], pairs: int) -> dict[str, float]:
         ],
         capture_output=True,
         text=True,
-        env={"PYTHONPATH": ":".join(path), "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": ":".join(path), "PATH": "/usr/bin:/bin", "BENCH_ROOT": str(ROOT)},
         # not the checkout: python -c puts the working directory first on sys.path
         cwd=tree or tempfile.gettempdir(),
     )

@@ -226,9 +226,8 @@ class Channel:
         poller = self._poller
         registered: list[tuple[int, Link]] = []
         for link in self.links:
-            sock = link._sock
-            if sock is not None and link.connected:
-                fd = sock.fileno()
+            fd = link.fileno()
+            if fd is not None:
                 poller.register(fd, _POLL_EVENTS)
                 registered.append((fd, link))
         try:
@@ -245,8 +244,7 @@ class Channel:
                 else:
                     link.drain(receive=True)
         for link in self.links:
-            if link._sock is None and link._fresh_failure:
-                link.revive()
+            link.revive()
 
     def execute(self, request: Request) -> list[Any]:
         """Run one plan request and return one reply (or NodeFailure) per node."""
