@@ -18,6 +18,7 @@ from .acquire_loop import LoopRequest, Pipe, Try, Wait, acquire_loop
 from .budget import Budget
 from .drive import PlanMaker
 from .kinds import HANDOFF_MS
+from .lane import lane_acquire, lane_release
 from .loop_pools import LoopPools
 from .plans import (
     extend_plan,
@@ -70,6 +71,8 @@ class Engine(ChannelPools):
         #: this alias's connections per node (shared by its shards' engines)
         self.budget = budget or Budget(len(self.labels))
         self._every = tuple(range(len(self.labels)))
+        #: a lock on a one-node alias takes the single-node lane (:mod:`.lane`)
+        self._lane = len(self.labels) == 1
         self._start_afresh()
 
     def _start_afresh(self) -> None:
@@ -141,9 +144,12 @@ class Engine(ChannelPools):
         waiting = Waiting.of(started, timeout)
         first = None
         if not queue_first:  # the common case: one attempt, no policy needed if it wins
-            first = target.seen(
-                *self._run(target.attempt(waiting, False), None, deadline_of(waiting))
-            )
+            if self._lane and target.lane:  # a lock on one node: the short way (see .lane)
+                attempt = target.lane_attempt(waiting)
+                ran = self._run_with(lane_acquire, attempt, None, deadline_of(waiting))
+            else:
+                ran = self._run(target.attempt(waiting, False), None, deadline_of(waiting))
+            first = target.seen(*ran)
             if not isinstance(first, AcquireFailure) or timeout == 0:
                 return first
         loop = acquire_loop(target, waiting, self._policy(timeout, queue_first, first, started))
@@ -248,8 +254,14 @@ class Engine(ChannelPools):
 
     def release(self, lease: LeaseRecord) -> bool:
         """Release ``lease``; True if it was still held."""
-        held = self._run(lambda nodes: release_plan(self.state, nodes, lease), lease.pinned)[0]
+        if self._lane:
+            held = self._run_with(self._lane_release, lease, lease.pinned)[0]
+        else:
+            held = self._run(lambda nodes: release_plan(self.state, nodes, lease), lease.pinned)[0]
         return self._released(lease, held)
+
+    def _lane_release(self, lease: LeaseRecord, channel: Channel) -> bool:
+        return lane_release(lease, self.state, channel)
 
     def release_many(self, leases: Sequence[LeaseRecord]) -> list[bool]:
         """Release the leases of one ``lock_many`` set in one call per node; per lease, True

@@ -45,6 +45,19 @@ def _abandon(plan: Plan[Any], send_now: Callable[[Request], Any]) -> None:
         pass
 
 
+def give_up(make_plan: PlanMaker[Any], channel: Channel) -> None:
+    """Run a plan that only undoes (one resumed from an abandoned :class:`~.plans.rounds.Sent`
+    round: it yields its fire-and-forget give-backs, then raises ``Abandoned``)."""
+    plan = make_plan(channel.links)
+    try:
+        request = next(plan)
+        while True:
+            channel.execute(request)
+            request = plan.send([None] * len(request.calls))
+    except (Abandoned, StopIteration):
+        pass
+
+
 async def adrive(make_plan: PlanMaker[T], channel: AsyncChannel) -> T:
     """Asyncio twin of :func:`drive`."""
     await channel.prepare()

@@ -12,7 +12,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, TypeVar
 
 from .budget import SPARE_WAIT, Budget
@@ -24,6 +24,7 @@ from .transport.blpop import ReleaseWaiter
 from .transport.sync import Channel, ConnectionFactory
 
 T = TypeVar("T")
+J = TypeVar("J")
 
 #: ``until`` of a call that is not an acquire attempt with a deadline: it waits up to
 #: :data:`~.budget.SPARE_WAIT` for a connection.
@@ -111,11 +112,19 @@ class ChannelPools:
         none free and the budget spent, wait for one until ``until`` (``time.monotonic()``;
         :data:`SPARE`: :data:`~.budget.SPARE_WAIT` from now), then fail as if the nodes
         were down."""
+        return self._run_with(drive, make_plan, pinned, until)
+
+    def _run_with(
+        self, driver: Callable[[J, Channel], T], job: J, pinned: Any = None, until: float = SPARE
+    ) -> tuple[T, Channel]:
+        """:meth:`_run` with another driver: ``driver(job, channel)`` (the single-node
+        lane's, see :mod:`.lane`)."""
+        make_plan = job
         self._check_fork()
         if isinstance(pinned, Channel) and pinned in self._all:
             with pinned.mutex:
                 if pinned in self._all:  # not closed as idle meanwhile
-                    return drive(make_plan, pinned), pinned
+                    return driver(make_plan, pinned), pinned
         # pool checkout inline (no context manager): this is the hot path of every call
         with self._mutex:
             channel = self._free.pop() if self._free else None
@@ -123,7 +132,7 @@ class ChannelPools:
             channel = self._checkout(until)
         try:
             with channel.mutex:
-                return drive(make_plan, channel), channel
+                return driver(make_plan, channel), channel
         finally:
             if channel.idle_since >= 0:  # not a stand-in
                 with self._mutex:

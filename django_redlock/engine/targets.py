@@ -12,7 +12,9 @@ from typing import Any
 from . import forks
 from .drive import PlanMaker
 from .keyspace import new_waiter
+from .lane import LaneAttempt
 from .plans import acquire_many_plan, acquire_plan
+from .plans.rounds import Sent
 from .policy import Attempt, Stepper, registration_ms
 from .pools import SPARE
 from .replies import NodeFailure
@@ -59,15 +61,38 @@ class Target:
         self.started = time.monotonic()
         self.attempts = 0
 
+    @property
+    def lane(self) -> bool:
+        """True for a lock (one name, not a permit or a read-write lease): what the
+        single-node lane (:mod:`.lane`) takes."""
+        return not (self.many or self.permits or self.rw)
+
+    def lane_attempt(self, waiting: Waiting | None) -> LaneAttempt:
+        """The first attempt of a lock, for the single-node lane."""
+        waiter, mark_ms = "", 0
+        if waiting is not None:
+            waiter, mark_ms = waiting.waiter, registration_ms(waiting.deadline)
+        return LaneAttempt(
+            self.state,
+            self.name,
+            self.ttl,
+            waiter,
+            mark_ms,
+            False,
+            lambda sent: self.attempt(waiting, False, sent=sent),
+        )
+
     def attempt(
         self,
         waiting: Waiting | None,
         woken: bool,
         before: tuple[tuple[str | int, ...], ...] = (),
         wait: float = 0.0,
+        sent: Sent | None = None,
     ) -> PlanMaker[Any]:
         """The attempt's plan; ``before`` (a single lock, semaphore or read-write lease):
-        commands sent ahead of it that block up to ``wait`` seconds (a ``BLPOP``)."""
+        commands sent ahead of it that block up to ``wait`` seconds (a ``BLPOP``); ``sent``:
+        its first round, already made by the single-node lane."""
         state, ttl = self.state, self.ttl
         waiter, mark_ms = "", 0
         if waiting is not None:  # None: timeout=0, never registers as a waiter
@@ -92,6 +117,7 @@ class Target:
             rw=rw,
             before=before,
             wait=wait,
+            sent=sent,
         )
 
     def seen(self, result: Any, channel: Channel | AsyncChannel | None) -> Any:

@@ -19,7 +19,7 @@ from ..state import (
     NodeView,
     Plan,
 )
-from .rounds import attempt_round, quorum_first, write_back
+from .rounds import Sent, attempt_round, quorum_first, write_back
 from .waiters import withdraw_plan
 
 #: Why a node's vote did not count while it is in the restart quarantine (docs/algorithm.md).
@@ -61,6 +61,7 @@ def acquire_plan(
     rw: str = "",
     before: tuple[tuple[str | int, ...], ...] = (),
     wait: float = 0.0,
+    sent: Sent | None = None,
 ) -> Plan[LeaseRecord | AcquireFailure]:
     """One acquisition attempt; returns a :class:`LeaseRecord` or an :class:`AcquireFailure`.
 
@@ -71,7 +72,8 @@ def acquire_plan(
     the same slot, since each slot excludes like a lock) instead of the lock ``name``.
     ``rw``: ``"read"`` or ``"write"`` for a lease of the read-write lock ``name``.
     ``before``/``wait``: commands sent ahead of the first call on each node (a waiter's
-    ``BLPOP``) and how much longer than ``NODE_TIMEOUT`` their replies may take."""
+    ``BLPOP``) and how much longer than ``NODE_TIMEOUT`` their replies may take. ``sent``: the
+    first round, already made by the single-node lane (see :class:`.rounds.Sent`)."""
     total = len(nodes)
     needed = quorum(total)
     keys = state.keys
@@ -95,7 +97,18 @@ def acquire_plan(
     first = quorum_first(state, nodes, name)
     try:
         owner, calls, replies, statuses, started = yield from attempt_round(
-            state, nodes, script, touched, ttl, args, settled, give_back, before, wait, first
+            state,
+            nodes,
+            script,
+            touched,
+            ttl,
+            args,
+            settled,
+            give_back,
+            before,
+            wait,
+            first,
+            sent=sent,
         )
     except Abandoned:
         # the caller gave up with its attempt in flight (attempt_round gave back what it may

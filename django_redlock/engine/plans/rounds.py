@@ -16,6 +16,18 @@ from ..state import Abandoned, AliasState, NodeView, Plan
 from ..trust import rejoin_plan
 
 
+class Sent(NamedTuple):
+    """An attempt's first round made outside the plan (the single-node lane,
+    :mod:`..lane`): the owner and value suffix it sent, when, and what the nodes answered
+    (None: the caller gave up before the replies came). The plan resumes from it as if it
+    had sent the round itself."""
+
+    owner: str
+    suffix: str
+    started: float
+    replies: list[Any] | None
+
+
 class Attempted(NamedTuple):
     """One attempt's round: the owner value it used, its calls and what the nodes said."""
 
@@ -42,6 +54,7 @@ def attempt_round(
     wait: float = 0.0,
     first: Collection[int] | None = None,
     tokens: int = 1,
+    sent: Sent | None = None,
 ) -> Plan[Attempted]:
     """Send an acquiring ``script`` to every trusted node, with the args ``(owner, ttl_ms,
     run_id, value suffix, *args)``; when untrusted nodes kept it from a quorum, rejoin them
@@ -57,13 +70,18 @@ def attempt_round(
     asked as a hedge (:class:`~.replies.Request` ``later``) when those have not settled the
     attempt within :meth:`AliasState.hedge_delay`, or at once when they all answered without
     settling it, and the replies of every node asked count. ``tokens``: how many tokens one
-    grant draws from a node's counter (``lock_many``: one per name)."""
+    grant draws from a node's counter (``lock_many``: one per name). ``sent``: the first
+    round, already made (by the single-node lane): it is not sent again."""
     total = len(nodes)
     needed = quorum(total)
     ttl_ms = math.ceil(ttl * 1000)
     state.longest_ttl_ms = max(state.longest_ttl_ms, ttl_ms)
-    suffix = LockValue.suffix(int(time.time() * 1000), state.host, state.pid)
-    owner, rejoined = new_owner(), False
+    if sent is None:
+        suffix = LockValue.suffix(int(time.time() * 1000), state.host, state.pid)
+        owner = new_owner()
+    else:
+        suffix, owner = sent.suffix, sent.owner
+    rejoined = False
     calls: list[Call | None] = []
     later: list[Call | None] | None = None
     before = bracketed(before)
@@ -75,7 +93,7 @@ def attempt_round(
 
     try:
         while True:
-            started = time.monotonic()
+            started = time.monotonic() if sent is None else sent.started
             asked = range(total) if first is None or rejoined else first
             calls = [call(node, before) if i in asked else None for i, node in enumerate(nodes)]
             later = None
@@ -87,7 +105,12 @@ def attempt_round(
             late = max(nodes[i].tick for i in asked) if before and asked else 0.0
             timeout = state.node_timeout + wait + late
             request = Request(calls, timeout, settled, later=later, hedge=hedge)
-            replies = yield request
+            if sent is None:
+                replies = yield request
+            elif sent.replies is None:
+                raise Abandoned
+            else:
+                replies, sent = sent.replies, None
             held_back = 0.0
             if before:
                 held_back = _held_back(request, time.monotonic() - started)
@@ -116,8 +139,8 @@ def attempt_round(
     except Abandoned:
         # the caller gave up while a call was in flight: any node may have granted it (a
         # hedge call too, if it went out)
-        sent = [c if c is not None else (later[i] if later else None) for i, c in enumerate(calls)]
-        yield from give_back(sent, [None] * len(nodes), owner)
+        out = [c if c is not None else (later[i] if later else None) for i, c in enumerate(calls)]
+        yield from give_back(out, [None] * len(nodes), owner)
         raise
 
 

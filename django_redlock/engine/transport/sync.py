@@ -17,9 +17,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import hiredis
 from redis.connection import AbstractConnection
 
-from ..replies import Request, Slot, result_of
+from ..replies import TIMED_OUT, NodeFailure, Request, Slot, is_noscript, result_of
+from ..scripts import Script
 from . import redis_py
 from .base import HANDSHAKE, LinkBase, describe, hold_for_later, request_slots, send_later
 from .base import resend_unknown_scripts as _resend
@@ -39,6 +41,8 @@ class Link(LinkBase):
         self._conn: AbstractConnection | None = None
         self._sock: socket.socket | None = None
         self._buffer = bytearray(_BUFFER_SIZE)
+        #: the socket's file descriptor while connected, else -1
+        self.fd = -1
         self._reconnecting = False
         #: held while (re)connecting, so two connects never race. Senders need no lock: a
         #: connect runs only while the link is down, and publishes ``connected`` last
@@ -61,6 +65,7 @@ class Link(LinkBase):
         self._ready()
         self._conn = conn
         self._sock = sock
+        self.fd = sock.fileno()
         self._output = sock.sendall
         self.connected = True  # last: a sender that sees it sees everything above
         return True
@@ -95,7 +100,7 @@ class Link(LinkBase):
             return self.connect()
 
     def _drop(self) -> None:
-        self.connected, self._output = False, None
+        self.connected, self._output, self.fd = False, None, -1
         conn, self._conn, self._sock = self._conn, None, None
         if conn is not None:
             conn.disconnect()
@@ -207,6 +212,10 @@ class Channel:
         #: when it last went back to its pool (``time.monotonic()``)
         self.idle_since = 0.0
         self._poller = select.poll()
+        #: the single-node lane's poll set: the only link's socket, registered while the
+        #: descriptor stays the same (:meth:`lane_link`)
+        self._lane_poller = select.poll()
+        self._lane_fd = -1
         if unavailable:  # a stand-in that never connects: every node fails with this reason
             for link in self.links:
                 link.never(unavailable)
@@ -337,6 +346,67 @@ class Channel:
     def pending(self) -> bool:
         """True while a call sent on this channel has no reply read yet."""
         return any(link.pending() for link in self.links)
+
+    # -- the single-node lane (see ..lane) -------------------------------------------------
+    def lane_link(self) -> Link | None:
+        """The only link of a one-node channel when the lane may use it as it is: connected,
+        no reply due, nothing arrived since (a late reply, or the server closing it). None
+        otherwise: the general path's :meth:`prepare` deals with it."""
+        link = self.links[0]
+        fd = link.fd
+        if not link.connected or link._unread or fd < 0:
+            return None
+        poller = self._lane_poller
+        if fd != self._lane_fd:
+            if self._lane_fd >= 0:
+                poller.unregister(self._lane_fd)
+            poller.register(fd, _POLL_EVENTS)
+            self._lane_fd = fd
+        return None if poller.poll(0) else link
+
+    def roundtrip(
+        self, link: Link, script: Script, tail: tuple[str | int, ...], timeout: float
+    ) -> Any:
+        """One script call on ``link`` (from :meth:`lane_link`), by its SHA and, when the node
+        lost its scripts (``SCRIPT FLUSH``), once more in full, as :meth:`execute` would: the
+        reply, or the :class:`~..replies.NodeFailure` :meth:`execute` would return."""
+        reply = self._call(link, hiredis.pack_command(("EVALSHA", script.sha, *tail)), timeout)  # type: ignore[arg-type]
+        if type(reply) is NodeFailure and is_noscript(reply) and link.connected:
+            packed = hiredis.pack_command(("EVAL", script.source, *tail))  # type: ignore[arg-type]
+            reply = self._call(link, packed, timeout)
+        return reply
+
+    def _call(self, link: Link, packed: bytes, timeout: float) -> Any:
+        """Write ``packed`` and read its reply as :meth:`_collect` does (a spin, then
+        ``poll``), until ``timeout`` seconds pass. The reply's slot waits in the link's queue
+        like any call's, so a late reply is read, in order, by a later call."""
+        slot = Slot(None)
+        output = link._output
+        assert output is not None
+        try:
+            output(packed)
+        except OSError as exc:  # includes a full send buffer on a non-blocking socket
+            link.fail(describe(exc))
+            return NodeFailure(f"down: {describe(exc)}")
+        link._unread.append(slot)
+        deadline = time.monotonic() + timeout
+        budget = self.spinner.budget()
+        if budget:
+            spin_until = min(time.monotonic() + budget, deadline)
+            while not slot.done and time.monotonic() < spin_until:
+                if not link.drain(receive=True):
+                    os.sched_yield()
+            self.spinner.settled(slot.done)
+        poller = self._lane_poller
+        while not slot.done:
+            if link.has_buffered() and link.drain(receive=True):
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return NodeFailure(TIMED_OUT)
+            if poller.poll(remaining * 1000):
+                link.drain(receive=True)
+        return slot.value
 
     def close(self) -> None:
         for link in self.links:

@@ -1,0 +1,236 @@
+"""The single-node lane (``engine/lane.py``) agrees with the plans on the same scripted replies.
+
+For each reply a node may give a lock's first attempt, the plan is run from scratch, and the
+lane's way is run beside it: the lane's own record when it settles the reply itself, else the
+plan resumed from the round the lane made (``Sent``). Both must send the same calls (the lane's
+bytes are the plan's call, key for key, argument for argument), ask the same follow-up
+requests and end with the same outcome. Releases likewise. No Redis, no database.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+
+from django_redlock.engine import lane, plans, scripts
+from django_redlock.engine.keyspace import TOKEN_LIMIT
+from django_redlock.engine.plans.rounds import Sent
+from django_redlock.engine.replies import Request
+from django_redlock.engine.state import AcquireFailure, AliasState, LeaseRecord
+from tests.engine import test_plans
+from tests.support.scripted import Clock, FakeNode, fake_nodes
+
+NAME = "job"
+START = test_plans.START
+# the plan tests' fixtures: no redis-server, the plans' fake clock, an alias state
+_session_redlock, clock, state = test_plans._session_redlock, test_plans.clock, test_plans.state
+
+
+def _later(call: Any) -> Any:
+    """What the node answers to the requests after the first (a rejoin's probe and rejoin,
+    a second attempt, releases)."""
+    name = call.script.name
+    if name == "probe":
+        return ["r0", 40, 0, 1, -1]
+    if name == "rejoin":
+        return 40
+    if name == "acquire":
+        return [1, 41, 0]
+    return 1
+
+
+def _shape(request: Request) -> tuple[Any, ...]:
+    calls = tuple(
+        None if c is None else (c.script.name, c.keys, c.args, c.before) for c in request.calls
+    )
+    return (request.wait, calls)
+
+
+def _finish(
+    plan: Any, request: Request | None = None, first: Any = None
+) -> tuple[Any, list[tuple[Any, ...]]]:
+    """Run ``plan`` to its end (from ``request`` if it already yielded one); the first
+    request it waits on gets ``first`` (unless None), later ones :func:`_later`. Returns its
+    outcome and the shape of every request."""
+    shapes: list[tuple[Any, ...]] = []
+    try:
+        if request is None:
+            request = next(plan)
+        while True:
+            shapes.append(_shape(request))
+            if not request.wait:
+                replies: list[Any] = [None] * len(request.calls)
+            elif first is not None:
+                replies, first = [first], None
+            else:
+                replies = [None if c is None else _later(c) for c in request.calls]
+            request = plan.send(replies)
+    except StopIteration as done:
+        return done.value, shapes
+
+
+def _outcome(value: Any) -> Any:
+    if isinstance(value, LeaseRecord):
+        return (
+            "lease",
+            value.name,
+            value.key,
+            value.owner,
+            value.token,
+            value.ttl,
+            value.deadline,
+            value.reached,
+            value.voters,
+            value.kind,
+            value.marker,
+        )
+    assert isinstance(value, AcquireFailure)
+    return ("failure", value.reason, value.votes, value.answered, value.errors, value.retry_after)
+
+
+REPLIES: dict[str, Any] = {
+    "granted": [1, 7, 0],
+    "granted at the token limit": [1, TOKEN_LIMIT, 0],
+    "busy": [0, 6, 1200],
+    "busy, no ttl left": [0, 6, -1],
+    "another kind": [-2, 6, 0],
+    "untrusted": [-1, 0, 0],
+    "timed out": "timed out",
+    "refused by the server": "ResponseError: OOM command not allowed",
+    "never sent": "down: Connection refused",
+}
+
+
+def _reply(key: str) -> Any:
+    from django_redlock.engine.replies import NodeFailure
+
+    value = REPLIES[key]
+    if isinstance(value, str):
+        return NodeFailure(value, sent=not value.startswith("down"))
+    return value
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["in time", "validity gone"])
+@pytest.mark.parametrize("waiter", ["", "w1"], ids=["timeout=0", "waits"])
+@pytest.mark.parametrize("key", list(REPLIES))
+def test_the_lane_acquires_as_the_plan_does(
+    state: AliasState,
+    clock: Clock,
+    key: str,
+    waiter: str,
+    late: bool,
+    monkeypatch: Any,
+) -> None:
+    """Same first call, same follow-ups, same outcome, for every kind of reply."""
+    owners = iter(f"{i:032x}" for i in range(100))
+    monkeypatch.setattr(
+        sys.modules[plans.attempt_round.__module__], "new_owner", lambda: next(owners)
+    )
+    nodes: list[FakeNode] = fake_nodes(1)
+    mark_ms = 1000 if waiter else 0
+    reply = _reply(key)
+
+    def make(sent: Sent | None = None) -> Any:
+        return plans.acquire_plan(
+            state, nodes, NAME, 5.0, waiter=waiter, mark_ms=mark_ms, sent=sent
+        )
+
+    # the plan from scratch
+    plan = make()
+    request = next(plan)
+    call = request.calls[0]
+    assert call is not None
+    owner, suffix = call.args[0], call.args[3]
+    if late:
+        clock.advance(5.0)
+    expected, expected_shapes = _finish(plan, request, reply)
+    owners = iter(f"{i:032x}" for i in range(1, 100))  # the lane's run draws the same ones
+    state.untrusted_seen.clear()
+    state.next_rejoin_check = 0.0
+
+    # the lane: the same bytes, then its own record or the plan resumed
+    attempt = lane.LaneAttempt(state, NAME, 5.0, waiter, mark_ms, False, lambda s: None)  # type: ignore[arg-type,return-value]
+    tail = lane.acquire_tail(attempt, owner, 5000, "r0", suffix)
+    assert tail == (len(call.keys), *call.keys, *call.args)
+    started = START
+    record = lane.granted_record(state, NAME, 5.0, owner, started, reply)
+    if record is not None:
+        got, shapes = record, [_shape(request)]
+        assert key == "granted" and not late  # the lane settles a plain grant, nothing else
+    else:
+        got, shapes = _finish(make(Sent(owner, suffix, started, [reply])))
+        shapes = [_shape(request), *shapes]
+    assert _outcome(got) == _outcome(expected)
+    assert shapes == expected_shapes
+
+
+@pytest.mark.parametrize(
+    "reply", [1, 2, 0, "timed out"], ids=["released", "handed off", "not held", "timed out"]
+)
+@pytest.mark.parametrize("valid", [4.0, -1.0], ids=["valid", "expired"])
+@pytest.mark.parametrize("lost", [False, True], ids=["held", "found lost"])
+def test_the_lane_releases_as_the_plan_does(
+    state: AliasState, reply: Any, valid: float, lost: bool
+) -> None:
+    """Same call, same outcome, same hand-off flag, for every release reply."""
+    from django_redlock.engine.replies import NodeFailure
+
+    answer = NodeFailure(reply) if isinstance(reply, str) else reply
+
+    def lease() -> LeaseRecord:
+        record = LeaseRecord(NAME, "t:job", "a" * 32, 12, 5.0, START + valid, reached=(True,))
+        record.voters, record.lost = (0,), lost
+        return record
+
+    planned = lease()
+    plan = plans.release_plan(state, fake_nodes(1), planned)
+    request = next(plan)
+    call = request.calls[0]
+    assert call is not None and call.script is scripts.RELEASE
+    try:
+        plan.send([answer])
+    except StopIteration as done:
+        expected = done.value
+    laned = lease()
+    assert lane.release_tail(state, laned) == (len(call.keys), *call.keys, *call.args)
+    was_valid = laned.validity() > 0
+    assert lane.release_outcome(laned, answer, was_valid) == expected
+    assert laned.handed_off == planned.handed_off
+
+
+def test_an_abandoned_lane_attempt_gives_back_what_the_plan_would(state: AliasState) -> None:
+    """A caller interrupted with the lane's call in flight: the resumed plan releases the
+    name (fire and forget, the owner the lane sent) and withdraws the waiter, as the plan does
+    when its own call is abandoned."""
+    nodes = fake_nodes(1)
+    plan = plans.acquire_plan(state, nodes, NAME, 5.0, waiter="w1", mark_ms=1000)
+    request = next(plan)
+    call = request.calls[0]
+    assert call is not None
+    owner, suffix = call.args[0], call.args[3]
+    expected: list[Any] = []
+    try:
+        nxt = plan.throw(plans_abandoned())
+        while True:
+            expected.append(_shape(nxt))
+            nxt = plan.send([None])
+    except (StopIteration, type(plans_abandoned())):
+        pass
+    resumed = plans.acquire_plan(
+        state, nodes, NAME, 5.0, waiter="w1", mark_ms=1000, sent=Sent(owner, suffix, START, None)
+    )
+    got: list[Any] = []
+    with pytest.raises(type(plans_abandoned())):
+        nxt = next(resumed)
+        while True:
+            got.append(_shape(nxt))
+            nxt = resumed.send([None])
+    assert got == expected and [s[1][0][0] for s in got] == ["release", "withdraw"]
+
+
+def plans_abandoned() -> Exception:
+    from django_redlock.engine.state import Abandoned
+
+    return Abandoned()
