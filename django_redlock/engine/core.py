@@ -139,7 +139,8 @@ class Engine(ChannelPools):
         return [result] if isinstance(result, LeaseRecord) else result  # one name: one lock
 
     def _acquire(self, target: Target, timeout: float | None) -> Any:
-        self._check_fork()
+        if self.generation != forks.current:  # a forked child: start afresh
+            self._start_afresh()
         started, queue_first = target.started, self._queue_first(target, timeout)
         waiting = Waiting.of(started, timeout)
         first = None
@@ -360,12 +361,12 @@ class Engine(ChannelPools):
         return (await self._arun(plan))[0]
 
     def _check_fork(self) -> None:
-        if self.generation != forks.generation():
+        if self.generation != forks.current:
             self._start_afresh()
 
     def owns(self, lease: LeaseRecord) -> bool:
         """False for a lease this process's parent acquired before a fork."""
-        return lease.generation == forks.generation()
+        return lease.generation == forks.current
 
     # -- policy helpers ------------------------------------------------------------------
     def _queue_first(self, target: Target, timeout: float | None) -> bool:

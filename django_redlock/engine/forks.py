@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import os
 
-_generation = 0
+#: Bumped in every child process right after a fork (read as ``forks.current`` on the hot
+#: path: an attribute, not a call).
+current = 0
 
 
 def _forked() -> None:
-    global _generation
-    _generation += 1
+    global current
+    current += 1
 
 
 def generation() -> int:
     """Bumped in every child process right after a fork."""
-    return _generation
+    return current
 
 
 if hasattr(os, "register_at_fork"):  # POSIX; elsewhere there is no fork to survive

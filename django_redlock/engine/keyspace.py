@@ -21,9 +21,9 @@ Keys an alias writes (all start with its ``KEY_PREFIX``; lock names may not star
 
 from __future__ import annotations
 
+import os
 import random
 import re
-import secrets
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,7 +63,8 @@ def as_text(value: Any) -> str:
 
 def new_owner() -> str:
     """An unguessable owner value: whoever knows it can extend or release that lease."""
-    return secrets.token_hex(OWNER_HEX_DIGITS // 2)
+    # os.urandom is what secrets.token_hex reads, without its two Python calls in between
+    return os.urandom(OWNER_HEX_DIGITS // 2).hex()
 
 
 def new_waiter() -> str:
@@ -86,8 +87,18 @@ class Keyspace:
     prefix: str
     fence: str = field(init=False)
 
+    #: what the lock, waiter-set, wake-up and hand-off keys put before a name (for the
+    #: single-node lane, which joins them without a call; :meth:`lock` and the others stay
+    #: the definition, and tests/engine/test_lane_plans.py checks the two agree)
+    lock_prefix: str = field(init=False)
+    waiters_prefix: str = field(init=False)
+    wake_prefix: str = field(init=False)
+    handoff_prefix: str = field(init=False)
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "fence", f"{self.prefix}{RESERVED_MARK}fence__")
+        for kind in ("lock", "waiters", "wake", "handoff"):
+            object.__setattr__(self, f"{kind}_prefix", getattr(self, kind)(""))
 
     def lock(self, name: str) -> str:
         return f"{self.prefix}{name}"

@@ -61,10 +61,10 @@ def acquire_tail(
     mark_ms = attempt.mark_ms if attempt.waiter else 0
     return (
         4,
-        keys.lock(name),
+        keys.lock_prefix + name,
         keys.fence,
-        keys.waiters(name),
-        keys.handoff(name),
+        keys.waiters_prefix + name,
+        keys.handoff_prefix + name,
         owner,
         ttl_ms,
         run_id,
@@ -86,7 +86,7 @@ def granted_record(
     deadline = started + ttl - state.drift(ttl)
     if token >= TOKEN_LIMIT or time.monotonic() >= deadline:
         return None
-    record = LeaseRecord(name, state.keys.lock(name), owner, token, ttl, deadline)
+    record = LeaseRecord(name, state.keys.lock_prefix + name, owner, token, ttl, deadline)
     record.reached, record.voters = _REACHED, _VOTERS
     return record
 
@@ -125,9 +125,9 @@ def release_tail(state: AliasState, lease: LeaseRecord) -> tuple[str | int, ...]
     return (
         4,
         lease.key,
-        keys.waiters(name),
-        keys.wake(name),
-        keys.handoff(name),
+        keys.waiters_prefix + name,
+        keys.wake_prefix + name,
+        keys.handoff_prefix + name,
         lease.owner,
         WAKE_TTL_MS,
         HANDOFF_MS,

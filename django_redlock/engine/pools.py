@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, TypeVar
 
+from . import forks
 from .budget import SPARE_WAIT, Budget
 from .drive import PlanMaker, adrive, drive
 from .loop_pools import LoopPools
@@ -120,7 +121,8 @@ class ChannelPools:
         """:meth:`_run` with another driver: ``driver(job, channel)`` (the single-node
         lane's, see :mod:`.lane`)."""
         make_plan = job
-        self._check_fork()
+        if self.generation != forks.current:  # a forked child: start afresh (inlined)
+            self._check_fork()
         if isinstance(pinned, Channel) and pinned in self._all:
             with pinned.mutex:
                 if pinned in self._all:  # not closed as idle meanwhile

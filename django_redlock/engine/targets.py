@@ -176,7 +176,7 @@ def pin(result: Outcome, channel: Channel | AsyncChannel | None) -> Outcome:
     and the process generation it belongs to."""
     if isinstance(result, LeaseRecord):
         result.pinned = channel
-        result.generation = forks.generation()
+        result.generation = forks.current
     return result
 
 

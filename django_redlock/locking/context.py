@@ -40,7 +40,17 @@ Key = tuple[str | None, str]
 class _Entry:
     """One activation of a lease in one frame."""
 
-    __slots__ = ("dead", "enterable", "fences", "frame", "key", "lease", "seq", "usable")
+    __slots__ = (
+        "dead",
+        "enterable",
+        "fences",
+        "frame",
+        "indexed",
+        "key",
+        "lease",
+        "seq",
+        "usable",
+    )
 
     def __init__(
         self,
@@ -49,10 +59,13 @@ class _Entry:
         enterable: bool,
         fences: bool = True,
         usable: Callable[[], bool] | None = None,
+        key: Key | None = None,
     ) -> None:
         self.frame = frame
         self.lease = lease
-        self.key: Key = (getattr(lease, "alias", None), lease.name)
+        self.key: Key = (getattr(lease, "alias", None), lease.name) if key is None else key
+        #: in the frame's ``by_key`` and ``by_token`` indexes (see :attr:`_Frame.fresh`)
+        self.indexed = False
         #: entered by a lock block or a request lock (re-enterable), not by a bare ``acquire()``
         self.enterable = enterable
         #: guards FencedModel writes (False: only findable, e.g. a lease kept until a commit)
@@ -74,7 +87,7 @@ class _Entry:
 class _Frame:
     """The leases one thread or task activated, innermost last."""
 
-    __slots__ = ("by_key", "by_token", "dead", "owner", "parent", "stack")
+    __slots__ = ("by_key", "by_token", "dead", "fresh", "owner", "parent", "stack")
 
     def __init__(self, owner: object, parent: _Frame | None) -> None:
         self.owner = owner
@@ -87,21 +100,48 @@ class _Frame:
         self.by_key: dict[Key, list[_Entry]] = {}
         #: the entries of each token (a row claimed with one lease of a set saves with it)
         self.by_token: dict[int, list[_Entry]] = {}
+        #: entries added since the indexes were last looked at, in order: indexed on the next
+        #: lookup, so a lease acquired and released in between (most are) never is
+        self.fresh: list[_Entry] = []
 
     def add(self, entry: _Entry) -> _Entry:
         self.stack.append(entry)
-        self.by_key.setdefault(entry.key, []).append(entry)
-        self.by_token.setdefault(entry.lease.token, []).append(entry)
+        self.fresh.append(entry)
         _entries_of(entry.lease).append(entry)
         return entry
+
+    def _index(self) -> None:
+        """Index the fresh entries (called by the frame's owner only)."""
+        for entry in self.fresh:
+            if not entry.dead:
+                self.by_key.setdefault(entry.key, []).append(entry)
+                self.by_token.setdefault(entry.lease.token, []).append(entry)
+                entry.indexed = True
+        self.fresh = []
+
+    def keyed(self, key: Key) -> list[_Entry]:
+        """The entries of ``key``, in activation order (called by the frame's owner only)."""
+        if self.fresh:
+            self._index()
+        return self.by_key.get(key, [])
+
+    def with_token(self, token: int) -> list[_Entry]:
+        """The entries of ``token``, in activation order; read only (another thread or task
+        may own the frame): the fresh ones are looked through, not indexed."""
+        fresh = [e for e in list(self.fresh) if not e.dead and e.lease.token == token]
+        return [*self.by_token.get(token, ()), *fresh]
 
     def drop(self, entry: _Entry) -> None:
         """Remove ``entry`` (called by the frame's owner only)."""
         if entry.frame is not self:
             entry.dead = True
             return
-        _unindex(self.by_key, entry.key, entry)
-        _unindex(self.by_token, entry.lease.token, entry)
+        if entry.indexed:
+            _unindex(self.by_key, entry.key, entry)
+            _unindex(self.by_token, entry.lease.token, entry)
+            entry.indexed = False
+        elif self.fresh and self.fresh[-1] is entry:
+            self.fresh.pop()  # else it stays until indexed, and is skipped there as dead
         _remove(_entries_of(entry.lease), entry)
         if entry.dead:
             return  # dropped before
@@ -221,10 +261,11 @@ def pop(token: object) -> None:
         token.dead = True
 
 
-def activate(lease: TokenHolder) -> None:
-    """Make ``lease`` the innermost active lease until :func:`deactivate` (``acquire()``)."""
+def activate(lease: TokenHolder, key: Key | None = None) -> None:
+    """Make ``lease`` the innermost active lease until :func:`deactivate` (``acquire()``);
+    ``key``: its ``(alias, name)``, when the caller has it at hand."""
     frame = _own_frame()
-    frame.add(_Entry(frame, lease, False))
+    frame.add(_Entry(frame, lease, False, key=key))
 
 
 def activate_all(leases: Iterable[TokenHolder]) -> None:
@@ -234,18 +275,27 @@ def activate_all(leases: Iterable[TokenHolder]) -> None:
         frame.add(_Entry(frame, lease, False))
 
 
-def deactivate(lease: TokenHolder) -> None:
+def deactivate(lease: TokenHolder) -> object:
     """Forget ``lease`` in every frame that lists it (it was released, or is kept only for a
-    commit): it guards no write and is re-entered no more."""
+    commit): it guards no write and is re-entered no more. Returns the calling thread or
+    task (as :func:`_owner`)."""
+    owner = _owner()
     entries = getattr(lease, _NODES_ATTR, None)
     if not entries:
-        return
-    owner = _owner()
+        return owner
+    if len(entries) == 1:  # the common case, without the copy
+        entry = entries[0]
+        if entry.frame.owner == owner:
+            entry.frame.drop(entry)
+        else:
+            entry.dead = True
+        return owner
     for entry in list(entries):
         if entry.frame.owner == owner:
             entry.frame.drop(entry)
         else:
             entry.dead = True
+    return owner
 
 
 def clear() -> None:
@@ -272,7 +322,7 @@ def active_with_token(token: int) -> TokenHolder | None:
     saved with that lease's token, not the innermost lease's."""
     frame = _frame.get()
     while frame is not None:
-        for entry in reversed(frame.by_token.get(token, ())):
+        for entry in reversed(frame.with_token(token)):
             if entry.fences and entry.live():
                 return entry.lease
         frame = frame.parent
@@ -292,7 +342,7 @@ def _own_entries(alias: str | None, name: str) -> list[_Entry]:
     frame = _frame.get()
     while frame is not None:
         if frame.owner == owner:
-            found[:0] = [e for e in frame.by_key.get((alias, name), ()) if e.live()]
+            found[:0] = [e for e in frame.keyed((alias, name)) if e.live()]
         frame = frame.parent
     return found
 

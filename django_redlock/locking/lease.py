@@ -222,10 +222,10 @@ class Lease:
         """Stop renewing and stop guarding writes here; True if there is something to release."""
         self._ensure_own()
         self.stop_auto_extend()
-        context.deactivate(self)
+        owner = context.deactivate(self)
         if self._record.released:
             return False
-        self._released_by = context._owner()  # a block's exit tells its own release apart
+        self._released_by = owner  # a block's exit tells its own release apart
         return True
 
     def _released(self, held: bool) -> bool:

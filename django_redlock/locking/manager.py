@@ -289,11 +289,12 @@ class LockManager(KindBlocks):
         permits: Any = None,
         rw: Any = None,
     ) -> _Wanted:
+        config = self.config  # its TTL and TIMEOUT were checked when the settings were read
         wanted = _Wanted(
             check_name(name),
-            check_ttl(self.config.ttl if ttl is None else ttl, self.config.drift_factor),
-            check_timeout(self.config.timeout if timeout is UNSET else timeout),
-            check_max_hold(max_hold),
+            config.ttl if ttl is None else check_ttl(ttl, config.drift_factor),
+            config.timeout if timeout is UNSET else check_timeout(timeout),
+            None if max_hold is None else check_max_hold(max_hold),
             0 if permits is None else check_permits(permits),
             "" if rw is None else check_rw(rw),
         )
@@ -309,7 +310,7 @@ class LockManager(KindBlocks):
     def _won(self, record: LeaseRecord) -> Lease:
         lease = Lease(self, record)
         # guards FencedModel writes here until released (docs/production.md)
-        context.activate(lease)
+        context.activate(lease, (self.config.alias, record.name))
         self._send_acquired(lease)
         return lease
 

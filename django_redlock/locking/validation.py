@@ -86,6 +86,8 @@ def check_timeout(timeout: Any) -> float | None:
     """How long to wait: ``None`` (forever) or a number >= 0."""
     if timeout is None:
         return None
+    if (type(timeout) is int or type(timeout) is float) and 0 <= timeout < math.inf:
+        return float(timeout)  # the common case, without the calls below (NaN fails 0 <=)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
         raise TypeError(
             f"timeout must be a number of seconds or None, not {type(timeout).__name__}."

@@ -211,9 +211,21 @@ class LinkBase:
                 reply = NodeFailure(f"ResponseError: {reply}")
             self._unread.popleft().fill(reply)
             progressed = True
-        if demoted:  # reconnecting finds the new master or slot owner (or fails meanwhile)
-            self.fail("ConnectionError: the node is a replica now, or no longer has the keys")
+        if demoted:
+            self.relocated()
         return progressed
+
+    def relocated(self) -> None:
+        """A reply said this server no longer serves the keys (see :data:`RELOCATE`):
+        reconnecting finds the new master or slot owner (or fails meanwhile)."""
+        self.fail("ConnectionError: the node is a replica now, or no longer has the keys")
+
+    def error_reply(self, reply: Any) -> NodeFailure:
+        """What an error reply (``hiredis.ReplyError``) of the only call unread becomes; a
+        server that no longer serves the keys is left (after the reply is taken)."""
+        if str(reply).startswith(RELOCATE):
+            self.relocated()
+        return NodeFailure(f"ResponseError: {reply}")
 
 
 def request_slots(

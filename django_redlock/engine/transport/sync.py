@@ -148,6 +148,43 @@ class Link(LinkBase):
                 return False
         return self._read_replies()
 
+    def read_one(self) -> Any:
+        """The reply of the only call in flight, sent outside the unread queue (the lane's):
+        read what has arrived; :data:`_NOTHING` while it is incomplete. A failure of the
+        connection is the reply's :class:`~..replies.NodeFailure`, as :meth:`drain` would
+        fill it."""
+        sock, reader = self._sock, self._reader
+        assert sock is not None
+        try:
+            count = sock.recv_into(self._buffer)
+        except (BlockingIOError, ssl.SSLWantReadError):
+            count = -1
+        except OSError as exc:
+            self.fail(describe(exc))
+            return NodeFailure(describe(exc))
+        if count > 0:
+            reader.feed(self._buffer, 0, count)
+        elif count == 0:
+            reason = "ConnectionError: connection closed by the server"
+            self.fail(reason)
+            return NodeFailure(reason)
+        try:
+            reply = reader.gets()
+        except hiredis.ProtocolError as exc:
+            self.fail(describe(exc))
+            return NodeFailure(describe(exc))
+        if reply is False:
+            if isinstance(sock, ssl.SSLSocket) and sock.pending() > 0:
+                return self.read_one()  # decrypted bytes poll would not report
+            return _NOTHING
+        if type(reply) is hiredis.ReplyError:
+            return self.error_reply(reply)
+        return reply
+
+
+#: :meth:`Link.read_one`: no whole reply yet.
+_NOTHING: Any = object()
+
 
 class Spinner:
     """How long a channel busy-polls for replies before it sleeps in ``poll()``.
@@ -378,35 +415,39 @@ class Channel:
 
     def _call(self, link: Link, packed: bytes, timeout: float) -> Any:
         """Write ``packed`` and read its reply as :meth:`_collect` does (a spin, then
-        ``poll``), until ``timeout`` seconds pass. The reply's slot waits in the link's queue
-        like any call's, so a late reply is read, in order, by a later call."""
-        slot = Slot(None)
-        output = link._output
-        assert output is not None
+        ``poll``), until ``timeout`` seconds pass: the reply, or the
+        :class:`~..replies.NodeFailure` :meth:`execute` would give. The reply is read
+        straight from the socket; only a call given up on waits in the link's queue, so its
+        late reply is read, in order, by a later call."""
         try:
-            output(packed)
+            link._output(packed)  # type: ignore[misc]
         except OSError as exc:  # includes a full send buffer on a non-blocking socket
             link.fail(describe(exc))
             return NodeFailure(f"down: {describe(exc)}")
-        link._unread.append(slot)
-        deadline = time.monotonic() + timeout
+        now = time.monotonic()
+        deadline = now + timeout
         budget = self.spinner.budget()
         if budget:
-            spin_until = min(time.monotonic() + budget, deadline)
-            while not slot.done and time.monotonic() < spin_until:
-                if not link.drain(receive=True):
-                    os.sched_yield()
-            self.spinner.settled(slot.done)
+            spin_until = min(now + budget, deadline)
+            while True:
+                reply = link.read_one()
+                if reply is not _NOTHING:
+                    self.spinner.settled(True)
+                    return reply
+                if time.monotonic() >= spin_until:
+                    break
+                os.sched_yield()
+            self.spinner.settled(False)
         poller = self._lane_poller
-        while not slot.done:
-            if link.has_buffered() and link.drain(receive=True):
-                continue
+        while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                link._unread.append(Slot(None))  # its reply, when it comes, is dropped
                 return NodeFailure(TIMED_OUT)
             if poller.poll(remaining * 1000):
-                link.drain(receive=True)
-        return slot.value
+                reply = link.read_one()
+                if reply is not _NOTHING:
+                    return reply
 
     def close(self) -> None:
         for link in self.links:
