@@ -132,44 +132,40 @@ class Link(LinkBase):
         if sock is None:
             return False
         if receive:
-            try:
-                count = sock.recv_into(self._buffer)
-            except (BlockingIOError, ssl.SSLWantReadError):
-                count = -1
-            except OSError as exc:
-                self.fail(describe(exc))
+            count = self._receive(sock)
+            if count is None:
                 return True
-            if count > 0:
-                self._reader.feed(self._buffer, 0, count)
-            elif count == 0:
-                self.fail("ConnectionError: connection closed by the server")
-                return True
-            elif not self._reader.has_data():  # nothing new, nothing parsed but unread
+            if count < 0 and not self._reader.has_data():  # nothing new, nothing unread
                 return False
         return self._read_replies()
+
+    def _receive(self, sock: socket.socket) -> int | None:
+        """Read what arrived into the reader: the byte count (-1: nothing yet), or None when
+        the connection failed (the link is down and :attr:`last_error` says why)."""
+        try:
+            count = sock.recv_into(self._buffer)
+        except (BlockingIOError, ssl.SSLWantReadError):
+            return -1
+        except OSError as exc:
+            self.fail(describe(exc))
+            return None
+        if count == 0:
+            self.fail("ConnectionError: connection closed by the server")
+            return None
+        self._reader.feed(self._buffer, 0, count)
+        return count
 
     def read_one(self) -> Any:
         """The reply of the only call in flight, sent outside the unread queue (the lane's):
         read what has arrived; :data:`_NOTHING` while it is incomplete. A failure of the
         connection is the reply's :class:`~..replies.NodeFailure`, as :meth:`drain` would
         fill it."""
-        sock, reader = self._sock, self._reader
+        sock = self._sock
         assert sock is not None
+        if self._receive(sock) is None:
+            return NodeFailure(self.last_error)
         try:
-            count = sock.recv_into(self._buffer)
-        except (BlockingIOError, ssl.SSLWantReadError):
-            count = -1
-        except OSError as exc:
-            self.fail(describe(exc))
-            return NodeFailure(describe(exc))
-        if count > 0:
-            reader.feed(self._buffer, 0, count)
-        elif count == 0:
-            reason = "ConnectionError: connection closed by the server"
-            self.fail(reason)
-            return NodeFailure(reason)
-        try:
-            reply = reader.gets()
+            reply = self._reader.gets()
         except hiredis.ProtocolError as exc:
             self.fail(describe(exc))
             return NodeFailure(describe(exc))
