@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import threading
 import time
@@ -73,6 +74,7 @@ class Engine(ChannelPools):
         self._every = tuple(range(len(self.labels)))
         #: a lock on a one-node alias takes the single-node lane (:mod:`.lane`)
         self._lane = len(self.labels) == 1
+        self._lane_release = functools.partial(lane_release, state=state)
         self._start_afresh()
 
     def _start_afresh(self) -> None:
@@ -260,9 +262,6 @@ class Engine(ChannelPools):
         else:
             held = self._run(lambda nodes: release_plan(self.state, nodes, lease), lease.pinned)[0]
         return self._released(lease, held)
-
-    def _lane_release(self, lease: LeaseRecord, channel: Channel) -> bool:
-        return lane_release(lease, self.state, channel)
 
     def release_many(self, leases: Sequence[LeaseRecord]) -> list[bool]:
         """Release the leases of one ``lock_many`` set in one call per node; per lease, True

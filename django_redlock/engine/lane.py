@@ -23,7 +23,7 @@ from .keyspace import TOKEN_LIMIT, LockValue, new_owner
 from .kinds import HANDOFF_MS, KINDS, LOCK
 from .plans import release_plan
 from .plans.rounds import Sent
-from .state import WAKE_TTL_MS, AcquireFailure, AliasState, LeaseRecord
+from .state import DRIFT_ALLOWANCE, WAKE_TTL_MS, AcquireFailure, AliasState, LeaseRecord
 from .transport.sync import Channel
 
 Outcome = LeaseRecord | AcquireFailure
@@ -83,7 +83,7 @@ def granted_record(
     if type(reply) is not list or reply[0] != scripts.GRANTED:
         return None
     token = int(reply[1])
-    deadline = started + ttl - state.drift(ttl)
+    deadline = started + ttl - (ttl * state.drift_factor + DRIFT_ALLOWANCE)  # state.drift
     if token >= TOKEN_LIMIT or time.monotonic() >= deadline:
         return None
     record = LeaseRecord(name, state.keys.lock_prefix + name, owner, token, ttl, deadline)
@@ -144,14 +144,14 @@ def release_outcome(lease: LeaseRecord, reply: Any, was_valid: bool) -> bool:
     return was_valid and not lease.lost and reply != scripts.NOT_HELD
 
 
-def lane_release(lease: LeaseRecord, state: AliasState, channel: Channel) -> bool:
+def lane_release(lease: LeaseRecord, channel: Channel, state: AliasState) -> bool:
     """Release a lock on a one-node alias on ``channel``; True if it was still held."""
     link = channel.lane_link()
     if link is None or not lease.reached or lease.kind != LOCK:
         return drive(lambda nodes: release_plan(state, nodes, lease), channel)
     if lease.released:
         return False
-    was_valid = lease.validity() > 0
+    was_valid = not lease.lost and lease.deadline > time.monotonic()  # validity() > 0
     lease.released = True
     reply = channel.roundtrip(link, scripts.RELEASE, release_tail(state, lease), state.node_timeout)
     return release_outcome(lease, reply, was_valid)

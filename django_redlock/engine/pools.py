@@ -123,7 +123,7 @@ class ChannelPools:
         make_plan = job
         if self.generation != forks.current:  # a forked child: start afresh (inlined)
             self._check_fork()
-        if isinstance(pinned, Channel) and pinned in self._all:
+        if pinned is not None and isinstance(pinned, Channel) and pinned in self._all:
             with pinned.mutex:
                 if pinned in self._all:  # not closed as idle meanwhile
                     return driver(make_plan, pinned), pinned

@@ -131,8 +131,9 @@ class Target:
             if result.busy_name is not None:
                 self.name = result.busy_name
             return result
+        generation = forks.current
         for record in result if isinstance(result, list) else (result,):
-            pin(record, channel)
+            record.pinned, record.generation = channel, generation  # as pin() does
             record.waited, record.attempts, record.acquired_at = (
                 now - self.started,
                 self.attempts,

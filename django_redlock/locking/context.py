@@ -190,6 +190,9 @@ def _unindex(index: dict[Any, list[_Entry]], key: Any, entry: _Entry) -> None:
 
 def _remove(entries: list[_Entry], entry: _Entry) -> None:
     """Remove ``entry`` from a short list, looking from its end (usually where it is)."""
+    if entries and entries[-1] is entry:
+        entries.pop()
+        return
     for i in range(len(entries) - 1, -1, -1):
         if entries[i] is entry:
             del entries[i]

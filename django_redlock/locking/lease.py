@@ -15,9 +15,11 @@ from ..engine import (
     LOST,
     RENEWED,
     UNCONFIRMED,
+    Engine,
     LeaseRecord,
     Renewal,
     RenewalBound,
+    forks,
 )
 from ..exceptions import LockError, LockLost, NodesUnavailable
 from . import context
@@ -37,9 +39,12 @@ _LOST_MUTEX = threading.Lock()
 class Lease:
     """A held lock. ``token`` is its fencing token; ``validity`` the seconds it has left."""
 
-    def __init__(self, manager: LeaseOwner, record: LeaseRecord) -> None:
+    def __init__(
+        self, manager: LeaseOwner, record: LeaseRecord, engine: Engine | None = None
+    ) -> None:
         self._manager = manager
-        self._engine = manager.engine_for(record.name)
+        #: the engine that holds it (``manager.engine_for(record.name)``, when not given)
+        self._engine = manager.engine_for(record.name) if engine is None else engine
         self._record = record
         self._lost_sent = False
         self._renewer: RenewalThread | None = None
@@ -220,8 +225,10 @@ class Lease:
 
     def _releasing(self) -> bool:
         """Stop renewing and stop guarding writes here; True if there is something to release."""
-        self._ensure_own()
-        self.stop_auto_extend()
+        if self._record.generation != forks.current:  # a child's copy of its parent's lease
+            self._ensure_own()
+        if self._renewer is not None or self._renewal_task is not None:
+            self.stop_auto_extend()
         owner = context.deactivate(self)
         if self._record.released:
             return False

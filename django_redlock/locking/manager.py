@@ -105,10 +105,11 @@ class LockManager(KindBlocks):
         another kind (a lock, or a semaphore with another number of permits).
         """
         wanted = self._wanted(name, ttl, timeout, max_hold, permits, rw)
-        outcome = self.engine_for(wanted.name).acquire(
-            wanted.name, wanted.ttl, wanted.timeout, wanted.permits, wanted.rw
-        )
-        lease = self._lease(wanted, outcome)
+        engine = self.engine if len(self.shards) == 1 else self.engine_for(wanted.name)
+        outcome = engine.acquire(wanted.name, wanted.ttl, wanted.timeout, wanted.permits, wanted.rw)
+        if isinstance(outcome, AcquireFailure):
+            raise self._failed(wanted, outcome)
+        lease = self._won(outcome, engine)
         if auto_extend:
             lease.start_auto_extend(wanted.max_hold)
         return lease
@@ -307,16 +308,15 @@ class LockManager(KindBlocks):
             raise self._failed(wanted, outcome)
         return self._won(outcome)
 
-    def _won(self, record: LeaseRecord) -> Lease:
-        lease = Lease(self, record)
+    def _won(self, record: LeaseRecord, engine: Engine | None = None) -> Lease:
+        lease = Lease(self, record, engine)
         # guards FencedModel writes here until released (docs/production.md)
         context.activate(lease, (self.config.alias, record.name))
-        self._send_acquired(lease)
+        if signals.wanted(signals.lock_acquired):  # the common case: nothing to build
+            self._send_acquired(lease)
         return lease
 
     def _send_acquired(self, lease: Lease) -> None:
-        if not signals.wanted(signals.lock_acquired):  # the common case: nothing to build
-            return
         signals.emit(
             signals.lock_acquired,
             self,

@@ -4,6 +4,7 @@ closed, scripts flushed) still comes out as the general path's would."""
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -106,3 +107,75 @@ def test_flushed_scripts_are_sent_in_full(
     assert lease.release() is True
     assert plan_calls == {"acquire": 0, "release": 0}
     assert nodes[0].client().exists(f"{manager.config.key_prefix}flushed") == 0
+
+
+class Interrupted(Exception):
+    """What the tests' signal handler raises (as a worker timeout would)."""
+
+
+@pytest.mark.parametrize("count", [1, 3], ids=["lane", "three nodes"])
+def test_a_call_interrupted_as_it_is_written_never_shifts_the_replies(
+    redis_node_factory: Any, redlock_alias: Any, count: int
+) -> None:
+    """CPython's sendall runs signal handlers once the bytes are out: a handler that raises
+    there used to leave the call on the wire with no place for its reply, so every later call
+    on that connection read the reply of the one before (a TypeError, another call's token, a
+    lock granted twice). Now the connection is dropped: the next calls read their own."""
+    nodes = redis_node_factory(count)
+    manager = redlock_alias(nodes, NODE_TIMEOUT=1.0, TTL=30)
+    warm = manager.acquire("warm", timeout=0)
+    link = warm._record.pinned.links[0]
+    warm.release()
+    real = link._output
+
+    def write_then_raise(data: bytes) -> None:
+        link._output = real
+        real(data)
+        raise Interrupted
+
+    link._output = write_then_raise
+    with pytest.raises(Interrupted):
+        manager.acquire("x", timeout=0)
+    tokens = []
+    for name in ("y", "z", "w"):
+        lease = manager.acquire(name, timeout=0)
+        tokens.append(lease.token)
+        assert lease.release() is True
+    assert tokens == sorted(tokens) and len(set(tokens)) == 3
+    client = nodes[0].client()
+    prefix = manager.config.key_prefix
+    assert [client.exists(f"{prefix}{name}") for name in ("y", "z", "w")] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("count", [1, 3], ids=["lane", "three nodes"])
+def test_a_call_interrupted_while_it_waits_gives_its_grant_back(
+    redis_node_factory: Any, redlock_alias: Any, count: int
+) -> None:
+    """A signal handler raises while the attempt waits for a paused node: the give-back goes
+    out behind the attempt on the same connection, so once the node resumes no key is left,
+    and the calls after it read their own replies."""
+    nodes = redis_node_factory(count)
+    manager = redlock_alias(nodes, NODE_TIMEOUT=5.0, TTL=30)
+    before = manager.acquire("warm", timeout=0)
+    before.release()
+
+    def alarm(signum: int, frame: Any) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    for node in nodes:
+        node.pause()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(Interrupted):
+            manager.acquire("x", timeout=0)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        for node in nodes:
+            node.resume()
+    key = f"{manager.config.key_prefix}x"
+    until(lambda: all(node.client().exists(key) == 0 for node in nodes), 5, "the grant given back")
+    lease = manager.acquire("x", timeout=0)
+    assert lease.token > before.token
+    assert lease.release() is True

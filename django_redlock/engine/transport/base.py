@@ -176,14 +176,17 @@ class LinkBase:
             packed = b"".join([*map(hiredis.pack_command, call.before), packed])  # type: ignore[arg-type]
         try:
             self._output(packed)
+            if call.before:
+                slot.ahead = tuple(Slot(None) for _ in call.before)
+                self._unread.extend(slot.ahead)
+            self._unread.append(slot)
         except OSError as exc:  # includes a full send buffer on a non-blocking socket
             self.fail(describe(exc))
             slot.fill(NodeFailure(f"down: {describe(exc)}"))
             return slot
-        if call.before:
-            slot.ahead = tuple(Slot(None) for _ in call.before)
-            self._unread.extend(slot.ahead)
-        self._unread.append(slot)
+        except BaseException:
+            self.interrupted()
+            raise
         return slot
 
     def pending(self) -> bool:
@@ -198,34 +201,38 @@ class LinkBase:
         """Fill unread slots, in order, from what the reader has parsed; True if any was
         filled (or the link failed on a protocol error)."""
         progressed = demoted = False
-        while self._unread:
-            try:
-                reply = self._reader.gets()
-            except hiredis.ProtocolError as exc:
-                self.fail(describe(exc))
-                return True
-            if reply is False:
-                break
-            if isinstance(reply, hiredis.ReplyError):
-                demoted = demoted or str(reply).startswith(RELOCATE)
-                reply = NodeFailure(f"ResponseError: {reply}")
-            self._unread.popleft().fill(reply)
-            progressed = True
+        try:
+            while self._unread:
+                try:
+                    reply = self._reader.gets()
+                except hiredis.ProtocolError as exc:
+                    self.fail(describe(exc))
+                    return True
+                if reply is False:
+                    break
+                if isinstance(reply, hiredis.ReplyError):
+                    demoted = demoted or str(reply).startswith(RELOCATE)
+                    reply = NodeFailure(f"ResponseError: {reply}")
+                self._unread.popleft().fill(reply)
+                progressed = True
+        except BaseException:  # between taking a reply and filling its slot, maybe
+            self.interrupted()
+            raise
         if demoted:
             self.relocated()
         return progressed
+
+    def interrupted(self) -> None:
+        """An exception (a signal handler's, a worker timeout) interrupted writing a call or
+        matching a reply to its call: whether the node got the call, or which call a reply
+        was for, is unknown, so this connection's replies can no longer be paired with their
+        calls. It is dropped (every unread call fails); the next call connects afresh."""
+        self.fail("ConnectionError: interrupted while a call was written or a reply read")
 
     def relocated(self) -> None:
         """A reply said this server no longer serves the keys (see :data:`RELOCATE`):
         reconnecting finds the new master or slot owner (or fails meanwhile)."""
         self.fail("ConnectionError: the node is a replica now, or no longer has the keys")
-
-    def error_reply(self, reply: Any) -> NodeFailure:
-        """What an error reply (``hiredis.ReplyError``) of the only call unread becomes; a
-        server that no longer serves the keys is left (after the reply is taken)."""
-        if str(reply).startswith(RELOCATE):
-            self.relocated()
-        return NodeFailure(f"ResponseError: {reply}")
 
 
 def request_slots(

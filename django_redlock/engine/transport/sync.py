@@ -155,32 +155,6 @@ class Link(LinkBase):
         self._reader.feed(self._buffer, 0, count)
         return count
 
-    def read_one(self) -> Any:
-        """The reply of the only call in flight, sent outside the unread queue (the lane's):
-        read what has arrived; :data:`_NOTHING` while it is incomplete. A failure of the
-        connection is the reply's :class:`~..replies.NodeFailure`, as :meth:`drain` would
-        fill it."""
-        sock = self._sock
-        assert sock is not None
-        if self._receive(sock) is None:
-            return NodeFailure(self.last_error)
-        try:
-            reply = self._reader.gets()
-        except hiredis.ProtocolError as exc:
-            self.fail(describe(exc))
-            return NodeFailure(describe(exc))
-        if reply is False:
-            if isinstance(sock, ssl.SSLSocket) and sock.pending() > 0:
-                return self.read_one()  # decrypted bytes poll would not report
-            return _NOTHING
-        if type(reply) is hiredis.ReplyError:
-            return self.error_reply(reply)
-        return reply
-
-
-#: :meth:`Link.read_one`: no whole reply yet.
-_NOTHING: Any = object()
-
 
 class Spinner:
     """How long a channel busy-polls for replies before it sleeps in ``poll()``.
@@ -389,61 +363,55 @@ class Channel:
         fd = link.fd
         if not link.connected or link._unread or fd < 0:
             return None
-        poller = self._lane_poller
-        if fd != self._lane_fd:
-            if self._lane_fd >= 0:
-                poller.unregister(self._lane_fd)
+        if fd != self._lane_fd:  # a new connection: a new poll set (one assignment)
+            poller = select.poll()
             poller.register(fd, _POLL_EVENTS)
-            self._lane_fd = fd
-        return None if poller.poll(0) else link
+            self._lane_poller, self._lane_fd = poller, fd
+        return None if self._lane_poller.poll(0) else link
 
     def roundtrip(
         self, link: Link, script: Script, tail: tuple[str | int, ...], timeout: float
     ) -> Any:
         """One script call on ``link`` (from :meth:`lane_link`), by its SHA and, when the node
-        lost its scripts (``SCRIPT FLUSH``), once more in full, as :meth:`execute` would: the
-        reply, or the :class:`~..replies.NodeFailure` :meth:`execute` would return."""
-        reply = self._call(link, hiredis.pack_command(("EVALSHA", script.sha, *tail)), timeout)  # type: ignore[arg-type]
-        if type(reply) is NodeFailure and is_noscript(reply) and link.connected:
-            packed = hiredis.pack_command(("EVAL", script.source, *tail))  # type: ignore[arg-type]
-            reply = self._call(link, packed, timeout)
-        return reply
-
-    def _call(self, link: Link, packed: bytes, timeout: float) -> Any:
-        """Write ``packed`` and read its reply as :meth:`_collect` does (a spin, then
-        ``poll``), until ``timeout`` seconds pass: the reply, or the
-        :class:`~..replies.NodeFailure` :meth:`execute` would give. The reply is read
-        straight from the socket; only a call given up on waits in the link's queue, so its
-        late reply is read, in order, by a later call."""
-        try:
-            link._output(packed)  # type: ignore[misc]
-        except OSError as exc:  # includes a full send buffer on a non-blocking socket
-            link.fail(describe(exc))
-            return NodeFailure(f"down: {describe(exc)}")
-        now = time.monotonic()
-        deadline = now + timeout
-        budget = self.spinner.budget()
-        if budget:
-            spin_until = min(now + budget, deadline)
-            while True:
-                reply = link.read_one()
-                if reply is not _NOTHING:
-                    self.spinner.settled(True)
-                    return reply
-                if time.monotonic() >= spin_until:
-                    break
-                os.sched_yield()
-            self.spinner.settled(False)
-        poller = self._lane_poller
+        lost its scripts (``SCRIPT FLUSH``), once more in full, as :meth:`execute` would: its
+        reply, read as :meth:`_collect` reads (a spin, then ``poll``) until ``timeout``
+        seconds pass, or the :class:`~..replies.NodeFailure` :meth:`execute` would give."""
+        packed = hiredis.pack_command(("EVALSHA", script.sha, *tail))  # type: ignore[arg-type]
+        by_sha = True
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                link._unread.append(Slot(None))  # its reply, when it comes, is dropped
-                return NodeFailure(TIMED_OUT)
-            if poller.poll(remaining * 1000):
-                reply = link.read_one()
-                if reply is not _NOTHING:
-                    return reply
+            slot = Slot(None)
+            try:
+                link._output(packed)  # type: ignore[misc]
+                link._unread.append(slot)  # a reply that comes too late is dropped in order
+            except OSError as exc:  # includes a full send buffer on a non-blocking socket
+                link.fail(describe(exc))
+                return NodeFailure(f"down: {describe(exc)}")
+            except BaseException:
+                link.interrupted()
+                raise
+            now = time.monotonic()
+            deadline = now + timeout
+            budget = self.spinner.budget()
+            if budget:
+                spin_until = min(now + budget, deadline)
+                while not link.drain(receive=True) and time.monotonic() < spin_until:
+                    os.sched_yield()
+                self.spinner.settled(slot.done)
+            while not slot.done:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return NodeFailure(TIMED_OUT)
+                if self._lane_poller.poll(remaining * 1000):
+                    link.drain(receive=True)
+                    # bytes already read or decrypted on our side: poll would not see them
+                    while not slot.done and link.has_buffered() and link.drain(receive=True):
+                        pass
+            reply = slot.value
+            if by_sha and type(reply) is NodeFailure and is_noscript(reply) and link.connected:
+                by_sha = False  # the node lost its scripts: send this one in full
+                packed = hiredis.pack_command(("EVAL", script.source, *tail))  # type: ignore[arg-type]
+                continue
+            return reply
 
     def close(self) -> None:
         for link in self.links:
