@@ -31,7 +31,7 @@ from .plans import (
     withdraw_plan,
 )
 from .policy import AcquireStep, AwaitRelease, acquire_policy, registration_ms
-from .pools import ChannelPools
+from .pools import SPARE, ChannelPools
 from .state import (
     WAIT_MARK_MS,
     AcquireFailure,
@@ -143,17 +143,19 @@ class Engine(ChannelPools):
     def _acquire(self, target: Target, timeout: float | None) -> Any:
         if self.generation != forks.current:  # a forked child: start afresh
             self._start_afresh()
-        started, queue_first = target.started, self._queue_first(target, timeout)
-        waiting = Waiting.of(started, timeout)
+        started = target.started
+        queue_first = timeout != 0 and self._queue_first(target, timeout)
+        waiting = None if timeout == 0 else Waiting.of(started, timeout)
         first = None
         if not queue_first:  # the common case: one attempt, no policy needed if it wins
+            until = SPARE if waiting is None else deadline_of(waiting)
             if self._lane and target.lane:  # a lock on one node: the short way (see .lane)
                 attempt = target.lane_attempt(waiting)
-                ran = self._run_with(lane_acquire, attempt, None, deadline_of(waiting))
+                ran = self._run_with(lane_acquire, attempt, None, until)
             else:
-                ran = self._run(target.attempt(waiting, False), None, deadline_of(waiting))
+                ran = self._run(target.attempt(waiting, False), None, until)
             first = target.seen(*ran)
-            if not isinstance(first, AcquireFailure) or timeout == 0:
+            if timeout == 0 or type(first) is not AcquireFailure:
                 return first
         loop = acquire_loop(target, waiting, self._policy(timeout, queue_first, first, started))
         with self.waiters:
@@ -261,7 +263,9 @@ class Engine(ChannelPools):
             held = self._run_with(self._lane_release, lease, lease.pinned)[0]
         else:
             held = self._run(lambda nodes: release_plan(self.state, nodes, lease), lease.pinned)[0]
-        return self._released(lease, held)
+        if lease.handed_off:
+            self._handed_off(lease)
+        return held
 
     def release_many(self, leases: Sequence[LeaseRecord]) -> list[bool]:
         """Release the leases of one ``lock_many`` set in one call per node; per lease, True
@@ -385,10 +389,15 @@ class Engine(ChannelPools):
 
     def _released(self, lease: LeaseRecord, held: bool) -> bool:
         if lease.handed_off:
-            if len(self._handoffs) >= HANDOFFS_KEPT:
-                self._handoffs.clear()
-            self._handoffs[lease.name] = time.monotonic() + HANDOFF_MS / 1000
+            self._handed_off(lease)
         return held
+
+    def _handed_off(self, lease: LeaseRecord) -> None:
+        """``lease``'s release reserved its name for a woken waiter: a caller of this
+        process queues behind it for a moment (see :meth:`_handed_off_here`)."""
+        if len(self._handoffs) >= HANDOFFS_KEPT:
+            self._handoffs.clear()
+        self._handoffs[lease.name] = time.monotonic() + HANDOFF_MS / 1000
 
     def _handed_off_here(self, name: str) -> bool:
         """True while a release in this process has just reserved ``name`` for a woken

@@ -50,7 +50,18 @@ class Target:
     or a set of names (``lock_many``), and the name it waits for (for a set: the one its last
     attempt found busy)."""
 
-    __slots__ = ("attempts", "many", "name", "names", "permits", "rw", "started", "state", "ttl")
+    __slots__ = (
+        "attempts",
+        "lane",
+        "many",
+        "name",
+        "names",
+        "permits",
+        "rw",
+        "started",
+        "state",
+        "ttl",
+    )
 
     def __init__(
         self, state: AliasState, names: tuple[str, ...], ttl: float, permits: int, rw: str = ""
@@ -58,14 +69,11 @@ class Target:
         self.state, self.names, self.ttl, self.permits, self.rw = state, names, ttl, permits, rw
         self.name = names[0]
         self.many = len(names) > 1
+        #: a lock (one name, not a permit or a read-write lease): what the single-node lane
+        #: (:mod:`.lane`) takes
+        self.lane = not (self.many or permits or rw)
         self.started = time.monotonic()
         self.attempts = 0
-
-    @property
-    def lane(self) -> bool:
-        """True for a lock (one name, not a permit or a read-write lease): what the
-        single-node lane (:mod:`.lane`) takes."""
-        return not (self.many or self.permits or self.rw)
 
     def lane_attempt(self, waiting: Waiting | None) -> LaneAttempt:
         """The first attempt of a lock, for the single-node lane."""
@@ -126,7 +134,7 @@ class Target:
         set, wait for its busy name."""
         self.attempts += 1
         now = time.monotonic()
-        if isinstance(result, AcquireFailure):
+        if type(result) is AcquireFailure:
             result.waited, result.attempts = now - self.started, self.attempts
             if result.busy_name is not None:
                 self.name = result.busy_name

@@ -67,6 +67,8 @@ class Lease:
         self._blocks = 0
         #: the thread or task that released it
         self._released_by: object = None
+        #: its entries in the active-lease context (see ``context._entries_of``)
+        self._redlock_context_entries: list[object] = []
 
     @property
     def name(self) -> str:

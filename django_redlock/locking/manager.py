@@ -13,7 +13,7 @@ from typing import Any, TypedDict, Unpack, cast
 
 from .. import signals
 from ..conf import AliasConfig
-from ..engine import AcquireFailure, Engine, LeaseRecord, Outcome
+from ..engine import MAX_NAME_LENGTH, RESERVED_MARK, AcquireFailure, Engine, LeaseRecord, Outcome
 from ..exceptions import LockError, LockNotAcquired, NodesUnavailable
 from ..nodes.cluster import shard_of
 from . import context
@@ -43,6 +43,9 @@ class RenewOptions(TypedDict, total=False):
 
     auto_extend: bool
     max_hold: float | None
+
+
+_MARK_LENGTH = len(RESERVED_MARK)
 
 
 @dataclass(slots=True)
@@ -107,8 +110,8 @@ class LockManager(KindBlocks):
         wanted = self._wanted(name, ttl, timeout, max_hold, permits, rw)
         engine = self.engine if len(self.shards) == 1 else self.engine_for(wanted.name)
         outcome = engine.acquire(wanted.name, wanted.ttl, wanted.timeout, wanted.permits, wanted.rw)
-        if isinstance(outcome, AcquireFailure):
-            raise self._failed(wanted, outcome)
+        if type(outcome) is not LeaseRecord:
+            raise self._failed(wanted, cast(AcquireFailure, outcome))
         lease = self._won(outcome, engine)
         if auto_extend:
             lease.start_auto_extend(wanted.max_hold)
@@ -291,8 +294,15 @@ class LockManager(KindBlocks):
         rw: Any = None,
     ) -> _Wanted:
         config = self.config  # its TTL and TIMEOUT were checked when the settings were read
+        if not (
+            type(name) is str
+            and 0 < len(name) <= MAX_NAME_LENGTH
+            and name[:_MARK_LENGTH] != RESERVED_MARK
+            and name.isascii()
+        ):  # the common case passes without the call; check_name says what is wrong
+            name = check_name(name)
         wanted = _Wanted(
-            check_name(name),
+            name,
             config.ttl if ttl is None else check_ttl(ttl, config.drift_factor),
             config.timeout if timeout is UNSET else check_timeout(timeout),
             None if max_hold is None else check_max_hold(max_hold),

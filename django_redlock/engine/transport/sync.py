@@ -43,6 +43,9 @@ class Link(LinkBase):
         self._buffer = bytearray(_BUFFER_SIZE)
         #: the socket's file descriptor while connected, else -1
         self.fd = -1
+        #: the reply slot :meth:`Channel.roundtrip` reuses once it is filled
+        self.spare = Slot(None)
+        self.spare.done = True
         self._reconnecting = False
         #: held while (re)connecting, so two connects never race. Senders need no lock: a
         #: connect runs only while the link is down, and publishes ``connected`` last
@@ -379,7 +382,11 @@ class Channel:
         packed = hiredis.pack_command(("EVALSHA", script.sha, *tail))  # type: ignore[arg-type]
         by_sha = True
         while True:
-            slot = Slot(None)
+            slot = link.spare  # the last call's slot, once filled (no allocation per call)
+            if slot.done:
+                slot.done, slot.value = False, None
+            else:  # still waiting in the queue for a late reply
+                slot = link.spare = Slot(None)
             try:
                 link._output(packed)  # type: ignore[misc]
                 link._unread.append(slot)  # a reply that comes too late is dropped in order
@@ -391,12 +398,14 @@ class Channel:
                 raise
             now = time.monotonic()
             deadline = now + timeout
-            budget = self.spinner.budget()
-            if budget:
-                spin_until = min(now + budget, deadline)
+            spinner = self.spinner
+            if spinner._skip:  # Spinner.budget(), inline
+                spinner._skip -= 1
+            elif spinner._limit:
+                spin_until = min(now + spinner._limit, deadline)
                 while not link.drain(receive=True) and time.monotonic() < spin_until:
                     os.sched_yield()
-                self.spinner.settled(slot.done)
+                spinner.settled(slot.done)
             while not slot.done:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
