@@ -16,6 +16,9 @@ the table shows the median over the rounds.
 
     .venv/bin/python benchmarks/hot_path.py [--ref 0f914f6] [--pairs 3000] [--rounds 5]
 
+"this tree, busy poll off" is this tree with ``REDLOCK_BUSY_POLL=0`` (replies waited for in
+``poll()`` at once): busy polling spends client CPU to get replies sooner.
+
 Starts its own redis-server processes on free loopback ports and stops them at the end.
 """
 
@@ -58,7 +61,7 @@ def commands():
                 total += int(stats["calls"])
     return total
 
-if kind == "ours":
+if kind.startswith("ours"):
     import django
     from django.conf import settings
     alias = {"NODES": urls, "KEY_PREFIX": "hot:", "NODE_TIMEOUT": 1.0}
@@ -71,6 +74,8 @@ if kind == "ours":
     import django_redlock, os
     assert django_redlock.__file__.startswith(os.environ["PYTHONPATH"]), django_redlock.__file__
     manager = locks["default"]
+    if kind == "ours-nospin":  # REDLOCK_BUSY_POLL=0: every reply waited for in poll()
+        manager.engine.state.busy_poll = 0.0
     # the counted pass spins for no reply: the work per pair, not how often a spin turned
     locks["counting"].engine.state.busy_poll = 0.0
 
@@ -133,8 +138,13 @@ print(json.dumps({
 """
 
 
-def run(tree: Path | None, urls: list[str], pairs: int) -> dict[str, float]:
-    """One contender's pass in a process of its own (``tree``: None for raw redis-py)."""
+#: The row of this tree with ``REDLOCK_BUSY_POLL=0``.
+NO_SPIN = "this tree, busy poll off"
+
+
+def run(tree: Path | None, urls: list[str], pairs: int, spin: bool = True) -> dict[str, float]:
+    """One contender's pass in a process of its own (``tree``: None for raw redis-py;
+    ``spin``: False runs it with busy polling off)."""
     path = [str(tree)] if tree is not None else []
     done = subprocess.run(
         [
@@ -143,7 +153,7 @@ def run(tree: Path | None, urls: list[str], pairs: int) -> dict[str, float]:
             CHILD,
             json.dumps(urls),
             str(pairs),
-            "raw" if tree is None else "ours",
+            "raw" if tree is None else ("ours" if spin else "ours-nospin"),
         ],
         capture_output=True,
         text=True,
@@ -170,6 +180,8 @@ def main() -> None:
         contenders: list[tuple[str, Path | None]] = [("this tree", ROOT)]
         for ref in args.ref:
             contenders.append((ref, tree_of(ref, Path(tmp) / ref)))
+        # busy polling trades client CPU for throughput: this tree without it too
+        contenders.insert(1, (NO_SPIN, ROOT))
         print(
             f"uncontended acquire + release, median of {args.rounds} rounds of "
             f"{args.pairs} pairs (calls: cProfile, up to 1,000 pairs)"
@@ -187,7 +199,7 @@ def main() -> None:
             results: dict[str, list[dict[str, float]]] = {name: [] for name, _ in every}
             for _ in range(args.rounds):
                 for name, tree in every:
-                    results[name].append(run(tree, urls, args.pairs))
+                    results[name].append(run(tree, urls, args.pairs, spin=name != NO_SPIN))
             median = {
                 name: {key: statistics.median(r[key] for r in rows) for key in rows[0]}
                 for name, rows in results.items()

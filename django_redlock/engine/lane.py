@@ -27,6 +27,7 @@ from .state import DRIFT_ALLOWANCE, WAKE_TTL_MS, AcquireFailure, AliasState, Lea
 from .transport.sync import Channel
 
 Outcome = LeaseRecord | AcquireFailure
+_WAKE_TTL_MS, _HANDOFF_MS = str(WAKE_TTL_MS), str(HANDOFF_MS)
 #: ``reached`` and ``voters`` of a lease won on the only node
 _REACHED, _VOTERS = (True,), (0,)
 
@@ -54,22 +55,23 @@ class LaneAttempt:
 
 def acquire_tail(
     attempt: LaneAttempt, owner: str, ttl_ms: int, run_id: str, suffix: str
-) -> tuple[str | int, ...]:
+) -> tuple[str, ...]:
     """``ACQUIRE``'s key count, keys and arguments, as :func:`~.plans.acquire_plan` sends them
-    for a lock (see ``_lock_keys`` in :mod:`.kinds`)."""
+    for a lock (see ``_lock_keys`` in :mod:`.kinds`), all as text (see
+    :func:`.transport.base.texts`)."""
     keys, name = attempt.state.keys, attempt.name
     mark_ms = attempt.mark_ms if attempt.waiter else 0
     return (
-        4,
+        "4",
         keys.lock_prefix + name,
         keys.fence,
         keys.waiters_prefix + name,
         keys.handoff_prefix + name,
         owner,
-        ttl_ms,
+        str(ttl_ms),
         run_id,
         suffix,
-        mark_ms,
+        str(mark_ms) if mark_ms else "0",
         "1" if attempt.woken else "0",
         attempt.waiter,
     )
@@ -118,21 +120,21 @@ def lane_acquire(attempt: LaneAttempt, channel: Channel) -> Outcome:
     return drive(attempt.resume(Sent(owner, suffix, started, [reply])), channel)
 
 
-def release_tail(state: AliasState, lease: LeaseRecord) -> tuple[str | int, ...]:
+def release_tail(state: AliasState, lease: LeaseRecord) -> tuple[str, ...]:
     """``RELEASE``'s key count, keys and arguments for a lock on the only node (the node
-    waiters block on), as :func:`~.plans.release_plan` sends them."""
+    waiters block on), as :func:`~.plans.release_plan` sends them, all as text."""
     keys, name = state.keys, lease.name
     return (
-        4,
+        "4",
         lease.key,
         keys.waiters_prefix + name,
         keys.wake_prefix + name,
         keys.handoff_prefix + name,
         lease.owner,
-        WAKE_TTL_MS,
-        HANDOFF_MS,
+        _WAKE_TTL_MS,
+        _HANDOFF_MS,
         "1",
-        0,
+        "0",
         "",
         KINDS[LOCK].wakes,
     )

@@ -87,7 +87,7 @@ class _Entry:
 class _Frame:
     """The leases one thread or task activated, innermost last."""
 
-    __slots__ = ("by_key", "by_token", "dead", "fresh", "owner", "parent", "stack")
+    __slots__ = ("by_key", "by_token", "dead", "fresh", "fresh_dead", "owner", "parent", "stack")
 
     def __init__(self, owner: object, parent: _Frame | None) -> None:
         self.owner = owner
@@ -103,6 +103,9 @@ class _Frame:
         #: entries added since the indexes were last looked at, in order: indexed on the next
         #: lookup, so a lease acquired and released in between (most are) never is
         self.fresh: list[_Entry] = []
+        #: fresh entries dropped out of order (still listed, skipped): when they are more than
+        #: half, the list is rebuilt without them (O(1) amortized, as for ``stack``)
+        self.fresh_dead = 0
 
     def add(self, entry: _Entry) -> _Entry:
         self.stack.append(entry)
@@ -117,7 +120,7 @@ class _Frame:
                 self.by_key.setdefault(entry.key, []).append(entry)
                 self.by_token.setdefault(entry.lease.token, []).append(entry)
                 entry.indexed = True
-        self.fresh = []
+        self.fresh, self.fresh_dead = [], 0
 
     def keyed(self, key: Key) -> list[_Entry]:
         """The entries of ``key``, in activation order (called by the frame's owner only)."""
@@ -125,9 +128,14 @@ class _Frame:
             self._index()
         return self.by_key.get(key, [])
 
-    def with_token(self, token: int) -> list[_Entry]:
-        """The entries of ``token``, in activation order; read only (another thread or task
-        may own the frame): the fresh ones are looked through, not indexed."""
+    def with_token(self, token: int, owner: object) -> list[_Entry]:
+        """The entries of ``token``, in activation order. ``owner``: the calling thread or
+        task; in a frame it does not own (a parent's) the fresh entries are looked through,
+        read only, not indexed."""
+        if self.fresh and self.owner == owner:
+            self._index()
+        if not self.fresh:
+            return self.by_token.get(token, [])
         fresh = [e for e in list(self.fresh) if not e.dead and e.lease.token == token]
         return [*self.by_token.get(token, ()), *fresh]
 
@@ -141,7 +149,12 @@ class _Frame:
             _unindex(self.by_token, entry.lease.token, entry)
             entry.indexed = False
         elif self.fresh and self.fresh[-1] is entry:
-            self.fresh.pop()  # else it stays until indexed, and is skipped there as dead
+            self.fresh.pop()
+        else:  # it stays listed until indexed or rebuilt, and is skipped as dead
+            self.fresh_dead += 1
+            if self.fresh_dead > 16 and self.fresh_dead * 2 > len(self.fresh):
+                self.fresh = [e for e in self.fresh if e is not entry and not e.dead]
+                self.fresh_dead = 0
         _remove(_entries_of(entry.lease), entry)
         if entry.dead:
             return  # dropped before
@@ -323,9 +336,10 @@ def active_with_token(token: int) -> TokenHolder | None:
     """The innermost active lease (of this thread or task, or inherited from its parent)
     whose token is ``token``, or None: a row claimed with one lease of a ``lock_many`` set is
     saved with that lease's token, not the innermost lease's."""
+    owner = _owner()
     frame = _frame.get()
     while frame is not None:
-        for entry in reversed(frame.with_token(token)):
+        for entry in reversed(frame.with_token(token, owner)):
             if entry.fences and entry.live():
                 return entry.lease
         frame = frame.parent

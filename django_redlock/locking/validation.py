@@ -28,6 +28,8 @@ def check_name(name: Any) -> str:
     """A lock name: a non-empty ``str`` of at most 512 characters (not counting the prefix)."""
     if not isinstance(name, str):
         raise TypeError(f"Lock name must be a str, not {type(name).__name__}.")
+    if type(name) is not str:  # a subclass: a plain str of it (its methods may say anything)
+        name = str.__str__(name)
     if not name:
         raise ValueError("Lock name must not be empty.")
     if name.startswith(RESERVED_MARK):
@@ -47,7 +49,7 @@ def check_name(name: Any) -> str:
                 f"Lock name contains a lone surrogate ({name[exc.start]!r} at position "
                 f"{exc.start}); names must be encodable as UTF-8."
             ) from None
-    return name
+    return str(name)
 
 
 #: ``DRIFT_FACTOR``'s default; ``check_ttl`` uses it unless told the alias's own.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -179,3 +180,125 @@ def test_a_call_interrupted_while_it_waits_gives_its_grant_back(
     lease = manager.acquire("x", timeout=0)
     assert lease.token > before.token
     assert lease.release() is True
+
+
+class _InterruptingSocket:
+    """A socket whose next ``recv_into`` raises once it has read bytes: what CPython does when
+    a signal handler raises at the check right after the call returned."""
+
+    def __init__(self, real: Any) -> None:
+        self.real, self.armed = real, True
+
+    def recv_into(self, buffer: Any, *args: Any) -> int:
+        count: int = self.real.recv_into(buffer, *args)
+        if self.armed and count > 0:
+            self.armed = False
+            raise Interrupted
+        return count
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+@pytest.mark.parametrize("count", [1, 3], ids=["lane", "three nodes"])
+def test_a_reply_interrupted_as_it_is_read_drops_the_connection(
+    redis_node_factory: Any, redlock_alias: Any, count: int
+) -> None:
+    """An interrupt between reading a reply's bytes and handing them to the parser used to
+    lose them and keep the connection: every later reply then answered the call before (on
+    one node no call succeeded again). Now the connection is dropped and the next call
+    connects afresh."""
+    nodes = redis_node_factory(count)
+    manager = redlock_alias(nodes, NODE_TIMEOUT=0.5, TTL=20)
+    other = redlock_alias(nodes, NODE_TIMEOUT=0.5, TTL=20, KEY_PREFIX=manager.config.key_prefix)
+    held = other.acquire("held", timeout=0)
+    warm = manager.acquire("warm", timeout=0)
+    channel = warm._record.pinned
+    warm.release()
+    for link in channel.links:
+        link._sock = _InterruptingSocket(link._sock)
+    with pytest.raises(Interrupted):
+        manager.acquire("x", timeout=0)
+    for link in channel.links:
+        if isinstance(link._sock, _InterruptingSocket):
+            link._sock = link._sock.real
+    for i in range(3):
+        with pytest.raises(LockNotAcquired):
+            manager.acquire("held", timeout=0)
+        lease = manager.acquire(f"n{i}", timeout=0)
+        assert lease.release() is True
+    assert held.release() is True
+
+
+def test_no_number_reaches_hiredis_packing(
+    one_node: tuple[Any, LockManager], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hiredis turns numbers to text itself and crashes the process (SIGSEGV) when a signal
+    handler raises during that conversion: every command is packed from text only (lock,
+    lane, waits piped behind a BLPOP, lock_many, semaphores, read-write, extend)."""
+    import hiredis
+
+    real = hiredis.pack_command
+    seen: list[tuple[Any, ...]] = []
+
+    def checked(command: tuple[Any, ...]) -> bytes:
+        # redis-py's own connection handshake (HELLO 3, CLIENT SETINFO) is its business
+        if str(command[0]).strip("b'").upper() not in ("HELLO", "CLIENT", "AUTH", "SELECT"):
+            seen.append(command)
+            assert all(type(a) in (str, bytes) for a in command), command
+        return real(command)
+
+    monkeypatch.setattr(hiredis, "pack_command", checked)
+    _, manager = one_node
+    lease = manager.acquire("n", timeout=0)
+    lease.extend()
+    woken = threading.Timer(0.2, lease.release)
+    woken.start()
+    manager.acquire("n", timeout=2).release()  # waits: BLPOP piped with its attempt
+    woken.join()
+    with manager.lock_many(["a", "b"], timeout=0):
+        pass
+    with manager.semaphore("s", 2, timeout=0), manager.read_lock("r", timeout=0):
+        pass
+    assert len(seen) > 8
+
+
+def test_an_interrupt_while_packing_raises_instead_of_crashing(tmp_path: Any) -> None:
+    """A storm of raising SIGALRM handlers while the transport packs a lock call: the
+    process gets the handler's exceptions, never a crash (hiredis packing numbers itself
+    dies with SIGSEGV here)."""
+    import subprocess
+
+    script = tmp_path / "storm.py"
+    script.write_text(
+        "import signal\n"
+        "from django_redlock.engine.replies import Call\n"
+        "from django_redlock.engine.scripts import ACQUIRE\n"
+        "from django_redlock.engine.transport.base import pack\n"
+        "class Boom(BaseException): pass\n"
+        "def handler(signum, frame): raise Boom\n"
+        "signal.signal(signal.SIGALRM, handler)\n"
+        "call = Call(ACQUIRE, ('k', 'f', 'w', 'h'), ('o', 30000, 'r', '|1|h|1', 1000, '0', ''))\n"
+        "caught = done = 0\n"
+        "signal.setitimer(signal.ITIMER_REAL, 0.0001, 0.0001)\n"
+        "while done < 300000:\n"
+        "    try:\n"
+        "        while done < 300000:\n"
+        "            done += 1\n"
+        "            pack(call.packed_args(by_sha=True))\n"
+        "    except Boom:\n"
+        "        caught += 1\n"
+        "while True:\n"
+        "    try:\n"
+        "        signal.setitimer(signal.ITIMER_REAL, 0)\n"
+        "        signal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
+        "        break\n"
+        "    except Boom:\n"
+        "        pass\n"
+        "print(caught)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-500:])
+    assert int(done.stdout) > 0  # the storm did interrupt it

@@ -18,7 +18,8 @@ from django_redlock.engine import lane, plans, scripts
 from django_redlock.engine.keyspace import TOKEN_LIMIT
 from django_redlock.engine.plans.rounds import Sent
 from django_redlock.engine.replies import Request
-from django_redlock.engine.state import AcquireFailure, AliasState, LeaseRecord
+from django_redlock.engine.state import Abandoned, AcquireFailure, AliasState, LeaseRecord
+from django_redlock.engine.transport.base import pack
 from tests.engine import test_plans
 from tests.support.scripted import Clock, FakeNode, fake_nodes
 
@@ -153,7 +154,8 @@ def test_the_lane_acquires_as_the_plan_does(
     # the lane: the same bytes, then its own record or the plan resumed
     attempt = lane.LaneAttempt(state, NAME, 5.0, waiter, mark_ms, False, lambda s: None)  # type: ignore[arg-type,return-value]
     tail = lane.acquire_tail(attempt, owner, 5000, "r0", suffix)
-    assert tail == (len(call.keys), *call.keys, *call.args)
+    assert all(type(a) is str for a in tail)  # hiredis turns no number into text (see texts)
+    assert pack(tail) == pack((len(call.keys), *call.keys, *call.args))
     started = START
     record = lane.granted_record(state, NAME, 5.0, owner, started, reply)
     if record is not None:
@@ -194,7 +196,9 @@ def test_the_lane_releases_as_the_plan_does(
     except StopIteration as done:
         expected = done.value
     laned = lease()
-    assert lane.release_tail(state, laned) == (len(call.keys), *call.keys, *call.args)
+    tail = lane.release_tail(state, laned)
+    assert all(type(a) is str for a in tail)
+    assert pack(tail) == pack((len(call.keys), *call.keys, *call.args))
     was_valid = laned.validity() > 0
     assert lane.release_outcome(laned, answer, was_valid) == expected
     assert laned.handed_off == planned.handed_off
@@ -231,6 +235,4 @@ def test_an_abandoned_lane_attempt_gives_back_what_the_plan_would(state: AliasSt
 
 
 def plans_abandoned() -> Exception:
-    from django_redlock.engine.state import Abandoned
-
     return Abandoned()

@@ -113,3 +113,30 @@ def test_leaving_a_block_keeps_leases_acquired_inside_it_active(unique_name: str
     other.release()
     inner.release()
     assert context.current_token() is None
+
+
+def test_leases_released_out_of_order_are_not_kept(unique_name: str) -> None:
+    """Hand over hand (acquire the next lease, then release the one before): the context
+    kept every released lease in its list of not-yet-indexed entries (memory and every token
+    lookup growing without bound). Now what it keeps stays bounded (a few dozen entries at most
+    until its list is rebuilt), and lookups still find the live lease."""
+    import gc
+    import weakref
+
+    manager = locks["default"]
+    previous = manager.acquire(f"{unique_name}:0", timeout=0)
+    released: list[weakref.ref[object]] = []
+    for i in range(1, 400):
+        lease = manager.acquire(f"{unique_name}:{i}", timeout=0)
+        previous.release()
+        released.append(weakref.ref(previous))
+        previous = lease
+    gc.collect()
+    frame = context._frame.get()
+    assert frame is not None
+    assert len(frame.fresh) < 40 and len(frame.stack) < 40
+    assert sum(ref() is not None for ref in released) < 40  # 399 before: all of them
+    assert context.active_with_token(previous.token) is previous
+    assert context.current_token() == previous.token
+    previous.release()
+    assert context.current_token() is None

@@ -46,6 +46,19 @@ HANDSHAKE: list[tuple[str, ...]] = [("INFO", "server")] + [
 ]
 
 
+def texts(command: Sequence[Any]) -> tuple[Any, ...]:
+    """``command`` with every number turned to text. hiredis turns numbers to text itself,
+    and when a signal handler raises during that conversion (CPython runs handlers there)
+    it crashes the process instead of raising; done here, the handler's exception is raised
+    like anywhere else."""
+    return tuple(a if type(a) is str or type(a) is bytes else str(a) for a in command)
+
+
+def pack(command: Sequence[Any]) -> bytes:
+    """One command in the Redis protocol (see :func:`texts`)."""
+    return hiredis.pack_command(texts(command))  # type: ignore[no-any-return]
+
+
 #: Longest reason :func:`describe` gives: room for every view of a list of sentinels or seeds
 #: that all declined (about 65 characters each), yet bounded for a huge error text.
 REASON_MAX = 1000
@@ -171,9 +184,9 @@ class LinkBase:
             return failed_slot(call, f"not answering ({len(self._unread)} calls queued)")
         slot = Slot(call, notify)
         assert self._output is not None
-        packed = hiredis.pack_command(call.packed_args(by_sha=by_sha))  # type: ignore[arg-type]
+        packed = pack(call.packed_args(by_sha=by_sha))
         if call.before:
-            packed = b"".join([*map(hiredis.pack_command, call.before), packed])  # type: ignore[arg-type]
+            packed = b"".join([*map(pack, call.before), packed])
         try:
             self._output(packed)
             if call.before:

@@ -27,6 +27,7 @@ from redis.exceptions import ResponseError
 from ..budget import Budget
 from ..keyspace import wake_node
 from . import redis_py
+from .base import pack, texts
 
 #: Waits shorter than this just sleep: a BLPOP round trip would cost more than it saves.
 MIN_BLOCK = 0.003
@@ -63,7 +64,7 @@ class _BlockingConnection:
         waiter)."""
         commands = [before] if before else []
         commands.append(blpop_command(key, seconds))
-        self._sock.sendall(b"".join(hiredis.pack_command(c) for c in commands))  # type: ignore[arg-type]
+        self._sock.sendall(b"".join(pack(c) for c in commands))
         for _ in commands[:-1]:
             self._read(deadline)
         return self._read(deadline) is not None
@@ -219,7 +220,8 @@ class ReleaseWaiter:
                 left = seconds - (time.monotonic() - started)
                 commands = [before] if before else []
                 commands.append(blpop_command(key, left))
-                await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+                packed = conn.pack_commands([texts(c) for c in commands])
+                await conn.send_packed_command(packed, check_health=False)
                 for _ in commands[:-1]:
                     await conn.read_response(timeout=left + SLACK)
                 popped = await conn.read_response(timeout=left + SLACK)

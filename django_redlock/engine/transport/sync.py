@@ -147,15 +147,19 @@ class Link(LinkBase):
         the connection failed (the link is down and :attr:`last_error` says why)."""
         try:
             count = sock.recv_into(self._buffer)
+            if count > 0:
+                self._reader.feed(self._buffer, 0, count)
         except (BlockingIOError, ssl.SSLWantReadError):
             return -1
         except OSError as exc:
             self.fail(describe(exc))
             return None
+        except BaseException:  # the bytes read may be lost before the reader got them
+            self.interrupted()
+            raise
         if count == 0:
             self.fail("ConnectionError: connection closed by the server")
             return None
-        self._reader.feed(self._buffer, 0, count)
         return count
 
 
@@ -372,13 +376,12 @@ class Channel:
             self._lane_poller, self._lane_fd = poller, fd
         return None if self._lane_poller.poll(0) else link
 
-    def roundtrip(
-        self, link: Link, script: Script, tail: tuple[str | int, ...], timeout: float
-    ) -> Any:
+    def roundtrip(self, link: Link, script: Script, tail: tuple[str, ...], timeout: float) -> Any:
         """One script call on ``link`` (from :meth:`lane_link`), by its SHA and, when the node
         lost its scripts (``SCRIPT FLUSH``), once more in full, as :meth:`execute` would: its
         reply, read as :meth:`_collect` reads (a spin, then ``poll``) until ``timeout``
         seconds pass, or the :class:`~..replies.NodeFailure` :meth:`execute` would give."""
+        # every argument of ``tail`` is text (see .base.texts): packed as it is
         packed = hiredis.pack_command(("EVALSHA", script.sha, *tail))  # type: ignore[arg-type]
         by_sha = True
         while True:
