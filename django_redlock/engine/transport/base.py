@@ -51,7 +51,8 @@ def texts(command: Sequence[Any]) -> tuple[Any, ...]:
     and when a signal handler raises during that conversion (CPython runs handlers there)
     it crashes the process instead of raising; done here, the handler's exception is raised
     like anywhere else."""
-    return tuple(a if type(a) is str or type(a) is bytes else str(a) for a in command)
+    # a list, then a tuple: a generator would be resumed (a Python call) once per argument
+    return tuple([a if type(a) is str or type(a) is bytes else str(a) for a in command])
 
 
 def pack(command: Sequence[Any]) -> bytes:
