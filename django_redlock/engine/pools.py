@@ -120,13 +120,12 @@ class ChannelPools:
     ) -> tuple[T, Channel]:
         """:meth:`_run` with another driver: ``driver(job, channel)`` (the single-node
         lane's, see :mod:`.lane`)."""
-        make_plan = job
         if self.generation != forks.current:  # a forked child: start afresh (inlined)
             self._check_fork()
         if pinned is not None and isinstance(pinned, Channel) and pinned in self._all:
             with pinned.mutex:
                 if pinned in self._all:  # not closed as idle meanwhile
-                    return driver(make_plan, pinned), pinned
+                    return driver(job, pinned), pinned
         # pool checkout inline (no context manager): this is the hot path of every call
         with self._mutex:
             channel = self._free.pop() if self._free else None
@@ -134,7 +133,7 @@ class ChannelPools:
             channel = self._checkout(until)
         try:
             with channel.mutex:
-                return driver(make_plan, channel), channel
+                return driver(job, channel), channel
         finally:
             if channel.idle_since >= 0:  # not a stand-in
                 with self._mutex:

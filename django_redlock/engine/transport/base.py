@@ -232,8 +232,8 @@ class LinkBase:
         except BaseException:  # between taking a reply and filling its slot, maybe
             self.interrupted()
             raise
-        if demoted:
-            self.relocated()
+        if demoted:  # reconnecting finds the new master or slot owner (or fails meanwhile)
+            self.fail("ConnectionError: the node is a replica now, or no longer has the keys")
         return progressed
 
     def interrupted(self) -> None:
@@ -242,11 +242,6 @@ class LinkBase:
         was for, is unknown, so this connection's replies can no longer be paired with their
         calls. It is dropped (every unread call fails); the next call connects afresh."""
         self.fail("ConnectionError: interrupted while a call was written or a reply read")
-
-    def relocated(self) -> None:
-        """A reply said this server no longer serves the keys (see :data:`RELOCATE`):
-        reconnecting finds the new master or slot owner (or fails meanwhile)."""
-        self.fail("ConnectionError: the node is a replica now, or no longer has the keys")
 
 
 def request_slots(
