@@ -29,7 +29,7 @@ from django.utils.translation import gettext, ngettext
 
 from . import inspection
 from .locking.validation import check_name
-from .models import Lock
+from .models import Effect, Lock
 
 if TYPE_CHECKING:
     _LockAdminBase = admin.ModelAdmin[Lock]
@@ -304,3 +304,46 @@ class LockAdmin(_LockAdminBase):
             change_message=summary,
         )
         messages.success(request, summary)
+
+
+if TYPE_CHECKING:
+    _EffectAdminBase = admin.ModelAdmin[Effect]
+else:
+    _EffectAdminBase = admin.ModelAdmin
+
+
+@admin.register(Effect)
+class EffectAdmin(_EffectAdminBase):
+    """The effect ledger (``lease.once``), read-only: a row is written only under a lease.
+    Deleting a row (``delete_effect``) makes its effect pending again."""
+
+    list_display = (
+        "key",
+        "state",
+        "token",
+        "attempts",
+        "alias",
+        "lock_name",
+        "began_at",
+        "done_at",
+    )
+    list_filter = ("state", "alias")
+    search_fields = ("key", "lock_name")
+    date_hierarchy = "began_at"
+    readonly_fields = (
+        "key",
+        "alias",
+        "state",
+        "token",
+        "lock_name",
+        "attempts",
+        "began_at",
+        "began_by",
+        "done_at",
+    )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Effect | None = None) -> bool:
+        return False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.db import models
 
+from .effects.model import Effect as Effect
 from .fencing import FencedModel as FencedModel
 from .fencing.tombstones import FenceTombstone as FenceTombstone
 

@@ -27,6 +27,7 @@ from .renewal import RenewalThread, renew_in_task
 from .validation import check_ttl
 
 if TYPE_CHECKING:
+    from ..effects.block import EffectBlock
     from .owner import LeaseOwner
 
 # docs/index.md: one logger name (records carry .module)
@@ -164,6 +165,16 @@ class Lease:
         if self.lost:
             self._mark_lost("its validity ran out")
             raise LockLost(self.name, "it was found lost by check()")
+
+    def once(self, key: str, *, using: str | None = None) -> EffectBlock:
+        """``with lease.once(key) as effect:`` (or ``async with``): run an effect once under
+        this lease. ``effect.done``, ``effect.pending`` and ``effect.interrupted`` say what
+        earlier holders did; leaving the block without an exception marks it done in the
+        caller's transaction, fenced by this lease's token (``django_redlock.models.Effect``
+        in database ``using``; docs/effects.md)."""
+        from ..effects.block import EffectBlock
+
+        return EffectBlock(self, key, using)
 
     # -- renewing and releasing (blocking and asyncio twins share everything but the call) --
     def extend(self, ttl: float | None = None) -> None:

@@ -1,6 +1,7 @@
-"""``manage.py redlock list|show|release|clear|nodes|run|prune-tombstones``: inspect and clear
-held locks, run a command under a lock (``run``: see :mod:`django_redlock.jobs.runner` for its
-exit statuses), and delete old FencedModel tombstones (``prune-tombstones``).
+"""``manage.py redlock list|show|release|clear|nodes|run|prune-tombstones|effects``: inspect and
+clear held locks, run a command under a lock (``run``: see :mod:`django_redlock.jobs.runner` for
+its exit statuses), delete old FencedModel tombstones (``prune-tombstones``) and list the
+effect ledger (``effects``).
 
 Reads Redis only through :mod:`django_redlock.inspection`. The result is printed first; then, if a
 node could not be reached, an alias's settings are broken or the name is not held, a one-line
@@ -30,6 +31,7 @@ from ...jobs import front
 from ...jobs.runner import RunRequest
 from ...locking.registry import locks
 from ...locking.validation import check_name, check_timeout, check_ttl
+from ..effects import EFFECT_HEADERS, effect_document, effect_row, ledger_rows
 from ..rendering import (
     HOLDER_HEADERS,
     LOCK_HEADERS,
@@ -192,6 +194,17 @@ class Command(BaseCommand):
         p.add_argument("--days", type=float, default=30.0, help="Age in days to keep (default 30).")
         p.add_argument("--database", default="default", help="Database alias (default: default).")
 
+        p = sub.add_parser("effects", help="List the effect ledger (lease.once; docs/effects.md).")
+        p.add_argument(
+            "--pending", action="store_true", help="Only effects not done (begun, or interrupted)."
+        )
+        p.add_argument("--prefix", default="", help="Only keys starting with this.")
+        p.add_argument(
+            "--limit", type=positive_int, help="Print at most this many effects (default: all)."
+        )
+        p.add_argument("--database", default="default", help="Database alias (default: default).")
+        p.add_argument("--json", action="store_true", help="Print one JSON list.")
+
     def handle(self, *args: Any, **options: Any) -> None:
         commands: dict[str, Callable[[dict[str, Any]], None]] = {
             "list": self.list_locks,
@@ -201,6 +214,7 @@ class Command(BaseCommand):
             "nodes": self.nodes,
             "run": self.run_command,
             "prune-tombstones": self.prune_tombstones,
+            "effects": self.effects,
         }
         self._printed = False
         try:
@@ -313,6 +327,21 @@ class Command(BaseCommand):
                 f"from database {options['database']!r}."
             )
         )
+
+    def effects(self, options: dict[str, Any]) -> None:
+        """The effect ledger, newest begin first (a database, not Redis)."""
+        database = options["database"]
+        if database not in settings.DATABASES:
+            raise Failure(f"DATABASES has no alias {database!r}.", "usage")
+        found = ledger_rows(
+            database, pending=options["pending"], prefix=options["prefix"], limit=options["limit"]
+        )
+        if options["json"]:
+            self._json([effect_document(row) for row in found])
+        elif found:
+            self.stdout.write(table(EFFECT_HEADERS, [effect_row(row) for row in found]))
+        else:
+            self.stdout.write("No effects are pending." if options["pending"] else "No effects.")
 
     def list_locks(self, options: dict[str, Any]) -> None:
         """Every held lock, or the first ``--limit`` (SCAN cost grows with the locks read)."""

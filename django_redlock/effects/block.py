@@ -1,0 +1,171 @@
+"""``lease.once(key)``: the block around one effect, for ``with`` and ``async with``."""
+
+from __future__ import annotations
+
+import contextvars
+from types import TracebackType
+from typing import Protocol
+
+from asgiref.sync import sync_to_async
+from django.db import router
+
+from ..exceptions import LockError, LockLost
+from . import ledger
+from .model import MAX_KEY_LENGTH
+
+
+class HeldLease(Protocol):
+    """What an effect's block reads of its lease (a :class:`~django_redlock.Lease`)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def alias(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def token(self) -> int: ...
+    @property
+    def released(self) -> bool: ...
+    @property
+    def lost(self) -> bool: ...
+    def _ensure_own(self) -> None: ...
+
+
+#: Effect keys whose block is open in this thread or task (one block per key at a time).
+_open: contextvars.ContextVar[frozenset[tuple[str, str]]] = contextvars.ContextVar(
+    "django_redlock_open_effects", default=frozenset()
+)
+
+#: Lease kinds with one holder at a time: only their tokens order the holders of an effect.
+_EXCLUSIVE_KINDS = ("", "write")
+
+
+def check_key(key: object) -> str:
+    """An effect key: a non-empty str of at most 255 characters, encodable as UTF-8."""
+    if not isinstance(key, str):
+        raise TypeError(f"An effect key must be a str, got {type(key).__name__}.")
+    if not key or len(key) > MAX_KEY_LENGTH:
+        raise ValueError(
+            f"An effect key must have 1 to {MAX_KEY_LENGTH} characters, got {len(key)}."
+        )
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"An effect key must be valid text: {exc}.") from None
+    return str(key)
+
+
+class Effect:
+    """What ``with lease.once(key) as effect`` yields: the effect's state when the block
+    began. ``done``: an earlier block did it (skip it). ``pending``: never done (run it).
+    ``interrupted``: pending, and an earlier holder began it and did not finish (it may or
+    may not have happened: check before doing it again). ``attempts`` counts the begins,
+    this one included."""
+
+    __slots__ = ("attempts", "done", "interrupted", "key")
+
+    def __init__(self, key: str, begun: ledger.Begun) -> None:
+        self.key = key
+        self.done = begun.done
+        self.interrupted = begun.interrupted
+        self.attempts = begun.attempts
+
+    @property
+    def pending(self) -> bool:
+        return not self.done
+
+    def __repr__(self) -> str:
+        state = "done" if self.done else "interrupted" if self.interrupted else "pending"
+        return f"<Effect key={self.key!r} {state} attempts={self.attempts}>"
+
+
+class EffectBlock:
+    """The block of :meth:`Lease.once`: begins the effect on entry (committed at once),
+    marks it done when left without an exception (in the caller's transaction, fenced by
+    the lease's token; a newer holder's begin makes it ``StaleTokenError``)."""
+
+    def __init__(self, lease: HeldLease, key: str, using: str | None) -> None:
+        kind = lease.kind
+        if kind not in _EXCLUSIVE_KINDS:
+            raise TypeError(
+                f"lease.once() needs a lock or write lease, one holder at a time; a {kind} "
+                "lease is shared, so its token orders nothing."
+            )
+        self._lease = lease
+        self._key = check_key(key)
+        from .model import Effect as EffectRow
+
+        self._using = using if using is not None else router.db_for_write(EffectRow)
+        self._holder = ledger.Holder(lease.alias, lease.name, lease.token)
+        self._effect: Effect | None = None
+        self._reset: contextvars.Token[frozenset[tuple[str, str]]] | None = None
+
+    def _enter(self) -> Effect:
+        if self._effect is not None:
+            raise LockError(f"The block of effect {self._key!r} was already entered once.")
+        lease = self._lease
+        lease._ensure_own()
+        if lease.released:
+            raise LockError(
+                f"Effect {self._key!r}: lock {lease.name!r} was already released; run the "
+                "effect while the lease is held."
+            )
+        if lease.lost:
+            raise LockLost(lease.name, f"it was lost before effect {self._key!r} began")
+        mark = (self._using, self._key)
+        if mark in _open.get():
+            raise LockError(
+                f"Effect {self._key!r} is already open in this thread or task; a block "
+                "cannot run inside its own effect."
+            )
+        self._effect = Effect(self._key, ledger.begin(self._key, self._holder, self._using))
+        self._reset = _open.set(_open.get() | {mark})
+        return self._effect
+
+    def _exit(self, failed: bool) -> None:
+        if self._reset is not None:
+            _open.reset(self._reset)
+            self._reset = None
+        effect = self._effect
+        if failed or effect is None or effect.done:
+            return  # an exception leaves it begun: the next holder sees it interrupted
+        ledger.complete(self._key, self._holder, self._using)
+
+    def __enter__(self) -> Effect:
+        return self._enter()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._exit(exc_type is not None)
+
+    async def __aenter__(self) -> Effect:
+        effect: Effect = await sync_to_async(self._begin_only)()
+        self._reset = _open.set(_open.get() | {(self._using, self._key)})
+        return effect
+
+    def _begin_only(self) -> Effect:
+        """The blocking part of ``__aenter__`` (the context mark is set in the task)."""
+        effect = self._enter()
+        if self._reset is not None:  # set in the worker thread's context copy: undo there
+            _open.reset(self._reset)
+            self._reset = None
+        return effect
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._reset is not None:
+            _open.reset(self._reset)
+            self._reset = None
+        effect = self._effect
+        if exc_type is not None or effect is None or effect.done:
+            return
+        await sync_to_async(ledger.complete)(self._key, self._holder, self._using)

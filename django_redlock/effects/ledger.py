@@ -1,0 +1,172 @@
+"""The ledger's two writes: :func:`begin` (committed at once) and :func:`complete` (in the
+caller's transaction, fenced by the token)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from django.db import IntegrityError, OperationalError, connections, transaction
+from django.utils import timezone
+
+from ..exceptions import LockError, StaleTokenError
+from .model import BEGUN, DONE, Effect
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Holder:
+    """What the ledger records of the lease running an effect."""
+
+    alias: str
+    name: str
+    token: int
+
+
+@dataclass(frozen=True)
+class Begun:
+    """What :func:`begin` found: ``done`` (nothing to do), or begun now, after an earlier
+    holder's unfinished begin (``interrupted``); ``attempts`` counts this one."""
+
+    done: bool
+    interrupted: bool
+    attempts: int
+
+
+def _here() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"[:255]
+
+
+def stale(key: str, holder: Holder, row_token: int | None, what: str) -> StaleTokenError:
+    """The refusal of a stale holder's begin or completion of ``key``."""
+    return StaleTokenError(
+        Effect,
+        key,
+        row_token=row_token,
+        token=holder.token,
+        message=(
+            f"Effect {key!r}: {what} with fencing token {holder.token} refused, nothing was "
+            f"written: a newer lease (token {row_token}) has begun or done it since. This "
+            "holder's lease was lost; its work must not count."
+        ),
+    )
+
+
+def _other_alias(key: str, row: Effect, holder: Holder) -> LockError:
+    return LockError(
+        f"Effect {key!r} belongs to alias {row.alias!r}, and this lease is of alias "
+        f"{holder.alias!r}: tokens of two aliases are not comparable, so one effect key must "
+        "be run under leases of one alias."
+    )
+
+
+def _create(key: str, holder: Holder, using: str, state: str) -> None:
+    now = timezone.now()
+    Effect.objects.using(using).create(
+        key=key,
+        alias=holder.alias,
+        state=state,
+        token=holder.token,
+        lock_name=holder.name,
+        began_at=now,
+        began_by=_here(),
+        done_at=now if state == DONE else None,
+    )
+
+
+def _begin_here(key: str, holder: Holder, using: str) -> Begun:
+    """Begin ``key`` on this thread's connection (autocommit: it is committed on return)."""
+    now = timezone.now()
+    rows = Effect.objects.using(using)
+    with transaction.atomic(using=using):
+        row = rows.select_for_update().filter(key=key).first()
+        if row is None:
+            try:
+                with transaction.atomic(using=using):
+                    _create(key, holder, using, BEGUN)
+                return Begun(done=False, interrupted=False, attempts=1)
+            except IntegrityError:  # another holder created it first: read it
+                row = rows.select_for_update().get(key=key)
+        if row.alias != holder.alias:
+            raise _other_alias(key, row, holder)
+        if row.state == DONE:
+            return Begun(done=True, interrupted=False, attempts=row.attempts)
+        if row.token > holder.token:
+            raise stale(key, holder, row.token, "begin")
+        updated = rows.filter(pk=row.pk, state=BEGUN, token__lte=holder.token).update(
+            token=holder.token,
+            lock_name=holder.name,
+            attempts=row.attempts + 1,
+            began_at=now,
+            began_by=_here(),
+        )
+        if not updated:  # changed between the read and the write (no row locks: SQLite)
+            fresh = rows.get(pk=row.pk)
+            if fresh.state == DONE:
+                return Begun(done=True, interrupted=False, attempts=fresh.attempts)
+            raise stale(key, holder, fresh.token, "begin")
+        return Begun(done=False, interrupted=True, attempts=row.attempts + 1)
+
+
+def _on_own_connection(call: Callable[[], T], using: str) -> T:
+    """Run ``call`` in a short-lived thread, on that thread's own connection to ``using``
+    (committed there, whatever the calling thread's transaction does later)."""
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:  # re-raised in the caller
+            failure.append(exc)
+        finally:
+            connections[using].close()
+
+    worker = threading.Thread(target=run, name="redlock-effect-begin", daemon=True)
+    worker.start()
+    worker.join()
+    if failure:
+        raise failure[0]
+    return outcome[0]
+
+
+def begin(key: str, holder: Holder, using: str) -> Begun:
+    """Record that ``holder`` begins ``key``, committed before this returns: inside the
+    caller's transaction it is written on a connection of its own, so a process killed
+    later, or a rollback, still leaves it begun (the next holder sees ``interrupted``)."""
+    if not connections[using].in_atomic_block:
+        return _begin_here(key, holder, using)
+    try:
+        return _on_own_connection(lambda: _begin_here(key, holder, using), using)
+    except OperationalError as exc:
+        if connections[using].vendor != "sqlite" or "locked" not in str(exc):
+            raise
+        raise LockError(
+            f"Effect {key!r}: its begin could not be committed beside the open transaction "
+            f"on database {using!r}: SQLite lets one connection write at a time, and this "
+            "transaction already holds the database. Open lease.once() before the "
+            "transaction's first query, or outside it (docs/effects.md)."
+        ) from exc
+
+
+def complete(key: str, holder: Holder, using: str) -> None:
+    """Mark ``key`` done under ``holder``'s token, in the caller's transaction (or at once
+    outside one); a newer holder's begin or completion makes it :class:`StaleTokenError`."""
+    rows = Effect.objects.using(using)
+    now = timezone.now()
+    with transaction.atomic(using=using, savepoint=False):
+        updated = rows.filter(key=key, state=BEGUN, token__lte=holder.token).update(
+            state=DONE, token=holder.token, lock_name=holder.name, done_at=now
+        )
+        if updated:
+            return
+        row = rows.filter(key=key).first()
+        if row is None:  # deleted while it ran (an operator): it was done all the same
+            _create(key, holder, using, DONE)
+            return
+        raise stale(key, holder, row.token, "completion")
