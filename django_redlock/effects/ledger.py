@@ -139,8 +139,17 @@ def begin(key: str, holder: Holder, using: str) -> Begun:
     """Record that ``holder`` begins ``key``, committed before this returns: inside the
     caller's transaction it is written on a connection of its own, so a process killed
     later, or a rollback, still leaves it begun (the next holder sees ``interrupted``)."""
-    if not connections[using].in_atomic_block:
+    connection = connections[using]
+    if not connection.in_atomic_block:
         return _begin_here(key, holder, using)
+    if connection.vendor != "sqlite":  # (on SQLite this read would block the begin's commit)
+        # done earlier in this very transaction: its row lock would make the begin's own
+        # connection wait for this transaction, which waits for the begin
+        row = Effect.objects.using(using).filter(key=key).first()
+        if row is not None and row.state == DONE:
+            if row.alias != holder.alias:
+                raise _other_alias(key, row, holder)
+            return Begun(done=True, interrupted=False, attempts=row.attempts)
     try:
         return _on_own_connection(lambda: _begin_here(key, holder, using), using)
     except OperationalError as exc:

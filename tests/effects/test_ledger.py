@@ -249,3 +249,17 @@ def test_the_admin_lists_effects_read_only(unique_name: str, admin_client: Clien
     assert page.status_code == 200
     assert f"admin:{unique_name}" in page.content.decode()
     assert admin_client.get("/admin/django_redlock/effect/add/").status_code == 403
+
+
+def test_an_effect_done_earlier_in_the_same_transaction_is_done(unique_name: str) -> None:
+    """Its row is locked by this transaction: the begin must not wait for it on another
+    connection (that wait would never end). SQLite's writer lock is covered by the docs."""
+    if connection.vendor == "sqlite":
+        pytest.skip("PostgreSQL row locks; on SQLite the begin is refused (docs/effects.md)")
+    key = f"twice:{unique_name}"
+    with lock(unique_name) as lease, transaction.atomic():
+        with lease.once(key) as first:
+            assert first.pending
+        with lease.once(key) as second:
+            assert second.done
+    assert Effect.objects.get(key=key).state == "done"
