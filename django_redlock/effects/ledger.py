@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 from django.db import IntegrityError, OperationalError, connections, transaction
 from django.utils import timezone
 
 from ..exceptions import LockError, StaleTokenError
+from . import committer
 from .model import BEGUN, DONE, Effect
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -80,21 +76,23 @@ def _create(key: str, holder: Holder, using: str, state: str) -> None:
 
 
 def _begin_here(key: str, holder: Holder, using: str) -> Begun:
-    """Begin ``key`` on this thread's connection (autocommit: it is committed on return)."""
-    now = timezone.now()
+    """Begin ``key`` on this thread's connection, in autocommit mode (committed on return):
+    a done key costs one SELECT, a new one a SELECT and an INSERT."""
     rows = Effect.objects.using(using)
+    row = rows.filter(key=key).first()
+    if row is None:
+        try:
+            _create(key, holder, using, BEGUN)
+            return Begun(done=False, interrupted=False, attempts=1)
+        except IntegrityError:  # another holder created it first: read it
+            row = rows.get(key=key)
+    if row.alias != holder.alias:
+        raise _other_alias(key, row, holder)
+    if row.state == DONE:
+        return Begun(done=True, interrupted=False, attempts=row.attempts)
     with transaction.atomic(using=using):
-        row = rows.select_for_update().filter(key=key).first()
-        if row is None:
-            try:
-                with transaction.atomic(using=using):
-                    _create(key, holder, using, BEGUN)
-                return Begun(done=False, interrupted=False, attempts=1)
-            except IntegrityError:  # another holder created it first: read it
-                row = rows.select_for_update().get(key=key)
-        if row.alias != holder.alias:
-            raise _other_alias(key, row, holder)
-        if row.state == DONE:
+        row = rows.select_for_update().get(key=key)
+        if row.state == DONE:  # done meanwhile
             return Begun(done=True, interrupted=False, attempts=row.attempts)
         if row.token > holder.token:
             raise stale(key, holder, row.token, "begin")
@@ -102,7 +100,7 @@ def _begin_here(key: str, holder: Holder, using: str) -> Begun:
             token=holder.token,
             lock_name=holder.name,
             attempts=row.attempts + 1,
-            began_at=now,
+            began_at=timezone.now(),
             began_by=_here(),
         )
         if not updated:  # changed between the read and the write (no row locks: SQLite)
@@ -111,28 +109,6 @@ def _begin_here(key: str, holder: Holder, using: str) -> Begun:
                 return Begun(done=True, interrupted=False, attempts=fresh.attempts)
             raise stale(key, holder, fresh.token, "begin")
         return Begun(done=False, interrupted=True, attempts=row.attempts + 1)
-
-
-def _on_own_connection(call: Callable[[], T], using: str) -> T:
-    """Run ``call`` in a short-lived thread, on that thread's own connection to ``using``
-    (committed there, whatever the calling thread's transaction does later)."""
-    outcome: list[T] = []
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            outcome.append(call())
-        except BaseException as exc:  # re-raised in the caller
-            failure.append(exc)
-        finally:
-            connections[using].close()
-
-    worker = threading.Thread(target=run, name="redlock-effect-begin", daemon=True)
-    worker.start()
-    worker.join()
-    if failure:
-        raise failure[0]
-    return outcome[0]
 
 
 def begin(key: str, holder: Holder, using: str) -> Begun:
@@ -151,7 +127,7 @@ def begin(key: str, holder: Holder, using: str) -> Begun:
                 raise _other_alias(key, row, holder)
             return Begun(done=True, interrupted=False, attempts=row.attempts)
     try:
-        return _on_own_connection(lambda: _begin_here(key, holder, using), using)
+        return committer.run(lambda: _begin_here(key, holder, using))
     except OperationalError as exc:
         if connections[using].vendor != "sqlite" or "locked" not in str(exc):
             raise
@@ -167,15 +143,13 @@ def complete(key: str, holder: Holder, using: str) -> None:
     """Mark ``key`` done under ``holder``'s token, in the caller's transaction (or at once
     outside one); a newer holder's begin or completion makes it :class:`StaleTokenError`."""
     rows = Effect.objects.using(using)
-    now = timezone.now()
-    with transaction.atomic(using=using, savepoint=False):
-        updated = rows.filter(key=key, state=BEGUN, token__lte=holder.token).update(
-            state=DONE, token=holder.token, lock_name=holder.name, done_at=now
-        )
-        if updated:
-            return
-        row = rows.filter(key=key).first()
-        if row is None:  # deleted while it ran (an operator): it was done all the same
-            _create(key, holder, using, DONE)
-            return
-        raise stale(key, holder, row.token, "completion")
+    updated = rows.filter(key=key, state=BEGUN, token__lte=holder.token).update(
+        state=DONE, token=holder.token, lock_name=holder.name, done_at=timezone.now()
+    )
+    if updated:
+        return
+    row = rows.filter(key=key).first()
+    if row is None:  # deleted while it ran (an operator): it was done all the same
+        _create(key, holder, using, DONE)
+        return
+    raise stale(key, holder, row.token, "completion")

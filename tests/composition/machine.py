@@ -37,8 +37,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from django_redlock import locks
+from django_redlock.effects import ledger
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, StaleTokenError
 from django_redlock.locking import context
+from django_redlock.models import Effect
 from testproject.inventory.models import Product
 
 from .model import (
@@ -1089,6 +1091,45 @@ class CompositionMachine(RuleBasedStateMachine):
             if written[name] != want:
                 raise Violation(f"row {name!r} has token {written[name]}, not {want}")
             self.model.row_written(name, want)
+
+    @rule(index=indexes, key=st.sampled_from(["charge", "mail"]), raising=st.booleans())
+    @step(
+        lambda self: (
+            any(h.who != "thread" and h.kind in ("lock", "write") for h in self.model.holdings)
+            and (connection.vendor != "sqlite" or self.depth() == 0)
+        )
+    )
+    def run_effect(self, index: int, key: str, raising: bool) -> None:
+        """The effect ledger's begin and completion (``lease.once``'s two writes) under a
+        lease's token, current or stale, inside the machine's open transactions: a stale begin
+        is refused, a done effect is found done, a rollback undoes "done" and keeps the begin.
+        (SQLite: only outside a transaction, where its one writer allows the begin.)"""
+        holdings = [
+            h for h in self.model.holdings if h.who != "thread" and h.kind in ("lock", "write")
+        ]
+        holding = holdings[index % len(holdings)]
+        full = f"cx:{self.rid}:effect:{key}"
+        holder = ledger.Holder(self.alias, self.full(holding.name), holding.token)
+        row = Effect.objects.filter(key=full).first()
+        done, begun = self.model.effect_done.get(full), self.model.effect_begun.get(full)
+        expected = None if begun is None else ("begun", begun) if done is None else ("done", done)
+        if (row and (row.state, row.token)) != expected:  # e.g. after a rollback
+            raise Violation(f"effect {key!r} is {row and (row.state, row.token)}, not {expected}")
+        want = self.model.effect_begin(full, holding.token)
+        try:
+            begun = ledger.begin(full, holder, "default")
+            got = "done" if begun.done else "interrupted" if begun.interrupted else "pending"
+        except StaleTokenError:
+            got = "stale"
+        if got != want:
+            raise Violation(f"effect {key!r} under {holding}: begin found {got}, not {want}")
+        if got in ("stale", "done") or raising:
+            return
+        ledger.complete(full, holder, "default")  # in the open transaction, if any
+        self.model.effect_done[full] = holding.token
+        row = Effect.objects.get(key=full)
+        if (row.state, row.token) != ("done", holding.token):
+            raise Violation(f"effect {key!r} completed as {row.state} {row.token}")
 
     def _innermost(self) -> Holding | None:
         for entry in reversed(self.ctx):

@@ -118,6 +118,12 @@ class Model:
     row_tokens: dict[str, int] = field(default_factory=dict)
     #: snapshots of row_tokens at each open atomic block (restored on rollback)
     row_snapshots: list[dict[str, int]] = field(default_factory=list)
+    #: the effect ledger (lease.once): the token of each key's last begin (committed at once)
+    effect_begun: dict[str, int] = field(default_factory=dict)
+    #: the keys done and their tokens, as the main thread's transaction sees them
+    effect_done: dict[str, int] = field(default_factory=dict)
+    #: snapshots of effect_done at each open atomic block (restored on rollback)
+    effect_snapshots: list[dict[str, int]] = field(default_factory=list)
     #: asks the peer process whether one of its leases was released (a timer may have)
     peer_released: Callable[[int], bool] | None = None
     next_hid: int = 0
@@ -222,8 +228,23 @@ class Model:
 
     def atomic_entered(self) -> None:
         self.row_snapshots.append(dict(self.row_tokens))
+        self.effect_snapshots.append(dict(self.effect_done))
 
     def atomic_left(self, rolled_back: bool) -> None:
         snapshot = self.row_snapshots.pop()
+        done = self.effect_snapshots.pop()
         if rolled_back:
             self.row_tokens = snapshot
+            self.effect_done = done  # the begins stay: they were committed on their own
+
+    # -- the effect ledger -------------------------------------------------------------------
+    def effect_begin(self, key: str, token: int) -> str:
+        """What a begin of ``key`` under ``token`` must find: "done", "stale", "interrupted"
+        or "pending" (the model records the begin)."""
+        if key in self.effect_done:
+            return "done"
+        last = self.effect_begun.get(key)
+        if last is not None and last > token:
+            return "stale"
+        self.effect_begun[key] = token
+        return "pending" if last is None else "interrupted"
