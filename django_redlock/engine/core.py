@@ -30,8 +30,10 @@ from .plans import (
     waited_reply,
     withdraw_plan,
 )
+from .plans.records import each_node_plan
 from .policy import AcquireStep, AwaitRelease, acquire_policy, registration_ms
 from .pools import SPARE, ChannelPools
+from .replies import Call
 from .state import (
     WAIT_MARK_MS,
     AcquireFailure,
@@ -280,6 +282,16 @@ class Engine(ChannelPools):
         plan = lambda nodes: force_release_plan(self.state, nodes, name, expected, key)  # noqa: E731
         return self._run(plan)[0]
 
+    def on_each_node(
+        self, call: Call, reached: Sequence[bool] = (), pinned: Any = None
+    ) -> list[Any]:
+        """Run one script call on every node that is up (``reached``: only on those marked
+        True), awaiting every reply until the node timeout; the replies in node order, a
+        ``NodeFailure`` for each node that gave none. ``pinned``: a lease's channel, so the call
+        runs after that lease's calls on each node."""
+        plan = lambda nodes: each_node_plan(self.state, nodes, call, reached)  # noqa: E731
+        return self._run(plan, pinned)[0]
+
     # -- the facade: asyncio -------------------------------------------------------------
     async def aacquire(
         self, name: str, ttl: float, timeout: float | None, permits: int = 0, rw: str = ""
@@ -362,6 +374,13 @@ class Engine(ChannelPools):
         """Asyncio twin of :meth:`force_release`."""
         plan = lambda nodes: force_release_plan(self.state, nodes, name, expected, key)  # noqa: E731
         return (await self._arun(plan))[0]
+
+    async def aon_each_node(
+        self, call: Call, reached: Sequence[bool] = (), pinned: Any = None
+    ) -> list[Any]:
+        """Asyncio twin of :meth:`on_each_node`."""
+        plan = lambda nodes: each_node_plan(self.state, nodes, call, reached)  # noqa: E731
+        return (await self._arun(plan, pinned))[0]
 
     def _check_fork(self) -> None:
         if self.generation != forks.current:
