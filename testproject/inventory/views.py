@@ -1,6 +1,9 @@
-"""The demo's buy endpoint: one sale per request, guarded by a per-request lock."""
+"""The demo's endpoints: one sale per request, guarded by a per-request lock; an order placed
+once per ``Idempotency-Key``."""
 
 from __future__ import annotations
+
+import json
 
 from django.db import transaction
 from django.http import Http404, HttpRequest, JsonResponse
@@ -34,3 +37,22 @@ def buy(request: HttpRequest, product_id: int) -> JsonResponse:
             product.save()
             Order.objects.create(product=product, quantity=1)
     return JsonResponse({"sold": sold, "stock": product.stock})
+
+
+@csrf_exempt
+@require_POST
+@request_lock("order:{product_id}", idempotency=True)
+def order(request: HttpRequest, product_id: int) -> JsonResponse:
+    """Place an order of ``product_id`` (body ``{"quantity": n}``): 201 ``{"order": id}``. With
+    an ``Idempotency-Key`` header it is placed once: a retry gets the same answer (with
+    ``Idempotent-Replayed: true``), a duplicate sent while it runs gets 409."""
+    try:
+        quantity = int(json.loads(request.body or b"{}").get("quantity", 1))
+    except (ValueError, TypeError, AttributeError):
+        quantity = 0
+    if quantity < 1:
+        return JsonResponse({"error": "quantity must be a whole number >= 1"}, status=400)
+    if not Product.objects.filter(pk=product_id).exists():
+        raise Http404(f"No product {product_id}.")
+    placed = Order.objects.create(product_id=product_id, quantity=quantity)
+    return JsonResponse({"order": placed.pk, "quantity": quantity}, status=201)
