@@ -21,15 +21,14 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
-from django.db import transaction
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
 from ..exceptions import LockNotAcquired, NodesUnavailable
 from ..locking import context
 from ..locking.registry import locks
 from ..locking.transactions import in_transaction, release_after_commit
-from . import idempotency, records
+from . import idempotency, keeping, records
 from .responses import lock_error_response
 from .rules import LockSpec
 
@@ -70,44 +69,76 @@ async def _hold(
     io: _IO,
 ) -> HttpResponseBase:
     """Run ``call`` holding the lock (or one of ``spec.limit`` permits) for this request, or
-    answer 409/429/503 without running it; with ``spec.idempotency`` and the header, once per
-    key (see :mod:`.idempotency`)."""
-    key: str | None = None
+    answer 409/429/503 without running it."""
     if spec.idempotency:
-        settings = idempotency.config()
-        try:
-            key = idempotency.key_of(request, settings.header)
-        except idempotency.BadKey as exc:
-            return exc.response(request)
-    user = None
-    if spec.key.uses_user or (key is not None and hasattr(request, "user")):
-        user = await io.user(spec, request)
+        return await _hold_once(spec, request, kwargs, call, io)
+    user = await io.user(spec, request) if spec.key.uses_user else None
     name = spec.key.fill(kwargs, user)
-    if key is not None:
-        name = idempotency.lock_name(name, key, user)
-    held = (spec.using, name)
+    key = (spec.using, name)
     kind = "" if spec.limit is None else "permit"
-    if held in request.__dict__.get(_HELD_ATTR, {}) or context.find(*held, kind) is not None:
+    if key in request.__dict__.get(_HELD_ATTR, {}) or context.find(*key, kind) is not None:
         return await call()  # re-entered: a rule and a decorator on one lock, or an outer lease
     try:
         lease = await io.acquire(spec, name)
     except AcquireErrors as exc:
         return lock_error_response(request, exc, limited=spec.limit is not None)
-    fingerprint = ""
     try:
-        if key is not None:
-            fingerprint = idempotency.fingerprint(request, user)
-            earlier = await _earlier_answer(io, lease, request, fingerprint, settings.header)
-            if earlier is not None:
-                await _release(io, lease, spec)
-                return earlier
-        with _attached(request, lease, held):
+        with _attached(request, lease, key):
             response = await call()
     except BaseException:
         await _release(io, lease, spec)
         raise
-    if key is not None:
-        await _keep(io, lease, spec, response, fingerprint)
+    await _let_go(io, lease, spec, response)
+    return response
+
+
+async def _hold_once(
+    spec: LockSpec,
+    request: HttpRequest,
+    kwargs: Mapping[str, Any],
+    call: Callable[[], Awaitable[HttpResponseBase]],
+    io: _IO,
+) -> HttpResponseBase:
+    """An idempotent request (see :mod:`.idempotency`): with the header, hold the lock of the
+    key, answer from its kept record or run ``call`` under the plain lock too and keep the
+    response; without it, the plain lock alone (as before)."""
+    config = idempotency.config()
+    try:
+        value = idempotency.key_of(request, config.header)
+    except idempotency.BadKey as exc:
+        return exc.response(request)
+    if value is None:
+        return await _hold(spec.plain, request, kwargs, call, io)
+    needs_user = spec.key.uses_user or hasattr(request, "user")
+    user = await io.user(spec, request) if needs_user else None
+    name = idempotency.lock_name(spec.key.fill(kwargs, user), value, user)
+    key = (spec.using, name)
+    if key in request.__dict__.get(_HELD_ATTR, {}):  # a rule and a decorator, both idempotent
+        return await _hold(spec.plain, request, kwargs, call, io)
+    try:
+        lease = await io.acquire(spec, name)
+    except AcquireErrors as exc:  # a duplicate still running: 409
+        return lock_error_response(request, exc)
+    try:
+        fingerprint = idempotency.fingerprint(request, user)
+        earlier = await keeping.earlier_answer(io.read, lease, request, fingerprint, config)
+        if earlier is None:
+            with _attached(request, lease, key):
+                # the plain lock too: requests with other keys still wait for this one
+                response = await _hold(spec.plain, request, kwargs, call, io)
+    except BaseException:
+        await _release(io, lease, spec)
+        raise
+    if earlier is not None:
+        await _release(io, lease, spec)
+        return earlier
+    await keeping.keep(io.store, lease, spec.until_commit, response, fingerprint, config)
+    await _let_go(io, lease, spec, response)
+    return response
+
+
+async def _let_go(io: _IO, lease: Lease, spec: LockSpec, response: HttpResponseBase) -> None:
+    """Release ``lease`` now, or once a streaming response is closed."""
     if response.streaming:
         # Django calls these from HttpResponseBase.close(), which every server calls once the
         # stream is sent or abandoned (WSGI and ASGI alike); request_finished follows.
@@ -115,61 +146,6 @@ async def _hold(
         closers.append(functools.partial(_release_at_close, lease))
     else:
         await _release(io, lease, spec)
-    return response
-
-
-async def _earlier_answer(
-    io: _IO, lease: Lease, request: HttpRequest, fingerprint: str, header: str
-) -> HttpResponse | None:
-    """The answer from a kept record (replay, 409, 422), 503 when too few nodes answered the
-    read, or None: no record, the view runs."""
-    try:
-        record = await io.read(lease)
-    except NodesUnavailable as exc:
-        return lock_error_response(request, exc)
-    if record is None:
-        return None
-    return idempotency.answer(request, record, fingerprint, header)
-
-
-async def _keep(
-    io: _IO, lease: Lease, spec: LockSpec, response: HttpResponseBase, fingerprint: str
-) -> None:
-    """Keep the response of an idempotent request (none for a 5xx). Inside a transaction the
-    lease is released after the commit, and the response is kept then too (before that
-    release): a rollback keeps nothing, so a retry runs again."""
-    settings = idempotency.config()
-    values = idempotency.kept_values(response, fingerprint, settings.max_bytes)
-    if values is None:
-        return
-    if spec.until_commit and in_transaction():
-        transaction.on_commit(functools.partial(_store_logged, lease, values, settings.ttl))
-        return
-    try:
-        stored = await io.store(lease, values, settings.ttl)
-    except Exception:
-        logger.warning("Could not keep the response of %r", lease.name, exc_info=True)
-        return
-    _log_unkept(lease, stored)
-
-
-def _store_logged(lease: Lease, values: list[bytes | str], ttl: float) -> None:
-    """Keep a response from an on-commit hook (sync, under ASGI too); a failure is logged."""
-    try:
-        stored = records.store(lease, values, ttl)
-    except Exception:
-        logger.warning("Could not keep the response of %r", lease.name, exc_info=True)
-        return
-    _log_unkept(lease, stored)
-
-
-def _log_unkept(lease: Lease, stored: int) -> None:
-    if stored == 0:
-        logger.warning(
-            "The response of %r was not kept: its lease was lost or overtaken before it could be "
-            "stored (a retry runs again).",
-            lease.name,
-        )
 
 
 @contextlib.contextmanager

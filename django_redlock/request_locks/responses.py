@@ -64,7 +64,9 @@ def lock_error_response(
     else:
         status, code = busy_status(), "lock_busy"
         message = "This resource is being changed by another request. Please retry later."
-    return error_response(request, status, code, message, retry_after=retry)
+    response = error_response(request, status, code, message, retry_after=retry)
+    response.redlock_lock_error = True  # type: ignore[attr-defined]  # never kept as an answer
+    return response
 
 
 def error_response(

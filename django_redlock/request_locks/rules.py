@@ -12,6 +12,7 @@ The first rule that matches a request's method and URL name (or path regex) lock
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from collections.abc import Callable, Mapping
@@ -65,6 +66,11 @@ class LockSpec:
     #: a request with the idempotency header runs once per header value; its response is kept
     #: and replayed (see :mod:`.idempotency`)
     idempotency: bool = False
+
+    @functools.cached_property
+    def plain(self) -> LockSpec:
+        """This spec without idempotency: the lock an idempotent request also holds."""
+        return dataclasses.replace(self, idempotency=False)
 
     @classmethod
     def build(

@@ -158,6 +158,24 @@ def test_concurrent_duplicate_is_409(client: Client, item_id: int, key: str) -> 
     assert RUNS["blocking"] == 1
 
 
+def test_another_key_waits_for_the_plain_lock(client: Client, item_id: int, key: str) -> None:
+    """A request with another key (or none) on the same resource still meets the plain lock
+    (``idem:<id>``) while the first runs: 409, and that busy answer is not kept."""
+    with ThreadPoolExecutor(1) as other:
+        first = other.submit(post, Client(), f"/blocking/{item_id}/", key)
+        assert ENTERED.wait(5)
+        second_key = str(uuid.uuid4())
+        busy = post(client, f"/blocking/{item_id}/", second_key)
+        no_key = post(client, f"/blocking/{item_id}/", None)
+        GATE.set()
+        assert first.result(10).status_code == 201
+    assert busy.status_code == no_key.status_code == 409
+    assert busy.json()["error"] == "lock_busy"
+    retried = post(client, f"/blocking/{item_id}/", second_key)
+    assert retried.status_code == 201 and "Idempotent-Replayed" not in retried
+    assert RUNS["blocking"] == 2
+
+
 def test_each_user_has_own_keys(
     client: Client, item_id: int, key: str, django_user_model: Any
 ) -> None:
