@@ -30,10 +30,9 @@ from .plans import (
     waited_reply,
     withdraw_plan,
 )
-from .plans.records import each_node_plan
+from .plans.records import RecordRead, read_record_plan, store_record_plan
 from .policy import AcquireStep, AwaitRelease, acquire_policy, registration_ms
 from .pools import SPARE, ChannelPools
-from .replies import Call
 from .state import (
     WAIT_MARK_MS,
     AcquireFailure,
@@ -282,14 +281,19 @@ class Engine(ChannelPools):
         plan = lambda nodes: force_release_plan(self.state, nodes, name, expected, key)  # noqa: E731
         return self._run(plan)[0]
 
-    def on_each_node(
-        self, call: Call, reached: Sequence[bool] = (), pinned: Any = None
-    ) -> list[Any]:
-        """Run one script call on every node that is up (``reached``: only on those marked
-        True), awaiting every reply until the node timeout; the replies in node order, a
-        ``NodeFailure`` for each node that gave none. ``pinned``: a lease's channel, so the call
-        runs after that lease's calls on each node."""
-        plan = lambda nodes: each_node_plan(self.state, nodes, call, reached)  # noqa: E731
+    def store_record(
+        self, lease: LeaseRecord, fields: Sequence[tuple[str, bytes | str]], ttl: float
+    ) -> int:
+        """Keep a fenced record beside ``lease``'s lock for ``ttl`` seconds (see
+        ``scripts/records.py``): on each node the lease reached, only while it holds the lock
+        there and no newer token's record is there. Returns on how many nodes it was written.
+        Runs on the lease's channel, after its own calls."""
+        plan = lambda nodes: store_record_plan(self.state, nodes, lease, fields, ttl)  # noqa: E731
+        return self._run(plan, lease.pinned)[0]
+
+    def read_record(self, name: str, fields: Sequence[str], pinned: Any = None) -> RecordRead:
+        """The fenced record of ``name`` from every node: the highest token's ``fields``."""
+        plan = lambda nodes: read_record_plan(self.state, nodes, name, fields)  # noqa: E731
         return self._run(plan, pinned)[0]
 
     # -- the facade: asyncio -------------------------------------------------------------
@@ -375,11 +379,18 @@ class Engine(ChannelPools):
         plan = lambda nodes: force_release_plan(self.state, nodes, name, expected, key)  # noqa: E731
         return (await self._arun(plan))[0]
 
-    async def aon_each_node(
-        self, call: Call, reached: Sequence[bool] = (), pinned: Any = None
-    ) -> list[Any]:
-        """Asyncio twin of :meth:`on_each_node`."""
-        plan = lambda nodes: each_node_plan(self.state, nodes, call, reached)  # noqa: E731
+    async def astore_record(
+        self, lease: LeaseRecord, fields: Sequence[tuple[str, bytes | str]], ttl: float
+    ) -> int:
+        """Asyncio twin of :meth:`store_record`."""
+        plan = lambda nodes: store_record_plan(self.state, nodes, lease, fields, ttl)  # noqa: E731
+        return (await self._arun(plan, lease.pinned))[0]
+
+    async def aread_record(
+        self, name: str, fields: Sequence[str], pinned: Any = None
+    ) -> RecordRead:
+        """Asyncio twin of :meth:`read_record`."""
+        plan = lambda nodes: read_record_plan(self.state, nodes, name, fields)  # noqa: E731
         return (await self._arun(plan, pinned))[0]
 
     def _check_fork(self) -> None:
