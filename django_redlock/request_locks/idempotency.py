@@ -10,10 +10,13 @@ the kept response of an earlier request (:mod:`.records`) and answers with it, o
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from typing import Any
 
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 from django.http.request import RawPostDataException
 from django.http.response import HttpResponseBase
@@ -44,9 +47,17 @@ class BadKey(Exception):
         return error_response(request, 400, "invalid_idempotency_key", str(self))
 
 
+@functools.cache
 def config() -> IdempotencyConfig:
-    """``REDLOCK_IDEMPOTENCY``; an invalid value raises ``ImproperlyConfigured`` (E030)."""
+    """``REDLOCK_IDEMPOTENCY`` (cached; reset when the setting changes); an invalid value
+    raises ``ImproperlyConfigured`` (E030) on every call."""
     return idempotency_setting()
+
+
+@receiver(setting_changed)
+def _reset_config(*, setting: str, **kwargs: Any) -> None:
+    if setting == "REDLOCK_IDEMPOTENCY":
+        config.cache_clear()
 
 
 def key_of(request: HttpRequest, header: str) -> str | None:
