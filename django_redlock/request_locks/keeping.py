@@ -13,6 +13,7 @@ from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
 from ..conf import IdempotencyConfig
+from ..engine import quorum
 from ..exceptions import NodesUnavailable
 from ..locking.transactions import in_transaction
 from . import idempotency, records
@@ -81,9 +82,20 @@ def _store_at_commit(lease: Lease, values: list[bytes | str], ttl: float) -> Non
 
 
 def _log_unkept(lease: Lease, stored: int) -> None:
+    """Warn when the response was kept nowhere, or on fewer nodes than a quorum (a replay,
+    which reads a quorum, may then miss it)."""
+    needed = quorum(records.node_count(lease))
     if stored == 0:
         logger.warning(
             "The response of %r was not kept: its lease was lost or overtaken first (a retry "
             "runs the request again).",
             lease.name,
+        )
+    elif stored < needed:
+        logger.warning(
+            "The response of %r was kept on %d node(s), fewer than a quorum (%d): a retry may "
+            "not find it and run the request again.",
+            lease.name,
+            stored,
+            needed,
         )

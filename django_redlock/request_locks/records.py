@@ -45,6 +45,11 @@ def _engine(lease: Lease) -> Engine:
     return engine
 
 
+def node_count(lease: Lease) -> int:
+    """How many nodes ``lease``'s alias (or shard) has."""
+    return _engine(lease).node_count
+
+
 def _fields(values: Sequence[bytes | str]) -> list[tuple[str, bytes | str]]:
     return list(zip(FIELDS, values, strict=True))
 

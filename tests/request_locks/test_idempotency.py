@@ -238,6 +238,19 @@ def test_a_streaming_response_is_not_kept(client: Client, item_id: int, key: str
     assert RUNS["stream"] == 1
 
 
+def test_a_view_that_outlived_its_lease_keeps_nothing(
+    client: Client, item_id: int, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store finds the key's lock gone (its lease expired during the view): nothing is
+    kept, a warning says so, and the retry runs again."""
+    with caplog.at_level("WARNING", logger="django_redlock"):
+        assert post(client, f"/slow/{item_id}/", key).status_code == 201
+    assert any("was not kept" in r.getMessage() for r in caplog.records)
+    again = post(client, f"/slow/{item_id}/", key)
+    assert "Idempotent-Replayed" not in again
+    assert RUNS["slow"] == 2
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_rolled_back_transaction_keeps_nothing(client: Client, item_id: int, key: str) -> None:
     """Inside atomic() the response is kept at the commit: a rollback keeps nothing, the retry

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 
 from django.db import transaction
@@ -86,6 +87,13 @@ def rolled_back(request: HttpRequest, item_id: int) -> HttpResponse:
     return JsonResponse({"run": run}, status=201)
 
 
+@request_lock("idem:{item_id}", ttl=0.3, idempotency=True)
+def slow(request: HttpRequest, item_id: int) -> HttpResponse:
+    """Outlives its lease (0.3 s)."""
+    time.sleep(0.5)
+    return JsonResponse({"run": _ran("slow")}, status=201)
+
+
 def ruled(request: HttpRequest, item_id: int) -> HttpResponse:
     """Not decorated: a REDLOCK_REQUEST_LOCKS rule with IDEMPOTENCY makes it idempotent."""
     return JsonResponse({"run": _ran("ruled")}, status=201)
@@ -99,4 +107,5 @@ urlpatterns = [
     path("stream/<int:item_id>/", stream, name="stream"),
     path("rolled-back/<int:item_id>/", rolled_back, name="rolled-back"),
     path("ruled/<int:item_id>/", ruled, name="ruled"),
+    path("slow/<int:item_id>/", slow, name="slow"),
 ]
