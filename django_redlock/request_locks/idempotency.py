@@ -4,8 +4,9 @@ response (what is kept, how it is replayed).
 A request with the ``REDLOCK_IDEMPOTENCY`` header (``Idempotency-Key``) runs under the lock
 ``<filled key template>%=<digest>``: the digest is the SHA-256 of the user's id and the header's
 value, so two users' keys never meet, and ``%=`` never appears in a filled template value (see
-:mod:`.keys`), so no plain request lock has that name. Holding that lock, the request finds
-the kept response of an earlier request (:mod:`.records`) and answers with it, or runs.
+:mod:`.keys`), so no plain request lock has that name (unless a template's own text has
+it). Holding that lock, the request finds the kept response of an earlier request
+(:mod:`.records`) and answers with it, or runs.
 """
 
 from __future__ import annotations
