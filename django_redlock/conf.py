@@ -9,6 +9,7 @@ the key, so ``manage.py check`` and the first lock call report the same message.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -244,7 +245,13 @@ def _fan_out(alias: str, value: Any) -> str:
 
 #: Every Django setting django-redlock reads; another ``REDLOCK*`` name is most likely a
 #: misspelt one, which Django would silently ignore (system check W009).
-SETTING_NAMES = ("REDLOCK", "REDLOCK_BUSY_POLL", "REDLOCK_BUSY_STATUS", "REDLOCK_REQUEST_LOCKS")
+SETTING_NAMES = (
+    "REDLOCK",
+    "REDLOCK_BUSY_POLL",
+    "REDLOCK_BUSY_STATUS",
+    "REDLOCK_IDEMPOTENCY",
+    "REDLOCK_REQUEST_LOCKS",
+)
 
 #: Default of ``REDLOCK_BUSY_POLL``, seconds; and the largest value it accepts.
 BUSY_POLL_DEFAULT = 0.0001
@@ -314,3 +321,72 @@ def request_locks_setting() -> list[Any]:
             f"REDLOCK_REQUEST_LOCKS must be a list of dicts, not {type(raw).__name__}."
         )
     return list(raw)
+
+
+# -- idempotent requests: REDLOCK_IDEMPOTENCY --------------------------------------------------
+IDEMPOTENCY_DEFAULTS: dict[str, Any] = {
+    "HEADER": "Idempotency-Key",
+    "TTL": 86400,
+    "MAX_BYTES": 1048576,
+}
+#: Longest ``TTL`` of a kept response: 365 days.
+IDEMPOTENCY_TTL_MAX = 365 * 86400.0
+#: Largest ``MAX_BYTES``: 512 MB, the largest value Redis stores.
+IDEMPOTENCY_MAX_BYTES_MAX = 512 * 1024 * 1024
+#: An HTTP header name (RFC 9110 token characters).
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
+
+
+@dataclass(frozen=True)
+class IdempotencyConfig:
+    """The validated ``REDLOCK_IDEMPOTENCY`` setting."""
+
+    header: str = "Idempotency-Key"
+    ttl: float = 86400.0
+    max_bytes: int = 1048576
+
+
+def _idempotency_error(key: str, why: str) -> ImproperlyConfigured:
+    return ImproperlyConfigured(f"REDLOCK_IDEMPOTENCY['{key}'] {why}")
+
+
+def idempotency_setting() -> IdempotencyConfig:
+    """``REDLOCK_IDEMPOTENCY``: the request header, how long a response is kept (seconds) and
+    the largest response body kept (bytes); each key defaults as in ``IDEMPOTENCY_DEFAULTS``."""
+    raw = getattr(settings, "REDLOCK_IDEMPOTENCY", {})
+    if not isinstance(raw, Mapping):
+        raise ImproperlyConfigured(
+            f"REDLOCK_IDEMPOTENCY must be a dict with the keys HEADER, TTL and MAX_BYTES, not "
+            f"{type(raw).__name__}."
+        )
+    unknown = sorted(map(str, set(raw) - set(IDEMPOTENCY_DEFAULTS)))
+    if unknown:
+        raise ImproperlyConfigured(
+            f"REDLOCK_IDEMPOTENCY has unknown key(s) {', '.join(unknown)}; allowed: "
+            f"{', '.join(IDEMPOTENCY_DEFAULTS)}."
+        )
+    merged = {**IDEMPOTENCY_DEFAULTS, **raw}
+    header, ttl, max_bytes = merged["HEADER"], merged["TTL"], merged["MAX_BYTES"]
+    if not isinstance(header, str) or not _HEADER_NAME.match(header):
+        raise _idempotency_error(
+            "HEADER", f"must be an HTTP header name such as 'Idempotency-Key', got {header!r}."
+        )
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float):
+        raise _idempotency_error("TTL", f"must be a number of seconds, not {type(ttl).__name__}.")
+    if not math.isfinite(ttl) or not 1 <= ttl <= IDEMPOTENCY_TTL_MAX:
+        raise _idempotency_error(
+            "TTL",
+            f"must be from 1 to {IDEMPOTENCY_TTL_MAX:.0f} seconds (365 days; how long a "
+            f"response is kept for replays), got {ttl!r}.",
+        )
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int):
+        raise _idempotency_error(
+            "MAX_BYTES", f"must be an int (bytes), not {type(max_bytes).__name__}."
+        )
+    if not 0 <= max_bytes <= IDEMPOTENCY_MAX_BYTES_MAX:
+        raise _idempotency_error(
+            "MAX_BYTES",
+            f"must be from 0 to {IDEMPOTENCY_MAX_BYTES_MAX} (512 MB, the most Redis keeps in "
+            f"one value; the largest response body kept), got {max_bytes!r}.",
+        )
+    return IdempotencyConfig(header, float(ttl), max_bytes)

@@ -26,6 +26,7 @@ def request_lock(
     *,
     until_commit: bool = True,
     limit: int | None = None,
+    idempotency: bool = False,
 ) -> Callable[[V], V]:
     """Hold the lock ``key`` (filled from URL kwargs and ``user``) while the view runs.
 
@@ -36,7 +37,10 @@ def request_lock(
     the view raises. ``timeout`` is how long to wait for the lock (0: one attempt). Under
     ``ATOMIC_REQUESTS`` (or any open transaction) the release waits for the commit, unless
     ``until_commit=False``. ``limit=N`` takes one of N permits of ``key`` instead (at most N
-    requests at once; over it the answer is 429 with ``Retry-After``).
+    requests at once; over it the answer is 429 with ``Retry-After``). ``idempotency=True``:
+    a request with the ``REDLOCK_IDEMPOTENCY`` header (``Idempotency-Key``) runs under the
+    lock ``key`` + the header's value, once: its response is kept and replayed to a retry
+    (docs/effects.md).
     """
     spec = LockSpec.build(
         key,
@@ -46,6 +50,7 @@ def request_lock(
         where=f"request_lock({key!r})",
         until_commit=until_commit,
         limit=limit,
+        idempotency=idempotency,
     )
 
     def decorator(view: V) -> V:

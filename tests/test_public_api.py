@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import inspect
 
 import pytest
 from django.core import checks
@@ -29,7 +30,11 @@ def test_contract_import_paths_import() -> None:
     assert callable(request_lock) and callable(guard) and callable(aguard)
     assert {Lease, LockBlock, LockManager, RequestLockMiddleware, FencedModel, KeyTemplate}
     assert callable(parse_rule) and callable(request_rules) and callable(check_request_locks)
-    assert "E010" in CHECK_IDS
+    assert "E010" in CHECK_IDS and "E030" in CHECK_IDS
+    from django_redlock.conf import IdempotencyConfig, idempotency_setting
+
+    assert idempotency_setting() == IdempotencyConfig()
+    assert "idempotency" in inspect.signature(request_lock).parameters
     for name in ("lock", "locks"):
         assert hasattr(importlib.import_module("django_redlock"), name)
 
@@ -38,7 +43,15 @@ def test_engine_facade_is_all_the_django_layer_needs() -> None:
     """The Django-side modules import the engine only through its facade."""
     import django_redlock.engine as engine
 
-    for name in ("Engine", "AliasState", "LeaseRecord", "AcquireFailure", "quorum", "Keyspace"):
+    for name in (
+        "Engine",
+        "AliasState",
+        "LeaseRecord",
+        "AcquireFailure",
+        "quorum",
+        "Keyspace",
+        "RecordRead",
+    ):
         assert name in engine.__all__
 
 

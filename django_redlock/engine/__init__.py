@@ -31,6 +31,7 @@ from .keyspace import (
     quorum,
 )
 from .kinds import KINDS
+from .plans.records import RecordRead
 from .policy import Pause, Renew, RenewalBound, Stepper, renewal_policy
 from .scripts import WAITING
 from .state import (
@@ -69,6 +70,7 @@ __all__ = [
     "LockValue",
     "Outcome",
     "Pause",
+    "RecordRead",
     "Renew",
     "Renewal",
     "RenewalBound",

@@ -30,6 +30,7 @@ from .plans import (
     waited_reply,
     withdraw_plan,
 )
+from .plans.records import RecordRead, read_record_plan, store_record_plan
 from .policy import AcquireStep, AwaitRelease, acquire_policy, registration_ms
 from .pools import SPARE, ChannelPools
 from .state import (
@@ -280,6 +281,21 @@ class Engine(ChannelPools):
         plan = lambda nodes: force_release_plan(self.state, nodes, name, expected, key)  # noqa: E731
         return self._run(plan)[0]
 
+    def store_record(
+        self, lease: LeaseRecord, fields: Sequence[tuple[str, bytes | str]], ttl: float
+    ) -> int:
+        """Keep a fenced record beside ``lease``'s lock for ``ttl`` seconds (see
+        ``scripts/records.py``): on each node the lease reached, only while it holds the lock
+        there and no newer token's record is there. Returns on how many nodes it was written.
+        Runs on the lease's channel, after its own calls."""
+        plan = lambda nodes: store_record_plan(self.state, nodes, lease, fields, ttl)  # noqa: E731
+        return self._run(plan, lease.pinned)[0]
+
+    def read_record(self, name: str, fields: Sequence[str], pinned: Any = None) -> RecordRead:
+        """The fenced record of ``name`` from every node: the highest token's ``fields``."""
+        plan = lambda nodes: read_record_plan(self.state, nodes, name, fields)  # noqa: E731
+        return self._run(plan, pinned)[0]
+
     # -- the facade: asyncio -------------------------------------------------------------
     async def aacquire(
         self, name: str, ttl: float, timeout: float | None, permits: int = 0, rw: str = ""
@@ -362,6 +378,20 @@ class Engine(ChannelPools):
         """Asyncio twin of :meth:`force_release`."""
         plan = lambda nodes: force_release_plan(self.state, nodes, name, expected, key)  # noqa: E731
         return (await self._arun(plan))[0]
+
+    async def astore_record(
+        self, lease: LeaseRecord, fields: Sequence[tuple[str, bytes | str]], ttl: float
+    ) -> int:
+        """Asyncio twin of :meth:`store_record`."""
+        plan = lambda nodes: store_record_plan(self.state, nodes, lease, fields, ttl)  # noqa: E731
+        return (await self._arun(plan, lease.pinned))[0]
+
+    async def aread_record(
+        self, name: str, fields: Sequence[str], pinned: Any = None
+    ) -> RecordRead:
+        """Asyncio twin of :meth:`read_record`."""
+        plan = lambda nodes: read_record_plan(self.state, nodes, name, fields)  # noqa: E731
+        return (await self._arun(plan, pinned))[0]
 
     def _check_fork(self) -> None:
         if self.generation != forks.current:

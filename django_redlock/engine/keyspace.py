@@ -9,6 +9,8 @@ Keys an alias writes (all start with its ``KEY_PREFIX``; lock names may not star
 * ``<prefix>__wake__:<name>``: the wake-up list waiters block on.
 * ``<prefix>__handoff__:<name>``: a short reservation for the waiter a release woke.
 * ``<prefix>__fence__``: the alias's permanent fence hash (counter, run_id, longest TTL).
+* ``<prefix>__record__:<name>``: a fenced record beside the lock ``name`` (a hash: the token
+  that wrote it, and its fields), e.g. an idempotent request's response.
 * ``<prefix>__permit__:<k>:<name>``: slot ``k`` of the semaphore ``name`` (a lock value); the
   semaphore's marker, ``semaphore|<permits>``, is at ``<prefix><name>``.
 * ``<prefix>__readers__:<name>`` and ``<prefix>__writers__:<name>``: the read leases and the
@@ -119,6 +121,10 @@ class Keyspace:
 
     def writers(self, name: str) -> str:
         return f"{self.prefix}{RESERVED_MARK}writers__:{name}"
+
+    def record(self, name: str) -> str:
+        """A fenced record kept beside the lock ``name`` (see ``scripts/records.py``)."""
+        return f"{self.prefix}{RESERVED_MARK}record__:{name}"
 
     def permit(self, name: str, slot: int) -> str:
         return f"{self.prefix}{RESERVED_MARK}permit__:{slot}:{name}"

@@ -7,5 +7,7 @@ The entry points are :func:`django_redlock.decorators.request_lock` and
 - ``rules``: what to lock (``LockSpec``), the ``REDLOCK_REQUEST_LOCKS`` rules and matching them;
 - ``holding``: holding one lease around one request, sync or async, and releasing it;
 - ``responses``: the 409/503 responses with ``Retry-After``;
-- ``checks``: the system checks (``django_redlock.E010``-``E017``, ``W010``).
+- ``idempotency``, ``keeping``, ``records``: idempotent requests (the key's lock and
+  fingerprint; answering from and keeping a response; the response on the nodes);
+- ``checks``: the system checks (``django_redlock.E010``-``E019``, ``E030``, ``W010``).
 """

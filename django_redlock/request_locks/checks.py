@@ -17,7 +17,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from ..conf import busy_status_setting, redlock_settings
+from ..conf import busy_status_setting, idempotency_setting, redlock_settings
 from .rules import SETTING, LockRule, LockSpec, read_rules, view_specs
 
 CHECK_IDS = {
@@ -31,6 +31,8 @@ CHECK_IDS = {
     "E017": "A KEY uses {user} but AuthenticationMiddleware does not run before it.",
     "E018": "A rule's LIMIT is not an int from 1 to 1024.",
     "E019": "A lock and a LIMIT (or two different LIMITs) share a key template and alias.",
+    "E030": "REDLOCK_IDEMPOTENCY is invalid (not a dict, unknown key, bad HEADER, TTL or "
+    "MAX_BYTES).",
     "W010": "REDLOCK_REQUEST_LOCKS has rules but RequestLockMiddleware is not in MIDDLEWARE.",
 }
 MIDDLEWARE_PATH = "django_redlock.middleware.RequestLockMiddleware"
@@ -134,12 +136,17 @@ def _rule_messages(rule: LockRule, patterns: list[Any], position: int | None) ->
 def check_request_locks(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """Validate ``REDLOCK_REQUEST_LOCKS``, ``REDLOCK_BUSY_STATUS`` and ``@request_lock`` views."""
+    """Validate ``REDLOCK_REQUEST_LOCKS``, ``REDLOCK_BUSY_STATUS``, ``REDLOCK_IDEMPOTENCY`` and
+    ``@request_lock`` views."""
     messages: list[checks.CheckMessage] = []
     try:
         busy_status_setting()
     except ImproperlyConfigured as exc:
         messages.append(_error(str(exc), "E016"))
+    try:
+        idempotency_setting()
+    except ImproperlyConfigured as exc:
+        messages.append(_error(str(exc), "E030", hint="See docs/effects.md."))
     rules, errors = read_rules()
     messages += [_error(str(exc), exc.check_id) for exc in errors]
     middleware = list(settings.MIDDLEWARE)

@@ -28,6 +28,7 @@ from ..exceptions import LockNotAcquired, NodesUnavailable
 from ..locking import context
 from ..locking.registry import locks
 from ..locking.transactions import in_transaction, release_after_commit
+from . import idempotency, keeping, records
 from .responses import lock_error_response
 from .rules import LockSpec
 
@@ -55,6 +56,10 @@ class _IO(Protocol):
 
     async def release(self, lease: Lease) -> None: ...
 
+    async def read(self, lease: Lease) -> records.Record | None: ...
+
+    async def store(self, lease: Lease, values: list[bytes | str], ttl: float) -> int: ...
+
 
 async def _hold(
     spec: LockSpec,
@@ -65,6 +70,8 @@ async def _hold(
 ) -> HttpResponseBase:
     """Run ``call`` holding the lock (or one of ``spec.limit`` permits) for this request, or
     answer 409/429/503 without running it."""
+    if spec.idempotency:
+        return await _hold_once(spec, request, kwargs, call, io)
     user = await io.user(spec, request) if spec.key.uses_user else None
     name = spec.key.fill(kwargs, user)
     key = (spec.using, name)
@@ -81,6 +88,57 @@ async def _hold(
     except BaseException:
         await _release(io, lease, spec)
         raise
+    await _let_go(io, lease, spec, response)
+    return response
+
+
+async def _hold_once(
+    spec: LockSpec,
+    request: HttpRequest,
+    kwargs: Mapping[str, Any],
+    call: Callable[[], Awaitable[HttpResponseBase]],
+    io: _IO,
+) -> HttpResponseBase:
+    """An idempotent request (see :mod:`.idempotency`): with the header, hold the lock of the
+    key, answer from its kept record or run ``call`` under the plain lock too and keep the
+    response; without it, the plain lock alone (as before)."""
+    config = idempotency.config()
+    try:
+        value = idempotency.key_of(request, config.header)
+    except idempotency.BadKey as exc:
+        return exc.response(request)
+    if value is None:
+        return await _hold(spec.plain, request, kwargs, call, io)
+    needs_user = spec.key.uses_user or hasattr(request, "user")
+    user = await io.user(spec, request) if needs_user else None
+    name = idempotency.lock_name(spec.key.fill(kwargs, user), value, user)
+    key = (spec.using, name)
+    if key in request.__dict__.get(_HELD_ATTR, {}):  # a rule and a decorator, both idempotent
+        return await _hold(spec.plain, request, kwargs, call, io)
+    try:
+        lease = await io.acquire(spec, name)
+    except AcquireErrors as exc:  # a duplicate still running: 409
+        return lock_error_response(request, exc)
+    try:
+        fingerprint = idempotency.fingerprint(request, user)
+        earlier = await keeping.earlier_answer(io.read, lease, request, fingerprint, config)
+        if earlier is None:
+            with _attached(request, lease, key):
+                # the plain lock too: requests with other keys still wait for this one
+                response = await _hold(spec.plain, request, kwargs, call, io)
+    except BaseException:
+        await _release(io, lease, spec)
+        raise
+    if earlier is not None:
+        await _release(io, lease, spec)
+        return earlier
+    await keeping.keep(io.store, lease, spec.until_commit, response, fingerprint, config)
+    await _let_go(io, lease, spec, response)
+    return response
+
+
+async def _let_go(io: _IO, lease: Lease, spec: LockSpec, response: HttpResponseBase) -> None:
+    """Release ``lease`` now, or once a streaming response is closed."""
     if response.streaming:
         # Django calls these from HttpResponseBase.close(), which every server calls once the
         # stream is sent or abandoned (WSGI and ASGI alike); request_finished follows.
@@ -88,7 +146,6 @@ async def _hold(
         closers.append(functools.partial(_release_at_close, lease))
     else:
         await _release(io, lease, spec)
-    return response
 
 
 @contextlib.contextmanager
@@ -170,6 +227,12 @@ class _BlockingIO:
     async def release(self, lease: Lease) -> None:
         lease.release()
 
+    async def read(self, lease: Lease) -> records.Record | None:
+        return records.read(lease)
+
+    async def store(self, lease: Lease, values: list[bytes | str], ttl: float) -> int:
+        return records.store(lease, values, ttl)
+
 
 class _AsyncIO:
     """asyncio calls; the user is loaded without a sync DB query in the event loop."""
@@ -187,6 +250,12 @@ class _AsyncIO:
 
     async def release(self, lease: Lease) -> None:
         await lease.arelease()
+
+    async def read(self, lease: Lease) -> records.Record | None:
+        return await records.aread(lease)
+
+    async def store(self, lease: Lease, values: list[bytes | str], ttl: float) -> int:
+        return await records.astore(lease, values, ttl)
 
 
 _BLOCKING = _BlockingIO()

@@ -64,19 +64,37 @@ def lock_error_response(
     else:
         status, code = busy_status(), "lock_busy"
         message = "This resource is being changed by another request. Please retry later."
+    response = error_response(request, status, code, message, retry_after=retry)
+    response.redlock_lock_error = True  # type: ignore[attr-defined]  # never kept as an answer
+    return response
+
+
+def error_response(
+    request: HttpRequest, status: int, code: str, message: str, retry_after: int | None = None
+) -> HttpResponse:
+    """A small error response: JSON ``{"error": code, "detail": message}`` (with
+    ``"retry_after"`` when given, also sent as ``Retry-After``) or an HTML page, whichever the
+    ``Accept`` header prefers. ``message`` is fixed text, never request data."""
     try:
         reason = HTTPStatus(status).phrase
     except ValueError:
         reason = "Error"
     if _wants_json(request):
-        body = json.dumps({"error": code, "detail": message, "retry_after": retry})
-        response = HttpResponse(body, status=status, content_type="application/json")
+        fields: dict[str, object] = {"error": code, "detail": message}
+        if retry_after is not None:
+            fields["retry_after"] = retry_after
+        response = HttpResponse(json.dumps(fields), status=status, content_type="application/json")
     else:
-        page = (
-            f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-            f"<title>{status} {reason}</title></head><body><h1>{status} {reason}</h1>"
-            f"<p>{message}</p></body></html>"
-        )
+        page = _page(status, reason, message)
         response = HttpResponse(page, status=status, content_type="text/html; charset=utf-8")
-    response["Retry-After"] = str(retry)
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
     return response
+
+
+def _page(status: int, reason: str, message: str) -> str:
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>{status} {reason}</title></head><body><h1>{status} {reason}</h1>"
+        f"<p>{message}</p></body></html>"
+    )

@@ -12,6 +12,7 @@ The first rule that matches a request's method and URL name (or path regex) lock
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from collections.abc import Callable, Mapping
@@ -30,7 +31,18 @@ from .keys import KeyTemplate
 
 SETTING = "REDLOCK_REQUEST_LOCKS"
 RULE_KEYS = frozenset(
-    {"URL_NAME", "PATH", "KEY", "METHODS", "USING", "TTL", "TIMEOUT", "UNTIL_COMMIT", "LIMIT"}
+    {
+        "URL_NAME",
+        "PATH",
+        "KEY",
+        "METHODS",
+        "USING",
+        "TTL",
+        "TIMEOUT",
+        "UNTIL_COMMIT",
+        "LIMIT",
+        "IDEMPOTENCY",
+    }
 )
 DEFAULT_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 _METHOD = re.compile(r"^[A-Z]+$")
@@ -51,6 +63,14 @@ class LockSpec:
     until_commit: bool = True
     #: take one of this many permits of the key (a semaphore; over it: 429) instead of a lock
     limit: int | None = None
+    #: a request with the idempotency header runs once per header value; its response is kept
+    #: and replayed (see :mod:`.idempotency`)
+    idempotency: bool = False
+
+    @functools.cached_property
+    def plain(self) -> LockSpec:
+        """This spec without idempotency: the lock an idempotent request also holds."""
+        return dataclasses.replace(self, idempotency=False)
 
     @classmethod
     def build(
@@ -62,6 +82,7 @@ class LockSpec:
         where: str,
         until_commit: Any = True,
         limit: Any = None,
+        idempotency: Any = False,
     ) -> LockSpec:
         """Validate every part, raising ``ImproperlyConfigured`` that names ``where``."""
         template = KeyTemplate(key, where)
@@ -76,12 +97,19 @@ class LockSpec:
             raise ImproperlyConfigured(f"{where}: using must be a REDLOCK alias name (str).")
         if not isinstance(until_commit, bool):
             raise ImproperlyConfigured(f"{where}: until_commit must be True or False.")
+        if not isinstance(idempotency, bool):
+            raise ImproperlyConfigured(f"{where}: idempotency must be True or False.")
+        if idempotency and limit is not None:
+            raise ImproperlyConfigured(
+                f"{where}: idempotency needs a lock, not a limit: drop limit (LIMIT) or "
+                "idempotency (IDEMPOTENCY); a kept response is written by the lock's one holder."
+            )
         try:
             ttl = None if ttl is None else check_ttl(ttl)
             timeout = check_timeout(timeout)
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"{where}: {exc}") from exc
-        return cls(template, using, ttl, timeout, until_commit, limit)
+        return cls(template, using, ttl, timeout, until_commit, limit, idempotency)
 
 
 def view_specs(view: Any) -> tuple[LockSpec, ...]:
@@ -174,10 +202,11 @@ def parse_rule(index: int, raw: Any) -> LockRule:
             where,
             raw.get("UNTIL_COMMIT", True),
             raw.get("LIMIT"),
+            raw.get("IDEMPOTENCY", False),
         )
     except LimitError as exc:
         raise RuleError(str(exc), "E018") from exc
-    except ImproperlyConfigured as exc:  # USING, TTL, TIMEOUT or UNTIL_COMMIT
+    except ImproperlyConfigured as exc:  # USING, TTL, TIMEOUT, UNTIL_COMMIT or IDEMPOTENCY
         raise RuleError(str(exc), "E010") from exc
     return LockRule(index, spec, frozenset(m.upper() for m in methods), url_name, compiled)
 

@@ -6,4 +6,6 @@ from . import views
 
 urlpatterns: list[URLPattern] = [
     path("buy/<int:product_id>/", views.buy, name="buy"),
+    path("order/<int:product_id>/", views.order, name="order"),
+    path("order-async/<int:product_id>/", views.order_async, name="order-async"),
 ]

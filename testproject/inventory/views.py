@@ -1,9 +1,12 @@
-"""The demo's buy endpoint: one sale per request, guarded by a per-request lock."""
+"""The demo's endpoints: one sale per request, guarded by a per-request lock; an order placed
+once per ``Idempotency-Key``."""
 
 from __future__ import annotations
 
+import json
+
 from django.db import transaction
-from django.http import Http404, HttpRequest, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
@@ -34,3 +37,50 @@ def buy(request: HttpRequest, product_id: int) -> JsonResponse:
             product.save()
             Order.objects.create(product=product, quantity=1)
     return JsonResponse({"sold": sold, "stock": product.stock})
+
+
+@csrf_exempt
+@require_POST
+@request_lock("order:{product_id}", idempotency=True)
+def order(request: HttpRequest, product_id: int) -> HttpResponse:
+    """Place an order of ``product_id`` (body ``{"quantity": n}``): 201 ``{"order": id}``. With
+    an ``Idempotency-Key`` header it is placed once: a retry gets the same answer (with
+    ``Idempotent-Replayed: true``), a duplicate sent while it runs gets 409."""
+    quantity = _quantity(request)
+    if quantity is None:
+        return _bad_quantity()
+    if not Product.objects.filter(pk=product_id).exists():
+        raise Http404(f"No product {product_id}.")
+    placed = Order.objects.create(product_id=product_id, quantity=quantity)
+    return JsonResponse({"order": placed.pk, "quantity": quantity}, status=201)
+
+
+@request_lock("order:{product_id}", idempotency=True)
+async def order_async(request: HttpRequest, product_id: int) -> HttpResponse:
+    """:func:`order` as an async view (the same lock and keys)."""
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    quantity = _quantity(request)
+    if quantity is None:
+        return _bad_quantity()
+    if not await Product.objects.filter(pk=product_id).aexists():
+        raise Http404(f"No product {product_id}.")
+    placed = Order(product_id=product_id, quantity=quantity)
+    await placed.asave()
+    return JsonResponse({"order": placed.pk, "quantity": quantity}, status=201)
+
+
+order_async.csrf_exempt = True  # type: ignore[attr-defined]  # csrf_exempt() wraps sync on 4.2
+
+
+def _quantity(request: HttpRequest) -> int | None:
+    """The body's ``quantity``: a whole number >= 1 (default 1), or None."""
+    try:
+        quantity = int(json.loads(request.body or b"{}").get("quantity", 1))
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return quantity if quantity >= 1 else None
+
+
+def _bad_quantity() -> JsonResponse:
+    return JsonResponse({"error": "quantity must be a whole number >= 1"}, status=400)
