@@ -20,7 +20,12 @@ from django_redlock.contrib.tasks import unique_task
 from django_redlock.jobs.unique import START_SLACK
 from testproject.inventory.models import Product
 from tests.jobs.test_django_tasks import run_workers
-from tests.jobs.unique_jobs import plain_report, report_until_finished, report_until_started
+from tests.jobs.unique_jobs import (
+    plain_report,
+    report_pair,
+    report_until_finished,
+    report_until_started,
+)
 from tests.jobs.unique_support import Processes, processes, python, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -232,3 +237,15 @@ def test_the_unique_task_is_still_the_task() -> None:
     first = other.enqueue("2026-11-21")
     assert other.enqueue("2026-11-21").id == first.id
     assert report_until_started.get_result(first.id).id == first.id
+
+
+def test_the_key_is_filled_from_the_arguments_as_the_worker_gets_them(started: Processes) -> None:
+    """A tuple argument comes back to the worker as a list (JSON): the key the enqueue fills
+    is the worker's, so the running marker the worker writes is the one the enqueue reads,
+    also once the run is older than one marker TTL."""
+    first = report_pair.enqueue(("a", "b"), 6.0)
+    started.start([*WORKER, "--worker-id", "w-pair"])
+    wait_for(lambda: rows("pair", "a-b"), what="the run")
+    time.sleep(2 + START_SLACK + 0.8)
+    assert report_pair.enqueue(("a", "b")).id == first.id
+    assert report_pair.enqueue(["a", "b"]).id == first.id

@@ -44,3 +44,11 @@ def rq_report(label: str, day: str, hold: float = 0.0) -> str:
 def plain_report(day: str) -> str:
     """A task without unique_task (the tests apply it to this one with bad options)."""
     return _record("plain", day, 0.0)
+
+
+@unique_task("pair:{days}", until="finished", ttl=2)
+@task()
+def report_pair(days: list[str], hold: float = 0.0) -> str:
+    """Its key is filled from a list, which the worker gets back from JSON (a tuple
+    enqueued comes back a list)."""
+    return _record("pair", "-".join(days), hold)
