@@ -6,6 +6,7 @@ Layers, each importing only the ones below it::
     policy               when to try again and when to renew (I/O-free generators)
     plans, trust         the algorithm: one attempt, release, renewal, rejoining nodes
                          (I/O-free generators of requests; tests/engine/test_plans.py drives them)
+    notes                short strings next to the locks (the markers of unique tasks)
     state, keyspace,     what plans know; key names, limits and the lock value format;
     kinds,               the kinds of lease in one table (lock, permit, read, write);
     scripts, replies     the Lua scripts with their reply codes; requests and replies
@@ -31,6 +32,7 @@ from .keyspace import (
     quorum,
 )
 from .kinds import KINDS
+from .notes import NoteReplies, call_note, note_key
 from .policy import Pause, Renew, RenewalBound, Stepper, renewal_policy
 from .scripts import WAITING
 from .state import (
@@ -67,6 +69,7 @@ __all__ = [
     "Keyspace",
     "LeaseRecord",
     "LockValue",
+    "NoteReplies",
     "Outcome",
     "Pause",
     "Renew",
@@ -74,9 +77,11 @@ __all__ = [
     "RenewalBound",
     "Stepper",
     "as_text",
+    "call_note",
     "describe",
     "drift_allowance",
     "escape_glob",
+    "note_key",
     "quorum",
     "renewal_policy",
     "socket_timeout",

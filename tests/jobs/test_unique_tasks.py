@@ -249,3 +249,19 @@ def test_the_key_is_filled_from_the_arguments_as_the_worker_gets_them(started: P
     time.sleep(2 + START_SLACK + 0.8)
     assert report_pair.enqueue(("a", "b")).id == first.id
     assert report_pair.enqueue(["a", "b"]).id == first.id
+
+
+def test_an_enqueue_waits_for_the_transaction_of_the_one_before(started: Processes) -> None:
+    """An enqueue inside a transaction holds the key's enqueue mutex until the commit: another
+    process enqueuing the key meanwhile waits, then sees the committed task and returns it
+    (were the mutex released at once, it would not see the uncommitted row and send a
+    second task)."""
+    script = python(ENQUEUE_AT.format(job="report_until_started"))
+    with transaction.atomic():
+        first = report_until_started.enqueue("2026-11-24")
+        other = started.start([*script, "0", "2026-11-24"])
+        time.sleep(3.0)  # the other process started and waits for the mutex
+        assert other.poll() is None, started.log_of(other)
+    assert other.wait(60) == 0, started.log_of(other)
+    assert f"id={first.id}" in started.log_of(other)
+    assert DBTaskResult.objects.count() == 1
