@@ -6,6 +6,7 @@ enqueue, and bad input."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import threading
 import time
@@ -25,6 +26,7 @@ from tests.jobs.unique_jobs import (
     report_pair,
     report_until_finished,
     report_until_started,
+    report_with_context,
 )
 from tests.jobs.unique_support import Processes, processes, python, wait_for
 
@@ -265,3 +267,15 @@ def test_an_enqueue_waits_for_the_transaction_of_the_one_before(started: Process
     assert other.wait(60) == 0, started.log_of(other)
     assert f"id={first.id}" in started.log_of(other)
     assert DBTaskResult.objects.count() == 1
+
+
+def test_a_task_that_takes_its_context_and_aenqueue() -> None:
+    """The template of a task that takes its context names the enqueue's arguments; aenqueue
+    is unique as enqueue is; the worker runs the task once with its context."""
+    first = report_with_context.enqueue("2026-11-24")
+    again = asyncio.run(report_with_context.aenqueue(day="2026-11-24"))
+    assert again.id == first.id
+    assert DBTaskResult.objects.count() == 1
+    run_workers(1)
+    assert rows("context-1", "2026-11-24")
+    assert report_with_context.enqueue("2026-11-24").id != first.id

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 
-from django_tasks import task
+from django_tasks import TaskContext, task
 
 from django_redlock.contrib.tasks import unique_task
 from testproject.inventory.models import Product
@@ -52,3 +52,10 @@ def report_pair(days: list[str], hold: float = 0.0) -> str:
     """Its key is filled from a list, which the worker gets back from JSON (a tuple
     enqueued comes back a list)."""
     return _record("pair", "-".join(days), hold)
+
+
+@unique_task("context:{day}")
+@task(takes_context=True)
+def report_with_context(context: TaskContext, day: str) -> str:
+    """A task that takes its context: the template names the enqueue's arguments only."""
+    return _record(f"context-{context.attempt}", day, 0.0)
