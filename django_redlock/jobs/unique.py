@@ -140,19 +140,27 @@ class UniqueRule:
     # -- the worker side -------------------------------------------------------------------
     def started(self, key: str, ident: str) -> None:
         """A worker started task ``ident`` of ``key``: free the key (``until="started"``), or
-        hold it with a marker renewed until :meth:`finished`."""
-        notes = self.notes(key)
-        if self.until == "started":
-            notes.delete(key, ident)
-            return
-        ttl = self.lease_ttl()
-        if notes.replace(key, ident, Note(RUNNING, ident), ttl):
-            _Renewal.start(notes, key, ident, ttl)
+        hold it with a marker renewed until :meth:`finished`. Never raises: a task runs even
+        when its marker cannot be changed (the nodes are down; logged at WARNING)."""
+        try:
+            notes = self.notes(key)
+            if self.until == "started":
+                notes.delete(key, ident)
+                return
+            ttl = self.lease_ttl()
+            if notes.replace(key, ident, Note(RUNNING, ident), ttl):
+                _Renewal.start(notes, key, ident, ttl)
+        except (LockError, OSError) as exc:
+            logger.warning("Unique task %s of %r: marker not set at start: %s", ident, key, exc)
 
     def finished(self, key: str, ident: str) -> None:
-        """Task ``ident`` of ``key`` ended (success or failure): free the key if it holds it."""
+        """Task ``ident`` of ``key`` ended (success or failure): free the key if it holds it.
+        Never raises (the marker then expires on its own)."""
         _Renewal.stop(key, ident)
-        self.notes(key).delete(key, ident)
+        try:
+            self.notes(key).delete(key, ident)
+        except (LockError, OSError) as exc:
+            logger.warning("Unique task %s of %r: marker not freed at end: %s", ident, key, exc)
 
 
 class _Renewal:

@@ -10,19 +10,24 @@ import asyncio
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.db import connection, transaction
 from django_tasks_db.models import DBTaskResult
 
+from django_redlock import locks
 from django_redlock.contrib.tasks import unique_task
 from django_redlock.jobs.unique import START_SLACK
+from django_redlock.testing import RedisNode
 from testproject.inventory.models import Product
 from tests.jobs.test_django_tasks import run_workers
 from tests.jobs.unique_jobs import (
     plain_report,
+    report_in_outage,
     report_pair,
     report_until_finished,
     report_until_started,
@@ -279,3 +284,26 @@ def test_a_task_that_takes_its_context_and_aenqueue() -> None:
     run_workers(1)
     assert rows("context-1", "2026-11-24")
     assert report_with_context.enqueue("2026-11-24").id != first.id
+
+
+@pytest.fixture
+def outage_node(redis_node_factory: Any) -> Iterator[RedisNode]:
+    """The alias ``unique-outage`` on a node of its own."""
+    node = redis_node_factory(1)[0]
+    alias = {"NODES": [node.url], "KEY_PREFIX": "outage:", "NODE_TIMEOUT": 0.2}
+    settings.REDLOCK = {**settings.REDLOCK, "unique-outage": alias}
+    try:
+        yield node
+    finally:
+        settings.REDLOCK = {k: v for k, v in settings.REDLOCK.items() if k != "unique-outage"}
+        locks.reset()
+
+
+def test_a_task_runs_when_its_marker_cannot_be_changed(outage_node: RedisNode) -> None:
+    """The lock nodes are down when the worker starts and ends the task: the task runs and
+    succeeds all the same (the marker is not the task's business; it expires on its own)."""
+    first = report_in_outage.enqueue("2026-11-24")
+    outage_node.stop()
+    run_workers(1)
+    assert rows("outage", "2026-11-24")
+    assert report_in_outage.get_result(first.id).status == "SUCCESSFUL"

@@ -59,3 +59,10 @@ def report_pair(days: list[str], hold: float = 0.0) -> str:
 def report_with_context(context: TaskContext, day: str) -> str:
     """A task that takes its context: the template names the enqueue's arguments only."""
     return _record(f"context-{context.attempt}", day, 0.0)
+
+
+@unique_task("outage:{day}", until="finished", using="unique-outage")
+@task()
+def report_in_outage(day: str) -> str:
+    """Its markers live on the alias ``unique-outage``, whose node a test stops."""
+    return _record("outage", day, 0.0)
