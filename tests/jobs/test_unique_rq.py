@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from redis import Redis
 from rq import Queue
 from rq.job import Job
@@ -202,4 +203,11 @@ def test_bad_input_is_refused_before_anything_is_enqueued(broker: tuple[Queue, s
             enqueue_unique(where, rq_report, "rq", "2026-11-24", **options)
     with pytest.raises(TypeError, match="needs a function"):
         enqueue_unique(queue, 42, key="k")  # type: ignore[arg-type]
+    assert queue.count == 0
+
+
+def test_an_unknown_alias_fails_before_anything_is_sent(broker: tuple[Queue, str]) -> None:
+    queue, _ = broker
+    with pytest.raises(ImproperlyConfigured, match="REDLOCK has no alias 'no-such-alias'"):
+        enqueue_unique(queue, rq_report, "rq", "2026-11-24", key="k", using="no-such-alias")
     assert queue.count == 0
