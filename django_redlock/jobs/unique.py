@@ -111,7 +111,7 @@ class UniqueRule:
             note = notes.read(key)
             if note is not None:
                 found = lookup(note.id)
-                if self._holds(note, found):
+                if found.handle is not None and self._holds(note, found):
                     logger.info(
                         "Not enqueuing %r: task %s is %s (alias %r)",
                         key,
@@ -119,7 +119,6 @@ class UniqueRule:
                         found.state,
                         self.using,
                     )
-                    assert found.handle is not None
                     return found.handle
             ident, handle = send()
             notes.write(key, Note(QUEUED, ident), self.queued_ttl)
