@@ -132,7 +132,7 @@ def test_an_enqueue_while_the_job_runs(
             queue, rq_report, until, "2026-11-24", hold, key=key, until=until, lease_ttl=2
         )
 
-    first = enqueue(3.0)
+    first = enqueue(5.0)
     started.start(worker_argv(f"serve-{until}", "serve"), RQ_URL=url)
     wait_for(lambda: rows(until, "2026-11-24"), what="the run")
     during = enqueue(0.0)
@@ -179,7 +179,7 @@ def test_a_worker_killed_mid_job_frees_the_key_within_one_ttl(
     os.kill(horse, signal.SIGKILL)
     killed = time.monotonic()
     wait_for(lambda: enqueue().id != first.id, timeout=10, what="an accepted enqueue")
-    assert time.monotonic() - killed <= 2.0 + 0.5
+    assert time.monotonic() - killed <= 2.0 + 1.0  # one TTL, and the polling on a busy host
     assert first.get_status(refresh=True) == "started"  # RQ never learnt it ended
 
 

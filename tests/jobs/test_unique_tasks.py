@@ -131,7 +131,7 @@ def test_until_started_allows_an_enqueue_while_it_runs(started: Processes) -> No
 def test_until_finished_refuses_while_it_runs(started: Processes) -> None:
     """until="finished": while a worker runs the task the enqueue returns it (RUNNING); once
     the run ended, the next enqueue sends a new task."""
-    first = report_until_finished.enqueue("2026-11-24", 3.0)
+    first = report_until_finished.enqueue("2026-11-24", 5.0)
     started.start([*WORKER, "--worker-id", "w-finished"])
     wait_for(lambda: rows("until-finished", "2026-11-24"), what="the run")
     during = report_until_finished.enqueue("2026-11-24", 0.0)
@@ -164,7 +164,7 @@ def test_a_worker_killed_mid_task_frees_the_key_within_one_ttl(started: Processe
         what="an accepted enqueue",
     )
     assert accepted
-    assert time.monotonic() - killed <= 2.0 + 0.5
+    assert time.monotonic() - killed <= 2.0 + 1.0  # one TTL, and the polling on a busy host
     assert report_until_finished.get_result(first.id).status == "RUNNING"  # never finished
     assert DBTaskResult.objects.count() == 2
 
