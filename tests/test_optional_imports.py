@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from django_redlock.testing import RedisNode
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,6 +21,10 @@ BLOCKED = (
     "debug_toolbar",
     "django_prometheus",
     "health_check",
+    "rq",
+    "django_tasks",
+    "django_tasks_db",
+    "celery",
 )
 
 SCRIPT = textwrap.dedent(
@@ -90,3 +96,23 @@ def test_the_block_works(redis_node: RedisNode) -> None:
         [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert result.returncode != 0 and "prometheus_client is blocked" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("module", "library"),
+    [("django_redlock.contrib.rq", "rq"), ("django_redlock.contrib.tasks", "django_tasks")],
+)
+def test_the_queue_modules_need_their_queue(
+    redis_node: RedisNode, module: str, library: str
+) -> None:
+    """contrib.rq needs rq and contrib.tasks needs a task framework (django.tasks, which this
+    Django has not, or the django-tasks backport): blocked, their import fails, and only
+    theirs (the core's unique-task part, django_redlock.jobs.unique, loaded above)."""
+    script = SCRIPT.format(blocked=BLOCKED, url=redis_node.url).replace(
+        'skipped = ("django_redlock.contrib.", ',
+        f'importlib.import_module({module!r})\nskipped = ("django_redlock.contrib.", ',
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode != 0 and f"{library} is blocked" in result.stderr, result.stderr

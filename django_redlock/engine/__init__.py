@@ -6,6 +6,7 @@ Layers, each importing only the ones below it::
     policy               when to try again and when to renew (I/O-free generators)
     plans, trust         the algorithm: one attempt, release, renewal, rejoining nodes
                          (I/O-free generators of requests; tests/engine/test_plans.py drives them)
+    notes                short strings next to the locks (the markers of unique tasks)
     state, keyspace,     what plans know; key names, limits and the lock value format;
     kinds,               the kinds of lease in one table (lock, permit, read, write);
     scripts, replies     the Lua scripts with their reply codes; requests and replies
@@ -32,6 +33,7 @@ from .keyspace import (
 )
 from .kinds import KINDS
 from .plans.records import RecordRead
+from .notes import NoteReplies, call_note, note_key
 from .policy import Pause, Renew, RenewalBound, Stepper, renewal_policy
 from .scripts import WAITING
 from .state import (
@@ -68,6 +70,7 @@ __all__ = [
     "Keyspace",
     "LeaseRecord",
     "LockValue",
+    "NoteReplies",
     "Outcome",
     "Pause",
     "RecordRead",
@@ -76,9 +79,11 @@ __all__ = [
     "RenewalBound",
     "Stepper",
     "as_text",
+    "call_note",
     "describe",
     "drift_allowance",
     "escape_glob",
+    "note_key",
     "quorum",
     "renewal_policy",
     "socket_timeout",

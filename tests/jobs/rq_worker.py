@@ -1,5 +1,6 @@
-"""An RQ worker process for tests/jobs/test_rq.py: Django set up from the environment, then a
-burst worker (each job in a forked work horse, RQ's default) on the queue at ``RQ_URL``."""
+"""An RQ worker process for tests/jobs/test_rq.py and test_unique_rq.py: Django set up from the
+environment, then a burst worker (each job in a forked work horse, RQ's default) on the queue
+at ``RQ_URL``; ``serve`` as the second argument: a worker that waits for jobs until stopped."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def main() -> None:
 
     connection = Redis.from_url(os.environ["RQ_URL"])
     worker = Worker([Queue("jobs", connection=connection)], connection=connection, name=sys.argv[1])
-    worker.work(burst=True, logging_level="WARNING")
+    worker.work(burst=sys.argv[2:3] != ["serve"], logging_level="WARNING")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,202 @@
+"""Unique tasks of Django's task framework (``django.tasks`` on Django >= 6, else the
+``django-tasks`` backport): :func:`unique_task`.
+
+::
+
+    @unique_task("report:{day}", until="finished")
+    @task()
+    def build_report(day): ...
+
+    build_report.enqueue("2026-11-24")  # sends a task, or returns the queued one's TaskResult
+
+``unique_task`` goes over ``@task()`` and returns the same task (a copy of the task's class
+whose ``enqueue``/``aenqueue`` are unique): workers run it, ``using()``, ``call()`` and
+``get_result()`` work as before. See docs/effects.md ("Unique tasks") for what it guarantees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from datetime import UTC, datetime
+from typing import Any
+
+from asgiref.sync import sync_to_async
+
+from ..jobs.templates import CallTemplate
+from ..jobs.unique import (
+    DEFAULT_ENQUEUE_TIMEOUT,
+    DEFAULT_QUEUED_TTL,
+    OVER,
+    QUEUED,
+    RUNNING,
+    UNTIL_CHOICES,
+    Found,
+    UniqueRule,
+)
+
+
+def _framework(module: str) -> Any:
+    """A module of Django's task framework: ``django.tasks`` (Django >= 6), else the
+    ``django-tasks`` backport's twin."""
+    try:
+        return importlib.import_module(f"django.{module}")
+    except ImportError:
+        return importlib.import_module(f"django_{module}")
+
+
+Task: Any = _framework("tasks.base").Task
+TaskResultStatus: Any = _framework("tasks.base").TaskResultStatus
+TaskResultDoesNotExist: Any = _framework("tasks.exceptions").TaskResultDoesNotExist
+_signals = _framework("tasks.signals")
+
+__all__ = ["UNTIL_CHOICES", "UniqueTask", "unique_task"]
+
+_CLASSES: dict[type, type] = {}
+
+
+def unique_task(
+    template: str,
+    until: str = "started",
+    using: str = "default",
+    *,
+    queued_ttl: float = DEFAULT_QUEUED_TTL,
+    ttl: float | None = None,
+    timeout: float | None = DEFAULT_ENQUEUE_TIMEOUT,
+) -> Any:
+    """Make ``.enqueue(...)`` of a task send nothing while a task of the same key (``template``
+    filled from the enqueue's arguments, as ``@lock`` fills names) is queued, or running with
+    ``until="finished"``; it returns that task's ``TaskResult`` then.
+
+    ``using``: the ``REDLOCK`` alias of the marker; ``queued_ttl``: how long a queued task
+    holds its key without a worker starting it; ``ttl``: the running marker's lease TTL
+    (``until="finished"``; default: the alias's ``TTL``); ``timeout``: how long an enqueue
+    waits for another process's enqueue of the same key. Options are checked here."""
+    if not isinstance(template, str):
+        raise TypeError(f"unique_task needs a key template (str), not {type(template).__name__}.")
+    rule = UniqueRule(until, using, queued_ttl, ttl, timeout)
+
+    def wrap(task: Any) -> Any:
+        if not isinstance(task, Task):
+            raise TypeError(
+                f"unique_task goes over a task of Django's task framework (@task()), not "
+                f"{type(task).__name__}: write @unique_task(...) above @task()."
+            )
+        if isinstance(task, UniqueTask):
+            raise TypeError("This task is a unique task already: apply unique_task once.")
+        keys = CallTemplate(template, _enqueue_signature(task))
+        fields = {f.name: getattr(task, f.name) for f in dataclasses.fields(task) if f.init}
+        return _unique_class(type(task))(**fields, unique=_Unique(rule, keys))
+
+    return wrap
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unique:
+    """A unique task's rule and key template."""
+
+    rule: UniqueRule
+    keys: CallTemplate
+
+    def key(self, args: Any, kwargs: Any) -> str:
+        return self.keys.fill(tuple(args), dict(kwargs))
+
+
+class UniqueTask:
+    """The methods a unique task's class adds to its task class (see :func:`unique_task`)."""
+
+    unique: _Unique
+
+    def enqueue(self, *args: Any, **kwargs: Any) -> Any:
+        """Send the task, or return the ``TaskResult`` of the one that holds its key."""
+        key = self.unique.key(_as_stored(args), _as_stored(kwargs))
+        parent: Any = super()
+
+        def send() -> tuple[str, Any]:
+            result = parent.enqueue(*args, **kwargs)
+            return str(result.id), result
+
+        return self.unique.rule.enqueue_once(key, self._lookup, send)
+
+    async def aenqueue(self, *args: Any, **kwargs: Any) -> Any:
+        """Asyncio twin of :meth:`enqueue` (the enqueue runs in a thread)."""
+        return await sync_to_async(self.enqueue)(*args, **kwargs)
+
+    def _lookup(self, ident: str) -> Found[Any]:
+        try:
+            result = self.get_backend().get_result(ident)  # type: ignore[attr-defined]
+        except TaskResultDoesNotExist:
+            return Found(OVER)
+        if result.status == TaskResultStatus.READY:
+            return Found(QUEUED, result)
+        if result.status == TaskResultStatus.RUNNING:
+            started = result.started_at or result.last_attempted_at
+            ago = None if started is None else (datetime.now(UTC) - started)
+            return Found(RUNNING, result, None if ago is None else ago.total_seconds())
+        return Found(OVER, result)
+
+
+def _enqueue_signature(task: Any) -> Any:
+    """What ``enqueue`` takes: the task function, without its context parameter when it takes
+    one (the template names the enqueue's arguments)."""
+    if not task.takes_context:
+        return task.func
+    signature = inspect.signature(task.func)
+
+    def enqueued(*args: Any, **kwargs: Any) -> None:
+        """Stands for the task function minus its context."""
+
+    enqueued.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=list(signature.parameters.values())[1:]
+    )
+    enqueued.__qualname__ = task.func.__qualname__
+    return enqueued
+
+
+def _unique_class(base: type) -> type:
+    """The unique twin of a task class (one per class): a dataclass with a ``unique`` field."""
+    made = _CLASSES.get(base)
+    if made is None:
+        made = dataclasses.make_dataclass(
+            f"Unique{base.__name__}",
+            [("unique", _Unique)],
+            bases=(UniqueTask, base),
+            frozen=True,
+            kw_only=True,
+        )
+        made.__module__ = __name__
+        _CLASSES[base] = made
+    return made
+
+
+def _as_stored(value: Any) -> Any:
+    """Arguments as the worker gets them back (JSON: a tuple comes back a list), so the key
+    the enqueue fills is the one the worker fills."""
+    if isinstance(value, dict):
+        return {str(k): _as_stored(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_as_stored(v) for v in value]
+    return value
+
+
+def _on_started(sender: Any = None, task_result: Any = None, **_: Any) -> None:
+    task = getattr(task_result, "task", None)
+    if isinstance(task, UniqueTask):
+        unique = task.unique
+        unique.rule.started(unique.key(task_result.args, task_result.kwargs), str(task_result.id))
+
+
+def _on_finished(sender: Any = None, task_result: Any = None, **_: Any) -> None:
+    task = getattr(task_result, "task", None)
+    if isinstance(task, UniqueTask):
+        unique = task.unique
+        unique.rule.finished(unique.key(task_result.args, task_result.kwargs), str(task_result.id))
+
+
+_signals.task_started.connect(
+    _on_started, weak=False, dispatch_uid="django_redlock.contrib.tasks.started"
+)
+_signals.task_finished.connect(
+    _on_finished, weak=False, dispatch_uid="django_redlock.contrib.tasks.finished"
+)

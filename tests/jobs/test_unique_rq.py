@@ -1,0 +1,213 @@
+"""``enqueue_unique`` for RQ with real ``rq`` workers (each job in a forked work horse) on a
+redis-server of this test, against the session's lock nodes and test database: duplicates
+enqueued at once from threads and processes, ``until="started"`` and ``until="finished"``
+while a worker runs the job, a worker SIGKILLed mid-job, and bad input."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from redis import Redis
+from rq import Queue
+from rq.job import Job
+
+from django_redlock.contrib.rq import enqueue_unique
+from django_redlock.testing import RedisNode
+from testproject.inventory.models import Product
+from tests.jobs.unique_jobs import rq_report
+from tests.jobs.unique_support import Processes, processes, python, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ENQUEUE_AT = """
+import os, sys, time, django
+django.setup()
+from redis import Redis
+from rq import Queue
+from django_redlock.contrib.rq import enqueue_unique
+queue = Queue("jobs", connection=Redis.from_url(os.environ["RQ_URL"]))
+at = float(sys.argv[1])
+time.sleep(max(0.0, at - time.time()))
+job = enqueue_unique(
+    queue, "tests.jobs.unique_jobs.rq_report", "rq", sys.argv[2], key="rq-uniq:" + sys.argv[2]
+)
+print("id=" + job.id)
+"""
+
+
+@pytest.fixture
+def broker(redis_node: RedisNode) -> Iterator[tuple[Queue, str]]:
+    connection = Redis.from_url(redis_node.url)
+    try:
+        yield Queue("jobs", connection=connection), redis_node.url
+    finally:
+        connection.close()
+
+
+@pytest.fixture
+def started(tmp_path: Path) -> Iterator[Processes]:
+    with processes(tmp_path) as running:
+        yield running
+
+
+def worker_argv(name: str, *mode: str) -> list[str]:
+    return [sys.executable, "-m", "tests.jobs.rq_worker", f"{name}-{os.getpid()}", *mode]
+
+
+def rows(label: str, day: str) -> list[str]:
+    return list(
+        Product.objects.filter(name__startswith=f"{label} {day} ").values_list("name", flat=True)
+    )
+
+
+def run_burst(started: Processes, url: str) -> None:
+    worker = started.start(worker_argv("burst"), RQ_URL=url)
+    assert worker.wait(90) == 0, started.log_of(worker)
+
+
+def test_five_enqueues_while_queued_send_one_job(
+    broker: tuple[Queue, str], started: Processes
+) -> None:
+    """Three threads and two processes enqueue one key at once: one job is sent, every call
+    returns that Job's id, and a worker runs it once."""
+    queue, url = broker
+    at = time.time() + 4.0
+    others = [
+        started.start([*python(ENQUEUE_AT), str(at), "2026-11-24"], RQ_URL=url) for _ in range(2)
+    ]
+    ids: list[str] = []
+
+    def enqueue() -> None:
+        time.sleep(max(0.0, at - time.time()))
+        job = enqueue_unique(queue, rq_report, "rq", "2026-11-24", key="rq-uniq:2026-11-24")
+        ids.append(job.id)
+
+    pool = [threading.Thread(target=enqueue) for _ in range(3)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join(60)
+    for process in others:
+        assert process.wait(60) == 0, started.log_of(process)
+        log = started.log_of(process)
+        ids.extend(line[3:] for line in log.splitlines() if line.startswith("id="))
+    assert len(ids) == 5
+    assert len(set(ids)) == 1, ids
+    assert queue.count == 1
+    run_burst(started, url)
+    assert len(rows("rq", "2026-11-24")) == 1
+    assert Job.fetch(ids[0], connection=queue.connection).return_value() == "ran"
+
+
+def test_a_different_key_enqueues_independently(broker: tuple[Queue, str]) -> None:
+    queue, _ = broker
+    first = enqueue_unique(queue, rq_report, "rq", "2026-11-24", key="rq-uniq:2026-11-24")
+    again = enqueue_unique(queue, rq_report, "rq", "2026-11-24", key="rq-uniq:2026-11-24")
+    other = enqueue_unique(queue, rq_report, "rq", "2026-11-25", key="rq-uniq:2026-11-25")
+    assert again.id == first.id
+    assert other.id != first.id
+    assert queue.count == 2
+
+
+@pytest.mark.parametrize("until", ["started", "finished"])
+def test_an_enqueue_while_the_job_runs(
+    broker: tuple[Queue, str], started: Processes, until: str
+) -> None:
+    """until="started": a second job is sent while the first runs; until="finished": the
+    running job is returned until it ended, then the next enqueue sends one."""
+    queue, url = broker
+    key = f"rq-{until}:2026-11-24"
+
+    def enqueue(hold: float) -> Job:
+        return enqueue_unique(
+            queue, rq_report, until, "2026-11-24", hold, key=key, until=until, lease_ttl=2
+        )
+
+    first = enqueue(5.0)
+    started.start(worker_argv(f"serve-{until}", "serve"), RQ_URL=url)
+    wait_for(lambda: rows(until, "2026-11-24"), what="the run")
+    during = enqueue(0.0)
+    if until == "started":
+        assert during.id != first.id
+        wait_for(lambda: len(rows(until, "2026-11-24")) == 2, what="the second run")
+        return
+    assert during.id == first.id
+    assert during.get_status() == "started"
+    time.sleep(2.5)  # past one marker TTL: the work horse renews it while the job runs
+    assert enqueue(0.0).id == first.id
+    wait_for(lambda: first.get_status(refresh=True) == "finished", what="the end")
+    assert enqueue(0.0).id != first.id
+
+
+def test_a_worker_killed_mid_job_frees_the_key_within_one_ttl(
+    broker: tuple[Queue, str], started: Processes
+) -> None:
+    """until="finished": the worker and its work horse are SIGKILLed mid-job; RQ still says
+    the job started, but the marker (a 2 s lease the horse renewed) expires: within one TTL
+    an enqueue is accepted again."""
+    queue, url = broker
+
+    def enqueue() -> Job:
+        return enqueue_unique(
+            queue,
+            rq_report,
+            "killed",
+            "2026-11-24",
+            60.0,
+            key="rq-killed",
+            until="finished",
+            lease_ttl=2,
+        )
+
+    first = enqueue()
+    worker = started.start(worker_argv("killed", "serve"), RQ_URL=url)
+    name = wait_for(lambda: rows("killed", "2026-11-24"), what="the run")[0]
+    horse = int(name.rsplit("pid=", 1)[1])
+    time.sleep(2.5)
+    assert enqueue().id == first.id
+    worker.kill()  # SIGKILL by PID: the worker, then its work horse
+    worker.wait()
+    os.kill(horse, signal.SIGKILL)
+    killed = time.monotonic()
+    wait_for(lambda: enqueue().id != first.id, timeout=10, what="an accepted enqueue")
+    assert time.monotonic() - killed <= 2.0 + 1.0  # one TTL, and the polling on a busy host
+    assert first.get_status(refresh=True) == "started"  # RQ never learnt it ended
+
+
+def test_a_deleted_job_does_not_hold_the_key(broker: tuple[Queue, str]) -> None:
+    queue, _ = broker
+    first = enqueue_unique(queue, rq_report, "rq", "2026-11-24", key="rq-deleted")
+    first.delete()
+    assert enqueue_unique(queue, rq_report, "rq", "2026-11-24", key="rq-deleted").id != first.id
+
+
+def test_bad_input_is_refused_before_anything_is_enqueued(broker: tuple[Queue, str]) -> None:
+    queue, _ = broker
+    bad: list[tuple[type[Exception], str, dict[str, Any], Any]] = [
+        (ValueError, "until must be", {"key": "k", "until": "done"}, queue),
+        (TypeError, "key must be a str", {"key": 7}, queue),
+        (TypeError, "needs an rq.Queue", {"key": "k"}, "jobs"),
+        (ValueError, "queued_ttl of a unique task", {"key": "k", "queued_ttl": -1}, queue),
+    ]
+    for error, message, options, where in bad:
+        with pytest.raises(error, match=message):
+            enqueue_unique(where, rq_report, "rq", "2026-11-24", **options)
+    with pytest.raises(TypeError, match="needs a function"):
+        enqueue_unique(queue, 42, key="k")  # type: ignore[arg-type]
+    assert queue.count == 0
+
+
+def test_an_unknown_alias_fails_before_anything_is_sent(broker: tuple[Queue, str]) -> None:
+    queue, _ = broker
+    with pytest.raises(ImproperlyConfigured, match="REDLOCK has no alias 'no-such-alias'"):
+        enqueue_unique(queue, rq_report, "rq", "2026-11-24", key="k", using="no-such-alias")
+    assert queue.count == 0
