@@ -32,8 +32,8 @@ from .keyspace import (
     quorum,
 )
 from .kinds import KINDS
-from .plans.records import RecordRead
 from .notes import NoteReplies, call_note, note_key
+from .plans.records import RecordRead
 from .policy import Pause, Renew, RenewalBound, Stepper, renewal_policy
 from .scripts import WAITING
 from .state import (
