@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import contextvars
+import threading
+import weakref
 from types import TracebackType
 from typing import Protocol
 
@@ -11,7 +12,7 @@ from django.db import router
 
 from ..exceptions import LockError, LockLost
 from . import ledger
-from .model import MAX_KEY_LENGTH
+from .model import MAX_ALIAS_LENGTH, MAX_KEY_LENGTH
 
 
 class HeldLease(Protocol):
@@ -29,22 +30,30 @@ class HeldLease(Protocol):
     def released(self) -> bool: ...
     @property
     def lost(self) -> bool: ...
+    @property
+    def validity(self) -> float: ...
     def _ensure_own(self) -> None: ...
 
 
-#: Effect keys whose block is open in this thread or task (one block per key at a time).
-_open: contextvars.ContextVar[frozenset[tuple[str, str]]] = contextvars.ContextVar(
-    "django_redlock_open_effects", default=frozenset()
-)
+#: Per lease, the (database, key) of its effect blocks open now: one block per key and lease
+#: at a time, whichever thread or task opens or leaves it, and in whatever order.
+_open: weakref.WeakKeyDictionary[object, set[tuple[str, str]]] = weakref.WeakKeyDictionary()
+_open_mutex = threading.Lock()
+
+#: The longest a begin inside a transaction waits for the effect's row (or the lease's
+#: validity, if longer than a second and shorter)
+MAX_BEGIN_WAIT = 10.0
 
 #: Lease kinds with one holder at a time: only their tokens order the holders of an effect.
 _EXCLUSIVE_KINDS = ("", "write")
 
 
 def check_key(key: object) -> str:
-    """An effect key: a non-empty str of at most 255 characters, encodable as UTF-8."""
+    """An effect key: a non-empty str of at most 255 characters, encodable as UTF-8, without
+    NUL (PostgreSQL cannot store it). A str subclass is checked as the str it holds."""
     if not isinstance(key, str):
         raise TypeError(f"An effect key must be a str, got {type(key).__name__}.")
+    key = str.__str__(key)
     if not key or len(key) > MAX_KEY_LENGTH:
         raise ValueError(
             f"An effect key must have 1 to {MAX_KEY_LENGTH} characters, got {len(key)}."
@@ -53,7 +62,9 @@ def check_key(key: object) -> str:
         key.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ValueError(f"An effect key must be valid text: {exc}.") from None
-    return str(key)
+    if "\x00" in key:
+        raise ValueError("An effect key must not contain NUL (\\x00): databases cannot store it.")
+    return key
 
 
 class Effect:
@@ -92,6 +103,11 @@ class EffectBlock:
                 f"lease.once() needs a lock or write lease, one holder at a time; a {kind} "
                 "lease is shared, so its token orders nothing."
             )
+        if len(lease.alias) > MAX_ALIAS_LENGTH:
+            raise ValueError(
+                f"lease.once() records the lease's alias, at most {MAX_ALIAS_LENGTH} "
+                f"characters; alias {lease.alias[:40]!r}... has {len(lease.alias)}."
+            )
         self._lease = lease
         self._key = check_key(key)
         from .model import Effect as EffectRow
@@ -99,7 +115,7 @@ class EffectBlock:
         self._using = using if using is not None else router.db_for_write(EffectRow)
         self._holder = ledger.Holder(lease.alias, lease.name, lease.token)
         self._effect: Effect | None = None
-        self._reset: contextvars.Token[frozenset[tuple[str, str]]] | None = None
+        self._marked = False
 
     def _enter(self) -> Effect:
         if self._effect is not None:
@@ -114,19 +130,34 @@ class EffectBlock:
         if lease.lost:
             raise LockLost(lease.name, f"it was lost before effect {self._key!r} began")
         mark = (self._using, self._key)
-        if mark in _open.get():
-            raise LockError(
-                f"Effect {self._key!r} is already open in this thread or task; a block "
-                "cannot run inside its own effect."
-            )
-        self._effect = Effect(self._key, ledger.begin(self._key, self._holder, self._using))
-        self._reset = _open.set(_open.get() | {mark})
+        with _open_mutex:
+            marks = _open.setdefault(lease, set())
+            if mark in marks:
+                raise LockError(
+                    f"Effect {self._key!r} is already open under this lease (token "
+                    f"{lease.token}); one block per effect and lease at a time, so a block "
+                    "cannot run inside its own effect, and two threads or tasks sharing the "
+                    "lease cannot run it together."
+                )
+            marks.add(mark)
+        self._marked = True
+        try:
+            wait = min(max(lease.validity, 1.0), MAX_BEGIN_WAIT)
+            begun = ledger.begin(self._key, self._holder, self._using, wait)
+            self._effect = Effect(self._key, begun)
+        except BaseException:
+            self._unmark()
+            raise
         return self._effect
 
+    def _unmark(self) -> None:
+        if self._marked:
+            self._marked = False
+            with _open_mutex:
+                _open.get(self._lease, set()).discard((self._using, self._key))
+
     def _exit(self, failed: bool) -> None:
-        if self._reset is not None:
-            _open.reset(self._reset)
-            self._reset = None
+        self._unmark()
         effect = self._effect
         if failed or effect is None or effect.done:
             return  # an exception leaves it begun: the next holder sees it interrupted
@@ -144,16 +175,7 @@ class EffectBlock:
         self._exit(exc_type is not None)
 
     async def __aenter__(self) -> Effect:
-        effect: Effect = await sync_to_async(self._begin_only)()
-        self._reset = _open.set(_open.get() | {(self._using, self._key)})
-        return effect
-
-    def _begin_only(self) -> Effect:
-        """The blocking part of ``__aenter__`` (the context mark is set in the task)."""
-        effect = self._enter()
-        if self._reset is not None:  # set in the worker thread's context copy: undo there
-            _open.reset(self._reset)
-            self._reset = None
+        effect: Effect = await sync_to_async(self._enter)()
         return effect
 
     async def __aexit__(
@@ -162,9 +184,7 @@ class EffectBlock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._reset is not None:
-            _open.reset(self._reset)
-            self._reset = None
+        self._unmark()
         effect = self._effect
         if exc_type is not None or effect is None or effect.done:
             return

@@ -7,6 +7,9 @@ from django.db import models
 #: The longest effect key (a unique ``CharField``: portable index size on every backend).
 MAX_KEY_LENGTH = 255
 
+#: The longest alias the ledger records.
+MAX_ALIAS_LENGTH = 200
+
 BEGUN = "begun"
 DONE = "done"
 
@@ -19,7 +22,8 @@ class Effect(models.Model):
 
     key = models.CharField(max_length=MAX_KEY_LENGTH, unique=True, help_text="The effect's key.")
     alias = models.CharField(
-        max_length=200, help_text="REDLOCK alias of the leases (their tokens are comparable)."
+        max_length=MAX_ALIAS_LENGTH,
+        help_text="REDLOCK alias of the leases (their tokens are comparable).",
     )
     state = models.CharField(max_length=8, choices=STATES, default=BEGUN)
     token = models.BigIntegerField(
