@@ -6,4 +6,5 @@ from . import views
 
 urlpatterns: list[URLPattern] = [
     path("buy/<int:product_id>/", views.buy, name="buy"),
+    path("pay/<slug:payment_id>/", views.pay, name="pay"),
 ]
