@@ -208,6 +208,47 @@ def side_by_side(runs: dict[str, dict[str, object]]) -> None:
     )
 
 
+PAY_ROWS = (
+    ("payments", "payments"),
+    ("attempts", "attempts"),
+    ("answers lost", "client_timeouts"),
+    ("409 (still running)", "busy_409"),
+    ("replayed", "replayed"),
+    ("charges", "charges"),
+    ("charged twice+", "charged_more_than_once"),
+)
+STAMPEDE_ROWS = (
+    ("processes", "processes"),
+    ("computes", "computes"),
+    ("distinct values", "distinct_values"),
+    ("slowest reader s", "slowest_reader_seconds"),
+)
+
+
+def table_of(
+    title: str, rows: tuple[tuple[str, str], ...], runs: dict[str, dict[str, object]]
+) -> None:
+    """Print runs of one demo command next to each other, a column per run."""
+    labels = list(runs)
+    print(f"\n{title:<22}" + "".join(f"{label:>16}" for label in labels))
+    for name, key in rows:
+        print(f"{name:<22}" + "".join(f"{runs[label][key]!s:>16}" for label in labels))
+    print(flush=True)
+
+
+def compare(
+    python: Path, env: dict[str, str], command: str, variants: dict[str, list[str]]
+) -> dict[str, dict[str, object]]:
+    """Run ``command`` once per variant (label -> flags), each writing its JSON result."""
+    runs: dict[str, dict[str, object]] = {}
+    with tempfile.TemporaryDirectory(prefix=f"redlock-{command}-") as tmp:
+        for label, flags in variants.items():
+            path = Path(tmp) / f"{len(runs)}.json"
+            manage(python, env, command, *flags, "--json", str(path))
+            runs[label] = json.loads(path.read_text())
+    return runs
+
+
 def cmd_demo(args: list[str]) -> int:
     """Start 3 nodes, migrate, run the checks and the oversell demo without and with the lock.
 
@@ -250,6 +291,16 @@ def cmd_demo(args: list[str]) -> int:
             say("the same job sent by two celery beat schedulers to a Celery worker")
             for flags in (["--no-lock"], []):
                 manage(python, env, "nightly", "--celery", *flags)
+        if "pay" in commands:
+            say("a client retrying payments over a flaky network (answers lost, sent again)")
+            runs = compare(python, env, "pay", {"no key": ["--no-key"], "Idempotency-Key": []})
+            table_of("pay", PAY_ROWS, runs)
+        if "stampede" in commands:
+            say("8 processes miss one cache key at once (a 1 s compute)")
+            runs = compare(
+                python, env, "stampede", {"cache.get_or_set": ["--no-fill"], "the fill": []}
+            )
+            table_of("stampede", STAMPEDE_ROWS, runs)
     except KeyboardInterrupt:
         say("interrupted")
         return 130

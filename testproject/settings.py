@@ -97,3 +97,14 @@ NODE_URLS = [
     if url.strip()
 ]
 REDLOCK = {"default": {"NODES": NODE_URLS, "TTL": 10.0, "TIMEOUT": 5.0}}
+
+# ``manage.py stampede``: a Redis cache on the first lock node (its own key prefix), which many
+# processes miss at once.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "demo": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": NODE_URLS[0],
+        "KEY_PREFIX": "demo-cache",
+    },
+}

@@ -32,3 +32,18 @@ class Order(FencedModel):
 
     def __str__(self) -> str:
         return f"Order {self.pk}: {self.quantity} x {self.product_id}"
+
+
+class Charge(models.Model):
+    """One charge at the demo's "payment provider" (``manage.py pay``): a payment charged
+    twice is two rows with one ``payment``."""
+
+    payment = models.CharField(max_length=64, db_index=True)
+    amount_cents = models.PositiveIntegerField()
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"Charge {self.pk}: {self.amount_cents} for {self.payment}"

@@ -8,4 +8,5 @@ urlpatterns: list[URLPattern] = [
     path("buy/<int:product_id>/", views.buy, name="buy"),
     path("order/<int:product_id>/", views.order, name="order"),
     path("order-async/<int:product_id>/", views.order_async, name="order-async"),
+    path("pay/<slug:payment_id>/", views.pay, name="pay"),
 ]

@@ -1,9 +1,11 @@
-"""The demo's endpoints: one sale per request, guarded by a per-request lock; an order placed
-once per ``Idempotency-Key``."""
+"""The demo's endpoints: ``buy`` (one sale per request, guarded by a per-request lock),
+``order`` (an order placed once per ``Idempotency-Key``) and ``pay`` (one charge per
+``Idempotency-Key``, ``manage.py pay``)."""
 
 from __future__ import annotations
 
 import json
+import time
 
 from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonResponse
@@ -13,7 +15,7 @@ from django.views.decorators.http import require_POST
 from django_redlock.decorators import request_lock
 from django_redlock.exceptions import StaleTokenError
 
-from .models import Order, Product
+from .models import Charge, Order, Product
 
 
 @csrf_exempt  # a JSON API endpoint for the demo's load generators, not a browser form
@@ -84,3 +86,23 @@ def _quantity(request: HttpRequest) -> int | None:
 
 def _bad_quantity() -> JsonResponse:
     return JsonResponse({"error": "quantity must be a whole number >= 1"}, status=400)
+
+
+@csrf_exempt
+@require_POST
+@request_lock("payment:{payment_id}", idempotency=True)
+def pay(request: HttpRequest, payment_id: str) -> JsonResponse:
+    """Charge ``{"amount_cents": n}`` for ``payment_id`` at the demo's payment provider, which
+    takes ``{"latency": s}`` seconds to answer: 201 ``{"charge": id}``. With an
+    ``Idempotency-Key`` header a retry of the same payment is answered from the stored
+    response (``Idempotent-Replayed: true``), or 409 while the first one still runs."""
+    try:
+        body = json.loads(request.body)
+        amount, latency = int(body["amount_cents"]), float(body.get("latency", 0))
+    except (KeyError, TypeError, ValueError):
+        return JsonResponse({"error": 'send {"amount_cents": n, "latency": s}'}, status=400)
+    if not (0 < amount < 10**8 and 0 <= latency <= 5):
+        return JsonResponse({"error": "amount_cents or latency out of range"}, status=400)
+    time.sleep(latency)  # the provider is slow: the client may give up before the answer
+    charge = Charge.objects.create(payment=payment_id, amount_cents=amount)
+    return JsonResponse({"charge": charge.pk, "payment": payment_id}, status=201)
