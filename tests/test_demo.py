@@ -143,3 +143,19 @@ def test_nightly_job_with_two_celery_beat_schedulers(demo_env: dict[str, str]) -
     # once per tick (a second scheduler stopped a moment later may add one tick of its own)
     assert unlocked["reports"] > unlocked["ticks"] >= 2, unlocked
     assert locked["ticks"] >= 2 and locked["reports"] <= locked["ticks"] + 1, locked
+
+
+def test_pay_charges_once_per_payment_with_the_key(demo_env: dict[str, str]) -> None:
+    """``manage.py pay``: answers the client gave up on are sent again; with an
+    Idempotency-Key each payment is charged once (the retries replayed or told 409), without
+    it the lost answers' payments are charged again."""
+    small = ("--payments", "6", "--client-timeout", "0.2")  # 3 slow first calls
+    keyed = outcome(demo_env, "pay", *small)
+    assert keyed["failed"] == []
+    assert keyed["charges"] == keyed["payments"] == 6
+    assert keyed["charged_more_than_once"] == 0
+    assert keyed["client_timeouts"] > 0 and keyed["replayed"] > 0
+    unkeyed = outcome(demo_env, "pay", "--no-key", *small)
+    assert unkeyed["failed"] == []
+    assert unkeyed["charged_more_than_once"] >= 3  # each slow payment, again by its retry
+    assert unkeyed["charges"] >= 9

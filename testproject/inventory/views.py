@@ -93,16 +93,17 @@ def _bad_quantity() -> JsonResponse:
 @request_lock("payment:{payment_id}", idempotency=True)
 def pay(request: HttpRequest, payment_id: str) -> JsonResponse:
     """Charge ``{"amount_cents": n}`` for ``payment_id`` at the demo's payment provider, which
-    takes ``{"latency": s}`` seconds to answer: 201 ``{"charge": id}``. With an
-    ``Idempotency-Key`` header a retry of the same payment is answered from the stored
-    response (``Idempotent-Replayed: true``), or 409 while the first one still runs."""
+    takes ``X-Provider-Latency`` seconds (a header: the demo's knob, not part of the request)
+    to answer: 201 ``{"charge": id}``. With an ``Idempotency-Key`` header a retry of
+    the same payment is answered from the stored response (``Idempotent-Replayed: true``), or
+    409 while the first one still runs."""
     try:
-        body = json.loads(request.body)
-        amount, latency = int(body["amount_cents"]), float(body.get("latency", 0))
+        amount = int(json.loads(request.body)["amount_cents"])
+        latency = float(request.headers.get("X-Provider-Latency", "0"))
     except (KeyError, TypeError, ValueError):
-        return JsonResponse({"error": 'send {"amount_cents": n, "latency": s}'}, status=400)
+        return JsonResponse({"error": 'send {"amount_cents": n}'}, status=400)
     if not (0 < amount < 10**8 and 0 <= latency <= 5):
         return JsonResponse({"error": "amount_cents or latency out of range"}, status=400)
-    time.sleep(latency)  # the provider is slow: the client may give up before the answer
+    time.sleep(latency)  # the client may give up before the answer
     charge = Charge.objects.create(payment=payment_id, amount_cents=amount)
     return JsonResponse({"charge": charge.pk, "payment": payment_id}, status=201)
