@@ -1,0 +1,119 @@
+"""``get_or_set()``: one process computes a missing value, the others wait for it.
+
+The key's lock is a read-write lock named by :func:`.arguments.lock_name`. The caller that
+takes its write lease (one attempt, no wait) computes and stores; the others wait for a read
+lease, which the writer's release grants to every waiting reader at once (docs/primitives.md,
+"Wake-ups"), so N waiters cost one hand-off, not N. A waiter that then still finds no value
+(the computing caller raised, or lost its lease without storing) waits for the write lease
+itself, and the first to get it computes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ..exceptions import LockNotAcquired
+from ..locking.lease import Lease
+from ..locking.manager import LockManager
+from ..locking.registry import locks
+from .arguments import Lifetimes, cache_backend, check_compute, check_key, lifetimes, lock_name
+from .stores import FencedStore, store_for
+
+# docs/index.md: one logger name (records carry .module)
+logger = logging.getLogger("django_redlock")
+
+T = TypeVar("T")
+
+
+def get_or_set(
+    key: str,
+    compute: Callable[[], T],
+    timeout: float | None,
+    *,
+    cache: str = "default",
+    using: str = "default",
+    stale: float | None = None,
+) -> T:
+    """The value of ``key`` in cache ``cache``; on a miss, ``compute()``'s, computed by one
+    process at a time under a lease of the ``REDLOCK`` alias ``using`` and stored for
+    ``timeout`` seconds (None: forever) unless a newer lease stored one meanwhile.
+
+    ``stale=S``: for S seconds past ``timeout`` the old value is still returned at once
+    while one caller (the first to ask) computes its successor; past ``timeout + S`` it is a
+    miss. Waiters wait up to the alias's ``TIMEOUT`` (``LockNotAcquired`` after that).
+    """
+    check_key(key)
+    check_compute(compute)
+    backend = cache_backend(cache)
+    times = lifetimes(timeout, stale, backend)
+    store = store_for(cache, backend)
+    manager = locks[using]
+    full_key = store.full_key(key)
+    fill = _Fill(store, manager, full_key, lock_name(cache, full_key), times)
+
+    found = store.read(full_key, times.grace_ms)
+    if found is not None and not found.stale:
+        return found.value  # type: ignore[no-any-return]
+    lease = fill.try_write_lease()
+    if lease is None:
+        if found is not None:
+            return found.value  # type: ignore[no-any-return]  # stale; another caller refreshes it
+        found = fill.wait_for_writer()
+        if found is not None:
+            return found.value  # type: ignore[no-any-return]
+        lease = manager.acquire(fill.name, rw="write", auto_extend=True)
+    return fill.compute_under(lease, compute)
+
+
+class _Fill:
+    """One ``get_or_set()`` call's key, lock and store."""
+
+    def __init__(
+        self,
+        store: FencedStore,
+        manager: LockManager,
+        full_key: str,
+        name: str,
+        times: Lifetimes,
+    ) -> None:
+        self.store = store
+        self.manager = manager
+        self.full_key = full_key
+        self.name = name
+        self.times = times
+
+    def try_write_lease(self) -> Lease | None:
+        """The write lease if nobody holds the key's lock (one attempt), else None."""
+        try:
+            return self.manager.acquire(self.name, rw="write", timeout=0, auto_extend=True)
+        except LockNotAcquired:
+            return None
+
+    def wait_for_writer(self) -> Any:
+        """Wait until the writer releases (a read lease, let go at once), then read."""
+        self.manager.acquire(self.name, rw="read").release()
+        return self.store.read(self.full_key, self.times.grace_ms)
+
+    def compute_under(self, lease: Lease, compute: Callable[[], T]) -> T:
+        """Under ``lease``: read again (a fill may have ended since the miss), else compute and
+        store fenced by the lease's token. A compute that raises stores nothing."""
+        try:
+            found = self.store.read(self.full_key, self.times.grace_ms)
+            if found is not None and not found.stale:
+                return found.value  # type: ignore[no-any-return]
+            value = compute()
+            times = self.times
+            if not self.store.write(
+                self.full_key, value, lease.token, times.fresh_ms, times.grace_ms
+            ):
+                logger.warning(
+                    "Cache key %r: the value computed under lease %d was not stored; a newer "
+                    "lease's value is there (this lease was lost while computing).",
+                    self.full_key,
+                    lease.token,
+                )
+            return value
+        finally:
+            lease.release()

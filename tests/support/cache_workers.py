@@ -1,0 +1,132 @@
+"""Code run in worker processes (``multiprocessing`` spawn) by ``tests/cache/`` and
+``benchmarks/cache_fill.py``: ``get_or_set()`` against a real Redis cache."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+#: The cache backends a test runs against, by short name.
+BACKENDS = {
+    "django": "django.core.cache.backends.redis.RedisCache",
+    "django-redis": "django_redis.cache.RedisCache",
+}
+
+
+def caches_setting(backend: str, url: str, prefix: str = "cachetest") -> dict[str, Any]:
+    """``CACHES`` with a ``default`` alias of ``backend`` (a key of :data:`BACKENDS`) at ``url``."""
+    return {"default": {"BACKEND": BACKENDS[backend], "LOCATION": url, "KEY_PREFIX": prefix}}
+
+
+def setup_django(redlock: dict[str, Any], caches: dict[str, Any]) -> None:
+    """Configure a bare Django with the given ``REDLOCK`` and ``CACHES`` in a fresh process."""
+    import django
+    from django.conf import settings
+
+    if not settings.configured:
+        settings.configure(
+            INSTALLED_APPS=["django_redlock"],
+            REDLOCK=redlock,
+            CACHES=caches,
+            USE_TZ=True,
+            DATABASES={},
+        )
+        django.setup()
+
+
+def _counting_compute(counter_url: str, counter_key: str, seconds: float) -> Any:
+    """A compute that counts its runs in Redis (INCR), takes ``seconds`` and returns its pid."""
+    import redis
+
+    counter = redis.Redis.from_url(counter_url)
+
+    def compute() -> str:
+        counter.incr(counter_key)
+        time.sleep(seconds)
+        return f"computed by {os.getpid()}"
+
+    return compute
+
+
+def fill_at(
+    redlock: dict[str, Any],
+    caches: dict[str, Any],
+    key: str,
+    counter_url: str,
+    counter_key: str,
+    seconds: float,
+    start_at: float,
+    stale: float | None = None,
+    plain: bool = False,
+) -> tuple[str, float]:
+    """At wall-clock ``start_at``, ``get_or_set(key, ...)`` (``plain``: Django's own
+    ``cache.get_or_set``); returns the value and the seconds the call took."""
+    setup_django(redlock, caches)
+    from django.core.cache import cache
+
+    from django_redlock.cache import get_or_set
+
+    compute = _counting_compute(counter_url, counter_key, seconds)
+    cache.get("warm-up")  # connect first, so only the fill itself races
+    from django_redlock import locks
+
+    locks["default"].engine.state  # noqa: B018
+    time.sleep(max(0.0, start_at - time.time()))
+    started = time.perf_counter()
+    if plain:
+        value = cache.get_or_set(key, compute, 30)
+    else:
+        value = get_or_set(key, compute, 30, stale=stale)
+    return value, time.perf_counter() - started
+
+
+def fill_paused(
+    redlock: dict[str, Any],
+    caches: dict[str, Any],
+    key: str,
+    counter_url: str,
+    ready_key: str,
+    using: str,
+) -> str:
+    """``get_or_set(key)`` whose compute says it runs (``ready_key`` set in Redis), then
+    returns 'old'; the test SIGSTOPs this process meanwhile, past its lease's TTL."""
+    setup_django(redlock, caches)
+    import redis
+
+    from django_redlock.cache import get_or_set
+
+    signal = redis.Redis.from_url(counter_url)
+
+    def compute() -> str:
+        signal.set(ready_key, os.getpid())
+        time.sleep(0.5)  # the test stops the process in here
+        return "old"
+
+    return get_or_set(key, compute, 30, using=using)
+
+
+def fill_gated(
+    redlock: dict[str, Any],
+    caches: dict[str, Any],
+    key: str,
+    counter_url: str,
+    counter_key: str,
+    timeout: float,
+    stale: float | None,
+) -> str:
+    """``get_or_set(key, ...)`` whose compute counts its run (INCR ``counter_key``) and then
+    blocks until the test pushes onto ``<counter_key>:gate``; returns the value it got."""
+    setup_django(redlock, caches)
+    import redis
+
+    from django_redlock.cache import get_or_set
+
+    counter = redis.Redis.from_url(counter_url)
+
+    def compute() -> str:
+        counter.incr(counter_key)
+        counter.blpop([f"{counter_key}:gate"], timeout=30)
+        return f"computed by {os.getpid()}"
+
+    return get_or_set(key, compute, timeout, stale=stale)
