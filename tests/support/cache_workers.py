@@ -50,35 +50,36 @@ def _counting_compute(counter_url: str, counter_key: str, seconds: float) -> Any
 
 
 def fill_at(
-    redlock: dict[str, Any],
-    caches: dict[str, Any],
     key: str,
     counter_url: str,
     counter_key: str,
     seconds: float,
     start_at: float,
-    stale: float | None = None,
-    plain: bool = False,
+    how: str,
 ) -> tuple[str, float]:
-    """At wall-clock ``start_at``, ``get_or_set(key, ...)`` (``plain``: Django's own
-    ``cache.get_or_set``); returns the value and the seconds the call took."""
-    setup_django(redlock, caches)
+    """In a process set up by :func:`setup_django`: at wall-clock ``start_at``, fill ``key``
+    with a compute of ``seconds``; ``how``: ``"get_or_set"`` (ours), ``"django"`` (Django's
+    plain ``cache.get_or_set``) or ``"lock"`` (each caller takes the key's plain lock, reads,
+    and computes on a miss: N waiters, N hand-offs). Returns the value and the wall-clock
+    seconds from ``start_at`` until it was returned."""
     from django.core.cache import cache
 
+    from django_redlock import locks
     from django_redlock.cache import get_or_set
 
     compute = _counting_compute(counter_url, counter_key, seconds)
-    cache.get("warm-up")  # connect first, so only the fill itself races
-    from django_redlock import locks
-
-    locks["default"].engine.state  # noqa: B018
     time.sleep(max(0.0, start_at - time.time()))
-    started = time.perf_counter()
-    if plain:
+    if how == "get_or_set":
+        value = get_or_set(key, compute, 30)
+    elif how == "django":
         value = cache.get_or_set(key, compute, 30)
     else:
-        value = get_or_set(key, compute, 30, stale=stale)
-    return value, time.perf_counter() - started
+        with locks["default"].lock(f"plain:{key}", timeout=30):
+            value = cache.get(key)
+            if value is None:
+                value = compute()
+                cache.set(key, value, 30)
+    return value, time.time() - start_at
 
 
 def fill_paused(
