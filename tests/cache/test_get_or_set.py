@@ -258,12 +258,25 @@ def test_timeouts_become_key_lifetimes(backend: str, cache_node: RedisNode, key:
     assert get_or_set(f"{key}s", lambda: "second", 0.1, stale=0.1) == "second"
 
 
-def test_stale_value_is_a_miss_for_a_caller_without_stale(backend: str, key: str) -> None:
-    """A value stored with ``stale`` is, past its timeout, stale only to callers that accept
-    stale values; one without ``stale`` computes."""
-    get_or_set(key, lambda: "first", 0.1, stale=30)
-    time.sleep(0.2)
-    assert get_or_set(key, lambda: "second", 0.1) == "second"
+def test_stale_grace_is_each_callers_own(
+    backend: str, key: str, settings: Any, redlock_alias: Any
+) -> None:
+    """A value stored with ``stale=30`` is, past its timeout, served stale only to callers
+    that accept that much staleness: while another caller refreshes it (the test holds the
+    write lease), one with ``stale=30`` gets it at once, ones without ``stale`` or with
+    ``stale=0.05`` wait for the refresh (here until their alias's TIMEOUT)."""
+    manager = redlock_alias(settings.REDLOCK["default"]["NODES"], TIMEOUT=0.3)
+    get_or_set(key, lambda: "first", 0.1, stale=30, using=manager.alias)
+    time.sleep(0.3)  # 0.2 s past its timeout
+    lease = manager.acquire(lock_name("default", full_key(key)), rw="write", timeout=0)
+    try:
+        assert get_or_set(key, _never, 0.1, stale=30, using=manager.alias) == "first"
+        for stale in (None, 0.05):
+            with pytest.raises(LockNotAcquired):
+                get_or_set(key, _never, 0.1, stale=stale, using=manager.alias)
+    finally:
+        lease.release()
+    assert get_or_set(key, lambda: "second", 0.1, using=manager.alias) == "second"
 
 
 @pytest.mark.parametrize(
@@ -360,3 +373,34 @@ def test_waiters_give_up_after_the_alias_timeout(
             get_or_set(key, _never, 30, using=manager.alias)
     finally:
         lease.release()
+
+
+def test_a_compute_longer_than_the_ttl_keeps_its_lease(
+    backend: str, key: str, settings: Any, redlock_alias: Any
+) -> None:
+    """The write lease is auto-extended while compute runs: a compute of 1 s on an alias whose
+    TTL is 0.3 s still holds the key, so a caller arriving meanwhile waits and reads its value
+    instead of computing a second time."""
+    manager = redlock_alias(settings.REDLOCK["default"]["NODES"], TTL=0.3, TIMEOUT=30)
+    computes: list[str] = []
+    started = threading.Event()
+
+    def slow() -> str:
+        computes.append("slow")
+        started.set()
+        time.sleep(1.0)
+        return "slow"
+
+    first = threading.Thread(
+        target=get_or_set, args=(key, slow, 30), kwargs={"using": manager.alias}
+    )
+    first.start()
+    assert started.wait(30)
+
+    def second() -> str:
+        computes.append("second")
+        return "second"
+
+    assert get_or_set(key, second, 30, using=manager.alias) == "slow"
+    first.join(30)
+    assert computes == ["slow"]
