@@ -14,7 +14,8 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..exceptions import LockNotAcquired
+from ..exceptions import LockError, LockNotAcquired
+from ..locking import context
 from ..locking.lease import Lease
 from ..locking.manager import LockManager
 from ..locking.registry import locks
@@ -56,6 +57,7 @@ def get_or_set(
     found = store.read(full_key, times.grace_ms)
     if found is not None and not found.stale:
         return found.value  # type: ignore[no-any-return]
+    fill.check_not_own()
     lease = fill.try_write_lease()
     if lease is None:
         if found is not None:
@@ -83,6 +85,15 @@ class _Fill:
         self.full_key = full_key
         self.name = name
         self.times = times
+
+    def check_not_own(self) -> None:
+        """A compute that asks for its own key would wait for itself: refuse it at once."""
+        if context.held(self.manager.alias, self.name):
+            raise LockError(
+                f"get_or_set({self.full_key!r}) was called while this thread or task holds "
+                "that key's lock (inside the compute of the same key?): it would wait for "
+                "itself. Compute the value directly there."
+            )
 
     def try_write_lease(self) -> Lease | None:
         """The write lease if nobody holds the key's lock (one attempt), else None."""

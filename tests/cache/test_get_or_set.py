@@ -21,7 +21,7 @@ from django_redlock import locks, signals
 from django_redlock.cache import get_or_set
 from django_redlock.cache.arguments import lock_name
 from django_redlock.cache.stores import FENCE_SUFFIX, store_for
-from django_redlock.exceptions import LockNotAcquired
+from django_redlock.exceptions import LockError, LockNotAcquired
 from django_redlock.testing import RedisNode
 from tests.support import cache_workers as workers
 from tests.support.waiting import until, until_waiting
@@ -404,3 +404,15 @@ def test_a_compute_longer_than_the_ttl_keeps_its_lease(
     assert get_or_set(key, second, 30, using=manager.alias) == "slow"
     first.join(30)
     assert computes == ["slow"]
+
+
+def test_a_compute_asking_for_its_own_key_fails_at_once(backend: str, key: str) -> None:
+    """get_or_set of a key inside that key's compute would wait for its own lease until the
+    alias's TIMEOUT; it is a LockError at once, and the outer call stores nothing."""
+
+    def recursive() -> str:
+        return get_or_set(key, _never, 30)
+
+    with pytest.raises(LockError, match="it would wait for itself"):
+        get_or_set(key, recursive, 30)
+    assert cache.get(key, "absent") == "absent"
