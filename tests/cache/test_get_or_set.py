@@ -416,3 +416,24 @@ def test_a_compute_asking_for_its_own_key_fails_at_once(backend: str, key: str) 
     with pytest.raises(LockError, match="it would wait for itself"):
         get_or_set(key, recursive, 30)
     assert cache.get(key, "absent") == "absent"
+
+
+def test_django_redis_sentinel_client(settings: Any, redis_sentinel_group: Any, key: str) -> None:
+    """django-redis's SentinelClient: the value is stored on the master the sentinels name
+    and read back by the backend's own get()."""
+    group = redis_sentinel_group
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": f"redis://{group.service}/0",
+            "OPTIONS": {
+                "CLIENT_CLASS": "django_redis.client.SentinelClient",
+                "CONNECTION_FACTORY": "django_redis.pool.SentinelConnectionFactory",
+                "SENTINELS": [("127.0.0.1", s.port) for s in group.sentinels],
+            },
+        }
+    }
+    assert get_or_set(key, lambda: {"from": "sentinel"}, 30) == {"from": "sentinel"}
+    assert cache.get(key) == {"from": "sentinel"}
+    assert group.master.client().exists(full_key(key), full_key(key) + FENCE_SUFFIX) == 2
+    cache.client.disconnect()
