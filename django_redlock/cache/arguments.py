@@ -23,16 +23,17 @@ class Lifetimes:
     grace_ms: int
 
 
-def check_compute(compute: Any) -> None:
+def check_compute(compute: Any, *, asyncio: bool) -> None:
+    """A callable; for the blocking ``get_or_set`` not a coroutine function."""
     if not callable(compute):
         raise TypeError(
             f"compute must be a callable returning the value to cache, not "
             f"{type(compute).__name__}; pass the function itself (get_or_set(key, build, 60))."
         )
-    if inspect.iscoroutinefunction(compute):
+    if not asyncio and inspect.iscoroutinefunction(compute):
         raise TypeError(
             "compute is a coroutine function: get_or_set() would cache the coroutine object, "
-            "not its result. Pass a plain function."
+            "not its result. Pass a plain function, or await aget_or_set()."
         )
 
 

@@ -268,14 +268,11 @@ def test_stale_grace_is_each_callers_own(
     manager = redlock_alias(settings.REDLOCK["default"]["NODES"], TIMEOUT=0.3)
     get_or_set(key, lambda: "first", 0.1, stale=30, using=manager.alias)
     time.sleep(0.3)  # 0.2 s past its timeout
-    lease = manager.acquire(lock_name("default", full_key(key)), rw="write", timeout=0)
-    try:
+    with workers.held_by_another_thread(manager, lock_name("default", full_key(key))):
         assert get_or_set(key, _never, 0.1, stale=30, using=manager.alias) == "first"
         for stale in (None, 0.05):
             with pytest.raises(LockNotAcquired):
                 get_or_set(key, _never, 0.1, stale=stale, using=manager.alias)
-    finally:
-        lease.release()
     assert get_or_set(key, lambda: "second", 0.1, using=manager.alias) == "second"
 
 
@@ -367,12 +364,11 @@ def test_waiters_give_up_after_the_alias_timeout(
     """A waiter waits for the computing caller up to its alias's TIMEOUT, then raises
     LockNotAcquired (it does not compute beside the lease holder)."""
     manager = redlock_alias(settings.REDLOCK["default"]["NODES"], TIMEOUT=0.3)
-    lease = manager.acquire(lock_name("default", full_key(key)), rw="write", timeout=0)
-    try:
-        with pytest.raises(LockNotAcquired):
-            get_or_set(key, _never, 30, using=manager.alias)
-    finally:
-        lease.release()
+    with (
+        workers.held_by_another_thread(manager, lock_name("default", full_key(key))),
+        pytest.raises(LockNotAcquired),
+    ):
+        get_or_set(key, _never, 30, using=manager.alias)
 
 
 def test_a_compute_longer_than_the_ttl_keeps_its_lease(

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 #: The cache backends a test runs against, by short name.
@@ -116,13 +119,17 @@ def fill_gated(
     counter_key: str,
     timeout: float,
     stale: float | None,
+    use_async: bool = False,
 ) -> str:
-    """``get_or_set(key, ...)`` whose compute counts its run (INCR ``counter_key``) and then
-    blocks until the test pushes onto ``<counter_key>:gate``; returns the value it got."""
+    """``get_or_set(key, ...)`` (``use_async``: ``aget_or_set`` in ``asyncio.run``) whose
+    compute counts its run (INCR ``counter_key``) and then blocks until the test pushes onto
+    ``<counter_key>:gate``; returns the value it got."""
     setup_django(redlock, caches)
+    import asyncio
+
     import redis
 
-    from django_redlock.cache import get_or_set
+    from django_redlock.cache import aget_or_set, get_or_set
 
     counter = redis.Redis.from_url(counter_url)
 
@@ -131,4 +138,18 @@ def fill_gated(
         counter.blpop([f"{counter_key}:gate"], timeout=30)
         return f"computed by {os.getpid()}"
 
+    if use_async:
+        return asyncio.run(aget_or_set(key, compute, timeout, stale=stale))
     return get_or_set(key, compute, timeout, stale=stale)
+
+
+@contextlib.contextmanager
+def held_by_another_thread(manager: Any, name: str) -> Iterator[None]:
+    """Hold the write lease of ``name`` from another thread (a caller in this thread holding
+    its key's lease itself would be refused at once) for the ``with`` block."""
+    with ThreadPoolExecutor(1) as pool:
+        lease = pool.submit(manager.acquire, name, rw="write", timeout=0).result()
+        try:
+            yield
+        finally:
+            pool.submit(lease.release).result()
