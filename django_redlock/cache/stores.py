@@ -170,20 +170,35 @@ class JazzbandRedisStore(FencedStore):
         return self.backend.client.decode(raw)  # type: ignore[attr-defined]
 
 
+#: The store class per (backend class, django-redis client class or None), once decided: the
+#: imports and class checks cost more than the rest of a hit's Python work.
+_STORE_CLASSES: dict[tuple[type, type | None], type[FencedStore]] = {}
+
+
 def store_for(alias: str, backend: BaseCache) -> FencedStore:
     """The fenced store of cache ``alias``; ``ImproperlyConfigured`` for other backends (a
     fill that could not fence its writes would break the promise, so none is made)."""
+    client = getattr(backend, "_client", None)  # django-redis: None until first used
+    if client is None and hasattr(backend, "client"):
+        client = backend.client
+    kinds = (type(backend), None if client is None else type(client))
+    store_class = _STORE_CLASSES.get(kinds)
+    if store_class is None:
+        store_class = _STORE_CLASSES[kinds] = _store_class(alias, backend, client)
+    return store_class(backend)
+
+
+def _store_class(alias: str, backend: BaseCache, client: Any) -> type[FencedStore]:
     from django.core.cache.backends.redis import RedisCache
 
     if isinstance(backend, RedisCache):
-        return DjangoRedisStore(backend)
+        return DjangoRedisStore
     from django_redis.cache import RedisCache as JazzbandCache
     from django_redis.client import DefaultClient, HerdClient, ShardClient
 
     if isinstance(backend, JazzbandCache):
-        client = backend.client
         if isinstance(client, DefaultClient) and not isinstance(client, HerdClient | ShardClient):
-            return JazzbandRedisStore(backend)
+            return JazzbandRedisStore
         raise ImproperlyConfigured(
             f"get_or_set() cannot fence writes to cache {alias!r}: its django-redis client is "
             f"{type(client).__module__}.{type(client).__qualname__} (HerdClient wraps values, "
