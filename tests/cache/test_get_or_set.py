@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from django.core.cache import cache, caches
+from django.core.cache.backends.base import DEFAULT_TIMEOUT
 from django.core.exceptions import ImproperlyConfigured
 
 from django_redlock import locks, signals
@@ -246,13 +247,15 @@ def test_hit_returns_the_stored_value_readable_by_the_backend(backend: str, key:
 
 def test_timeouts_become_key_lifetimes(backend: str, cache_node: RedisNode, key: str) -> None:
     """``timeout`` (plus ``stale``) is the key's lifetime in Redis; None keeps it forever;
-    past ``timeout + stale`` it is a miss."""
+    DEFAULT_TIMEOUT is the cache's own; past ``timeout + stale`` it is a miss."""
     client = cache_node.client()
     get_or_set(key, lambda: 1, 10, stale=5)
     assert 14_000 < client.pttl(full_key(key)) <= 15_000
     assert client.pttl(full_key(key) + FENCE_SUFFIX) > 14_000
     get_or_set(f"{key}f", lambda: 1, None)
     assert client.pttl(full_key(f"{key}f")) == -1
+    get_or_set(f"{key}d", lambda: 1, DEFAULT_TIMEOUT)  # the cache's own TIMEOUT: 300 s
+    assert 299_000 < client.pttl(full_key(f"{key}d")) <= 300_000
     get_or_set(f"{key}s", lambda: "first", 0.1, stale=0.1)
     time.sleep(0.3)
     assert get_or_set(f"{key}s", lambda: "second", 0.1, stale=0.1) == "second"
