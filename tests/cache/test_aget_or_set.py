@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from django.core.cache import cache, caches
 
-from django_redlock import locks
+from django_redlock import locks, signals
 from django_redlock.cache import aget_or_set, get_or_set
 from django_redlock.cache.arguments import lock_name
 from django_redlock.cache.stores import store_for
@@ -68,9 +68,15 @@ def test_eight_processes_missing_at_once_compute_once(
 
 def test_tasks_of_one_loop_compute_once(backend: str, key: str) -> None:
     """Five tasks miss together: the coroutine compute runs once (held until the others
-    wait), the four others wait for it, and all get its value; a hit after that computes
-    nothing."""
+    wait), the four others wait for it (never taking the write lease themselves), and all
+    get its value; a hit after that computes nothing."""
     calls: list[int] = []
+    name = name_of(key)
+    writes: list[int] = []
+
+    def count(sender: Any, **kwargs: Any) -> None:
+        if kwargs["name"] == name and kwargs["lease"].kind == "write":
+            writes.append(kwargs["lease"].token)
 
     async def main() -> list[str]:
         release = asyncio.Event()
@@ -84,14 +90,18 @@ def test_tasks_of_one_loop_compute_once(backend: str, key: str) -> None:
         while not calls:
             await asyncio.sleep(0.01)
         others = [asyncio.create_task(aget_or_set(key, compute, 30)) for _ in range(4)]
-        await asyncio.to_thread(until_waiting, locks["default"], name_of(key), 4, 30)
+        await asyncio.to_thread(until_waiting, locks["default"], name, 4, 30)
         release.set()
         values = await asyncio.gather(first, *others)
         values.append(await aget_or_set(key, compute, 30))
         return values
 
-    assert asyncio.run(main()) == ["async value"] * 6
-    assert calls == [1]
+    signals.lock_acquired.connect(count)
+    try:
+        assert asyncio.run(main()) == ["async value"] * 6
+    finally:
+        signals.lock_acquired.disconnect(count)
+    assert calls == [1] and len(writes) == 1
     assert get_or_set(key, lambda: "unused", 30) == "async value"
 
 
