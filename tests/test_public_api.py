@@ -17,6 +17,7 @@ from django_redlock.exceptions import LockNotAcquired
 def test_contract_import_paths_import() -> None:
     """Every documented path imports (the shims of paths never released are gone)."""
     from django_redlock import inspection
+    from django_redlock.cache import aget_or_set, get_or_set
     from django_redlock.decorators import request_lock
     from django_redlock.locking.manager import Lease, LockBlock, LockManager
     from django_redlock.middleware import RequestLockMiddleware, parse_rule, request_rules
@@ -26,7 +27,7 @@ def test_contract_import_paths_import() -> None:
     from django_redlock.request_locks.holding import hold_for_request as guard
     from django_redlock.request_locks.keys import KeyTemplate
 
-    assert callable(inspection.list_locks)
+    assert callable(inspection.list_locks) and callable(get_or_set) and callable(aget_or_set)
     assert callable(request_lock) and callable(guard) and callable(aguard)
     assert {Lease, LockBlock, LockManager, RequestLockMiddleware, FencedModel, KeyTemplate}
     assert callable(parse_rule) and callable(request_rules) and callable(check_request_locks)

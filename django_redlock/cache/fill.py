@@ -1,0 +1,181 @@
+"""``get_or_set()`` and its asyncio twin: one process computes a missing value, the others
+wait for it.
+
+The key's lock is a read-write lock named by :func:`.arguments.lock_name`. The caller that
+takes its write lease (one attempt, no wait) computes and stores; the others wait for a read
+lease, which the writer's release grants to every waiting reader at once (docs/primitives.md,
+"Wake-ups"), so N waiters cost one hand-off, not N. A waiter that then still finds no value
+(the computing caller raised, or lost its lease without storing) waits for the write lease
+itself, and the first to get it computes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from asgiref.sync import sync_to_async
+
+from ..exceptions import LockError, LockNotAcquired
+from ..locking import context
+from ..locking.lease import Lease
+from ..locking.manager import LockManager
+from ..locking.registry import locks
+from .arguments import Lifetimes, cache_backend, check_compute, check_key, lifetimes, lock_name
+from .stores import FencedStore, Found, store_for
+
+# docs/index.md: one logger name (records carry .module)
+logger = logging.getLogger("django_redlock")
+
+T = TypeVar("T")
+
+
+def get_or_set(
+    key: str,
+    compute: Callable[[], T],
+    timeout: float | None,
+    *,
+    cache: str = "default",
+    using: str = "default",
+    stale: float | None = None,
+) -> T:
+    """The value of ``key`` in cache ``cache``; on a miss, ``compute()``'s, computed by one
+    process at a time under a lease of the ``REDLOCK`` alias ``using`` and stored for
+    ``timeout`` seconds (None: forever) unless a newer lease stored one meanwhile.
+
+    ``stale=S``: for S seconds past ``timeout`` the old value is still returned at once
+    while one caller (the first to ask) computes its successor; past ``timeout + S`` it is a
+    miss. Waiters wait up to the alias's ``TIMEOUT`` (``LockNotAcquired`` after that).
+    """
+    check_compute(compute, asyncio=False)
+    fill = _Fill.of(key, timeout, cache, using, stale)
+    found = fill.read()
+    if found is not None and not found.stale:
+        return found.value  # type: ignore[no-any-return]
+    fill.check_not_own()
+    lease = fill.try_write_lease()
+    if lease is None:
+        if found is not None:
+            return found.value  # type: ignore[no-any-return]  # stale; another caller refreshes it
+        fill.manager.acquire(fill.name, rw="read").release()  # woken by the writer's release
+        found = fill.read()
+        if found is not None:
+            return found.value  # type: ignore[no-any-return]
+        lease = fill.manager.acquire(fill.name, rw="write", auto_extend=True)
+    try:
+        found = fill.read()  # a fill may have ended between the miss and the lease
+        if found is not None and not found.stale:
+            return found.value  # type: ignore[no-any-return]
+        value = compute()
+        fill.write(value, lease)
+        return value
+    finally:
+        lease.release()
+
+
+async def aget_or_set(
+    key: str,
+    compute: Callable[[], Awaitable[T]] | Callable[[], T],
+    timeout: float | None,
+    *,
+    cache: str = "default",
+    using: str = "default",
+    stale: float | None = None,
+) -> T:
+    """Asyncio twin of :func:`get_or_set`: ``compute`` may be a coroutine function (awaited)
+    or a plain function (called in the event loop); the cache's Redis calls run in a worker
+    thread, the lock's on the loop."""
+    check_compute(compute, asyncio=True)
+    fill = _Fill.of(key, timeout, cache, using, stale)  # no I/O: checks and lookups
+    read = sync_to_async(fill.read, thread_sensitive=False)
+    found = await read()
+    if found is not None and not found.stale:
+        return found.value  # type: ignore[no-any-return]
+    fill.check_not_own()
+    lease = await fill.atry_write_lease()
+    if lease is None:
+        if found is not None:
+            return found.value  # type: ignore[no-any-return]  # stale; another caller refreshes it
+        await (await fill.manager.aacquire(fill.name, rw="read")).arelease()
+        found = await read()
+        if found is not None:
+            return found.value  # type: ignore[no-any-return]
+        lease = await fill.manager.aacquire(fill.name, rw="write", auto_extend=True)
+    try:
+        found = await read()
+        if found is not None and not found.stale:
+            return found.value  # type: ignore[no-any-return]
+        value = compute()
+        if inspect.isawaitable(value):
+            value = await value
+        await sync_to_async(fill.write, thread_sensitive=False)(value, lease)
+        return value
+    finally:
+        await lease.arelease()
+
+
+class _Fill:
+    """One call's key, lock and store (built after every argument was checked)."""
+
+    def __init__(
+        self,
+        store: FencedStore,
+        manager: LockManager,
+        full_key: str,
+        name: str,
+        times: Lifetimes,
+    ) -> None:
+        self.store = store
+        self.manager = manager
+        self.full_key = full_key
+        self.name = name
+        self.times = times
+
+    @classmethod
+    def of(cls, key: Any, timeout: Any, cache: Any, using: Any, stale: Any) -> _Fill:
+        """The checked arguments; raises before anything is read or written."""
+        check_key(key)
+        backend = cache_backend(cache)
+        times = lifetimes(timeout, stale, backend)
+        store = store_for(cache, backend)
+        manager = locks[using]
+        full_key = store.full_key(key)
+        return cls(store, manager, full_key, lock_name(cache, full_key), times)
+
+    def read(self) -> Found | None:
+        return self.store.read(self.full_key, self.times.grace_ms)
+
+    def write(self, value: Any, lease: Lease) -> None:
+        """Store ``value`` fenced by ``lease``'s token (a warning when a newer one is there)."""
+        times = self.times
+        if not self.store.write(self.full_key, value, lease.token, times.fresh_ms, times.grace_ms):
+            logger.warning(
+                "Cache key %r: the value computed under lease %d was not stored; a newer "
+                "lease's value is there (this lease was lost while computing).",
+                self.full_key,
+                lease.token,
+            )
+
+    def check_not_own(self) -> None:
+        """A compute that asks for its own key would wait for itself: refuse it at once."""
+        if context.held(self.manager.alias, self.name):
+            raise LockError(
+                f"get_or_set({self.full_key!r}) was called while this thread or task holds "
+                "that key's lock (inside the compute of the same key?): it would wait for "
+                "itself. Compute the value directly there."
+            )
+
+    def try_write_lease(self) -> Lease | None:
+        """The write lease if nobody holds the key's lock (one attempt), else None."""
+        try:
+            return self.manager.acquire(self.name, rw="write", timeout=0, auto_extend=True)
+        except LockNotAcquired:
+            return None
+
+    async def atry_write_lease(self) -> Lease | None:
+        try:
+            return await self.manager.aacquire(self.name, rw="write", timeout=0, auto_extend=True)
+        except LockNotAcquired:
+            return None

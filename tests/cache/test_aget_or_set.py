@@ -1,0 +1,145 @@
+"""``django_redlock.cache.aget_or_set``, the asyncio twin of ``get_or_set`` (docs/effects.md,
+"Stampede-proof cache fill"), on a real Redis cache with both backends: processes and tasks
+missing one key at once compute once; errors as in the blocking version."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.core.cache import cache, caches
+
+from django_redlock import locks, signals
+from django_redlock.cache import aget_or_set, get_or_set
+from django_redlock.cache.arguments import lock_name
+from django_redlock.cache.stores import store_for
+from django_redlock.exceptions import LockError
+from django_redlock.testing import RedisNode
+from tests.support import cache_workers as workers
+from tests.support.waiting import until, until_waiting
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+@pytest.fixture(scope="module")
+def cache_node(redis_node_factory_session: Any) -> RedisNode:
+    """A redis-server of this module's own for the caches."""
+    node: RedisNode = redis_node_factory_session(1)[0]
+    return node
+
+
+@pytest.fixture(params=sorted(workers.BACKENDS))
+def backend(request: pytest.FixtureRequest, cache_node: RedisNode, settings: Any) -> Iterator[str]:
+    """``CACHES["default"]`` of each supported backend on the module's node."""
+    settings.CACHES = workers.caches_setting(request.param, cache_node.url)
+    yield request.param
+
+
+@pytest.fixture
+def key() -> str:
+    return f"ak-{uuid.uuid4().hex[:10]}"
+
+
+def name_of(key: str) -> str:
+    return lock_name("default", store_for("default", caches["default"]).full_key(key))
+
+
+def test_eight_processes_missing_at_once_compute_once(
+    backend: str, cache_node: RedisNode, key: str, settings: Any
+) -> None:
+    """8 processes, each in ``asyncio.run(aget_or_set(...))``: one computes while the 7
+    others are seen waiting, and all 8 return its value."""
+    client = cache_node.client()
+    counter = f"{key}:computes"
+    args = (settings.REDLOCK, settings.CACHES, key, cache_node.url, counter, 30, None, True)
+    with SPAWN.Pool(8) as pool:
+        results = pool.starmap_async(workers.fill_gated, [args] * 8)
+        until(lambda: client.get(counter) is not None, 60, "the first compute")
+        until_waiting(locks["default"], name_of(key), 7, 60)
+        client.rpush(f"{counter}:gate", "go")
+        values = results.get(timeout=60)
+    assert int(client.get(counter)) == 1
+    assert len(set(values)) == 1 and cache.get(key) == values[0]
+
+
+def test_tasks_of_one_loop_compute_once(backend: str, key: str) -> None:
+    """Five tasks miss together: the coroutine compute runs once (held until the others
+    wait), the four others wait for it (never taking the write lease themselves), and all
+    get its value; a hit after that computes nothing."""
+    calls: list[int] = []
+    name = name_of(key)
+    writes: list[int] = []
+
+    def count(sender: Any, **kwargs: Any) -> None:
+        if kwargs["name"] == name and kwargs["lease"].kind == "write":
+            writes.append(kwargs["lease"].token)
+
+    async def main() -> list[str]:
+        release = asyncio.Event()
+
+        async def compute() -> str:
+            calls.append(1)
+            await release.wait()
+            return "async value"
+
+        first = asyncio.create_task(aget_or_set(key, compute, 30))
+        while not calls:
+            await asyncio.sleep(0.01)
+        others = [asyncio.create_task(aget_or_set(key, compute, 30)) for _ in range(4)]
+        await asyncio.to_thread(until_waiting, locks["default"], name, 4, 30)
+        release.set()
+        values = await asyncio.gather(first, *others)
+        values.append(await aget_or_set(key, compute, 30))
+        return values
+
+    signals.lock_acquired.connect(count)
+    try:
+        assert asyncio.run(main()) == ["async value"] * 6
+    finally:
+        signals.lock_acquired.disconnect(count)
+    assert calls == [1] and len(writes) == 1
+    assert get_or_set(key, lambda: "unused", 30) == "async value"
+
+
+def test_plain_function_compute_and_stale(backend: str, key: str) -> None:
+    """A plain function as compute; ``stale`` serves the old value while the lease is held
+    by another caller."""
+
+    async def main() -> tuple[str, str]:
+        first = await aget_or_set(key, lambda: "old", 0.1, stale=30)
+        await asyncio.sleep(0.2)
+        with workers.held_by_another_thread(locks["default"], name_of(key)):
+            stale = await aget_or_set(key, lambda: "unused", 0.1, stale=30)
+        return first, stale
+
+    assert asyncio.run(main()) == ("old", "old")
+
+
+def test_compute_raising_stores_nothing_and_releases(backend: str, key: str) -> None:
+    async def failing() -> str:
+        raise ZeroDivisionError
+
+    with pytest.raises(ZeroDivisionError):
+        asyncio.run(aget_or_set(key, failing, 30))
+    assert cache.get(key, "absent") == "absent"
+    locks["default"].acquire(name_of(key), rw="write", timeout=0).release()
+
+
+def test_bad_input_and_own_key(backend: str, key: str) -> None:
+    """The checks of the blocking version, before anything is written; a compute asking for
+    its own key is a LockError at once."""
+    with pytest.raises(TypeError, match="callable"):
+        asyncio.run(aget_or_set(key, 42, 30))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="more than 0 seconds"):
+        asyncio.run(aget_or_set(key, lambda: 1, -1))
+
+    async def recursive() -> str:
+        return await aget_or_set(key, lambda: "inner", 30)
+
+    with pytest.raises(LockError, match="it would wait for itself"):
+        asyncio.run(aget_or_set(key, recursive, 30))
+    assert cache.get(key, "absent") == "absent"
