@@ -159,3 +159,13 @@ def test_pay_charges_once_per_payment_with_the_key(demo_env: dict[str, str]) -> 
     assert unkeyed["failed"] == []
     assert unkeyed["charged_more_than_once"] >= 3  # each slow payment, again by its retry
     assert unkeyed["charges"] >= 9
+
+
+def test_stampede_computes_once_with_the_fill(demo_env: dict[str, str]) -> None:
+    """``manage.py stampede``: processes missing one cache key at once compute it once with
+    ``django_redlock.cache.get_or_set``, once each with Django's ``cache.get_or_set``."""
+    small = ("--processes", "4", "--compute", "0.5")
+    filled = outcome(demo_env, "stampede", *small)
+    assert (filled["computes"], filled["distinct_values"]) == (1, 1)
+    plain = outcome(demo_env, "stampede", "--no-fill", *small)
+    assert plain["computes"] == 4
