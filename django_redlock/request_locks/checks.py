@@ -28,7 +28,8 @@ CHECK_IDS = {
     "E014": "A KEY template field is not provided by the URL (kwargs, regex groups, user).",
     "E015": "A rule or @request_lock view uses an alias that is not in REDLOCK.",
     "E016": "REDLOCK_BUSY_STATUS is not an int from 400 to 599.",
-    "E017": "A KEY uses {user} but AuthenticationMiddleware does not run before it.",
+    "E017": "A KEY uses {user}, or an IDEMPOTENCY rule runs, but AuthenticationMiddleware does "
+    "not run before it.",
     "E018": "A rule's LIMIT is not an int from 1 to 1024.",
     "E019": "A lock and a LIMIT (or two different LIMITs) share a key template and alias.",
     "E030": "REDLOCK_IDEMPOTENCY is invalid (not a dict, unknown key, bad HEADER, TTL or "
@@ -101,6 +102,26 @@ def _spec_messages(spec: LockSpec, where: str, middleware_position: int | None) 
     return messages
 
 
+def _idempotency_before_auth(spec: LockSpec, where: str, position: int | None) -> list[Any]:
+    """E017 for an IDEMPOTENCY rule whose middleware runs before AuthenticationMiddleware: the
+    request has no user yet, so every user would share one key space (and get each other's
+    kept responses). A decorated view (``position`` None) runs after every middleware."""
+    middleware = list(settings.MIDDLEWARE)
+    if not spec.idempotency or position is None or AUTH_MIDDLEWARE not in middleware:
+        return []
+    if middleware.index(AUTH_MIDDLEWARE) < position:
+        return []
+    return [
+        _error(
+            f"{where}: IDEMPOTENCY scopes keys by user, but {MIDDLEWARE_PATH} runs before "
+            f"{AUTH_MIDDLEWARE}: the request has no user yet, so one user's key would replay "
+            "another user's response (such requests are refused with ImproperlyConfigured).",
+            "E017",
+            hint=f"Move {MIDDLEWARE_PATH} after {AUTH_MIDDLEWARE} in MIDDLEWARE.",
+        )
+    ]
+
+
 def _missing_fields(spec: LockSpec, where: str, url: str, provided: frozenset[str]) -> list[Any]:
     missing = spec.key.missing(provided)
     if not missing:
@@ -118,6 +139,7 @@ def _missing_fields(spec: LockSpec, where: str, url: str, provided: frozenset[st
 def _rule_messages(rule: LockRule, patterns: list[Any], position: int | None) -> list[Any]:
     where = f"{SETTING}[{rule.index}]"
     messages = _spec_messages(rule.spec, where, position)
+    messages += _idempotency_before_auth(rule.spec, where, position)
     if rule.path is not None:
         messages += _missing_fields(
             rule.spec, where, rule.path.pattern, frozenset(rule.path.groupindex)

@@ -109,7 +109,7 @@ async def _hold_once(
         return exc.response(request)
     if value is None:
         return await _hold(spec.plain, request, kwargs, call, io)
-    needs_user = spec.key.uses_user or hasattr(request, "user")
+    needs_user = spec.key.uses_user or idempotency.has_user(request)
     user = await io.user(spec, request) if needs_user else None
     name = idempotency.lock_name(spec.key.fill(kwargs, user), value, user)
     key = (spec.using, name)

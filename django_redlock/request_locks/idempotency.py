@@ -16,6 +16,8 @@ import hashlib
 import json
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
@@ -26,6 +28,7 @@ from ..conf import MAX_NAME_LENGTH, IdempotencyConfig, idempotency_setting
 from .records import Record
 from .responses import error_response
 
+AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
 #: Longest header value accepted (characters).
 MAX_KEY_LENGTH = 255
 #: Separates the filled key template from the key's digest in the lock name.
@@ -83,6 +86,23 @@ def key_of(request: HttpRequest, header: str) -> str | None:
             "characters and non-ASCII are refused). Send e.g. a UUID."
         )
     return value
+
+
+def has_user(request: HttpRequest) -> bool:
+    """Whether ``request`` has a user to scope its key to. Without one while
+    ``AuthenticationMiddleware`` is installed (``RequestLockMiddleware`` placed before it),
+    ``ImproperlyConfigured``: every user would share one key space and get each other's kept
+    responses (check E017 reports it at startup)."""
+    if hasattr(request, "user"):
+        return True
+    if AUTH_MIDDLEWARE in settings.MIDDLEWARE:
+        raise ImproperlyConfigured(
+            f"An idempotent request reached RequestLockMiddleware before {AUTH_MIDDLEWARE} "
+            "set request.user, so its key cannot be scoped to its user (one user's key would "
+            "replay another user's response). Move django_redlock.middleware."
+            "RequestLockMiddleware after it in MIDDLEWARE (see django_redlock.E017)."
+        )
+    return False  # no authentication at all: every request is anonymous
 
 
 def user_id(user: Any) -> str:

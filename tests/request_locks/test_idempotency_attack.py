@@ -1,0 +1,89 @@
+"""Idempotent requests: regressions for the defects an outside attack found (a user's kept
+response replayed to another user, template responses, rolled-back and raising views under
+rules, CSRF rejections, oversize records), through Django's test clients against real Redis
+nodes."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import Client
+
+from django_redlock.request_locks.checks import check_request_locks
+from tests.support.idempotency_attack_urls import RUNS
+
+pytestmark = pytest.mark.urls("tests.support.idempotency_attack_urls")
+MIDDLEWARE_PATH = "django_redlock.middleware.RequestLockMiddleware"
+AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
+JSON = {"Accept": "application/json"}
+
+
+@pytest.fixture
+def item_id() -> int:
+    """An id no other test uses (the session's Redis nodes are shared)."""
+    return uuid.uuid4().int % 10**12
+
+
+@pytest.fixture
+def key() -> str:
+    return str(uuid.uuid4())
+
+
+@pytest.fixture(autouse=True)
+def _clear_runs() -> Iterator[None]:
+    RUNS.clear()
+    yield
+    RUNS.clear()
+
+
+def post(client: Client, url: str, key: str, body: str = "{}", **headers: str) -> Any:
+    return client.post(
+        url,
+        body,
+        content_type="application/json",
+        headers={**JSON, "Idempotency-Key": key, **headers},
+    )
+
+
+# -- D1: a rule placed before AuthenticationMiddleware ------------------------------------------
+def test_an_idempotent_rule_before_authentication_is_refused(
+    client: Client, settings: Any, item_id: int, key: str, django_user_model: Any
+) -> None:
+    """Before AuthenticationMiddleware the request has no user: every user would share one key
+    space and Bob would get Alice's kept response. The check reports it (E017) and the request
+    is refused before the view runs, instead of replaying across users."""
+    middleware = list(settings.MIDDLEWARE)
+    middleware.insert(middleware.index(AUTH_MIDDLEWARE), MIDDLEWARE_PATH)
+    settings.MIDDLEWARE = middleware
+    settings.REDLOCK_REQUEST_LOCKS = [
+        {"URL_NAME": "ruled", "KEY": "ruled:{item_id}", "IDEMPOTENCY": True}
+    ]
+    ids = [message.id for message in check_request_locks()]
+    assert ids == ["django_redlock.E017"]
+    client.force_login(django_user_model.objects.create_user(f"alice-{item_id}"))
+    with pytest.raises(ImproperlyConfigured, match="AuthenticationMiddleware"):
+        post(client, f"/ruled/{item_id}/", key)
+    assert RUNS == {}
+
+
+def test_an_idempotent_rule_after_authentication_scopes_keys_by_user(
+    settings: Any, item_id: int, key: str, django_user_model: Any
+) -> None:
+    """In the right order, two users sending one key are two requests."""
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, MIDDLEWARE_PATH]
+    settings.REDLOCK_REQUEST_LOCKS = [
+        {"URL_NAME": "ruled", "KEY": "ruled:{item_id}", "IDEMPOTENCY": True}
+    ]
+    assert check_request_locks() == []
+    alice, bob = Client(), Client()
+    alice.force_login(django_user_model.objects.create_user(f"alice-{item_id}"))
+    bob_user = django_user_model.objects.create_user(f"bob-{item_id}")
+    bob.force_login(bob_user)
+    assert post(alice, f"/ruled/{item_id}/", key).status_code == 201
+    answer = post(bob, f"/ruled/{item_id}/", key)
+    assert "Idempotent-Replayed" not in answer
+    assert answer.json()["user"] == str(bob_user.pk)

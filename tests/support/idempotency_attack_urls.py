@@ -1,0 +1,100 @@
+"""Test-only URLconf for ``tests/request_locks/test_idempotency_attack.py``: the views of the
+outside attack on idempotent requests (template responses, raising and rolled-back views under
+rules, CSRF-protected and upload views)."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import Group
+from django.db import transaction
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.template import engines
+from django.template.response import TemplateResponse
+from django.urls import path
+from django.utils.decorators import method_decorator
+from django.views import View
+from django.views.decorators.csrf import csrf_exempt
+
+from django_redlock.decorators import request_lock
+
+RUNS: dict[str, int] = {}
+"""How many times each view body ran, by view name."""
+
+
+def _ran(name: str) -> int:
+    RUNS[name] = RUNS.get(name, 0) + 1
+    return RUNS[name]
+
+
+def _template(request: HttpRequest, run: int, status: int) -> TemplateResponse:
+    template = engines["django"].from_string("run={{ run }}")
+    return TemplateResponse(request, template, {"run": run}, status=status)
+
+
+def ruled(request: HttpRequest, item_id: int) -> HttpResponse:
+    """Made idempotent by a rule; answers with the user it saw."""
+    return JsonResponse({"run": _ran("ruled"), "user": str(request.user.pk)}, status=201)
+
+
+@csrf_exempt
+@request_lock("atk:{item_id}", ttl=5, idempotency=True)
+def template(request: HttpRequest, item_id: int) -> HttpResponse:
+    return _template(request, _ran("template"), 201)
+
+
+@request_lock("atk:{item_id}", ttl=5, idempotency=True)
+async def atemplate(request: HttpRequest, item_id: int) -> HttpResponse:
+    return _template(request, _ran("atemplate"), 201)
+
+
+@csrf_exempt
+@request_lock("atk:{item_id}", ttl=5, idempotency=True)
+def bad_template(request: HttpRequest, item_id: int) -> HttpResponse:
+    """A TemplateResponse whose rendering fails."""
+    _ran("bad_template")
+    broken = engines["django"].from_string("{% if run.boom %}x{% endif %}")
+
+    class Boom:
+        @property
+        def boom(self) -> bool:
+            raise RuntimeError("rendering failed")
+
+    return TemplateResponse(request, broken, {"run": Boom()}, status=201)
+
+
+@method_decorator(csrf_exempt, name="dispatch")
+@method_decorator(request_lock("cbv:{item_id}", ttl=5, idempotency=True), name="dispatch")
+class FormView(View):
+    def post(self, request: HttpRequest, item_id: int) -> HttpResponse:
+        return _template(request, _ran("cbv"), 400)
+
+
+@csrf_exempt
+def rolled_back(request: HttpRequest, item_id: int) -> HttpResponse:
+    """Writes a row, then rolls its (ATOMIC_REQUESTS) transaction back, answering 201."""
+    run = _ran("rolled_back")
+    Group.objects.create(name=f"g-{item_id}-{run}")
+    if request.GET.get("rollback"):
+        transaction.set_rollback(True)
+    return JsonResponse({"run": run}, status=201)
+
+
+@csrf_exempt
+def missing(request: HttpRequest, item_id: int) -> HttpResponse:
+    _ran("missing")
+    raise Http404("no such item")
+
+
+def csrf_protected(request: HttpRequest, item_id: int) -> HttpResponse:
+    return JsonResponse({"run": _ran("csrf")}, status=201)
+
+
+urlpatterns = [
+    path("ruled/<int:item_id>/", ruled, name="ruled"),
+    path("template/<int:item_id>/", template, name="template"),
+    path("atemplate/<int:item_id>/", atemplate, name="atemplate"),
+    path("bad-template/<int:item_id>/", bad_template, name="bad-template"),
+    path("cbv/<int:item_id>/", FormView.as_view(), name="cbv"),
+    path("rolled-back/<int:item_id>/", rolled_back, name="rolled-back"),
+    path("missing/<int:item_id>/", missing, name="missing"),
+    path("csrf/<int:item_id>/", csrf_protected, name="csrf"),
+]
