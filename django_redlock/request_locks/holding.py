@@ -23,6 +23,7 @@ from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
+from django.template.response import SimpleTemplateResponse
 
 from ..exceptions import LockNotAcquired, NodesUnavailable
 from ..locking import context
@@ -59,6 +60,8 @@ class _IO(Protocol):
     async def read(self, lease: Lease) -> records.Record | None: ...
 
     async def store(self, lease: Lease, values: list[bytes | str], ttl: float) -> int: ...
+
+    async def render(self, response: SimpleTemplateResponse) -> None: ...
 
 
 async def _hold(
@@ -132,7 +135,13 @@ async def _hold_once(
     if earlier is not None:
         await _release(io, lease, spec)
         return earlier
-    await keeping.keep(io.store, lease, spec.until_commit, response, fingerprint, config)
+    try:
+        if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
+            await io.render(response)  # kept as sent: render it now, not after the hold
+        await keeping.keep(io.store, lease, spec.until_commit, response, fingerprint, config)
+    except BaseException:  # nothing kept: a retry runs at once, not after the lease's TTL
+        await _release(io, lease, spec)
+        raise
     await _let_go(io, lease, spec, response)
     return response
 
@@ -233,6 +242,9 @@ class _BlockingIO:
     async def store(self, lease: Lease, values: list[bytes | str], ttl: float) -> int:
         return records.store(lease, values, ttl)
 
+    async def render(self, response: SimpleTemplateResponse) -> None:
+        response.render()
+
 
 class _AsyncIO:
     """asyncio calls; the user is loaded without a sync DB query in the event loop."""
@@ -256,6 +268,9 @@ class _AsyncIO:
 
     async def store(self, lease: Lease, values: list[bytes | str], ttl: float) -> int:
         return await records.astore(lease, values, ttl)
+
+    async def render(self, response: SimpleTemplateResponse) -> None:
+        await sync_to_async(response.render)()  # templates may query the database
 
 
 _BLOCKING = _BlockingIO()

@@ -10,8 +10,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
-from django.test import Client
+from django.test import AsyncClient, Client
 
 from django_redlock.request_locks.checks import check_request_locks
 from tests.support.idempotency_attack_urls import RUNS
@@ -87,3 +88,42 @@ def test_an_idempotent_rule_after_authentication_scopes_keys_by_user(
     answer = post(bob, f"/ruled/{item_id}/", key)
     assert "Idempotent-Replayed" not in answer
     assert answer.json()["user"] == str(bob_user.pk)
+
+
+# -- D2: template responses ------------------------------------------------------------------
+@pytest.mark.parametrize("url", ["/template/{}/", "/cbv/{}/"])
+def test_a_template_response_is_rendered_kept_and_replayed(
+    client: Client, item_id: int, key: str, url: str
+) -> None:
+    """A TemplateResponse (a function view, or a class-based view under method_decorator) is
+    rendered before it is kept: the first request gets it, the retry its replay."""
+    first = post(client, url.format(item_id), key)
+    again = post(client, url.format(item_id), key)
+    assert first.content == again.content == b"run=1"
+    assert first.status_code == again.status_code
+    assert again["Idempotent-Replayed"] == "true"
+    assert sum(RUNS.values()) == 1
+
+
+def test_an_async_template_response_is_kept(item_id: int, key: str) -> None:
+    async def twice() -> list[Any]:
+        client = AsyncClient()
+        url, headers = f"/atemplate/{item_id}/", {**JSON, "Idempotency-Key": key}
+        return [await client.post(url, headers=headers) for _ in range(2)]
+
+    first, again = async_to_sync(twice)()
+    assert first.status_code == again.status_code == 201
+    assert first.content == again.content == b"run=1"
+    assert again["Idempotent-Replayed"] == "true"
+    assert RUNS == {"atemplate": 1}
+
+
+def test_a_template_that_fails_to_render_releases_the_lock(
+    client: Client, item_id: int, key: str
+) -> None:
+    """A failure while keeping (here rendering) keeps nothing and releases the key's lock: the
+    retry runs again at once (not 409 for the lease's TTL)."""
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="rendering failed"):
+            post(client, f"/bad-template/{item_id}/", key)
+    assert RUNS == {"bad_template": 2}
