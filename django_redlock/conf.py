@@ -331,8 +331,10 @@ IDEMPOTENCY_DEFAULTS: dict[str, Any] = {
 }
 #: Longest ``TTL`` of a kept response: 365 days.
 IDEMPOTENCY_TTL_MAX = 365 * 86400.0
-#: Largest ``MAX_BYTES``: 512 MB, the largest value Redis stores.
-IDEMPOTENCY_MAX_BYTES_MAX = 512 * 1024 * 1024
+#: Largest ``MAX_BYTES``: 1 MiB. The engine writes a record in one send on its non-blocking
+#: socket and reads it back within the alias's ``NODE_TIMEOUT``; a larger record can fail
+#: both (an 8 MB one did, on loopback), and then is never kept or never replayed.
+IDEMPOTENCY_MAX_BYTES_MAX = 1024 * 1024
 #: An HTTP header name (RFC 9110 token characters).
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
 
@@ -386,7 +388,9 @@ def idempotency_setting() -> IdempotencyConfig:
     if not 0 <= max_bytes <= IDEMPOTENCY_MAX_BYTES_MAX:
         raise _idempotency_error(
             "MAX_BYTES",
-            f"must be from 0 to {IDEMPOTENCY_MAX_BYTES_MAX} (512 MB, the most Redis keeps in "
-            f"one value; the largest response body kept), got {max_bytes!r}.",
+            f"must be from 0 to {IDEMPOTENCY_MAX_BYTES_MAX} (1 MiB: the largest record the "
+            "engine's transport writes in one send and reads back within NODE_TIMEOUT "
+            "reliably; a larger response is sent but not kept, and its retry gets 409), "
+            f"got {max_bytes!r}.",
         )
     return IdempotencyConfig(header, float(ttl), max_bytes)

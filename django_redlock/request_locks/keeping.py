@@ -87,8 +87,9 @@ def _log_unkept(lease: Lease, stored: int) -> None:
     needed = quorum(records.node_count(lease))
     if stored == 0:
         logger.warning(
-            "The response of %r was not kept: its lease was lost or overtaken first (a retry "
-            "runs the request again).",
+            "The response of %r was not kept on any node: its lease was lost or overtaken "
+            "first, or the nodes failed the write (see the node errors logged with it); a "
+            "retry runs the request again.",
             lease.name,
         )
     elif stored < needed:

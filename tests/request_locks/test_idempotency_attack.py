@@ -127,3 +127,36 @@ def test_a_template_that_fails_to_render_releases_the_lock(
         with pytest.raises(RuntimeError, match="rendering failed"):
             post(client, f"/bad-template/{item_id}/", key)
     assert RUNS == {"bad_template": 2}
+
+
+# -- D3: MAX_BYTES bounded by what the engine's transport writes and reads reliably -------------
+def test_max_bytes_over_one_mib_is_refused(settings: Any) -> None:
+    """Raised to 64 MB, an 8 MB record failed to write (EAGAIN on the engine's non-blocking
+    socket, counted as a node down) or took longer than NODE_TIMEOUT to read back (503 for the
+    record's whole TTL). MAX_BYTES is capped at 1 MiB, with E030 saying why."""
+    settings.REDLOCK_IDEMPOTENCY = {"MAX_BYTES": 64 * 1024 * 1024}
+    [message] = check_request_locks()
+    assert message.id == "django_redlock.E030"
+    assert "1048576" in message.msg and "transport" in message.msg
+    settings.REDLOCK_IDEMPOTENCY = {"MAX_BYTES": 1024 * 1024}
+    assert check_request_locks() == []
+
+
+def test_a_record_near_the_cap_is_kept_and_replayed(client: Client, item_id: int, key: str) -> None:
+    """A body just under the 1 MiB cap is written and read back, sync and async."""
+    url = f"/sized/{item_id}/?size=1000000"
+    answers = [post(client, url, key) for _ in range(2)]
+    assert [a.status_code for a in answers] == [200, 200]
+    assert answers[1]["Idempotent-Replayed"] == "true"
+    assert len(answers[1].content) == 1_000_000
+
+    async def twice() -> list[Any]:
+        client = AsyncClient()
+        url = f"/asized/{item_id}/?size=1000000"
+        headers = {**JSON, "Idempotency-Key": f"async-{key}"}
+        return [await client.post(url, headers=headers) for _ in range(2)]
+
+    answers = async_to_sync(twice)()
+    assert [a.status_code for a in answers] == [200, 200]
+    assert answers[1]["Idempotent-Replayed"] == "true"
+    assert RUNS == {"sized": 1, "asized": 1}

@@ -88,7 +88,26 @@ def csrf_protected(request: HttpRequest, item_id: int) -> HttpResponse:
     return JsonResponse({"run": _ran("csrf")}, status=201)
 
 
+@csrf_exempt
+@request_lock("size:{item_id}", ttl=5, idempotency=True)
+def sized(request: HttpRequest, item_id: int) -> HttpResponse:
+    """Answers ``size`` bytes (and ``headers`` extra 100-byte headers)."""
+    _ran("sized")
+    response = HttpResponse(b"x" * int(request.GET.get("size", 0)))
+    for number in range(int(request.GET.get("headers", 0))):
+        response[f"X-Extra-{number}"] = "h" * 100
+    return response
+
+
+@request_lock("size:{item_id}", ttl=5, idempotency=True)
+async def asized(request: HttpRequest, item_id: int) -> HttpResponse:
+    _ran("asized")
+    return HttpResponse(b"x" * int(request.GET.get("size", 0)))
+
+
 urlpatterns = [
+    path("sized/<int:item_id>/", sized, name="sized"),
+    path("asized/<int:item_id>/", asized, name="asized"),
     path("ruled/<int:item_id>/", ruled, name="ruled"),
     path("template/<int:item_id>/", template, name="template"),
     path("atemplate/<int:item_id>/", atemplate, name="atemplate"),
