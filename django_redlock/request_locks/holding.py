@@ -29,7 +29,7 @@ from ..exceptions import LockNotAcquired, NodesUnavailable
 from ..locking import context
 from ..locking.registry import locks
 from ..locking.transactions import in_transaction, release_after_commit
-from . import idempotency, keeping, records
+from . import commits, idempotency, keeping, records
 from .responses import lock_error_response
 from .rules import LockSpec
 
@@ -62,6 +62,10 @@ class _IO(Protocol):
     async def store(self, lease: Lease, values: list[bytes | str], ttl: float) -> int: ...
 
     async def render(self, response: SimpleTemplateResponse) -> None: ...
+
+    async def watch(self, watch: commits.CommitWatch) -> None: ...
+
+    async def unwatch(self, watch: commits.CommitWatch) -> None: ...
 
 
 async def _hold(
@@ -122,19 +126,29 @@ async def _hold_once(
         lease = await io.acquire(spec, name)
     except AcquireErrors as exc:  # a duplicate still running: 409
         return lock_error_response(request, exc)
+    watch: commits.CommitWatch | None = None
     try:
         fingerprint = idempotency.fingerprint(request, user)
         earlier = await keeping.earlier_answer(io.read, lease, request, fingerprint, config)
         if earlier is None:
             with _attached(request, lease, key):
                 # the plain lock too: requests with other keys still wait for this one
-                response = await _hold(spec.plain, request, kwargs, call, io)
+                watch = await _watching(io)
+                try:
+                    response = await _hold(spec.plain, request, kwargs, call, io)
+                finally:
+                    if watch is not None:
+                        await io.unwatch(watch)
     except BaseException:
         await _release(io, lease, spec)
         raise
     if earlier is not None:
         await _release(io, lease, spec)
         return earlier
+    if watch is not None and watch.rolled_back and not in_transaction():
+        # a rule's view, rolled back by its ATOMIC_REQUESTS transaction: nothing to keep
+        await _let_go(io, lease, spec, response)
+        return response
     try:
         if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
             await io.render(response)  # kept as sent: render it now, not after the hold
@@ -144,6 +158,16 @@ async def _hold_once(
         raise
     await _let_go(io, lease, spec, response)
     return response
+
+
+async def _watching(io: _IO) -> commits.CommitWatch | None:
+    """Watch whether the view's ``ATOMIC_REQUESTS`` transaction commits, when one is on."""
+    aliases = commits.atomic_aliases()
+    if not aliases:
+        return None
+    watch = commits.CommitWatch(aliases)
+    await io.watch(watch)
+    return watch
 
 
 async def _let_go(io: _IO, lease: Lease, spec: LockSpec, response: HttpResponseBase) -> None:
@@ -245,6 +269,12 @@ class _BlockingIO:
     async def render(self, response: SimpleTemplateResponse) -> None:
         response.render()
 
+    async def watch(self, watch: commits.CommitWatch) -> None:
+        watch.install()
+
+    async def unwatch(self, watch: commits.CommitWatch) -> None:
+        watch.remove()
+
 
 class _AsyncIO:
     """asyncio calls; the user is loaded without a sync DB query in the event loop."""
@@ -271,6 +301,13 @@ class _AsyncIO:
 
     async def render(self, response: SimpleTemplateResponse) -> None:
         await sync_to_async(response.render)()  # templates may query the database
+
+    # in the thread that runs the request's sync code (the view, under ATOMIC_REQUESTS)
+    async def watch(self, watch: commits.CommitWatch) -> None:
+        await sync_to_async(watch.install)()
+
+    async def unwatch(self, watch: commits.CommitWatch) -> None:
+        await sync_to_async(watch.remove)()
 
 
 _BLOCKING = _BlockingIO()

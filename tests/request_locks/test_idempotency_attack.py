@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.contrib.auth.models import Group
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
 from django.test import AsyncClient, Client
 
 from django_redlock.request_locks.checks import check_request_locks
@@ -160,3 +162,65 @@ def test_a_record_near_the_cap_is_kept_and_replayed(client: Client, item_id: int
     assert [a.status_code for a in answers] == [200, 200]
     assert answers[1]["Idempotent-Replayed"] == "true"
     assert RUNS == {"sized": 1, "asized": 1}
+
+
+# -- D4: a rule's view rolled back by ATOMIC_REQUESTS --------------------------------------------
+@pytest.fixture
+def atomic_requests() -> Iterator[None]:
+    connections["default"].settings_dict["ATOMIC_REQUESTS"] = True
+    yield
+    connections["default"].settings_dict["ATOMIC_REQUESTS"] = False
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("atomic_requests")
+def test_a_rule_keeps_nothing_when_atomic_requests_rolled_back(
+    client: Client, settings: Any, item_id: int, key: str
+) -> None:
+    """Under ATOMIC_REQUESTS the view's transaction ends before the middleware keeps the
+    response: a view that wrote and then rolled back (set_rollback) answered 201, which was
+    kept and replayed although its row never existed. Now nothing is kept and the retry runs;
+    a committed one is kept and replayed."""
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, MIDDLEWARE_PATH]
+    settings.REDLOCK_REQUEST_LOCKS = [
+        {"URL_NAME": "rolled-back", "KEY": "rb:{item_id}", "IDEMPOTENCY": True}
+    ]
+    url = f"/rolled-back/{item_id}/"
+    post(client, f"{url}?rollback=1", key)
+    again = post(client, f"{url}?rollback=1", key)
+    assert "Idempotent-Replayed" not in again
+    assert RUNS == {"rolled_back": 2}
+    assert not Group.objects.exists()
+    committed = f"committed-{key}"
+    post(client, url, committed)
+    assert post(client, url, committed)["Idempotent-Replayed"] == "true"
+    assert RUNS == {"rolled_back": 3}
+    assert Group.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("atomic_requests")
+def test_a_rule_keeps_nothing_when_atomic_requests_rolled_back_under_asgi(
+    settings: Any, item_id: int, key: str
+) -> None:
+    """The same under ASGI: the middleware is async, the sync view runs in a worker thread."""
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, MIDDLEWARE_PATH]
+    settings.REDLOCK_REQUEST_LOCKS = [
+        {"URL_NAME": "rolled-back", "KEY": "rb:{item_id}", "IDEMPOTENCY": True}
+    ]
+
+    async def send(query: str, value: str) -> Any:
+        headers = {**JSON, "Idempotency-Key": value}
+        return await AsyncClient().post(f"/rolled-back/{item_id}/{query}", headers=headers)
+
+    async def scenario() -> list[Any]:
+        return [
+            await send("?rollback=1", key),
+            await send("?rollback=1", key),
+            await send("", f"committed-{key}"),
+            await send("", f"committed-{key}"),
+        ]
+
+    answers = async_to_sync(scenario)()
+    assert [a.get("Idempotent-Replayed") for a in answers] == [None, None, None, "true"]
+    assert RUNS == {"rolled_back": 3}
