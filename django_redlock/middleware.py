@@ -14,6 +14,7 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 
+from .request_locks import outcome
 from .request_locks.holding import ahold_for_request, hold_for_request
 from .request_locks.responses import ViewErrors, lock_error_response
 from .request_locks.rules import LockSpec, match_rule, parse_rule, request_rules
@@ -51,10 +52,16 @@ class RequestLockMiddleware:
         if found is None:
             return self.get_response(request)
         spec, kwargs = found
+        outcome.pending(request)
         return self._hold(spec, request, kwargs, lambda: self.get_response(request))
+
+    def process_view(self, request: HttpRequest, *args: Any) -> None:
+        """Note that the view runs: a rule's idempotent response is kept only then."""
+        outcome.reached(request)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         """A lock error raised by a view becomes a 409/503 response, never a 500."""
+        outcome.raised(request)
         if isinstance(exception, ViewErrors):
             return lock_error_response(request, exception)
         return None

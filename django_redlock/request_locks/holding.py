@@ -29,7 +29,7 @@ from ..exceptions import LockNotAcquired, NodesUnavailable
 from ..locking import context
 from ..locking.registry import locks
 from ..locking.transactions import in_transaction, release_after_commit
-from . import commits, idempotency, keeping, records
+from . import commits, idempotency, keeping, outcome, records
 from .responses import lock_error_response
 from .rules import LockSpec
 
@@ -145,8 +145,10 @@ async def _hold_once(
     if earlier is not None:
         await _release(io, lease, spec)
         return earlier
-    if watch is not None and watch.rolled_back and not in_transaction():
-        # a rule's view, rolled back by its ATOMIC_REQUESTS transaction: nothing to keep
+    rolled_back = watch is not None and watch.rolled_back and not in_transaction()
+    if rolled_back or outcome.not_the_views(request):
+        # a rule's view that raised, did not run (a middleware answered) or was rolled back by
+        # its ATOMIC_REQUESTS transaction: not the request's answer, nothing to keep
         await _let_go(io, lease, spec, response)
         return response
     try:

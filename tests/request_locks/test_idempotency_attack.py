@@ -224,3 +224,38 @@ def test_a_rule_keeps_nothing_when_atomic_requests_rolled_back_under_asgi(
     answers = async_to_sync(scenario)()
     assert [a.get("Idempotent-Replayed") for a in answers] == [None, None, None, "true"]
     assert RUNS == {"rolled_back": 3}
+
+
+# -- D5: answers the view did not produce -----------------------------------------------------
+def test_a_rule_keeps_nothing_when_the_view_raised(
+    client: Client, settings: Any, item_id: int, key: str
+) -> None:
+    """Http404 raised by a rule's view is turned into a 404 inside the middleware: it was kept
+    and replayed, unlike a decorated view's raise. Now nothing is kept: the retry runs."""
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, MIDDLEWARE_PATH]
+    settings.REDLOCK_REQUEST_LOCKS = [
+        {"URL_NAME": "missing", "KEY": "missing:{item_id}", "IDEMPOTENCY": True}
+    ]
+    answers = [post(client, f"/missing/{item_id}/", key) for _ in range(2)]
+    assert [a.status_code for a in answers] == [404, 404]
+    assert "Idempotent-Replayed" not in answers[1]
+    assert RUNS == {"missing": 2}
+
+
+def test_a_csrf_rejection_is_not_kept(settings: Any, item_id: int, key: str) -> None:
+    """CsrfViewMiddleware's 403 (the view never ran) was kept and replayed for the whole TTL,
+    so the retry with a valid token still got 403. Now the retry runs the view."""
+    from django.middleware.csrf import _get_new_csrf_string, _mask_cipher_secret
+
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, MIDDLEWARE_PATH]
+    settings.REDLOCK_REQUEST_LOCKS = [
+        {"URL_NAME": "csrf", "KEY": "csrf:{item_id}", "IDEMPOTENCY": True}
+    ]
+    client = Client(enforce_csrf_checks=True)
+    assert post(client, f"/csrf/{item_id}/", key).status_code == 403
+    secret = _get_new_csrf_string()
+    client.cookies["csrftoken"] = secret
+    retry = post(client, f"/csrf/{item_id}/", key, **{"X-CSRFToken": _mask_cipher_secret(secret)})
+    assert retry.status_code == 201
+    assert "Idempotent-Replayed" not in retry
+    assert RUNS == {"csrf": 1}
