@@ -132,21 +132,32 @@ def fingerprint(request: HttpRequest, user: Any) -> str:
 
 
 def _body_digest(request: HttpRequest) -> bytes:
+    """The body's SHA-256; a multipart body's is taken from its parsed fields and files."""
+    if request.content_type == "multipart/form-data":
+        return _multipart_digest(request)
     try:
         return hashlib.sha256(request.body).digest()
-    except RawPostDataException:
-        # a multipart body already parsed from the stream (CSRF middleware read request.POST
-        # before a decorated view): its fields, and each file's name, size and content
-        digest = hashlib.sha256()
-        for field, values in sorted(request.POST.lists()):
-            digest.update(json.dumps([field, values]).encode())
-        for field, files in sorted(request.FILES.lists()):
-            for upload in files:
-                digest.update(json.dumps([field, upload.name, upload.size]).encode())
-                for chunk in upload.chunks():
-                    digest.update(chunk)
-                upload.seek(0)
-        return digest.digest()
+    except RawPostDataException:  # parsed from the stream already (a multipart body)
+        return _multipart_digest(request)
+
+
+def _multipart_digest(request: HttpRequest) -> bytes:
+    """A multipart body's fields, and each file's name, content type, size and content.
+
+    Parsed by Django (large files streamed to temporary files), never read whole as
+    ``request.body``, which refuses a body over ``DATA_UPLOAD_MAX_MEMORY_SIZE``; the same
+    whether a middleware parsed it first (CSRF reading ``request.POST``) or not."""
+    digest = hashlib.sha256()
+    for field, values in sorted(request.POST.lists()):
+        digest.update(json.dumps([field, values]).encode())
+    for field, files in sorted(request.FILES.lists()):
+        for upload in files:
+            described = [field, upload.name, upload.content_type, upload.size]
+            digest.update(json.dumps(described).encode())
+            for chunk in upload.chunks():
+                digest.update(chunk)
+            upload.seek(0)
+    return digest.digest()
 
 
 def kept_values(

@@ -13,13 +13,15 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.contrib.auth.models import Group
 from django.core.exceptions import ImproperlyConfigured
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connections
 from django.test import AsyncClient, Client
 
 from django_redlock.request_locks.checks import check_request_locks
 from tests.support.idempotency_attack_urls import RUNS
 
-pytestmark = pytest.mark.urls("tests.support.idempotency_attack_urls")
+URLS = "tests.support.idempotency_attack_urls"
+pytestmark = pytest.mark.urls(URLS)
 MIDDLEWARE_PATH = "django_redlock.middleware.RequestLockMiddleware"
 AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
 JSON = {"Accept": "application/json"}
@@ -259,3 +261,39 @@ def test_a_csrf_rejection_is_not_kept(settings: Any, item_id: int, key: str) -> 
     assert retry.status_code == 201
     assert "Idempotent-Replayed" not in retry
     assert RUNS == {"csrf": 1}
+
+
+# -- D6, D8: multipart uploads -----------------------------------------------------------------
+def _upload(client: Client, item_id: int, key: str, content: bytes, kind: str) -> Any:
+    data = {"f": SimpleUploadedFile("a.bin", content, content_type=kind)}
+    headers = {**JSON, "Idempotency-Key": key}
+    return client.post(f"/upload/{item_id}/", data, headers=headers)
+
+
+def test_an_upload_over_the_memory_limit_is_fingerprinted_from_its_files(
+    client: Client, item_id: int, key: str
+) -> None:
+    """A 3 MB upload (over DATA_UPLOAD_MAX_MEMORY_SIZE, 2.5 MB) with a key was a 400: the
+    fingerprint read request.body. A multipart body is now hashed from its parsed fields and
+    files (streamed), so it runs once and is replayed."""
+    content = b"z" * (3 * 1024 * 1024)
+    first = _upload(client, item_id, key, content, "application/octet-stream")
+    again = _upload(client, item_id, key, content, "application/octet-stream")
+    assert first.status_code == again.status_code == 200
+    assert first.json()["size"] == len(content)
+    assert again["Idempotent-Replayed"] == "true"
+    shorter = _upload(client, item_id, key, content[:-1], "application/octet-stream")
+    assert shorter.status_code == 422
+    assert RUNS == {"upload": 1}
+
+
+@pytest.mark.parametrize("parsed_first", [False, True])
+def test_a_file_with_another_content_type_is_another_request(
+    client: Client, settings: Any, item_id: int, key: str, parsed_first: bool
+) -> None:
+    """The same bytes sent as another content type is a different request (422), also when a
+    middleware parsed the body before the view."""
+    if parsed_first:
+        settings.MIDDLEWARE = [*settings.MIDDLEWARE, f"{URLS}.ReadPost"]
+    assert _upload(client, item_id, key, b"1", "text/plain").status_code == 200
+    assert _upload(client, item_id, key, b"1", "image/png").status_code == 422

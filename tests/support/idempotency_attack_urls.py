@@ -4,6 +4,8 @@ rules, CSRF-protected and upload views)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.contrib.auth.models import Group
 from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
@@ -105,7 +107,31 @@ async def asized(request: HttpRequest, item_id: int) -> HttpResponse:
     return HttpResponse(b"x" * int(request.GET.get("size", 0)))
 
 
+@csrf_exempt
+@request_lock("upload:{item_id}", ttl=5, idempotency=True)
+def upload(request: HttpRequest, item_id: int) -> HttpResponse:
+    """Answers the uploaded file's size and content type."""
+    upload = request.FILES["f"]
+    return JsonResponse(
+        {"run": _ran("upload"), "size": upload.size, "type": upload.content_type}
+    )
+
+
+class ReadPost:
+    """A middleware that parses ``request.POST`` before the view (as CsrfViewMiddleware)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_view(self, request: HttpRequest, *args: object) -> None:
+        request.POST  # noqa: B018
+
+
 urlpatterns = [
+    path("upload/<int:item_id>/", upload, name="upload"),
     path("sized/<int:item_id>/", sized, name="sized"),
     path("asized/<int:item_id>/", asized, name="asized"),
     path("ruled/<int:item_id>/", ruled, name="ruled"),
