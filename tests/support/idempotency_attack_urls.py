@@ -112,9 +112,7 @@ async def asized(request: HttpRequest, item_id: int) -> HttpResponse:
 def upload(request: HttpRequest, item_id: int) -> HttpResponse:
     """Answers the uploaded file's size and content type."""
     upload = request.FILES["f"]
-    return JsonResponse(
-        {"run": _ran("upload"), "size": upload.size, "type": upload.content_type}
-    )
+    return JsonResponse({"run": _ran("upload"), "size": upload.size, "type": upload.content_type})
 
 
 class ReadPost:
