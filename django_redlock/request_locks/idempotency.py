@@ -164,17 +164,14 @@ def kept_values(
     response: HttpResponseBase, fingerprint: str, max_bytes: int
 ) -> list[bytes | str] | None:
     """What to keep of ``response`` (the values of ``records.FIELDS``), or None to keep nothing
-    (a 5xx: a retry runs again). A streaming response, or a body over ``max_bytes``, keeps only
-    a marker: the request ran, its response cannot be replayed (a retry gets 409)."""
+    (a 5xx: a retry runs again). A streaming response, or a record (body, status and headers)
+    over ``max_bytes``, keeps only a marker: the request ran, its response cannot be replayed
+    (a retry gets 409)."""
     if response.status_code >= 500:
         return None
-    body = b"" if response.streaming else response.content  # type: ignore[attr-defined]
-    if response.streaming or len(body) > max_bytes:
-        meta: dict[str, Any] = {
-            "kept": False,
-            "why": "streaming" if response.streaming else "too large",
-        }
-        return [fingerprint, json.dumps(meta), b""]
+    if response.streaming:
+        return _not_kept(fingerprint, "streaming")
+    body: bytes = response.content  # type: ignore[attr-defined]
     headers = [
         [name, value]
         for name, value in response.headers.items()
@@ -186,7 +183,15 @@ def kept_values(
         "reason": response.reason_phrase,
         "headers": headers,
     }
-    return [fingerprint, json.dumps(meta), body]
+    described = json.dumps(meta)
+    if len(body) + len(described.encode()) > max_bytes:
+        return _not_kept(fingerprint, "too large")
+    return [fingerprint, described, body]
+
+
+def _not_kept(fingerprint: str, why: str) -> list[bytes | str]:
+    """The marker of a request that ran but whose response cannot be replayed."""
+    return [fingerprint, json.dumps({"kept": False, "why": why}), b""]
 
 
 def answer(request: HttpRequest, record: Record, fingerprint: str, header: str) -> HttpResponse:
@@ -210,6 +215,7 @@ def answer(request: HttpRequest, record: Record, fingerprint: str, header: str) 
             f"({meta.get('why', 'not kept')}). It is not run again.",
         )
     response = HttpResponse(record.body, status=meta["status"], reason=meta["reason"])
+    del response.headers["Content-Type"]  # HttpResponse's default, unless the original had one
     for name, value in meta["headers"]:
         response.headers[name] = value
     response.headers[REPLAYED_HEADER] = "true"

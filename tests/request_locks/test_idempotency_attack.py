@@ -297,3 +297,32 @@ def test_a_file_with_another_content_type_is_another_request(
         settings.MIDDLEWARE = [*settings.MIDDLEWARE, f"{URLS}.ReadPost"]
     assert _upload(client, item_id, key, b"1", "text/plain").status_code == 200
     assert _upload(client, item_id, key, b"1", "image/png").status_code == 422
+
+
+# -- D7: a replay is the response as it was -----------------------------------------------------
+@pytest.mark.parametrize("query", ["?kind=304", ""])
+def test_a_replay_adds_no_content_type(client: Client, item_id: int, key: str, query: str) -> None:
+    """A response without a Content-Type (a 304, or one whose header the view removed) was
+    replayed with Django's default text/html."""
+    first = post(client, f"/bare/{item_id}/{query}", key)
+    again = post(client, f"/bare/{item_id}/{query}", key)
+    assert again["Idempotent-Replayed"] == "true"
+    assert "Content-Type" not in first
+    assert "Content-Type" not in again
+    assert again.status_code == first.status_code
+    assert RUNS == {"bare": 1}
+
+
+# -- D9: MAX_BYTES bounds the whole record ----------------------------------------------------
+def test_max_bytes_counts_the_headers_too(
+    client: Client, settings: Any, item_id: int, key: str
+) -> None:
+    """MAX_BYTES bounded only the body: 30 KB of headers were kept under MAX_BYTES=1000. Now
+    the record (body, status and headers) is bounded: over it only the marker is kept."""
+    settings.REDLOCK_IDEMPOTENCY = {"MAX_BYTES": 1000}
+    url = f"/sized/{item_id}/?size=10&headers=300"
+    assert post(client, url, key).status_code == 200
+    again = post(client, url, key)
+    assert again.status_code == 409
+    assert again.json()["error"] == "idempotent_response_not_kept"
+    assert RUNS == {"sized": 1}

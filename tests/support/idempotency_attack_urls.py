@@ -8,7 +8,13 @@ from collections.abc import Callable
 
 from django.contrib.auth.models import Group
 from django.db import transaction
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotModified,
+    JsonResponse,
+)
 from django.template import engines
 from django.template.response import TemplateResponse
 from django.urls import path
@@ -128,7 +134,22 @@ class ReadPost:
         request.POST  # noqa: B018
 
 
+@csrf_exempt
+@request_lock("bare:{item_id}", ttl=5, idempotency=True)
+def bare(request: HttpRequest, item_id: int) -> HttpResponse:
+    """Answers without a Content-Type: a 304, or a body whose header was removed."""
+    _ran("bare")
+    if request.GET.get("kind") == "304":
+        response: HttpResponse = HttpResponseNotModified()
+        response["ETag"] = '"v1"'
+        return response
+    response = HttpResponse(b"raw")
+    del response["Content-Type"]
+    return response
+
+
 urlpatterns = [
+    path("bare/<int:item_id>/", bare, name="bare"),
     path("upload/<int:item_id>/", upload, name="upload"),
     path("sized/<int:item_id>/", sized, name="sized"),
     path("asized/<int:item_id>/", asized, name="asized"),
