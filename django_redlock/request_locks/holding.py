@@ -126,6 +126,7 @@ async def _hold_once(
         lease = await io.acquire(spec, name)
     except AcquireErrors as exc:  # a duplicate still running: 409
         return lock_error_response(request, exc)
+    keyed = spec.keyed  # released after the commit, when in a transaction
     watch: commits.CommitWatch | None = None
     try:
         fingerprint = idempotency.fingerprint(request, user)
@@ -140,25 +141,25 @@ async def _hold_once(
                     if watch is not None:
                         await io.unwatch(watch)
     except BaseException:
-        await _release(io, lease, spec)
+        await _release(io, lease, keyed)
         raise
     if earlier is not None:
-        await _release(io, lease, spec)
+        await _release(io, lease, keyed)
         return earlier
     rolled_back = watch is not None and watch.rolled_back and not in_transaction()
     if rolled_back or outcome.not_the_views(request):
         # a rule's view that raised, did not run (a middleware answered) or was rolled back by
         # its ATOMIC_REQUESTS transaction: not the request's answer, nothing to keep
-        await _let_go(io, lease, spec, response)
+        await _let_go(io, lease, keyed, response)
         return response
     try:
         if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
             await io.render(response)  # kept as sent: render it now, not after the hold
-        await keeping.keep(io.store, lease, spec.until_commit, response, fingerprint, config)
+        await keeping.keep(io.store, lease, response, fingerprint, config)
     except BaseException:  # nothing kept: a retry runs at once, not after the lease's TTL
-        await _release(io, lease, spec)
+        await _release(io, lease, keyed)
         raise
-    await _let_go(io, lease, spec, response)
+    await _let_go(io, lease, keyed, response)
     return response
 
 

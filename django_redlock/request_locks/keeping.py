@@ -46,7 +46,6 @@ async def earlier_answer(
 async def keep(
     store: Store,
     lease: Lease,
-    until_commit: bool,
     response: HttpResponseBase,
     fingerprint: str,
     config: IdempotencyConfig,
@@ -60,7 +59,7 @@ async def keep(
     values = idempotency.kept_values(response, fingerprint, config.max_bytes)
     if values is None:
         return
-    if until_commit and in_transaction():
+    if in_transaction():  # whatever until_commit says: that option is the plain lock's
         transaction.on_commit(functools.partial(_store_at_commit, lease, values, config.ttl))
         return
     try:

@@ -72,6 +72,13 @@ class LockSpec:
         """This spec without idempotency: the lock an idempotent request also holds."""
         return dataclasses.replace(self, idempotency=False)
 
+    @functools.cached_property
+    def keyed(self) -> LockSpec:
+        """The spec of an idempotent request's key lock: inside a transaction it is released,
+        and the response kept, after the commit whatever ``until_commit`` says (that option is
+        the plain lock's), so a rolled-back request keeps nothing."""
+        return dataclasses.replace(self, until_commit=True)
+
     @classmethod
     def build(
         cls,

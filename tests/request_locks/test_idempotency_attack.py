@@ -326,3 +326,20 @@ def test_max_bytes_counts_the_headers_too(
     assert again.status_code == 409
     assert again.json()["error"] == "idempotent_response_not_kept"
     assert RUNS == {"sized": 1}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_until_commit_false_still_keeps_nothing_on_rollback(
+    client: Client, item_id: int, key: str
+) -> None:
+    """until_commit=False releases the plain lock when the view returns; the response was also
+    kept at once, so a rolled-back request was replayed. The key's lock and its record now
+    always wait for the commit."""
+    url = f"/early-release/{item_id}/"
+    post(client, f"{url}?rollback=1", key)
+    again = post(client, f"{url}?rollback=1", key)
+    assert "Idempotent-Replayed" not in again
+    assert RUNS == {"early_release": 2}
+    post(client, url, f"committed-{key}")
+    assert post(client, url, f"committed-{key}")["Idempotent-Replayed"] == "true"
+    assert RUNS == {"early_release": 3}

@@ -148,7 +148,19 @@ def bare(request: HttpRequest, item_id: int) -> HttpResponse:
     return response
 
 
+@csrf_exempt
+@transaction.atomic
+@request_lock("early:{item_id}", ttl=5, idempotency=True, until_commit=False)
+def early_release(request: HttpRequest, item_id: int) -> HttpResponse:
+    """Releases its plain lock as soon as it returns, inside a transaction it may roll back."""
+    run = _ran("early_release")
+    if request.GET.get("rollback"):
+        transaction.set_rollback(True)
+    return JsonResponse({"run": run}, status=201)
+
+
 urlpatterns = [
+    path("early-release/<int:item_id>/", early_release, name="early-release"),
     path("bare/<int:item_id>/", bare, name="bare"),
     path("upload/<int:item_id>/", upload, name="upload"),
     path("sized/<int:item_id>/", sized, name="sized"),
