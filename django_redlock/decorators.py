@@ -40,7 +40,8 @@ def request_lock(
     requests at once; over it the answer is 429 with ``Retry-After``). ``idempotency=True``:
     a request with the ``REDLOCK_IDEMPOTENCY`` header (``Idempotency-Key``) runs under the
     lock ``key`` + the header's value, once: its response is kept and replayed to a retry
-    (docs/effects.md).
+    (that lock, and keeping, wait for the commit whatever ``until_commit`` says;
+    docs/effects.md).
     """
     spec = LockSpec.build(
         key,
