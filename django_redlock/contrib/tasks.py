@@ -19,6 +19,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import json
+import logging
 from datetime import UTC, datetime
 from typing import Any
 
@@ -50,6 +52,18 @@ Task: Any = _framework("tasks.base").Task
 TaskResultStatus: Any = _framework("tasks.base").TaskResultStatus
 TaskResultDoesNotExist: Any = _framework("tasks.exceptions").TaskResultDoesNotExist
 _signals = _framework("tasks.signals")
+logger = logging.getLogger("django_redlock")  # docs/index.md: one logger name
+
+
+def _normalizer() -> Any:
+    """The framework's own ``normalize_json`` (what backends apply to a task's arguments)."""
+    try:
+        return importlib.import_module("django.utils.json").normalize_json
+    except (ImportError, AttributeError):
+        return importlib.import_module("django_tasks.utils").normalize_json
+
+
+_normalize_json: Any = _normalizer()
 
 __all__ = ["UNTIL_CHOICES", "UniqueTask", "unique_task"]
 
@@ -171,27 +185,38 @@ def _unique_class(base: type) -> type:
 
 
 def _as_stored(value: Any) -> Any:
-    """Arguments as the worker gets them back (JSON: a tuple comes back a list), so the key
-    the enqueue fills is the one the worker fills."""
-    if isinstance(value, dict):
-        return {str(k): _as_stored(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_as_stored(v) for v in value]
-    return value
+    """Arguments as the worker gets them back: the framework's ``normalize_json`` (bytes
+    decoded, tuples as lists), then a JSON round trip as the backend's storage makes (an Enum
+    member becomes its value, a ``True``/``None`` dict key ``"true"``/``"null"``), so the key
+    the enqueue fills is the one the worker fills. Raises what the framework raises for an
+    argument it cannot store, before anything is sent."""
+    return json.loads(json.dumps(_normalize_json(value)))
 
 
 def _on_started(sender: Any = None, task_result: Any = None, **_: Any) -> None:
-    task = getattr(task_result, "task", None)
-    if isinstance(task, UniqueTask):
-        unique = task.unique
-        unique.rule.started(unique.key(task_result.args, task_result.kwargs), str(task_result.id))
+    _on_worker_event(task_result, "started")
 
 
 def _on_finished(sender: Any = None, task_result: Any = None, **_: Any) -> None:
+    _on_worker_event(task_result, "finished")
+
+
+def _on_worker_event(task_result: Any, event: str) -> None:
+    """Free or hold a unique task's key when a worker starts or ends it. Never raises (a
+    raise here would fail the task, or end the worker): anything wrong is logged and the
+    marker expires on its own."""
     task = getattr(task_result, "task", None)
-    if isinstance(task, UniqueTask):
+    if not isinstance(task, UniqueTask):
+        return
+    try:
         unique = task.unique
-        unique.rule.finished(unique.key(task_result.args, task_result.kwargs), str(task_result.id))
+        key = unique.key(_as_stored(task_result.args), _as_stored(task_result.kwargs))
+        change = unique.rule.started if event == "started" else unique.rule.finished
+        change(key, str(task_result.id))
+    except Exception:
+        logger.exception(
+            "Unique task %s: its marker was not changed when it %s", task_result.id, event
+        )
 
 
 _signals.task_started.connect(

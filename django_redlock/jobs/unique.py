@@ -149,7 +149,7 @@ class UniqueRule:
             ttl = self.lease_ttl()
             if notes.replace(key, ident, Note(RUNNING, ident), ttl):
                 _Renewal.start(notes, key, ident, ttl)
-        except (LockError, OSError) as exc:
+        except Exception as exc:  # the task must run whatever the marker's trouble
             logger.warning("Unique task %s of %r: marker not set at start: %s", ident, key, exc)
 
     def finished(self, key: str, ident: str) -> None:
@@ -158,7 +158,7 @@ class UniqueRule:
         _Renewal.stop(key, ident)
         try:
             self.notes(key).delete(key, ident)
-        except (LockError, OSError) as exc:
+        except Exception as exc:  # never fail a finished task over its marker
             logger.warning("Unique task %s of %r: marker not freed at end: %s", ident, key, exc)
 
 

@@ -7,6 +7,7 @@ enqueue, and bad input."""
 from __future__ import annotations
 
 import asyncio
+import enum
 import sys
 import threading
 import time
@@ -27,6 +28,7 @@ from testproject.inventory.models import Product
 from tests.jobs.test_django_tasks import run_workers
 from tests.jobs.unique_jobs import (
     plain_report,
+    report_first,
     report_in_outage,
     report_pair,
     report_until_finished,
@@ -307,3 +309,37 @@ def test_a_task_runs_when_its_marker_cannot_be_changed(outage_node: RedisNode) -
     run_workers(1)
     assert rows("outage", "2026-11-24")
     assert report_in_outage.get_result(first.id).status == "SUCCESSFUL"
+
+
+class Kind(str, enum.Enum):  # noqa: UP042 (the mixin users write, as the attack did)
+    DAILY = "daily"
+
+
+@pytest.mark.parametrize(
+    "days", [b"day1", {True: 1, None: 2}, Kind.DAILY, ("a", Kind.DAILY)], ids=repr
+)
+def test_the_marker_is_at_the_key_the_worker_fills(days: Any) -> None:
+    """Found by an outside attack: bytes, Enum members and bool/None dict keys come back to
+    the worker changed (decoded, as their value, as "true"/"null"); the enqueue wrote its
+    marker at another key, and with until="finished" sent a duplicate while the first ran."""
+    sent = report_pair.enqueue(days)
+    stored = report_pair.get_result(sent.id)
+    worker_key = report_pair.unique.key(stored.args, stored.kwargs)
+    marker = report_pair.unique.rule.notes(worker_key).read(worker_key)
+    assert marker is not None and marker.id == str(sent.id), worker_key
+    assert report_pair.enqueue(days).id == sent.id
+
+
+def test_a_serving_worker_survives_a_key_it_cannot_fill(started: Processes) -> None:
+    """Found by an outside attack: a task whose key the worker could not fill (here sent
+    around unique_task, straight to the backend, with an argument '{days[0]}' cannot index)
+    failed at task_started without running, and at task_finished the error ended the
+    serving db_worker. The worker side never raises: the task runs, the worker serves on."""
+    job = report_first
+    odd = job.get_backend().enqueue(job, [5], {})  # an int: "{days[0]}" cannot be filled
+    worker = started.start([*WORKER, "--worker-id", "w-serve"])
+    wait_for(lambda: job.get_result(odd.id).is_finished, what="the odd task")
+    assert job.get_result(odd.id).status == "SUCCESSFUL"
+    after = report_until_started.enqueue("2026-11-24")
+    wait_for(lambda: report_until_started.get_result(after.id).is_finished, what="the next")
+    assert worker.poll() is None, started.log_of(worker)

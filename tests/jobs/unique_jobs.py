@@ -66,3 +66,10 @@ def report_with_context(context: TaskContext, day: str) -> str:
 def report_in_outage(day: str) -> str:
     """Its markers live on the alias ``unique-outage``, whose node a test stops."""
     return _record("outage", day, 0.0)
+
+
+@unique_task("first:{days[0]}", until="finished", ttl=2)
+@task()
+def report_first(days: list[str]) -> str:
+    """A test sends it around unique_task with an argument its template cannot index."""
+    return _record("first", str(days), 0.0)
