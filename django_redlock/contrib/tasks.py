@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.core.exceptions import ImproperlyConfigured
 
 from ..jobs.templates import CallTemplate
 from ..jobs.unique import (
@@ -52,6 +53,8 @@ Task: Any = _framework("tasks.base").Task
 TaskResultStatus: Any = _framework("tasks.base").TaskResultStatus
 TaskResultDoesNotExist: Any = _framework("tasks.exceptions").TaskResultDoesNotExist
 _signals = _framework("tasks.signals")
+ImmediateBackend: Any = _framework("tasks.backends.immediate").ImmediateBackend
+BaseTaskBackend: Any = _framework("tasks.backends.base").BaseTaskBackend
 logger = logging.getLogger("django_redlock")  # docs/index.md: one logger name
 
 
@@ -127,8 +130,12 @@ class UniqueTask:
         key = self.unique.key(_as_stored(args), _as_stored(kwargs))
         parent: Any = super()
 
-        def send() -> tuple[str, Any]:
+        _check_backend(self.get_backend())  # type: ignore[attr-defined]
+
+        def send() -> tuple[str | None, Any]:
             result = parent.enqueue(*args, **kwargs)
+            if result.is_finished:  # it ran inside the enqueue (ImmediateBackend): no marker
+                return None, result
             return str(result.id), result
 
         return self.unique.rule.enqueue_once(key, self._lookup, send)
@@ -142,6 +149,8 @@ class UniqueTask:
             result = self.get_backend().get_result(ident)  # type: ignore[attr-defined]
         except TaskResultDoesNotExist:
             return Found(OVER)
+        except NotImplementedError:  # ImmediateBackend: the marker is another backend's task
+            return Found(OVER)
         if result.status == TaskResultStatus.READY:
             return Found(QUEUED, result)
         if result.status == TaskResultStatus.RUNNING:
@@ -149,6 +158,22 @@ class UniqueTask:
             ago = None if started is None else (datetime.now(UTC) - started)
             return Found(RUNNING, result, None if ago is None else ago.total_seconds())
         return Found(OVER, result)
+
+
+def _check_backend(backend: Any) -> None:
+    """Refuse, before sending, a backend whose tasks a later enqueue could not find by id
+    (every enqueue after the first would fail for ``queued_ttl``); ImmediateBackend runs the
+    task inside the enqueue, so nothing is queued and no marker written."""
+    if isinstance(backend, ImmediateBackend) or backend.supports_get_result:
+        return
+    if type(backend).get_result is not BaseTaskBackend.get_result:  # DummyBackend
+        return
+    raise ImproperlyConfigured(
+        f"unique_task needs a task backend that can find a task by its id (get_result): "
+        f"{type(backend).__name__} (alias {backend.alias!r}) cannot, so an enqueue could not "
+        f"tell whether the queued task still holds its key. Use a backend with results "
+        f"(django-tasks' DatabaseBackend, ImmediateBackend), or a plain @task()."
+    )
 
 
 def _enqueue_signature(task: Any) -> Any:

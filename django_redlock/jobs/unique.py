@@ -97,11 +97,13 @@ class UniqueRule:
         self,
         key: str,
         lookup: Callable[[str], Found[H]],
-        send: Callable[[], tuple[str, H]],
+        send: Callable[[], tuple[str | None, H]],
     ) -> H:
-        """Send a task for ``key`` (``send()`` returns its id and handle) unless the task its
-        marker names holds the key (``lookup(id)`` says what the queue knows of it): then
-        return that task's handle, sending nothing."""
+        """Send a task for ``key`` (``send()`` returns its id and handle; a None id: the task
+        already ran inside the send, nothing is queued, no marker) unless the task its marker
+        names holds the key (``lookup(id)`` says what the queue knows of it): then return
+        that task's handle, sending nothing. Once a task is sent nothing raises: a marker
+        that cannot be written is logged (the next enqueue may send another task)."""
         key = check_name(key)
         manager = locks[self.using]
         # until_commit: inside a transaction the mutex is released after the commit, so a
@@ -121,8 +123,24 @@ class UniqueRule:
                     )
                     return found.handle
             ident, handle = send()
-            notes.write(key, Note(QUEUED, ident), self.queued_ttl)
+            if ident is not None:
+                self._mark_queued(notes, key, ident)
             return handle
+
+    def _mark_queued(self, notes: Notes, key: str, ident: str) -> None:
+        """Write the queued marker of a task just sent; never raises (the task is sent: a
+        raise would make the caller's retry send a second one)."""
+        try:
+            notes.write(key, Note(QUEUED, ident), self.queued_ttl)
+        except Exception as exc:
+            logger.warning(
+                "Unique task %s of %r sent, but its queued marker not written (alias %r): %s; "
+                "an enqueue of the key meanwhile may send another task",
+                ident,
+                key,
+                self.using,
+                exc,
+            )
 
     def _holds(self, note: Note, found: Found[Any]) -> bool:
         """Whether the marker's task still holds the key."""

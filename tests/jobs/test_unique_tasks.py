@@ -343,3 +343,51 @@ def test_a_serving_worker_survives_a_key_it_cannot_fill(started: Processes) -> N
     after = report_until_started.enqueue("2026-11-24")
     wait_for(lambda: report_until_started.get_result(after.id).is_finished, what="the next")
     assert worker.poll() is None, started.log_of(worker)
+
+
+def test_a_sent_task_is_returned_when_its_marker_cannot_be_written(
+    outage_node: RedisNode,
+) -> None:
+    """Found by an outside attack: the lock node stopped right after the backend inserted the
+    task row; the enqueue raised NodesUnavailable although the task was sent, so the caller's
+    retry sent a second one. The sent task's TaskResult is returned (the lost marker logged)."""
+    from django_tasks.signals import task_enqueued
+
+    def stop_the_node(**_: Any) -> None:
+        outage_node.stop()
+
+    task_enqueued.connect(stop_the_node, dispatch_uid="test-stop-the-node")
+    try:
+        sent = report_in_outage.enqueue("2026-11-24")
+    finally:
+        task_enqueued.disconnect(dispatch_uid="test-stop-the-node")
+    assert DBTaskResult.objects.filter(id=sent.id).count() == DBTaskResult.objects.count() == 1
+
+
+IMMEDIATE = {
+    "default": {"BACKEND": "django_tasks_db.DatabaseBackend"},
+    "immediate": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend"},
+    "dummy": {"BACKEND": "django_tasks.backends.dummy.DummyBackend"},
+}
+
+
+@pytest.mark.parametrize("job", [report_until_started, report_until_finished])
+def test_the_immediate_backend_runs_every_enqueue(job: Any) -> None:
+    """Found by an outside attack: ImmediateBackend runs the task inside the enqueue, then the
+    enqueue wrote a queued marker; every later enqueue raised NotImplementedError (the
+    backend cannot get results) for queued_ttl. Nothing is queued, so nothing is marked:
+    each enqueue runs the task."""
+    from django.test import override_settings
+
+    with override_settings(TASKS=IMMEDIATE):
+        immediate = job.using(backend="immediate")
+        first = immediate.enqueue("2026-11-24")
+        second = immediate.enqueue("2026-11-24")
+        assert first.status == second.status == "SUCCESSFUL"
+        assert first.id != second.id
+        label = "until-started" if job is report_until_started else "until-finished"
+        assert len(rows(label, "2026-11-24")) == 2
+        queued = job.enqueue("2026-11-24")  # the database backend's task holds the key
+        assert immediate.enqueue("2026-11-24").status == "SUCCESSFUL"
+        assert job.enqueue("2026-11-24").id == queued.id
+        assert job.using(backend="dummy").enqueue("2026-11-25").status == "READY"
