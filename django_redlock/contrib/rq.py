@@ -103,9 +103,15 @@ def run_unique(call: UniqueCall, *args: Any, **kwargs: Any) -> Any:
         return func(*args, **kwargs)
     call.rule.started(call.key, str(job.id))
     try:
-        return func(*args, **kwargs)
-    finally:
-        call.rule.finished(call.key, str(job.id))
+        result = func(*args, **kwargs)
+    except BaseException:
+        if job.should_retry:  # RQ queues (or schedules) it again: it keeps holding the key
+            call.rule.requeued(call.key, str(job.id))
+        else:
+            call.rule.finished(call.key, str(job.id))
+        raise
+    call.rule.finished(call.key, str(job.id))
+    return result
 
 
 def _seconds_since(moment: datetime | None) -> float | None:

@@ -179,6 +179,18 @@ class UniqueRule:
         except Exception as exc:  # never fail a finished task over its marker
             logger.warning("Unique task %s of %r: marker not freed at end: %s", ident, key, exc)
 
+    def requeued(self, key: str, ident: str) -> None:
+        """Task ``ident`` of ``key`` failed and its queue will run it again (a retry): it
+        holds the key as a queued task (``queued_ttl``), unless another task's marker is
+        there. Never raises."""
+        _Renewal.stop(key, ident)
+        try:
+            self.notes(key).replace(key, ident, Note(QUEUED, ident), self.queued_ttl)
+        except Exception as exc:
+            logger.warning(
+                "Unique task %s of %r: marker not set for its retry: %s", ident, key, exc
+            )
+
 
 class _Renewal:
     """A thread renewing one running task's marker every third of its TTL."""

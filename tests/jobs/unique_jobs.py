@@ -73,3 +73,9 @@ def report_in_outage(day: str) -> str:
 def report_first(days: list[str]) -> str:
     """A test sends it around unique_task with an argument its template cannot index."""
     return _record("first", str(days), 0.0)
+
+
+def rq_fail(label: str, day: str) -> str:
+    """An RQ job that records its run and fails (a test retries it)."""
+    _record(label, day, 0.0)
+    raise RuntimeError("this job fails")
