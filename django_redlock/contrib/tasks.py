@@ -27,6 +27,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 
+from ..engine.keyspace import RESERVED_MARK
 from ..jobs.templates import CallTemplate
 from ..jobs.unique import (
     DEFAULT_ENQUEUE_TIMEOUT,
@@ -92,6 +93,11 @@ def unique_task(
     waits for another process's enqueue of the same key. Options are checked here."""
     if not isinstance(template, str):
         raise TypeError(f"unique_task needs a key template (str), not {type(template).__name__}.")
+    if template.startswith(RESERVED_MARK):
+        raise ValueError(
+            f"The key template {template[:40]!r} starts with {RESERVED_MARK!r}, which is "
+            f"reserved for django-redlock's own keys; choose another template."
+        )
     rule = UniqueRule(until, using, queued_ttl, ttl, timeout)
 
     def wrap(task: Any) -> Any:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from ..engine import MAX_NAME_LENGTH
 from ..exceptions import LockError
 from ..locking.registry import locks
 from ..locking.validation import check_name, check_timeout, check_ttl
@@ -44,6 +45,22 @@ MUTEX_SUFFIX = ":enqueue"
 START_SLACK = 1.0
 
 QUEUED, RUNNING, OVER = "queued", "running", "over"
+
+
+#: The longest key: a lock name, less the enqueue mutex's suffix.
+MAX_KEY_LENGTH = MAX_NAME_LENGTH - len(MUTEX_SUFFIX)
+
+
+def check_key(key: Any) -> str:
+    """A unique task's key: a lock name short enough for its enqueue mutex."""
+    name = check_name(key)
+    if len(name) > MAX_KEY_LENGTH:
+        raise ValueError(
+            f"A unique task's key is {len(name)} characters long; the limit is "
+            f"{MAX_KEY_LENGTH} (its enqueue mutex, the lock {MUTEX_SUFFIX!r} added, is a lock "
+            f"name of at most {MAX_NAME_LENGTH})."
+        )
+    return name
 
 
 @dataclass(frozen=True)
@@ -104,7 +121,7 @@ class UniqueRule:
         names holds the key (``lookup(id)`` says what the queue knows of it): then return
         that task's handle, sending nothing. Once a task is sent nothing raises: a marker
         that cannot be written is logged (the next enqueue may send another task)."""
-        key = check_name(key)
+        key = check_key(key)
         manager = locks[self.using]
         # until_commit: inside a transaction the mutex is released after the commit, so a
         # task row the backend wrote in it is visible to the next enqueue of the key.

@@ -19,6 +19,7 @@ from django.core.exceptions import ImproperlyConfigured
 from redis import Redis
 from rq import Queue, Retry
 from rq.job import Job
+from rq.serializers import JSONSerializer
 
 from django_redlock.contrib.rq import enqueue_unique
 from django_redlock.testing import RedisNode
@@ -33,6 +34,7 @@ import os, sys, time, django
 django.setup()
 from redis import Redis
 from rq import Queue, Retry
+from rq.serializers import JSONSerializer
 from django_redlock.contrib.rq import enqueue_unique
 queue = Queue("jobs", connection=Redis.from_url(os.environ["RQ_URL"]))
 at = float(sys.argv[1])
@@ -239,3 +241,27 @@ def test_a_job_scheduled_for_a_retry_holds_the_key(
     run_burst(started, url)
     assert first.get_status(refresh=True) == "failed"
     assert enqueue().id != first.id
+
+
+def test_options_that_cannot_work_are_refused_before_sending(broker: tuple[Queue, str]) -> None:
+    """Found by an outside attack: a JSON-serializing queue failed inside RQ's encoder at every
+    call; pipeline= sent one job per call; func "", "nodots" or "  " were accepted; RQ's
+    explicit args=/kwargs= failed with a bare AssertionError; a key of 505-512 characters was
+    refused with a message counting the enqueue mutex's suffix. Each is a clear error now,
+    with nothing sent."""
+    queue, _ = broker
+    json_queue = Queue("jobs", connection=queue.connection, serializer=JSONSerializer)
+    with pytest.raises(TypeError, match="serializer"):
+        enqueue_unique(json_queue, rq_report, "rq", "d", key="k-json")
+    with queue.connection.pipeline() as pipe, pytest.raises(TypeError, match="pipeline="):
+        enqueue_unique(queue, rq_report, "rq", "d", key="k-pipe", pipeline=pipe)
+    for func in ["", "nodots", "  ", "a..b", "a. b"]:
+        with pytest.raises(TypeError, match="dotted path"):
+            enqueue_unique(queue, func, key="k-func")
+    for explicit in ({"args": ("rq", "d")}, {"kwargs": {"label": "rq", "day": "d"}}):
+        with pytest.raises(TypeError, match="explicit"):
+            enqueue_unique(queue, rq_report, key="k-explicit", **explicit)
+    with pytest.raises(ValueError, match="key is 505 characters long; the limit is 504"):
+        enqueue_unique(queue, rq_report, "rq", "d", key="k" * 505)
+    assert queue.count == json_queue.count == 0
+    assert enqueue_unique(queue, rq_report, "rq", "d", key="k" * 504).id

@@ -391,3 +391,10 @@ def test_the_immediate_backend_runs_every_enqueue(job: Any) -> None:
         assert immediate.enqueue("2026-11-24").status == "SUCCESSFUL"
         assert job.enqueue("2026-11-24").id == queued.id
         assert job.using(backend="dummy").enqueue("2026-11-25").status == "READY"
+
+
+def test_a_template_of_a_reserved_name_is_refused_when_applied() -> None:
+    """Found by an outside attack: a template starting with "__" was accepted by unique_task,
+    then refused at every enqueue."""
+    with pytest.raises(ValueError, match="reserved"):
+        unique_task("__k:{day}")
