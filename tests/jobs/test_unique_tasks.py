@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django_tasks_db.models import DBTaskResult
 
@@ -368,6 +369,7 @@ IMMEDIATE = {
     "default": {"BACKEND": "django_tasks_db.DatabaseBackend"},
     "immediate": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend"},
     "dummy": {"BACKEND": "django_tasks.backends.dummy.DummyBackend"},
+    "no-results": {"BACKEND": "tests.jobs.unique_jobs.NoResultsBackend"},
 }
 
 
@@ -391,6 +393,8 @@ def test_the_immediate_backend_runs_every_enqueue(job: Any) -> None:
         assert immediate.enqueue("2026-11-24").status == "SUCCESSFUL"
         assert job.enqueue("2026-11-24").id == queued.id
         assert job.using(backend="dummy").enqueue("2026-11-25").status == "READY"
+        with pytest.raises(ImproperlyConfigured, match="can find a task by its id"):
+            job.using(backend="no-results").enqueue("2026-11-26")
 
 
 def test_a_template_of_a_reserved_name_is_refused_when_applied() -> None:
