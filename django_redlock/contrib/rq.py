@@ -64,12 +64,17 @@ def enqueue_unique(
     ``result_ttl``, ``at_front``...) pass through ``kwargs`` as for ``queue.enqueue``."""
     if not isinstance(queue, Queue):
         raise TypeError(f"enqueue_unique needs an rq.Queue, not {type(queue).__name__}.")
-    if not (callable(func) or isinstance(func, str)):
-        raise TypeError(f"enqueue_unique needs a function (or its dotted path), not {func!r}.")
+    if not (callable(func) or _is_dotted_path(func)):
+        raise TypeError(
+            f"enqueue_unique needs a function (or its dotted path, 'module.function'), "
+            f"not {func!r}."
+        )
     if not isinstance(key, str):
         raise TypeError(f"key must be a str, not {type(key).__name__}.")
+    _check_rq_options(kwargs)
     rule = UniqueRule(until, using, queued_ttl, lease_ttl)
     call = UniqueCall(func, key, rule)
+    _check_serializable(queue, call)
 
     def lookup(ident: str) -> Found[Job]:
         try:
@@ -90,6 +95,44 @@ def enqueue_unique(
     return rule.enqueue_once(key, lookup, send)
 
 
+def _is_dotted_path(func: object) -> bool:
+    if not isinstance(func, str):
+        return False
+    parts = func.split(".")
+    return len(parts) > 1 and all(part.isidentifier() for part in parts)
+
+
+def _check_rq_options(kwargs: dict[str, Any]) -> None:
+    """Refuse the options of ``queue.enqueue`` that cannot go through ``enqueue_unique``."""
+    if "pipeline" in kwargs:
+        raise TypeError(
+            "enqueue_unique cannot take pipeline=: the job would be sent when the pipeline "
+            "executes, after the key's check and mark, so each call would send a job. Call "
+            "it without a pipeline."
+        )
+    for name in ("args", "kwargs"):
+        if name in kwargs:
+            raise TypeError(
+                f"enqueue_unique passes its own *args and **kwargs to the function; RQ's "
+                f"explicit {name}= is not supported: write enqueue_unique(queue, func, *args, "
+                f"key=..., **kwargs)."
+            )
+
+
+def _check_serializable(queue: Queue, call: UniqueCall) -> None:
+    """The job's first argument (the :class:`UniqueCall`) must go through the queue's
+    serializer: refuse, before sending, a serializer that cannot carry it (JSON)."""
+    try:
+        queue.serializer.dumps(call)
+    except Exception as exc:
+        serializer = getattr(queue.serializer, "__name__", queue.serializer)
+        raise TypeError(
+            f"enqueue_unique sends the function, key and rule with the job (a UniqueCall), "
+            f"which this queue's serializer ({serializer}) cannot write ({exc}); use a queue "
+            f"with RQ's default (pickle) serializer."
+        ) from None
+
+
 def run_unique(call: UniqueCall, *args: Any, **kwargs: Any) -> Any:
     """The job RQ runs for :func:`enqueue_unique`: free the key (``until="started"``) or hold
     it while ``call.func`` runs (``until="finished"``), then call it."""
@@ -103,9 +146,15 @@ def run_unique(call: UniqueCall, *args: Any, **kwargs: Any) -> Any:
         return func(*args, **kwargs)
     call.rule.started(call.key, str(job.id))
     try:
-        return func(*args, **kwargs)
-    finally:
-        call.rule.finished(call.key, str(job.id))
+        result = func(*args, **kwargs)
+    except BaseException:
+        if job.should_retry:  # RQ queues (or schedules) it again: it keeps holding the key
+            call.rule.requeued(call.key, str(job.id))
+        else:
+            call.rule.finished(call.key, str(job.id))
+        raise
+    call.rule.finished(call.key, str(job.id))
+    return result
 
 
 def _seconds_since(moment: datetime | None) -> float | None:

@@ -19,11 +19,15 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import json
+import logging
 from datetime import UTC, datetime
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.core.exceptions import ImproperlyConfigured
 
+from ..engine.keyspace import RESERVED_MARK
 from ..jobs.templates import CallTemplate
 from ..jobs.unique import (
     DEFAULT_ENQUEUE_TIMEOUT,
@@ -50,6 +54,20 @@ Task: Any = _framework("tasks.base").Task
 TaskResultStatus: Any = _framework("tasks.base").TaskResultStatus
 TaskResultDoesNotExist: Any = _framework("tasks.exceptions").TaskResultDoesNotExist
 _signals = _framework("tasks.signals")
+ImmediateBackend: Any = _framework("tasks.backends.immediate").ImmediateBackend
+BaseTaskBackend: Any = _framework("tasks.backends.base").BaseTaskBackend
+logger = logging.getLogger("django_redlock")  # docs/index.md: one logger name
+
+
+def _normalizer() -> Any:
+    """The framework's own ``normalize_json`` (what backends apply to a task's arguments)."""
+    try:
+        return importlib.import_module("django.utils.json").normalize_json
+    except (ImportError, AttributeError):
+        return importlib.import_module("django_tasks.utils").normalize_json
+
+
+_normalize_json: Any = _normalizer()
 
 __all__ = ["UNTIL_CHOICES", "UniqueTask", "unique_task"]
 
@@ -75,6 +93,11 @@ def unique_task(
     waits for another process's enqueue of the same key. Options are checked here."""
     if not isinstance(template, str):
         raise TypeError(f"unique_task needs a key template (str), not {type(template).__name__}.")
+    if template.startswith(RESERVED_MARK):
+        raise ValueError(
+            f"The key template {template[:40]!r} starts with {RESERVED_MARK!r}, which is "
+            f"reserved for django-redlock's own keys; choose another template."
+        )
     rule = UniqueRule(until, using, queued_ttl, ttl, timeout)
 
     def wrap(task: Any) -> Any:
@@ -113,8 +136,12 @@ class UniqueTask:
         key = self.unique.key(_as_stored(args), _as_stored(kwargs))
         parent: Any = super()
 
-        def send() -> tuple[str, Any]:
+        _check_backend(self.get_backend())  # type: ignore[attr-defined]
+
+        def send() -> tuple[str | None, Any]:
             result = parent.enqueue(*args, **kwargs)
+            if result.is_finished:  # it ran inside the enqueue (ImmediateBackend): no marker
+                return None, result
             return str(result.id), result
 
         return self.unique.rule.enqueue_once(key, self._lookup, send)
@@ -128,6 +155,8 @@ class UniqueTask:
             result = self.get_backend().get_result(ident)  # type: ignore[attr-defined]
         except TaskResultDoesNotExist:
             return Found(OVER)
+        except NotImplementedError:  # ImmediateBackend: the marker is another backend's task
+            return Found(OVER)
         if result.status == TaskResultStatus.READY:
             return Found(QUEUED, result)
         if result.status == TaskResultStatus.RUNNING:
@@ -135,6 +164,22 @@ class UniqueTask:
             ago = None if started is None else (datetime.now(UTC) - started)
             return Found(RUNNING, result, None if ago is None else ago.total_seconds())
         return Found(OVER, result)
+
+
+def _check_backend(backend: Any) -> None:
+    """Refuse, before sending, a backend whose tasks a later enqueue could not find by id
+    (every enqueue after the first would fail for ``queued_ttl``); ImmediateBackend runs the
+    task inside the enqueue, so nothing is queued and no marker written."""
+    if isinstance(backend, ImmediateBackend) or backend.supports_get_result:
+        return
+    if type(backend).get_result is not BaseTaskBackend.get_result:  # DummyBackend
+        return
+    raise ImproperlyConfigured(
+        f"unique_task needs a task backend that can find a task by its id (get_result): "
+        f"{type(backend).__name__} (alias {backend.alias!r}) cannot, so an enqueue could not "
+        f"tell whether the queued task still holds its key. Use a backend with results "
+        f"(django-tasks' DatabaseBackend, ImmediateBackend), or a plain @task()."
+    )
 
 
 def _enqueue_signature(task: Any) -> Any:
@@ -171,27 +216,38 @@ def _unique_class(base: type) -> type:
 
 
 def _as_stored(value: Any) -> Any:
-    """Arguments as the worker gets them back (JSON: a tuple comes back a list), so the key
-    the enqueue fills is the one the worker fills."""
-    if isinstance(value, dict):
-        return {str(k): _as_stored(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_as_stored(v) for v in value]
-    return value
+    """Arguments as the worker gets them back: the framework's ``normalize_json`` (bytes
+    decoded, tuples as lists), then a JSON round trip as the backend's storage makes (an Enum
+    member becomes its value, a ``True``/``None`` dict key ``"true"``/``"null"``), so the key
+    the enqueue fills is the one the worker fills. Raises what the framework raises for an
+    argument it cannot store, before anything is sent."""
+    return json.loads(json.dumps(_normalize_json(value)))
 
 
 def _on_started(sender: Any = None, task_result: Any = None, **_: Any) -> None:
-    task = getattr(task_result, "task", None)
-    if isinstance(task, UniqueTask):
-        unique = task.unique
-        unique.rule.started(unique.key(task_result.args, task_result.kwargs), str(task_result.id))
+    _on_worker_event(task_result, "started")
 
 
 def _on_finished(sender: Any = None, task_result: Any = None, **_: Any) -> None:
+    _on_worker_event(task_result, "finished")
+
+
+def _on_worker_event(task_result: Any, event: str) -> None:
+    """Free or hold a unique task's key when a worker starts or ends it. Never raises (a
+    raise here would fail the task, or end the worker): anything wrong is logged and the
+    marker expires on its own."""
     task = getattr(task_result, "task", None)
-    if isinstance(task, UniqueTask):
+    if not isinstance(task, UniqueTask):
+        return
+    try:
         unique = task.unique
-        unique.rule.finished(unique.key(task_result.args, task_result.kwargs), str(task_result.id))
+        key = unique.key(_as_stored(task_result.args), _as_stored(task_result.kwargs))
+        change = unique.rule.started if event == "started" else unique.rule.finished
+        change(key, str(task_result.id))
+    except Exception:
+        logger.exception(
+            "Unique task %s: its marker was not changed when it %s", task_result.id, event
+        )
 
 
 _signals.task_started.connect(

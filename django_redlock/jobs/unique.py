@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from ..engine import MAX_NAME_LENGTH
 from ..exceptions import LockError
 from ..locking.registry import locks
 from ..locking.validation import check_name, check_timeout, check_ttl
@@ -44,6 +45,22 @@ MUTEX_SUFFIX = ":enqueue"
 START_SLACK = 1.0
 
 QUEUED, RUNNING, OVER = "queued", "running", "over"
+
+
+#: The longest key: a lock name, less the enqueue mutex's suffix.
+MAX_KEY_LENGTH = MAX_NAME_LENGTH - len(MUTEX_SUFFIX)
+
+
+def check_key(key: Any) -> str:
+    """A unique task's key: a lock name short enough for its enqueue mutex."""
+    name = check_name(key)
+    if len(name) > MAX_KEY_LENGTH:
+        raise ValueError(
+            f"A unique task's key is {len(name)} characters long; the limit is "
+            f"{MAX_KEY_LENGTH} (its enqueue mutex, the lock {MUTEX_SUFFIX!r} added, is a lock "
+            f"name of at most {MAX_NAME_LENGTH})."
+        )
+    return name
 
 
 @dataclass(frozen=True)
@@ -97,12 +114,14 @@ class UniqueRule:
         self,
         key: str,
         lookup: Callable[[str], Found[H]],
-        send: Callable[[], tuple[str, H]],
+        send: Callable[[], tuple[str | None, H]],
     ) -> H:
-        """Send a task for ``key`` (``send()`` returns its id and handle) unless the task its
-        marker names holds the key (``lookup(id)`` says what the queue knows of it): then
-        return that task's handle, sending nothing."""
-        key = check_name(key)
+        """Send a task for ``key`` (``send()`` returns its id and handle; a None id: the task
+        already ran inside the send, nothing is queued, no marker) unless the task its marker
+        names holds the key (``lookup(id)`` says what the queue knows of it): then return
+        that task's handle, sending nothing. Once a task is sent nothing raises: a marker
+        that cannot be written is logged (the next enqueue may send another task)."""
+        key = check_key(key)
         manager = locks[self.using]
         # until_commit: inside a transaction the mutex is released after the commit, so a
         # task row the backend wrote in it is visible to the next enqueue of the key.
@@ -121,8 +140,24 @@ class UniqueRule:
                     )
                     return found.handle
             ident, handle = send()
-            notes.write(key, Note(QUEUED, ident), self.queued_ttl)
+            if ident is not None:
+                self._mark_queued(notes, key, ident)
             return handle
+
+    def _mark_queued(self, notes: Notes, key: str, ident: str) -> None:
+        """Write the queued marker of a task just sent; never raises (the task is sent: a
+        raise would make the caller's retry send a second one)."""
+        try:
+            notes.write(key, Note(QUEUED, ident), self.queued_ttl)
+        except Exception as exc:
+            logger.warning(
+                "Unique task %s of %r sent, but its queued marker not written (alias %r): %s; "
+                "an enqueue of the key meanwhile may send another task",
+                ident,
+                key,
+                self.using,
+                exc,
+            )
 
     def _holds(self, note: Note, found: Found[Any]) -> bool:
         """Whether the marker's task still holds the key."""
@@ -149,7 +184,7 @@ class UniqueRule:
             ttl = self.lease_ttl()
             if notes.replace(key, ident, Note(RUNNING, ident), ttl):
                 _Renewal.start(notes, key, ident, ttl)
-        except (LockError, OSError) as exc:
+        except Exception as exc:  # the task must run whatever the marker's trouble
             logger.warning("Unique task %s of %r: marker not set at start: %s", ident, key, exc)
 
     def finished(self, key: str, ident: str) -> None:
@@ -158,8 +193,20 @@ class UniqueRule:
         _Renewal.stop(key, ident)
         try:
             self.notes(key).delete(key, ident)
-        except (LockError, OSError) as exc:
+        except Exception as exc:  # never fail a finished task over its marker
             logger.warning("Unique task %s of %r: marker not freed at end: %s", ident, key, exc)
+
+    def requeued(self, key: str, ident: str) -> None:
+        """Task ``ident`` of ``key`` failed and its queue will run it again (a retry): it
+        holds the key as a queued task (``queued_ttl``), unless another task's marker is
+        there. Never raises."""
+        _Renewal.stop(key, ident)
+        try:
+            self.notes(key).replace(key, ident, Note(QUEUED, ident), self.queued_ttl)
+        except Exception as exc:
+            logger.warning(
+                "Unique task %s of %r: marker not set for its retry: %s", ident, key, exc
+            )
 
 
 class _Renewal:

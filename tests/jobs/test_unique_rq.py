@@ -17,13 +17,14 @@ from typing import Any
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from redis import Redis
-from rq import Queue
+from rq import Queue, Retry
 from rq.job import Job
+from rq.serializers import JSONSerializer
 
 from django_redlock.contrib.rq import enqueue_unique
 from django_redlock.testing import RedisNode
 from testproject.inventory.models import Product
-from tests.jobs.unique_jobs import rq_report
+from tests.jobs.unique_jobs import rq_fail, rq_report
 from tests.jobs.unique_support import Processes, processes, python, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -32,7 +33,8 @@ ENQUEUE_AT = """
 import os, sys, time, django
 django.setup()
 from redis import Redis
-from rq import Queue
+from rq import Queue, Retry
+from rq.serializers import JSONSerializer
 from django_redlock.contrib.rq import enqueue_unique
 queue = Queue("jobs", connection=Redis.from_url(os.environ["RQ_URL"]))
 at = float(sys.argv[1])
@@ -211,3 +213,55 @@ def test_an_unknown_alias_fails_before_anything_is_sent(broker: tuple[Queue, str
     with pytest.raises(ImproperlyConfigured, match="REDLOCK has no alias 'no-such-alias'"):
         enqueue_unique(queue, rq_report, "rq", "2026-11-24", key="k", using="no-such-alias")
     assert queue.count == 0
+
+
+@pytest.mark.parametrize("until", ["started", "finished"])
+def test_a_job_scheduled_for_a_retry_holds_the_key(
+    until: str, broker: tuple[Queue, str], started: Processes
+) -> None:
+    """Found by an outside attack: with retry=Retry(...), run_unique freed the key after the
+    failed attempt, so an enqueue while the retry was scheduled sent a second job. A job RQ
+    will retry is marked queued again; once its retries are spent the key is free."""
+    queue, url = broker
+    key = f"rq-retry-{until}"
+
+    def enqueue() -> Job:
+        return enqueue_unique(
+            queue, rq_fail, "retry", until, key=key, until=until, retry=Retry(max=1, interval=600)
+        )
+
+    first = enqueue()
+    run_burst(started, url)
+    assert rows("retry", until)
+    assert first.get_status(refresh=True) == "scheduled"
+    assert enqueue().id == first.id
+    first.retries_left = 0  # its retry spent: the next failure frees the key
+    first.save()
+    queue.enqueue_job(first)  # run it now rather than in 600 s
+    run_burst(started, url)
+    assert first.get_status(refresh=True) == "failed"
+    assert enqueue().id != first.id
+
+
+def test_options_that_cannot_work_are_refused_before_sending(broker: tuple[Queue, str]) -> None:
+    """Found by an outside attack: a JSON-serializing queue failed inside RQ's encoder at every
+    call; pipeline= sent one job per call; func "", "nodots" or "  " were accepted; RQ's
+    explicit args=/kwargs= failed with a bare AssertionError; a key of 505-512 characters was
+    refused with a message counting the enqueue mutex's suffix. Each is a clear error now,
+    with nothing sent."""
+    queue, _ = broker
+    json_queue = Queue("jobs", connection=queue.connection, serializer=JSONSerializer)
+    with pytest.raises(TypeError, match="serializer"):
+        enqueue_unique(json_queue, rq_report, "rq", "d", key="k-json")
+    with queue.connection.pipeline() as pipe, pytest.raises(TypeError, match="pipeline="):
+        enqueue_unique(queue, rq_report, "rq", "d", key="k-pipe", pipeline=pipe)
+    for func in ["", "nodots", "  ", "a..b", "a. b"]:
+        with pytest.raises(TypeError, match="dotted path"):
+            enqueue_unique(queue, func, key="k-func")
+    for explicit in ({"args": ("rq", "d")}, {"kwargs": {"label": "rq", "day": "d"}}):
+        with pytest.raises(TypeError, match="explicit"):
+            enqueue_unique(queue, rq_report, key="k-explicit", **explicit)
+    with pytest.raises(ValueError, match="key is 505 characters long; the limit is 504"):
+        enqueue_unique(queue, rq_report, "rq", "d", key="k" * 505)
+    assert queue.count == json_queue.count == 0
+    assert enqueue_unique(queue, rq_report, "rq", "d", key="k" * 504).id

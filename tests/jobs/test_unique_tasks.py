@@ -7,6 +7,7 @@ enqueue, and bad input."""
 from __future__ import annotations
 
 import asyncio
+import enum
 import sys
 import threading
 import time
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django_tasks_db.models import DBTaskResult
 
@@ -27,6 +29,7 @@ from testproject.inventory.models import Product
 from tests.jobs.test_django_tasks import run_workers
 from tests.jobs.unique_jobs import (
     plain_report,
+    report_first,
     report_in_outage,
     report_pair,
     report_until_finished,
@@ -307,3 +310,95 @@ def test_a_task_runs_when_its_marker_cannot_be_changed(outage_node: RedisNode) -
     run_workers(1)
     assert rows("outage", "2026-11-24")
     assert report_in_outage.get_result(first.id).status == "SUCCESSFUL"
+
+
+class Kind(str, enum.Enum):  # noqa: UP042 (the mixin users write, as the attack did)
+    DAILY = "daily"
+
+
+@pytest.mark.parametrize(
+    "days", [b"day1", {True: 1, None: 2}, Kind.DAILY, ("a", Kind.DAILY)], ids=repr
+)
+def test_the_marker_is_at_the_key_the_worker_fills(days: Any) -> None:
+    """Found by an outside attack: bytes, Enum members and bool/None dict keys come back to
+    the worker changed (decoded, as their value, as "true"/"null"); the enqueue wrote its
+    marker at another key, and with until="finished" sent a duplicate while the first ran."""
+    sent = report_pair.enqueue(days)
+    stored = report_pair.get_result(sent.id)
+    worker_key = report_pair.unique.key(stored.args, stored.kwargs)
+    marker = report_pair.unique.rule.notes(worker_key).read(worker_key)
+    assert marker is not None and marker.id == str(sent.id), worker_key
+    assert report_pair.enqueue(days).id == sent.id
+
+
+def test_a_serving_worker_survives_a_key_it_cannot_fill(started: Processes) -> None:
+    """Found by an outside attack: a task whose key the worker could not fill (here sent
+    around unique_task, straight to the backend, with an argument '{days[0]}' cannot index)
+    failed at task_started without running, and at task_finished the error ended the
+    serving db_worker. The worker side never raises: the task runs, the worker serves on."""
+    job = report_first
+    odd = job.get_backend().enqueue(job, [5], {})  # an int: "{days[0]}" cannot be filled
+    worker = started.start([*WORKER, "--worker-id", "w-serve"])
+    wait_for(lambda: job.get_result(odd.id).is_finished, what="the odd task")
+    assert job.get_result(odd.id).status == "SUCCESSFUL"
+    after = report_until_started.enqueue("2026-11-24")
+    wait_for(lambda: report_until_started.get_result(after.id).is_finished, what="the next")
+    assert worker.poll() is None, started.log_of(worker)
+
+
+def test_a_sent_task_is_returned_when_its_marker_cannot_be_written(
+    outage_node: RedisNode,
+) -> None:
+    """Found by an outside attack: the lock node stopped right after the backend inserted the
+    task row; the enqueue raised NodesUnavailable although the task was sent, so the caller's
+    retry sent a second one. The sent task's TaskResult is returned (the lost marker logged)."""
+    from django_tasks.signals import task_enqueued
+
+    def stop_the_node(**_: Any) -> None:
+        outage_node.stop()
+
+    task_enqueued.connect(stop_the_node, dispatch_uid="test-stop-the-node")
+    try:
+        sent = report_in_outage.enqueue("2026-11-24")
+    finally:
+        task_enqueued.disconnect(dispatch_uid="test-stop-the-node")
+    assert DBTaskResult.objects.filter(id=sent.id).count() == DBTaskResult.objects.count() == 1
+
+
+IMMEDIATE = {
+    "default": {"BACKEND": "django_tasks_db.DatabaseBackend"},
+    "immediate": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend"},
+    "dummy": {"BACKEND": "django_tasks.backends.dummy.DummyBackend"},
+    "no-results": {"BACKEND": "tests.jobs.unique_jobs.NoResultsBackend"},
+}
+
+
+@pytest.mark.parametrize("job", [report_until_started, report_until_finished])
+def test_the_immediate_backend_runs_every_enqueue(job: Any) -> None:
+    """Found by an outside attack: ImmediateBackend runs the task inside the enqueue, then the
+    enqueue wrote a queued marker; every later enqueue raised NotImplementedError (the
+    backend cannot get results) for queued_ttl. Nothing is queued, so nothing is marked:
+    each enqueue runs the task."""
+    from django.test import override_settings
+
+    with override_settings(TASKS=IMMEDIATE):
+        immediate = job.using(backend="immediate")
+        first = immediate.enqueue("2026-11-24")
+        second = immediate.enqueue("2026-11-24")
+        assert first.status == second.status == "SUCCESSFUL"
+        assert first.id != second.id
+        label = "until-started" if job is report_until_started else "until-finished"
+        assert len(rows(label, "2026-11-24")) == 2
+        queued = job.enqueue("2026-11-24")  # the database backend's task holds the key
+        assert immediate.enqueue("2026-11-24").status == "SUCCESSFUL"
+        assert job.enqueue("2026-11-24").id == queued.id
+        assert job.using(backend="dummy").enqueue("2026-11-25").status == "READY"
+        with pytest.raises(ImproperlyConfigured, match="can find a task by its id"):
+            job.using(backend="no-results").enqueue("2026-11-26")
+
+
+def test_a_template_of_a_reserved_name_is_refused_when_applied() -> None:
+    """Found by an outside attack: a template starting with "__" was accepted by unique_task,
+    then refused at every enqueue."""
+    with pytest.raises(ValueError, match="reserved"):
+        unique_task("__k:{day}")

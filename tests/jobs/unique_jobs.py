@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from django_tasks import TaskContext, task
+from django_tasks.backends.base import BaseTaskBackend
 
 from django_redlock.contrib.tasks import unique_task
 from testproject.inventory.models import Product
@@ -66,3 +68,24 @@ def report_with_context(context: TaskContext, day: str) -> str:
 def report_in_outage(day: str) -> str:
     """Its markers live on the alias ``unique-outage``, whose node a test stops."""
     return _record("outage", day, 0.0)
+
+
+@unique_task("first:{days[0]}", until="finished", ttl=2)
+@task()
+def report_first(days: list[str]) -> str:
+    """A test sends it around unique_task with an argument its template cannot index."""
+    return _record("first", str(days), 0.0)
+
+
+def rq_fail(label: str, day: str) -> str:
+    """An RQ job that records its run and fails (a test retries it)."""
+    _record(label, day, 0.0)
+    raise RuntimeError("this job fails")
+
+
+class NoResultsBackend(BaseTaskBackend):  # type: ignore[misc]
+    """A task backend that cannot find a task by its id (no ``get_result``), as some queue
+    backends are: unique_task must refuse it before sending."""
+
+    def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
+        raise AssertionError("unique_task sent a task to a backend it cannot look tasks up in")
