@@ -523,3 +523,46 @@ def test_n7_lock_many_ending_in_a_transaction_reports_a_lost_lease(
     with transaction.atomic(), pytest.raises(LockLost):  # noqa: SIM117
         with locks[alias].lock_many([unique_name], ttl=0.2, timeout=0):
             time.sleep(0.4)
+
+
+# -- random-seed triage (kinds 1-5 of a loaded run) ------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("alias", ALIASES)
+def test_n8_a_set_re_entering_a_generators_lease_guards_plain_writes_after_it_closes(
+    alias: str, unique_name: str
+) -> None:
+    """N8, as the machine meets it (it used to call this an unguarded write): ``lock_many([c])``
+    re-enters a suspended generator's lease of c, the generator is closed inside the set: the
+    set's block still holds the lease (the last open block lets it go) and, as the innermost
+    active lease, guards a plain ``update()``; leaving the set releases it."""
+    product = Product.objects.create(name=unique_name, stock=0)
+    it = locked_rows(alias)(unique_name)
+    lease = next(it)
+    with locks[alias].lock_many([unique_name], timeout=0) as held:
+        assert held.leases[unique_name] is lease
+        it.close()
+        assert not lease.released
+        assert context.current_lease() is lease
+        assert Product.objects.filter(pk=product.pk).update(stock=F("stock") + 1) == 1
+        product.refresh_from_db()
+        assert product.fence_token == lease.token
+    assert lease.released and context.current_lease() is None
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_n8_a_name_the_set_re_entered_is_the_innermost_lease_in_it(
+    alias: str, unique_name: str
+) -> None:
+    """N8: inside ``lock_many([a, b])``, ``lock_many([a])`` makes a's lease the innermost one
+    again (it guards the inner block's writes, as a re-entered ``lock(a)`` does); b's is again
+    after it. The machine had kept b innermost (writes to b's row with a's smaller token)."""
+    manager = locks[alias]
+    a, b = f"{unique_name}:a", f"{unique_name}:b"
+    with manager.lock_many([a, b], timeout=0) as outer:
+        assert context.current_lease() is outer.leases[b]
+        with manager.lock_many([a], timeout=0) as inner:
+            assert inner.leases[a] is outer.leases[a]
+            assert context.current_lease() is outer.leases[a]
+        assert context.current_lease() is outer.leases[b]
