@@ -50,7 +50,8 @@ class HeldLocks:
     """What ``lock_many`` holds: ``leases`` maps each name to its :class:`Lease`.
 
     ``borrowed``: names whose lease an outer block of this thread or task holds (the set
-    re-entered them: same lease and token); the set neither releases nor reports them."""
+    re-entered them: same lease and token); the set does not release them (leaving the
+    block checks them, as a re-entered ``lock()`` block does)."""
 
     def __init__(self, leases: dict[str, Lease], borrowed: frozenset[str] = frozenset()) -> None:
         self.leases = leases
@@ -137,9 +138,10 @@ class LockManyBlock:
     def __exit__(self, *exc_info: object) -> None:
         held = self._left()
         if not self._kept(held):
-            _check_all_held(held._release_each(), exc_info[0])
+            not_held = held._release_each()
         else:
-            _check_all_held([lease.name for lease in held._own() if lease.lost], exc_info[0])
+            not_held = [lease.name for lease in held._own() if lease.lost]
+        _check_all_held(not_held + _lost_borrowed(held, exc_info[0]), exc_info[0])
 
     async def __aenter__(self) -> HeldLocks:
         borrowed = self._borrowed()
@@ -150,9 +152,10 @@ class LockManyBlock:
     async def __aexit__(self, *exc_info: object) -> None:
         held = self._left()
         if not self._kept(held):
-            _check_all_held(await held._arelease_each(), exc_info[0])
+            not_held = await held._arelease_each()
         else:
-            _check_all_held([lease.name for lease in held._own() if lease.lost], exc_info[0])
+            not_held = [lease.name for lease in held._own() if lease.lost]
+        _check_all_held(not_held + _lost_borrowed(held, exc_info[0]), exc_info[0])
 
     def _borrowed(self) -> dict[str, Lease]:
         """The names this thread or task holds already in a lock block (re-entered: same
@@ -213,6 +216,23 @@ class LockManyBlock:
                 pending = release_after_commit(lease, max_hold)
             context.push_findable(lease, pending)  # this transaction re-enters it
         return True
+
+
+def _lost_borrowed(held: HeldLocks, exc_type: object) -> list[str]:
+    """The re-entered names (an outer block still holds them) found lost as the set ends: a
+    re-entered ``lock()`` block's exit checks its lease the same way (``check_lost``), so a
+    set that re-entered a lease which ran out while it ran does not end quietly."""
+    if exc_type is not None:
+        return []
+    lost = []
+    for name, lease in held.leases.items():
+        if name not in held.borrowed:
+            continue
+        try:
+            lease.check()
+        except LockLost:
+            lost.append(name)
+    return lost
 
 
 def _check_all_held(not_held: list[str], exc_type: object) -> None:

@@ -566,3 +566,36 @@ def test_n8_a_name_the_set_re_entered_is_the_innermost_lease_in_it(
             assert inner.leases[a] is outer.leases[a]
             assert context.current_lease() is outer.leases[a]
         assert context.current_lease() is outer.leases[b]
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+@pytest.mark.parametrize("outer", ["lock", "generator"])
+def test_n9_leaving_a_set_that_re_entered_a_lost_lease_raises_lock_lost(
+    alias: str, outer: str, unique_name: str
+) -> None:
+    """N9: a ``lock_many`` block that re-entered a lease (an outer lock block's, a suspended
+    generator's) which ran out while the set ran raises LockLost at its exit, as a re-entered
+    ``lock()`` block does (it ended quietly: the set only checked the names it released)."""
+    manager = locks[alias]
+    with pytest.raises(LockLost), manager.lock(unique_name, ttl=0.2, timeout=0):  # noqa: SIM117
+        with pytest.raises(LockLost), manager.lock(unique_name, timeout=0):
+            time.sleep(0.4)  # the reference: a re-entered lock() block
+    if outer == "lock":
+        with pytest.raises(LockLost), manager.lock(unique_name, ttl=0.2, timeout=0):  # noqa: SIM117
+            with pytest.raises(LockLost), manager.lock_many([unique_name], timeout=0) as held:
+                assert held.borrowed == {unique_name}
+                time.sleep(0.4)
+        return
+
+    @manager.lock("{0}", ttl=0.2, timeout=0)
+    def rows(name: str) -> Iterator[Any]:
+        yield context.find(alias, name)
+
+    it = rows(unique_name)
+    lease = next(it)
+    try:
+        with pytest.raises(LockLost), manager.lock_many([unique_name], timeout=0) as held:
+            assert held.leases[unique_name] is lease
+            time.sleep(0.4)
+    finally:
+        it.close()  # GeneratorExit ends its block: no LockLost there
