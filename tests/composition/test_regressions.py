@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from asgiref.sync import sync_to_async
 from django.db import transaction
 from django.db.models import F
@@ -22,6 +23,7 @@ from django_redlock import locks
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired
 from django_redlock.locking import context
 from testproject.inventory.models import Product
+from tests.conftest import SESSION_ALIASES
 from tests.support.attempts import free_elsewhere
 
 ALIASES = ["default", "multi"]
@@ -599,3 +601,41 @@ def test_n9_leaving_a_set_that_re_entered_a_lost_lease_raises_lock_lost(
             time.sleep(0.4)
     finally:
         it.close()  # GeneratorExit ends its block: no LockLost there
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+@pytest.mark.parametrize("how", ["released", "extended shorter"])
+def test_n10_the_readers_marker_ends_with_the_last_read_lease(
+    alias: str, how: str, unique_name: str
+) -> None:
+    """N10: once the longest read lease (30 s) is released while a 0.2 s one is left (or the
+    one lease, re-entered with ttl=30, is extended back to 0.2 s), the name's ``rwlock|readers``
+    marker and the readers' set live as long as the read leases left, not 30 s: a plain
+    ``acquire()`` of the name found it busy for 30 s after every read lease ran out, and the
+    machine found the marker left with no lease behind it ("t3:cx:...:r is left for 29715 ms,
+    but every lease of 'r' was released or ran out")."""
+    manager = locks[alias]
+    config = SESSION_ALIASES[alias]
+    clients = [redis.Redis.from_url(url) for url in config["NODES"]]
+    prefix = config["KEY_PREFIX"]
+    keys = [f"{prefix}{unique_name}", f"{prefix}__readers__:{unique_name}"]
+
+    def read_and_release() -> None:
+        manager.acquire(unique_name, ttl=30, timeout=0, rw="read").release()
+
+    try:
+        with pytest.raises(LockLost), manager.read_lock(unique_name, ttl=0.2, timeout=0):
+            if how == "released":
+                other = threading.Thread(target=read_and_release)
+                other.start()
+                other.join()
+            else:
+                with manager.read_lock(unique_name, ttl=30, timeout=0) as lease:
+                    lease.extend(ttl=0.2)
+            time.sleep(0.4)  # every read lease ran out
+            left = {(i, key): client.pttl(key) for i, client in enumerate(clients) for key in keys}
+            assert all(pttl < 500 for pttl in left.values()), left
+            assert free_elsewhere(unique_name, alias)
+    finally:
+        for client in clients:
+            client.close()
