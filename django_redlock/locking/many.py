@@ -75,21 +75,26 @@ class HeldLocks:
         return not await self._arelease_each()
 
     def _release_each(self) -> list[str]:
-        """Release every name in one call per node; returns the names no longer held."""
+        """Release every name in one call per node (per owner); returns the names no longer
+        held."""
         leases = self._releasing()
         if not leases:
             return []
-        engine = leases[0]._engine
-        held = engine.release_many([lease._record for lease in leases])
-        return self._released(leases, held)
+        held: dict[int, bool] = {}
+        for group in _by_owner(leases):
+            replies = group[0]._engine.release_many([lease._record for lease in group])
+            held.update(zip(map(id, group), replies, strict=True))
+        return self._released(leases, [held[id(lease)] for lease in leases])
 
     async def _arelease_each(self) -> list[str]:
         leases = self._releasing()
         if not leases:
             return []
-        engine = leases[0]._engine
-        held = await engine.arelease_many([lease._record for lease in leases])
-        return self._released(leases, held)
+        held: dict[int, bool] = {}
+        for group in _by_owner(leases):
+            replies = await group[0]._engine.arelease_many([lease._record for lease in group])
+            held.update(zip(map(id, group), replies, strict=True))
+        return self._released(leases, [held[id(lease)] for lease in leases])
 
     def _releasing(self) -> list[Lease]:
         """The leases still to release (renewals stopped, no longer guarding writes)."""
@@ -216,6 +221,16 @@ class LockManyBlock:
                 pending = release_after_commit(lease, max_hold)
             context.push_findable(lease, pending)  # this transaction re-enters it
         return True
+
+
+def _by_owner(leases: list[Lease]) -> list[list[Lease]]:
+    """The leases grouped by owner value: ``RELEASE_MANY`` compares one owner for a whole
+    call, and a set lets go of the leases it took (one owner) and of those it re-entered whose
+    outer block ended inside it (a generator closed in the set: their own owner each)."""
+    groups: dict[str, list[Lease]] = {}
+    for lease in leases:
+        groups.setdefault(lease._record.owner, []).append(lease)
+    return list(groups.values())
 
 
 def _lost_borrowed(held: HeldLocks, exc_type: object) -> list[str]:

@@ -639,3 +639,56 @@ def test_n10_the_readers_marker_ends_with_the_last_read_lease(
     finally:
         for client in clients:
             client.close()
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+@pytest.mark.parametrize("borrowed_first", [True, False])
+def test_n11_a_set_lets_go_of_a_re_entered_lease_whose_block_ended_inside_it(
+    alias: str, borrowed_first: bool, unique_name: str
+) -> None:
+    """N11: ``lock_many([r, b])`` re-enters a suspended generator's lease of b and takes r; the
+    generator finishes inside the set, so the set's exit lets go of both. It released them in
+    one call with the owner of the first lease only: the other one (b's lease has its own
+    owner) was refused, reported lost (LockLost at a quiet exit) and left on the nodes for its
+    TTL (the machine: "LockNotAcquired although 'b' was free", "'r' is left for 4994 ms")."""
+    manager = locks[alias]
+    b, r = f"{unique_name}:b", f"{unique_name}:r"
+
+    @manager.lock("{0}", ttl=5, timeout=0)
+    def rows(name: str) -> Iterator[Any]:
+        yield context.find(alias, name)
+
+    it = rows(b)
+    lease = next(it)
+    with manager.lock_many([b, r] if borrowed_first else [r, b], timeout=0) as held:
+        assert held.leases[b] is lease
+        with pytest.raises(StopIteration):
+            next(it)  # the generator ends: the set is the last open block of b's lease
+        assert not lease.released
+    assert lease.released and held.leases[r].released
+    assert not lease.lost and not held.leases[r].lost
+    assert free_elsewhere(b, alias) and free_elsewhere(r, alias)
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_n11_an_async_set_lets_go_of_a_re_entered_lease_whose_block_ended_inside_it(
+    alias: str, unique_name: str
+) -> None:
+    """N11, asyncio: ``alock(b)`` ends inside ``alock_many([r, b])`` (an AsyncExitStack, a
+    generator): the set's exit releases both leases, each with its own owner."""
+    manager = locks[alias]
+    b, r = f"{unique_name}:b", f"{unique_name}:r"
+
+    async def scenario() -> None:
+        outer = manager.alock(b, ttl=5, timeout=0)
+        lease = await outer.__aenter__()
+        many = manager.alock_many([r, b], timeout=0)
+        held = await many.__aenter__()
+        assert held.leases[b] is lease
+        await outer.__aexit__(None, None, None)  # the outer block ends first
+        assert not lease.released
+        await many.__aexit__(None, None, None)  # no LockLost: both were held
+        assert lease.released and not lease.lost and not held.leases[r].lost
+
+    asyncio.run(scenario())
+    assert free_elsewhere(b, alias) and free_elsewhere(r, alias)
