@@ -50,7 +50,8 @@ class HeldLocks:
     """What ``lock_many`` holds: ``leases`` maps each name to its :class:`Lease`.
 
     ``borrowed``: names whose lease an outer block of this thread or task holds (the set
-    re-entered them: same lease and token); the set neither releases nor reports them."""
+    re-entered them: same lease and token); the set does not release them (leaving the
+    block checks them, as a re-entered ``lock()`` block does)."""
 
     def __init__(self, leases: dict[str, Lease], borrowed: frozenset[str] = frozenset()) -> None:
         self.leases = leases
@@ -74,21 +75,26 @@ class HeldLocks:
         return not await self._arelease_each()
 
     def _release_each(self) -> list[str]:
-        """Release every name in one call per node; returns the names no longer held."""
+        """Release every name in one call per node (per owner); returns the names no longer
+        held."""
         leases = self._releasing()
         if not leases:
             return []
-        engine = leases[0]._engine
-        held = engine.release_many([lease._record for lease in leases])
-        return self._released(leases, held)
+        held: dict[int, bool] = {}
+        for group in _by_owner(leases):
+            replies = group[0]._engine.release_many([lease._record for lease in group])
+            held.update(zip(map(id, group), replies, strict=True))
+        return self._released(leases, [held[id(lease)] for lease in leases])
 
     async def _arelease_each(self) -> list[str]:
         leases = self._releasing()
         if not leases:
             return []
-        engine = leases[0]._engine
-        held = await engine.arelease_many([lease._record for lease in leases])
-        return self._released(leases, held)
+        held: dict[int, bool] = {}
+        for group in _by_owner(leases):
+            replies = await group[0]._engine.arelease_many([lease._record for lease in group])
+            held.update(zip(map(id, group), replies, strict=True))
+        return self._released(leases, [held[id(lease)] for lease in leases])
 
     def _releasing(self) -> list[Lease]:
         """The leases still to release (renewals stopped, no longer guarding writes)."""
@@ -137,9 +143,10 @@ class LockManyBlock:
     def __exit__(self, *exc_info: object) -> None:
         held = self._left()
         if not self._kept(held):
-            _check_all_held(held._release_each(), exc_info[0])
+            not_held = held._release_each()
         else:
-            _check_all_held([lease.name for lease in held._own() if lease.lost], exc_info[0])
+            not_held = [lease.name for lease in held._own() if lease.lost]
+        _check_all_held(not_held + _lost_borrowed(held, exc_info[0]), exc_info[0])
 
     async def __aenter__(self) -> HeldLocks:
         borrowed = self._borrowed()
@@ -150,9 +157,10 @@ class LockManyBlock:
     async def __aexit__(self, *exc_info: object) -> None:
         held = self._left()
         if not self._kept(held):
-            _check_all_held(await held._arelease_each(), exc_info[0])
+            not_held = await held._arelease_each()
         else:
-            _check_all_held([lease.name for lease in held._own() if lease.lost], exc_info[0])
+            not_held = [lease.name for lease in held._own() if lease.lost]
+        _check_all_held(not_held + _lost_borrowed(held, exc_info[0]), exc_info[0])
 
     def _borrowed(self) -> dict[str, Lease]:
         """The names this thread or task holds already in a lock block (re-entered: same
@@ -213,6 +221,33 @@ class LockManyBlock:
                 pending = release_after_commit(lease, max_hold)
             context.push_findable(lease, pending)  # this transaction re-enters it
         return True
+
+
+def _by_owner(leases: list[Lease]) -> list[list[Lease]]:
+    """The leases grouped by owner value: ``RELEASE_MANY`` compares one owner for a whole
+    call, and a set lets go of the leases it took (one owner) and of those it re-entered whose
+    outer block ended inside it (a generator closed in the set: their own owner each)."""
+    groups: dict[str, list[Lease]] = {}
+    for lease in leases:
+        groups.setdefault(lease._record.owner, []).append(lease)
+    return list(groups.values())
+
+
+def _lost_borrowed(held: HeldLocks, exc_type: object) -> list[str]:
+    """The re-entered names (an outer block still holds them) found lost as the set ends: a
+    re-entered ``lock()`` block's exit checks its lease the same way (``check_lost``), so a
+    set that re-entered a lease which ran out while it ran does not end quietly."""
+    if exc_type is not None:
+        return []
+    lost = []
+    for name, lease in held.leases.items():
+        if name not in held.borrowed:
+            continue
+        try:
+            lease.check()
+        except LockLost:
+            lost.append(name)
+    return lost
 
 
 def _check_all_held(not_held: list[str], exc_type: object) -> None:

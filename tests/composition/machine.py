@@ -685,10 +685,14 @@ class CompositionMachine(RuleBasedStateMachine):
             entry.holdings.append(holding)
         for holding in new:
             self.judge(what, "maybe", "ok", holding.name, "lock", new=tuple(new))
-        entry.pushed = new
+        # every name of the set, re-entered ones too (a lock block's, a suspended generator's,
+        # one kept for the commit), is pushed in the set's order: inside the block the last
+        # name is the innermost active lease and guards plain writes (N8, f62f261; like a
+        # re-entered lock() block, docs/production.md "Nested locks")
+        entry.pushed = None
         entry.value = held
         self.stack.append(entry)
-        for holding in new:
+        for holding in entry.holdings:
             self.ctx_push(holding, enterable=True)
 
     @rule()

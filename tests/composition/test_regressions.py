@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from asgiref.sync import sync_to_async
 from django.db import transaction
 from django.db.models import F
@@ -22,6 +23,7 @@ from django_redlock import locks
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired
 from django_redlock.locking import context
 from testproject.inventory.models import Product
+from tests.conftest import SESSION_ALIASES
 from tests.support.attempts import free_elsewhere
 
 ALIASES = ["default", "multi"]
@@ -523,3 +525,170 @@ def test_n7_lock_many_ending_in_a_transaction_reports_a_lost_lease(
     with transaction.atomic(), pytest.raises(LockLost):  # noqa: SIM117
         with locks[alias].lock_many([unique_name], ttl=0.2, timeout=0):
             time.sleep(0.4)
+
+
+# -- random-seed triage (kinds 1-5 of a loaded run) ------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("alias", ALIASES)
+def test_n8_a_set_re_entering_a_generators_lease_guards_plain_writes_after_it_closes(
+    alias: str, unique_name: str
+) -> None:
+    """N8, as the machine meets it (it used to call this an unguarded write): ``lock_many([c])``
+    re-enters a suspended generator's lease of c, the generator is closed inside the set: the
+    set's block still holds the lease (the last open block lets it go) and, as the innermost
+    active lease, guards a plain ``update()``; leaving the set releases it."""
+    product = Product.objects.create(name=unique_name, stock=0)
+    it = locked_rows(alias)(unique_name)
+    lease = next(it)
+    with locks[alias].lock_many([unique_name], timeout=0) as held:
+        assert held.leases[unique_name] is lease
+        it.close()
+        assert not lease.released
+        assert context.current_lease() is lease
+        assert Product.objects.filter(pk=product.pk).update(stock=F("stock") + 1) == 1
+        product.refresh_from_db()
+        assert product.fence_token == lease.token
+    assert lease.released and context.current_lease() is None
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_n8_a_name_the_set_re_entered_is_the_innermost_lease_in_it(
+    alias: str, unique_name: str
+) -> None:
+    """N8: inside ``lock_many([a, b])``, ``lock_many([a])`` makes a's lease the innermost one
+    again (it guards the inner block's writes, as a re-entered ``lock(a)`` does); b's is again
+    after it. The machine had kept b innermost (writes to b's row with a's smaller token)."""
+    manager = locks[alias]
+    a, b = f"{unique_name}:a", f"{unique_name}:b"
+    with manager.lock_many([a, b], timeout=0) as outer:
+        assert context.current_lease() is outer.leases[b]
+        with manager.lock_many([a], timeout=0) as inner:
+            assert inner.leases[a] is outer.leases[a]
+            assert context.current_lease() is outer.leases[a]
+        assert context.current_lease() is outer.leases[b]
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+@pytest.mark.parametrize("outer", ["lock", "generator"])
+def test_n9_leaving_a_set_that_re_entered_a_lost_lease_raises_lock_lost(
+    alias: str, outer: str, unique_name: str
+) -> None:
+    """N9: a ``lock_many`` block that re-entered a lease (an outer lock block's, a suspended
+    generator's) which ran out while the set ran raises LockLost at its exit, as a re-entered
+    ``lock()`` block does (it ended quietly: the set only checked the names it released)."""
+    manager = locks[alias]
+    with pytest.raises(LockLost), manager.lock(unique_name, ttl=0.2, timeout=0):  # noqa: SIM117
+        with pytest.raises(LockLost), manager.lock(unique_name, timeout=0):
+            time.sleep(0.4)  # the reference: a re-entered lock() block
+    if outer == "lock":
+        with pytest.raises(LockLost), manager.lock(unique_name, ttl=0.2, timeout=0):  # noqa: SIM117
+            with pytest.raises(LockLost), manager.lock_many([unique_name], timeout=0) as held:
+                assert held.borrowed == {unique_name}
+                time.sleep(0.4)
+        return
+
+    @manager.lock("{0}", ttl=0.2, timeout=0)
+    def rows(name: str) -> Iterator[Any]:
+        yield context.find(alias, name)
+
+    it = rows(unique_name)
+    lease = next(it)
+    try:
+        with pytest.raises(LockLost), manager.lock_many([unique_name], timeout=0) as held:
+            assert held.leases[unique_name] is lease
+            time.sleep(0.4)
+    finally:
+        it.close()  # GeneratorExit ends its block: no LockLost there
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+@pytest.mark.parametrize("how", ["released", "extended shorter"])
+def test_n10_the_readers_marker_ends_with_the_last_read_lease(
+    alias: str, how: str, unique_name: str
+) -> None:
+    """N10: once the longest read lease (30 s) is released while a 0.2 s one is left (or the
+    one lease, re-entered with ttl=30, is extended back to 0.2 s), the name's ``rwlock|readers``
+    marker and the readers' set live as long as the read leases left, not 30 s: a plain
+    ``acquire()`` of the name found it busy for 30 s after every read lease ran out, and the
+    machine found the marker left with no lease behind it ("t3:cx:...:r is left for 29715 ms,
+    but every lease of 'r' was released or ran out")."""
+    manager = locks[alias]
+    config = SESSION_ALIASES[alias]
+    clients = [redis.Redis.from_url(url) for url in config["NODES"]]
+    prefix = config["KEY_PREFIX"]
+    keys = [f"{prefix}{unique_name}", f"{prefix}__readers__:{unique_name}"]
+
+    def read_and_release() -> None:
+        manager.acquire(unique_name, ttl=30, timeout=0, rw="read").release()
+
+    try:
+        with pytest.raises(LockLost), manager.read_lock(unique_name, ttl=0.2, timeout=0):
+            if how == "released":
+                other = threading.Thread(target=read_and_release)
+                other.start()
+                other.join()
+            else:
+                with manager.read_lock(unique_name, ttl=30, timeout=0) as lease:
+                    lease.extend(ttl=0.2)
+            time.sleep(0.4)  # every read lease ran out
+            left = {(i, key): client.pttl(key) for i, client in enumerate(clients) for key in keys}
+            assert all(pttl < 500 for pttl in left.values()), left
+            assert free_elsewhere(unique_name, alias)
+    finally:
+        for client in clients:
+            client.close()
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+@pytest.mark.parametrize("borrowed_first", [True, False])
+def test_n11_a_set_lets_go_of_a_re_entered_lease_whose_block_ended_inside_it(
+    alias: str, borrowed_first: bool, unique_name: str
+) -> None:
+    """N11: ``lock_many([r, b])`` re-enters a suspended generator's lease of b and takes r; the
+    generator finishes inside the set, so the set's exit lets go of both. It released them in
+    one call with the owner of the first lease only: the other one (b's lease has its own
+    owner) was refused, reported lost (LockLost at a quiet exit) and left on the nodes for its
+    TTL (the machine: "LockNotAcquired although 'b' was free", "'r' is left for 4994 ms")."""
+    manager = locks[alias]
+    b, r = f"{unique_name}:b", f"{unique_name}:r"
+
+    @manager.lock("{0}", ttl=5, timeout=0)
+    def rows(name: str) -> Iterator[Any]:
+        yield context.find(alias, name)
+
+    it = rows(b)
+    lease = next(it)
+    with manager.lock_many([b, r] if borrowed_first else [r, b], timeout=0) as held:
+        assert held.leases[b] is lease
+        with pytest.raises(StopIteration):
+            next(it)  # the generator ends: the set is the last open block of b's lease
+        assert not lease.released
+    assert lease.released and held.leases[r].released
+    assert not lease.lost and not held.leases[r].lost
+    assert free_elsewhere(b, alias) and free_elsewhere(r, alias)
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_n11_an_async_set_lets_go_of_a_re_entered_lease_whose_block_ended_inside_it(
+    alias: str, unique_name: str
+) -> None:
+    """N11, asyncio: ``alock(b)`` ends inside ``alock_many([r, b])`` (an AsyncExitStack, a
+    generator): the set's exit releases both leases, each with its own owner."""
+    manager = locks[alias]
+    b, r = f"{unique_name}:b", f"{unique_name}:r"
+
+    async def scenario() -> None:
+        outer = manager.alock(b, ttl=5, timeout=0)
+        lease = await outer.__aenter__()
+        many = manager.alock_many([r, b], timeout=0)
+        held = await many.__aenter__()
+        assert held.leases[b] is lease
+        await outer.__aexit__(None, None, None)  # the outer block ends first
+        assert not lease.released
+        await many.__aexit__(None, None, None)  # no LockLost: both were held
+        assert lease.released and not lease.lost and not held.leases[r].lost
+
+    asyncio.run(scenario())
+    assert free_elsewhere(b, alias) and free_elsewhere(r, alias)

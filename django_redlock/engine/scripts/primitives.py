@@ -259,6 +259,24 @@ return {1, token, 0}
 """,
 )
 
+# ``fit_to_readers(readers, key, now)``: the readers' set and the marker at the name's key live
+# as long as the longest read lease left in the set, no longer: after the longest one is
+# released or extended to a shorter TTL, they would outlive every lease by up to its old TTL
+# (a plain lock of the name found it busy all that time). Called with readers left.
+_FIT_READERS_LUA = """
+local function fit_to_readers(readers, key, now)
+  local last = redis.call('ZRANGE', readers, -1, -1, 'WITHSCORES')
+  local left = math.max(1, tonumber(last[2]) - now)
+  if redis.call('PTTL', readers) > left then
+    redis.call('PEXPIRE', readers, left)
+  end
+  local marker = string.sub(redis.call('GET', key) or '', 1, 7) == 'rwlock|'
+  if marker and redis.call('PTTL', key) > left then
+    redis.call('PEXPIRE', key, left)
+  end
+end
+"""
+
 # KEYS: readers, the name's key, waiter set, wake-up list, hand-off reservation.
 # ARGV: as RELEASE. Removes the owner's read lease; when no reader is left, removes the marker
 # and wakes a waiter (a writer, most likely). With a registration TTL (ARGV[5] > 0: a failed
@@ -267,6 +285,7 @@ return {1, token, 0}
 READ_RELEASE = Script(
     "read_release",
     RELEASE_LUA
+    + _FIT_READERS_LUA
     + """
 local mine = redis.call('ZREM', KEYS[1], ARGV[1]) == 1
 if tonumber(ARGV[5]) > 0 then
@@ -280,6 +299,9 @@ if now then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 end
 if redis.call('ZCARD', KEYS[1]) > 0 then
+  if now then
+    fit_to_readers(KEYS[1], KEYS[2], now)
+  end
   return 1
 end
 if string.sub(redis.call('GET', KEYS[2]) or '', 1, 7) == 'rwlock|' then
@@ -299,6 +321,7 @@ return wake(KEYS[3], KEYS[4], KEYS[5], ARGV[4] == '1')
 READ_EXTEND = Script(
     "read_extend",
     TAKE_LUA
+    + _FIT_READERS_LUA
     + """
 local ok, _, max_ttl = trusted(KEYS[2])
 if not ok then
@@ -315,6 +338,7 @@ if lapses <= now then
 end
 register(KEYS[1], ARGV[1], tonumber(ARGV[2]), false)  -- the read lease, renewed
 mark(KEYS[3], 'rwlock|readers', tonumber(ARGV[2]))
+fit_to_readers(KEYS[1], KEYS[3], now)  -- a shorter TTL than it had: no longer than the readers
 note_ttl(KEYS[2], max_ttl)
 return 1
 """,
