@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction as asgiref_iscoroutinefunction
 from django.core.cache import BaseCache, caches
 from django.core.cache.backends.base import DEFAULT_TIMEOUT, InvalidCacheBackendError
 from django.core.exceptions import ImproperlyConfigured
@@ -30,11 +31,21 @@ def check_compute(compute: Any, *, asyncio: bool) -> None:
             f"compute must be a callable returning the value to cache, not "
             f"{type(compute).__name__}; pass the function itself (get_or_set(key, build, 60))."
         )
-    if not asyncio and inspect.iscoroutinefunction(compute):
+    if not asyncio and is_async_callable(compute):
         raise TypeError(
-            "compute is a coroutine function: get_or_set() would cache the coroutine object, "
-            "not its result. Pass a plain function, or await aget_or_set()."
+            "compute is a coroutine function (or an object with an async __call__): "
+            "get_or_set() would cache the coroutine object, not its result. Pass a plain "
+            "function, or await aget_or_set()."
         )
+
+
+def is_async_callable(compute: Any) -> bool:
+    """A coroutine function, a partial of one, or an object whose ``__call__`` is one."""
+    if inspect.iscoroutinefunction(compute) or asgiref_iscoroutinefunction(compute):
+        return True
+    if inspect.isroutine(compute) or isinstance(compute, type):
+        return False
+    return inspect.iscoroutinefunction(getattr(compute, "__call__", None))  # noqa: B004
 
 
 def check_key(key: Any) -> str:
