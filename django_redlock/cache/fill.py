@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 
-from ..exceptions import LockError, LockNotAcquired
+from ..exceptions import LockError, LockNotAcquired, NodesUnavailable
 from ..locking import context
 from ..locking.lease import Lease
 from ..locking.manager import LockManager
@@ -70,7 +70,7 @@ def get_or_set(
     if found is not None and not found.stale:
         return found.value  # type: ignore[no-any-return]
     fill.check_not_own()
-    lease = fill.try_write_lease()
+    lease = fill.try_write_lease(stale_in_hand=found is not None)
     if lease is None:
         if found is not None:
             return found.value  # type: ignore[no-any-return]  # stale; another caller refreshes it
@@ -111,7 +111,7 @@ async def aget_or_set(
     if found is not None and not found.stale:
         return found.value  # type: ignore[no-any-return]
     fill.check_not_own()
-    lease = await fill.atry_write_lease()
+    lease = await fill.atry_write_lease(stale_in_hand=found is not None)
     if lease is None:
         if found is not None:
             return found.value  # type: ignore[no-any-return]  # stale; another caller refreshes it
@@ -207,15 +207,34 @@ class _Fill:
                 "itself. Compute the value directly there."
             )
 
-    def try_write_lease(self) -> Lease | None:
-        """The write lease if nobody holds the key's lock (one attempt), else None."""
+    def try_write_lease(self, *, stale_in_hand: bool) -> Lease | None:
+        """The write lease if nobody holds the key's lock (one attempt), else None; None too
+        when the lock's nodes cannot be reached while a stale value is in hand (served, with
+        a warning: the refresh waits for the nodes)."""
         try:
             return self.manager.acquire(self.name, rw="write", timeout=0, auto_extend=True)
         except LockNotAcquired:
             return None
+        except NodesUnavailable as exc:
+            return self._serve_stale(exc, stale_in_hand)
 
-    async def atry_write_lease(self) -> Lease | None:
+    async def atry_write_lease(self, *, stale_in_hand: bool) -> Lease | None:
         try:
             return await self.manager.aacquire(self.name, rw="write", timeout=0, auto_extend=True)
         except LockNotAcquired:
             return None
+        except NodesUnavailable as exc:
+            return self._serve_stale(exc, stale_in_hand)
+
+    def _serve_stale(self, exc: NodesUnavailable, stale_in_hand: bool) -> Lease | None:
+        """None (no lease: serve the stale value) with a warning, or ``exc`` re-raised."""
+        if not stale_in_hand:
+            raise exc
+        logger.warning(
+            "Cache key %r: serving its stale value, not refreshed: the lock alias %r cannot "
+            "be reached (%s).",
+            self.full_key,
+            self.manager.alias,
+            exc,
+        )
+        return None
