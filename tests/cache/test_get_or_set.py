@@ -24,7 +24,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django_redlock import locks, signals
 from django_redlock.cache import aget_or_set, get_or_set
 from django_redlock.cache.arguments import lock_name
-from django_redlock.cache.stores import FENCE_SUFFIX, store_for
+from django_redlock.cache.stores import record_key, store_for
 from django_redlock.exceptions import LockError, LockNotAcquired, NodesUnavailable
 from django_redlock.testing import RedisNode
 from tests.support import cache_workers as workers
@@ -254,7 +254,7 @@ def test_timeouts_become_key_lifetimes(backend: str, cache_node: RedisNode, key:
     client = cache_node.client()
     get_or_set(key, lambda: 1, 10, stale=5)
     assert 14_000 < client.pttl(full_key(key)) <= 15_000
-    assert client.pttl(full_key(key) + FENCE_SUFFIX) > 14_000
+    assert client.pttl(record_key(full_key(key))) > 14_000
     get_or_set(f"{key}f", lambda: 1, None)
     assert client.pttl(full_key(f"{key}f")) == -1
     get_or_set(f"{key}d", lambda: 1, DEFAULT_TIMEOUT)  # the cache's own TIMEOUT: 300 s
@@ -441,7 +441,7 @@ def test_django_redis_sentinel_client(settings: Any, redis_sentinel_group: Any, 
     }
     assert get_or_set(key, lambda: {"from": "sentinel"}, 30) == {"from": "sentinel"}
     assert cache.get(key) == {"from": "sentinel"}
-    assert group.master.client().exists(full_key(key), full_key(key) + FENCE_SUFFIX) == 2
+    assert group.master.client().exists(full_key(key), record_key(full_key(key))) == 2
     cache.client.disconnect()
 
 
@@ -479,3 +479,16 @@ def test_the_longest_lifetime_and_exact_number_types(
     assert cache_node.client().pttl(full) > 10**14
     assert get_or_set(f"{key}f", lambda: "f", Fraction(3, 2), stale=Decimal("0.5")) == "f"
     assert 1500 < cache_node.client().pttl(full_key(f"{key}f")) <= 2000
+
+
+def test_no_key_of_the_cache_api_is_a_fence_record(backend: str, key: str) -> None:
+    """The fence record's key is out of the cache API's reach: a user's value at a key that
+    ends like a record's (the old ``<key>|redlock:fence``) is neither overwritten by a fill
+    of ``key`` nor read as its record, and django-redis's ``keys()`` lists only the value."""
+    cache.set(f"{key}|redlock:fence", {"user": "data"}, 300)
+    assert get_or_set(key, lambda: "mine", 30) == "mine"
+    assert cache.get(f"{key}|redlock:fence") == {"user": "data"}
+    cache.set(f"{key}|redlock:fence", "user", 300)
+    assert get_or_set(key, _never, 30) == "mine"
+    if backend == "django-redis":
+        assert sorted(cache.keys(f"{key}*")) == sorted([key, f"{key}|redlock:fence"])
