@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import decimal
 import hashlib
 import inspect
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction as asgiref_iscoroutinefunction
 from django.core.cache import BaseCache, caches
 from django.core.cache.backends.base import DEFAULT_TIMEOUT, InvalidCacheBackendError
 from django.core.exceptions import ImproperlyConfigured
@@ -30,11 +33,21 @@ def check_compute(compute: Any, *, asyncio: bool) -> None:
             f"compute must be a callable returning the value to cache, not "
             f"{type(compute).__name__}; pass the function itself (get_or_set(key, build, 60))."
         )
-    if not asyncio and inspect.iscoroutinefunction(compute):
+    if not asyncio and is_async_callable(compute):
         raise TypeError(
-            "compute is a coroutine function: get_or_set() would cache the coroutine object, "
-            "not its result. Pass a plain function, or await aget_or_set()."
+            "compute is a coroutine function (or an object with an async __call__): "
+            "get_or_set() would cache the coroutine object, not its result. Pass a plain "
+            "function, or await aget_or_set()."
         )
+
+
+def is_async_callable(compute: Any) -> bool:
+    """A coroutine function, a partial of one, or an object whose ``__call__`` is one."""
+    if inspect.iscoroutinefunction(compute) or asgiref_iscoroutinefunction(compute):
+        return True
+    if inspect.isroutine(compute) or isinstance(compute, type):
+        return False
+    return inspect.iscoroutinefunction(getattr(compute, "__call__", None))  # noqa: B004
 
 
 def check_key(key: Any) -> str:
@@ -46,13 +59,14 @@ def check_key(key: Any) -> str:
 def lifetimes(timeout: Any, stale: Any, backend: BaseCache) -> Lifetimes:
     """``timeout`` as Django's cache takes it (seconds; None: forever; ``DEFAULT_TIMEOUT``: the
     cache's own), except 0 and below (which store nothing there) are errors; ``stale``: None or
-    seconds >= 0, only with a finite timeout."""
+    seconds >= 0, only with a finite timeout; ``timeout + stale`` at most
+    :data:`MAX_LIFETIME` seconds (checked here, not by Redis after the compute ran)."""
     if timeout is DEFAULT_TIMEOUT:
         timeout = backend.default_timeout
     fresh_ms = 0 if timeout is None else _positive_ms("timeout", timeout)
     if stale is None:
-        return Lifetimes(fresh_ms, 0)
-    if isinstance(stale, bool) or not isinstance(stale, int | float) or not math.isfinite(stale):
+        return _bounded(Lifetimes(fresh_ms, 0))
+    if not _is_number(stale) or not math.isfinite(stale):
         raise TypeError(f"stale must be None or a finite number of seconds, not {stale!r}.")
     if stale < 0:
         raise ValueError(f"stale must be 0 or more seconds, got {stale!r}.")
@@ -60,11 +74,31 @@ def lifetimes(timeout: Any, stale: Any, backend: BaseCache) -> Lifetimes:
         raise ValueError(
             "stale needs a finite timeout: with timeout=None the value never goes stale."
         )
-    return Lifetimes(fresh_ms, round(stale * 1000))
+    return _bounded(Lifetimes(fresh_ms, round(float(stale) * 1000)))
+
+
+#: The longest ``timeout + stale``, in seconds (about 31,700 years): the key's lifetime in ms
+#: stays an exact integer in the scripts (Lua numbers are doubles) and within Redis's range.
+MAX_LIFETIME = 10**12
+
+
+def _bounded(times: Lifetimes) -> Lifetimes:
+    if times.fresh_ms + times.grace_ms > MAX_LIFETIME * 1000:
+        raise ValueError(
+            f"timeout + stale must be at most {MAX_LIFETIME:.0e} seconds (about 31,700 years), "
+            f"got {(times.fresh_ms + times.grace_ms) / 1000:.6g}: Redis cannot keep a key that "
+            "long. Use timeout=None to keep the value until it is deleted."
+        )
+    return times
+
+
+def _is_number(value: Any) -> bool:
+    """A real number as Django's cache takes it (int, float, Fraction, Decimal), not a bool."""
+    return not isinstance(value, bool) and isinstance(value, numbers.Real | decimal.Decimal)
 
 
 def _positive_ms(what: str, seconds: Any) -> int:
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+    if not _is_number(seconds):
         raise TypeError(f"{what} must be a number of seconds or None (forever), not {seconds!r}.")
     if not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(
@@ -72,7 +106,7 @@ def _positive_ms(what: str, seconds: Any) -> int:
             "store nothing (Django's meaning), so every caller would compute, one at a time. "
             "Use None to keep the value until it is deleted."
         )
-    return max(1, round(seconds * 1000))
+    return max(1, round(float(seconds) * 1000))
 
 
 def cache_backend(alias: Any) -> BaseCache:

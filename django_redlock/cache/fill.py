@@ -13,23 +13,38 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 
-from ..exceptions import LockError, LockNotAcquired
+from ..exceptions import LockError, LockNotAcquired, NodesUnavailable
 from ..locking import context
 from ..locking.lease import Lease
 from ..locking.manager import LockManager
 from ..locking.registry import locks
-from .arguments import Lifetimes, cache_backend, check_compute, check_key, lifetimes, lock_name
+from .arguments import (
+    Lifetimes,
+    cache_backend,
+    check_compute,
+    check_key,
+    is_async_callable,
+    lifetimes,
+    lock_name,
+)
 from .stores import FencedStore, Found, store_for
 
 # docs/index.md: one logger name (records carry .module)
 logger = logging.getLogger("django_redlock")
 
 T = TypeVar("T")
+
+#: The (lock alias, lock name) of each fill whose compute runs in this context.
+_COMPUTING: ContextVar[frozenset[tuple[str, str]]] = ContextVar(
+    "django_redlock_cache_computing", default=frozenset()
+)
 
 
 def get_or_set(
@@ -55,7 +70,7 @@ def get_or_set(
     if found is not None and not found.stale:
         return found.value  # type: ignore[no-any-return]
     fill.check_not_own()
-    lease = fill.try_write_lease()
+    lease = fill.try_write_lease(stale_in_hand=found is not None)
     if lease is None:
         if found is not None:
             return found.value  # type: ignore[no-any-return]  # stale; another caller refreshes it
@@ -68,7 +83,8 @@ def get_or_set(
         found = fill.read()  # a fill may have ended between the miss and the lease
         if found is not None and not found.stale:
             return found.value  # type: ignore[no-any-return]
-        value = compute()
+        with fill.computing():
+            value = compute()
         fill.write(value, lease)
         return value
     finally:
@@ -85,8 +101,9 @@ async def aget_or_set(
     stale: float | None = None,
 ) -> T:
     """Asyncio twin of :func:`get_or_set`: ``compute`` may be a coroutine function (awaited)
-    or a plain function (called in the event loop); the cache's Redis calls run in a worker
-    thread, the lock's on the loop."""
+    or a plain function (run in a worker thread by ``sync_to_async``, so the loop keeps
+    renewing the lease while it blocks; an awaitable it returns is awaited); the cache's Redis
+    calls run in a worker thread, the lock's on the loop."""
     check_compute(compute, asyncio=True)
     fill = _Fill.of(key, timeout, cache, using, stale)  # no I/O: checks and lookups
     read = sync_to_async(fill.read, thread_sensitive=False)
@@ -94,7 +111,7 @@ async def aget_or_set(
     if found is not None and not found.stale:
         return found.value  # type: ignore[no-any-return]
     fill.check_not_own()
-    lease = await fill.atry_write_lease()
+    lease = await fill.atry_write_lease(stale_in_hand=found is not None)
     if lease is None:
         if found is not None:
             return found.value  # type: ignore[no-any-return]  # stale; another caller refreshes it
@@ -107,13 +124,25 @@ async def aget_or_set(
         found = await read()
         if found is not None and not found.stale:
             return found.value  # type: ignore[no-any-return]
-        value = compute()
-        if inspect.isawaitable(value):
-            value = await value
+        with fill.computing():
+            value = await _acompute(compute)
         await sync_to_async(fill.write, thread_sensitive=False)(value, lease)
-        return value
+        return value  # type: ignore[no-any-return]
     finally:
         await lease.arelease()
+
+
+async def _acompute(compute: Callable[[], Any]) -> Any:
+    """``compute()``'s value: a coroutine function is awaited on the loop; a plain function
+    runs in a worker thread (Django's thread-sensitive one, where its ORM calls belong), so a
+    blocking compute does not stop the loop from renewing the write lease."""
+    if is_async_callable(compute):
+        value = compute()
+    else:
+        value = await sync_to_async(compute, thread_sensitive=True)()
+    if inspect.isawaitable(value):
+        value = await value
+    return value
 
 
 class _Fill:
@@ -158,24 +187,54 @@ class _Fill:
                 lease.token,
             )
 
+    @contextmanager
+    def computing(self) -> Iterator[None]:
+        """Marks this key as being computed in this context (copied into a ``sync_to_async``
+        thread running the compute, where the lease's own context is not seen)."""
+        reset = _COMPUTING.set(_COMPUTING.get() | {(self.manager.alias, self.name)})
+        try:
+            yield
+        finally:
+            _COMPUTING.reset(reset)
+
     def check_not_own(self) -> None:
         """A compute that asks for its own key would wait for itself: refuse it at once."""
-        if context.held(self.manager.alias, self.name):
+        alias = self.manager.alias
+        if context.held(alias, self.name) or (alias, self.name) in _COMPUTING.get():
             raise LockError(
                 f"get_or_set({self.full_key!r}) was called while this thread or task holds "
                 "that key's lock (inside the compute of the same key?): it would wait for "
                 "itself. Compute the value directly there."
             )
 
-    def try_write_lease(self) -> Lease | None:
-        """The write lease if nobody holds the key's lock (one attempt), else None."""
+    def try_write_lease(self, *, stale_in_hand: bool) -> Lease | None:
+        """The write lease if nobody holds the key's lock (one attempt), else None; None too
+        when the lock's nodes cannot be reached while a stale value is in hand (served, with
+        a warning: the refresh waits for the nodes)."""
         try:
             return self.manager.acquire(self.name, rw="write", timeout=0, auto_extend=True)
         except LockNotAcquired:
             return None
+        except NodesUnavailable as exc:
+            return self._serve_stale(exc, stale_in_hand)
 
-    async def atry_write_lease(self) -> Lease | None:
+    async def atry_write_lease(self, *, stale_in_hand: bool) -> Lease | None:
         try:
             return await self.manager.aacquire(self.name, rw="write", timeout=0, auto_extend=True)
         except LockNotAcquired:
             return None
+        except NodesUnavailable as exc:
+            return self._serve_stale(exc, stale_in_hand)
+
+    def _serve_stale(self, exc: NodesUnavailable, stale_in_hand: bool) -> Lease | None:
+        """None (no lease: serve the stale value) with a warning, or ``exc`` re-raised."""
+        if not stale_in_hand:
+            raise exc
+        logger.warning(
+            "Cache key %r: serving its stale value, not refreshed: the lock alias %r cannot "
+            "be reached (%s).",
+            self.full_key,
+            self.manager.alias,
+            exc,
+        )
+        return None

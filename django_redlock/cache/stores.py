@@ -1,7 +1,7 @@
 """Fenced reads and writes of one cache key through a Redis cache backend's own client.
 
 The value is stored at the backend's own key, encoded as the backend encodes it, so a plain
-``cache.get(key)`` reads it. Beside it, at ``<key>|redlock:fence``, a record
+``cache.get(key)`` reads it. Beside it, at ``redlock:fence:<key>``, a record
 ``"<token>:<fresh until, ms on the Redis server's clock>"`` (``"<token>:"``: fresh forever) says
 which lease wrote it and until when it is fresh. Both are read and written by the Lua scripts
 below, on the backend's primary (a replica may not have the value a released lease stored yet).
@@ -16,8 +16,17 @@ from typing import Any, Protocol
 from django.core.cache import BaseCache
 from django.core.exceptions import ImproperlyConfigured
 
-#: Suffix of the fence record's key (after the backend's full key of the value).
-FENCE_SUFFIX = "|redlock:fence"
+#: Prefix of the fence record's key (before the backend's full key of the value). Django's and
+#: django-redis's keys are ``<KEY_PREFIX>:<version>:<key>`` with an integer version, so no key
+#: given to the cache API becomes a record's key (a suffix could: ``key + suffix``), and their
+#: ``keys()``/``delete_pattern()`` (which match ``<KEY_PREFIX>:<version>:...``) leave it out.
+FENCE_PREFIX = "redlock:fence:"
+
+
+def record_key(full_key: str) -> str:
+    """The key of the fence record of the value at ``full_key``."""
+    return FENCE_PREFIX + full_key
+
 
 #: Read the value and tell fresh from stale. KEYS: value, fence record. ARGV[1]: how many ms
 #: past its freshness a stale value may still be served. Replies nil (a miss: absent, or stale
@@ -127,7 +136,7 @@ class FencedStore:
 
 
 def _run(client: _RawClient, script: str, sha: str, full_key: str, *args: Any) -> Any:
-    keys = (full_key, full_key + FENCE_SUFFIX)
+    keys = (full_key, record_key(full_key))
     try:
         return client.evalsha(sha, 2, *keys, *args)
     except Exception as exc:  # redis.exceptions.NoScriptError: the server lost its scripts

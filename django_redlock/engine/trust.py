@@ -43,10 +43,27 @@ def rejoin_plan(
       highest counter of a majority of trusted nodes (or, when fewer than a quorum are trusted,
       the highest counter of all reachable nodes and the clock floor).
     """
-    now = time.monotonic()
-    if now < state.next_rejoin_check:
+    if time.monotonic() < state.next_rejoin_check:
         return False
-    state.next_rejoin_check = now + REJOIN_INTERVAL
+    rejoined = yield from _rejoin_check(state, nodes, seen_untrusted, drawn)
+    if not rejoined:
+        # Only a check that made nothing trusted holds the others back (a restarted node in
+        # its quarantine: no probe per attempt). A check still in flight holds back nobody:
+        # on a new cluster, the callers of this process that found the nodes untrusted while
+        # another initialised them probe too, find them trusted (or finish the job) and retry
+        # at once, as callers in other processes do, timeout=0 ones included.
+        state.next_rejoin_check = time.monotonic() + REJOIN_INTERVAL
+    return rejoined
+
+
+def _rejoin_check(
+    state: AliasState,
+    nodes: Sequence[NodeView],
+    seen_untrusted: Sequence[int],
+    drawn: Sequence[int],
+) -> Plan[bool]:
+    """:func:`rejoin_plan`'s probe and rejoin, without its throttle."""
+    now = time.monotonic()
     total = len(nodes)
     needed = quorum(total)
     fence = state.keys.fence

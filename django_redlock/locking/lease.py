@@ -211,10 +211,25 @@ class Lease:
         return self._released(self._engine.release(self._record))
 
     async def arelease(self) -> bool:
-        """Asyncio twin of :meth:`release`."""
+        """Asyncio twin of :meth:`release`. A cancellation (``task.cancel()``, ``wait_for``)
+        while it runs is passed on, but the release still goes out: a cancelled caller does
+        not leave its lease held until the TTL."""
         if not self._releasing():
             return False
-        return self._released(await self._engine.arelease(self._record))
+        release = asyncio.ensure_future(self._engine.arelease(self._record))
+        try:
+            held = await asyncio.shield(release)
+        except asyncio.CancelledError:
+            _RELEASING.add(release)  # kept referenced until it ends (the loop holds tasks weakly)
+            release.add_done_callback(self._released_late)
+            raise
+        return self._released(held)
+
+    def _released_late(self, release: asyncio.Future[bool]) -> None:
+        """The end of a release its caller stopped waiting for (cancelled)."""
+        _RELEASING.discard(release)
+        if not release.cancelled() and release.exception() is None:
+            self._released(release.result())
 
     def _ttl_for(self, ttl: float | None) -> float:
         return (
@@ -338,6 +353,10 @@ class Lease:
                 if why == "max_hold"
                 else "no quorum confirmed a renewal before its validity ran out"
             )
+
+
+#: Releases still running after their caller was cancelled (see :meth:`Lease.arelease`).
+_RELEASING: set[asyncio.Future[bool]] = set()
 
 
 def start_renewals(leases: list[Lease], max_hold: float | None) -> None:

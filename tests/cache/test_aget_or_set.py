@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -143,3 +145,61 @@ def test_bad_input_and_own_key(backend: str, key: str) -> None:
     with pytest.raises(LockError, match="it would wait for itself"):
         asyncio.run(aget_or_set(key, recursive, 30))
     assert cache.get(key, "absent") == "absent"
+
+
+def test_a_blocking_plain_compute_longer_than_the_ttl_keeps_its_lease(
+    backend: str, key: str, settings: Any, redlock_alias: Any
+) -> None:
+    """A plain (blocking) compute runs in a worker thread, so the loop keeps renewing the
+    write lease: a compute of 1.5 s on an alias whose TTL is 0.3 s still holds the key, and a
+    caller arriving 0.7 s in waits and reads its value instead of computing a second time."""
+    manager = redlock_alias(settings.REDLOCK["default"]["NODES"], TTL=0.3, TIMEOUT=30)
+    computes: list[str] = []
+    started = threading.Event()
+
+    def slow() -> str:
+        computes.append("slow")
+        started.set()
+        time.sleep(1.5)
+        return "slow"
+
+    first = threading.Thread(
+        target=lambda: asyncio.run(aget_or_set(key, slow, 30, using=manager.alias))
+    )
+    first.start()
+    assert started.wait(30)
+    time.sleep(0.7)  # more than two TTLs into the compute
+
+    def second() -> str:
+        computes.append("second")
+        return "second"
+
+    assert get_or_set(key, second, 30, using=manager.alias) == "slow"
+    first.join(30)
+    assert computes == ["slow"]
+
+
+def test_a_plain_compute_asking_for_its_own_key_fails_at_once(backend: str, key: str) -> None:
+    """The plain compute runs in a worker thread, which still knows that its key is being
+    computed: asking for it there is a LockError at once, not a wait for itself."""
+
+    def recursive() -> str:
+        return get_or_set(key, lambda: "inner", 30)
+
+    with pytest.raises(LockError, match="it would wait for itself"):
+        asyncio.run(aget_or_set(key, recursive, 30))
+    assert cache.get(key, "absent") == "absent"
+
+
+def test_an_object_with_an_async_call_is_awaited(backend: str, key: str) -> None:
+    """An object whose ``__call__`` is a coroutine function is awaited by ``aget_or_set``
+    and refused by ``get_or_set`` (before anything is written), like a coroutine function."""
+
+    class Build:
+        async def __call__(self) -> str:
+            return "built"
+
+    with pytest.raises(TypeError, match="async __call__"):
+        get_or_set(key, Build(), 30)
+    assert cache.get(key, "absent") == "absent"
+    assert asyncio.run(aget_or_set(key, Build(), 30)) == "built"

@@ -4,6 +4,7 @@ miss at once, stale values served while one caller refreshes, fenced writes, err
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import os
 import signal
@@ -11,6 +12,8 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -19,10 +22,10 @@ from django.core.cache.backends.base import DEFAULT_TIMEOUT
 from django.core.exceptions import ImproperlyConfigured
 
 from django_redlock import locks, signals
-from django_redlock.cache import get_or_set
+from django_redlock.cache import aget_or_set, get_or_set
 from django_redlock.cache.arguments import lock_name
-from django_redlock.cache.stores import FENCE_SUFFIX, store_for
-from django_redlock.exceptions import LockError, LockNotAcquired
+from django_redlock.cache.stores import record_key, store_for
+from django_redlock.exceptions import LockError, LockNotAcquired, NodesUnavailable
 from django_redlock.testing import RedisNode
 from tests.support import cache_workers as workers
 from tests.support.waiting import until, until_waiting
@@ -251,7 +254,7 @@ def test_timeouts_become_key_lifetimes(backend: str, cache_node: RedisNode, key:
     client = cache_node.client()
     get_or_set(key, lambda: 1, 10, stale=5)
     assert 14_000 < client.pttl(full_key(key)) <= 15_000
-    assert client.pttl(full_key(key) + FENCE_SUFFIX) > 14_000
+    assert client.pttl(record_key(full_key(key))) > 14_000
     get_or_set(f"{key}f", lambda: 1, None)
     assert client.pttl(full_key(f"{key}f")) == -1
     get_or_set(f"{key}d", lambda: 1, DEFAULT_TIMEOUT)  # the cache's own TIMEOUT: 300 s
@@ -290,6 +293,10 @@ def test_stale_grace_is_each_callers_own(
         ({"stale": -1}, ValueError, "0 or more"),
         ({"stale": "5"}, TypeError, "stale must be"),
         ({"stale": 5, "timeout": None}, ValueError, "finite timeout"),
+        ({"timeout": 1e15}, ValueError, "at most 1e\\+12 seconds"),
+        ({"timeout": 2**63}, ValueError, "at most 1e\\+12 seconds"),
+        ({"timeout": 30, "stale": 1e18}, ValueError, "at most 1e\\+12 seconds"),
+        ({"timeout": 10**12, "stale": 1}, ValueError, "at most 1e\\+12 seconds"),
         ({"compute": 42}, TypeError, "callable"),
         ({"compute": "coroutine"}, TypeError, "coroutine function"),
         ({"key": 5}, TypeError, "non-empty str"),
@@ -434,5 +441,54 @@ def test_django_redis_sentinel_client(settings: Any, redis_sentinel_group: Any, 
     }
     assert get_or_set(key, lambda: {"from": "sentinel"}, 30) == {"from": "sentinel"}
     assert cache.get(key) == {"from": "sentinel"}
-    assert group.master.client().exists(full_key(key), full_key(key) + FENCE_SUFFIX) == 2
+    assert group.master.client().exists(full_key(key), record_key(full_key(key))) == 2
     cache.client.disconnect()
+
+
+def test_a_stale_value_is_served_while_the_lock_nodes_are_down(
+    backend: str, key: str, redis_node_factory: Any, redlock_alias: Any, caplog: Any
+) -> None:
+    """With the lock alias's node down, a stale value within its grace is returned (with a
+    warning, not refreshed) instead of NodesUnavailable, by both twins; a hit needs no lock;
+    a miss (nothing to serve) still raises NodesUnavailable, and nothing is computed."""
+    lock_node = redis_node_factory(1)[0]
+    manager = redlock_alias([lock_node.url], TTL=1.0, TIMEOUT=2, NODE_TIMEOUT=0.2)
+    using = manager.alias
+    assert get_or_set(key, lambda: "fresh", 30, using=using) == "fresh"
+    assert get_or_set(f"{key}s", lambda: "old", 0.1, stale=60, using=using) == "old"
+    time.sleep(0.2)
+    lock_node.kill()
+    with caplog.at_level("WARNING", logger="django_redlock"):
+        assert get_or_set(key, _never, 30, using=using) == "fresh"
+        assert get_or_set(f"{key}s", _never, 0.1, stale=60, using=using) == "old"
+        assert asyncio.run(aget_or_set(f"{key}s", _never, 0.1, stale=60, using=using)) == "old"
+    assert sum("serving its stale value" in r.getMessage() for r in caplog.records) == 2
+    with pytest.raises(NodesUnavailable):
+        get_or_set(f"{key}m", _never, 30, using=using)
+    with pytest.raises(NodesUnavailable):
+        get_or_set(f"{key}s", _never, 0.1, using=using)  # no grace of its own: a miss
+
+
+def test_the_longest_lifetime_and_exact_number_types(
+    backend: str, cache_node: RedisNode, key: str
+) -> None:
+    """``timeout + stale`` up to 1e12 seconds is stored (Redis keeps it); a Fraction or a
+    Decimal is taken as Django's cache takes it."""
+    assert get_or_set(key, lambda: "long", 10**12) == "long"
+    full = full_key(key)
+    assert cache_node.client().pttl(full) > 10**14
+    assert get_or_set(f"{key}f", lambda: "f", Fraction(3, 2), stale=Decimal("0.5")) == "f"
+    assert 1500 < cache_node.client().pttl(full_key(f"{key}f")) <= 2000
+
+
+def test_no_key_of_the_cache_api_is_a_fence_record(backend: str, key: str) -> None:
+    """The fence record's key is out of the cache API's reach: a user's value at a key that
+    ends like a record's (the old ``<key>|redlock:fence``) is neither overwritten by a fill
+    of ``key`` nor read as its record, and django-redis's ``keys()`` lists only the value."""
+    cache.set(f"{key}|redlock:fence", {"user": "data"}, 300)
+    assert get_or_set(key, lambda: "mine", 30) == "mine"
+    assert cache.get(f"{key}|redlock:fence") == {"user": "data"}
+    cache.set(f"{key}|redlock:fence", "user", 300)
+    assert get_or_set(key, _never, 30) == "mine"
+    if backend == "django-redis":
+        assert sorted(cache.keys(f"{key}*")) == sorted([key, f"{key}|redlock:fence"])

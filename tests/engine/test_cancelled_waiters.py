@@ -189,3 +189,33 @@ def test_an_interrupted_waiter_stops_counting_at_once(
         manager.acquire(unique_name, timeout=20)
     _assert_withdrawn(manager, names)
     _released_then_free(manager, holders, names)
+
+
+@pytest.mark.parametrize("rw", ["read", "write"])
+def test_a_release_cancelled_before_it_went_out_still_releases(
+    rw: str, redis_node_factory: Any, redlock_alias: Any
+) -> None:
+    """Two leases of one loop released at once: the second release needs a new connection
+    (the loop's idle one carries the first) and is cancelled while it connects, before its
+    command went out. The caller still gets CancelledError, and the release goes out anyway:
+    the name is free at once, not after its 30 s TTL."""
+    manager = redlock_alias(redis_node_factory(1), TTL=30.0)
+
+    async def main() -> None:
+        first = await manager.aacquire("a", rw=rw, timeout=0)
+        second = await manager.aacquire("b", rw=rw, timeout=0)
+        releases = [asyncio.create_task(first.arelease()), asyncio.create_task(second.arelease())]
+        await asyncio.sleep(0)  # both begun: the second is connecting
+        releases[1].cancel()
+        outcomes = await asyncio.gather(*releases, return_exceptions=True)
+        assert outcomes[0] is True and isinstance(outcomes[1], asyncio.CancelledError)
+
+    asyncio.run(main())
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            manager.acquire("b", rw="write", timeout=0).release()
+            break
+        except LockNotAcquired:
+            assert time.monotonic() < deadline, "the cancelled release never went out"
+            time.sleep(0.05)

@@ -138,6 +138,41 @@ def test_first_acquires_of_many_processes_on_a_new_cluster_all_succeed(
     assert [f for f in failures if f[2] != "ok"] == []
 
 
+@pytest.mark.parametrize("round_", range(3))
+def test_first_acquires_with_timeout_0_of_many_threads_on_a_new_cluster(
+    round_: int, redis_node_factory: Any, redlock_alias: Any
+) -> None:
+    """Twelve threads of one process make their first acquire(rw="write", timeout=0) on a new
+    3-node cluster at once (a fresh alias each round): each gets the lease or LockNotAcquired,
+    none NodesUnavailable ("quarantined"). The one retry after another caller initialised the
+    nodes applies to timeout=0 too (it used to be skipped there: the rejoin check ran once
+    per half second per alias, so the threads behind the initialising one failed)."""
+    manager = redlock_alias(redis_node_factory(3), TTL=5.0, TIMEOUT=30)
+    barrier = threading.Barrier(12)
+    outcomes: list[str] = []
+
+    def first_acquire() -> None:
+        barrier.wait(30)
+        try:
+            lease = manager.acquire("fresh", rw="write", timeout=0)
+        except LockNotAcquired:
+            outcomes.append("busy")
+        except NodesUnavailable as exc:
+            outcomes.append(f"unavailable: {exc}")
+        else:
+            time.sleep(0.3)
+            lease.release()
+            outcomes.append("won")
+
+    threads = [threading.Thread(target=first_acquire) for _ in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert [o for o in outcomes if o.startswith("unavailable")] == []
+    assert sorted(outcomes) == ["busy"] * 11 + ["won"]
+
+
 def test_restarted_node_is_quarantined_while_a_holds(redis_node_factory, redlock_alias):
     """A holds on all 3 nodes; node 0 is killed and restarted empty at once. B must be
     refused (the restarted node does not vote) rather than get a second lease."""
