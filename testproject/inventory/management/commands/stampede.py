@@ -35,6 +35,7 @@ def reader(
 ) -> None:
     """One process: miss ``key`` together with the others, then report what it got."""
     from django.core.cache import caches
+
     from django_redlock.cache import get_or_set
 
     def compute() -> str:
