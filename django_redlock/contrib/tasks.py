@@ -219,9 +219,18 @@ def _as_stored(value: Any) -> Any:
     """Arguments as the worker gets them back: the framework's ``normalize_json`` (bytes
     decoded, tuples as lists), then a JSON round trip as the backend's storage makes (an Enum
     member becomes its value, a ``True``/``None`` dict key ``"true"``/``"null"``), so the key
-    the enqueue fills is the one the worker fills. Raises what the framework raises for an
-    argument it cannot store, before anything is sent."""
-    return json.loads(json.dumps(_normalize_json(value)))
+    the enqueue fills is the one the worker fills. Objects come back with their keys sorted:
+    PostgreSQL's ``jsonb`` reorders them, so the order they were given in is lost. Raises what
+    the framework raises for an argument it cannot store, before anything is sent."""
+    stored = json.loads(json.dumps(_normalize_json(value)))  # every object key is text now
+    return json.loads(json.dumps(stored, sort_keys=True))
+
+
+def worker_key(task_result: Any) -> str:
+    """The key a worker fills for ``task_result`` of a unique task: from its arguments as the
+    backend stored them, normalised as the enqueue normalised them."""
+    task: UniqueTask = task_result.task
+    return task.unique.key(_as_stored(task_result.args), _as_stored(task_result.kwargs))
 
 
 def _on_started(sender: Any = None, task_result: Any = None, **_: Any) -> None:
@@ -241,7 +250,7 @@ def _on_worker_event(task_result: Any, event: str) -> None:
         return
     try:
         unique = task.unique
-        key = unique.key(_as_stored(task_result.args), _as_stored(task_result.kwargs))
+        key = worker_key(task_result)
         change = unique.rule.started if event == "started" else unique.rule.finished
         change(key, str(task_result.id))
     except Exception:
