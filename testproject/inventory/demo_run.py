@@ -123,6 +123,17 @@ def stop_group(process: subprocess.Popen[bytes], grace: float = 8.0) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
+def add_json_option(parser: Any) -> None:
+    """``--json [PATH]``, read by :func:`emit_result`."""
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        nargs="?",
+        const="-",
+        help="Also write the result as JSON (to PATH, or as the last line).",
+    )
+
+
 def emit_result(command: BaseCommand, line: str, result: dict[str, Any], json_to: Any) -> None:
     """Write a demo command's one-line outcome, and its ``result`` as JSON where ``--json``
     says: ``"-"`` as the last line of the output, a path into that file, None nowhere."""

@@ -9,7 +9,6 @@ import multiprocessing
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,20 +24,6 @@ from tests.support import cache_workers as workers
 from tests.support.waiting import until, until_waiting
 
 SPAWN = multiprocessing.get_context("spawn")
-
-
-@pytest.fixture(scope="module")
-def cache_node(redis_node_factory_session: Any) -> RedisNode:
-    """A redis-server of this module's own for the caches."""
-    node: RedisNode = redis_node_factory_session(1)[0]
-    return node
-
-
-@pytest.fixture(params=sorted(workers.BACKENDS))
-def backend(request: pytest.FixtureRequest, cache_node: RedisNode, settings: Any) -> Iterator[str]:
-    """``CACHES["default"]`` of each supported backend on the module's node."""
-    settings.CACHES = workers.caches_setting(request.param, cache_node.url)
-    yield request.param
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any
@@ -31,20 +30,6 @@ from tests.support import cache_workers as workers
 from tests.support.waiting import until, until_waiting
 
 SPAWN = multiprocessing.get_context("spawn")
-
-
-@pytest.fixture(scope="module")
-def cache_node(redis_node_factory_session: Any) -> RedisNode:
-    """A redis-server of this module's own for the caches."""
-    node: RedisNode = redis_node_factory_session(1)[0]
-    return node
-
-
-@pytest.fixture(params=sorted(workers.BACKENDS))
-def backend(request: pytest.FixtureRequest, cache_node: RedisNode, settings: Any) -> Iterator[str]:
-    """``CACHES["default"]`` of each supported backend on the module's node."""
-    settings.CACHES = workers.caches_setting(request.param, cache_node.url)
-    yield request.param
 
 
 @pytest.fixture

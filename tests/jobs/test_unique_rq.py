@@ -25,7 +25,7 @@ from django_redlock.contrib.rq import enqueue_unique
 from django_redlock.testing import RedisNode
 from testproject.inventory.models import Product
 from tests.jobs.unique_jobs import rq_fail, rq_report
-from tests.jobs.unique_support import Processes, processes, python, wait_for
+from tests.jobs.unique_support import Processes, gather_ids, processes, python, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -94,14 +94,7 @@ def test_five_enqueues_while_queued_send_one_job(
         ids.append(job.id)
 
     pool = [threading.Thread(target=enqueue) for _ in range(3)]
-    for thread in pool:
-        thread.start()
-    for thread in pool:
-        thread.join(60)
-    for process in others:
-        assert process.wait(60) == 0, started.log_of(process)
-        log = started.log_of(process)
-        ids.extend(line[3:] for line in log.splitlines() if line.startswith("id="))
+    ids.extend(gather_ids(pool, others, started))
     assert len(ids) == 5
     assert len(set(ids)) == 1, ids
     assert queue.count == 1

@@ -37,7 +37,7 @@ from tests.jobs.unique_jobs import (
     report_until_started,
     report_with_context,
 )
-from tests.jobs.unique_support import Processes, processes, python, wait_for
+from tests.jobs.unique_support import Processes, gather_ids, processes, python, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -82,14 +82,7 @@ def ids_from_threads_and_processes(
             connection.close()
 
     pool = [threading.Thread(target=enqueue) for _ in range(threads)]
-    for thread in pool:
-        thread.start()
-    for thread in pool:
-        thread.join(60)
-    for process in others:
-        assert process.wait(60) == 0, started.log_of(process)
-        out = started.log_of(process)
-        ids.extend(line[3:] for line in out.splitlines() if line.startswith("id="))
+    ids.extend(gather_ids(pool, others, started))
     return ids
 
 

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -88,3 +89,20 @@ def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = ""
 
 def python(script: str) -> list[str]:
     return [sys.executable, "-c", script]
+
+
+def gather_ids(
+    pool: Sequence[threading.Thread], others: Sequence[subprocess.Popen[bytes]], started: Processes
+) -> list[str]:
+    """Start and join ``pool`` (threads appending to their own list), wait for ``others``
+    (processes printing ``id=<id>`` lines) and return the ids those printed."""
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join(60)
+    printed: list[str] = []
+    for process in others:
+        assert process.wait(60) == 0, started.log_of(process)
+        log = started.log_of(process)
+        printed.extend(line[3:] for line in log.splitlines() if line.startswith("id="))
+    return printed

@@ -28,17 +28,6 @@ MIDDLEWARE_PATH = "django_redlock.middleware.RequestLockMiddleware"
 JSON = {"Accept": "application/json"}
 
 
-@pytest.fixture
-def item_id() -> int:
-    """An id no other test uses (the session's Redis nodes are shared)."""
-    return uuid.uuid4().int % 10**12
-
-
-@pytest.fixture
-def key() -> str:
-    return str(uuid.uuid4())
-
-
 @pytest.fixture(autouse=True)
 def _clear_runs() -> Iterator[None]:
     RUNS.clear()

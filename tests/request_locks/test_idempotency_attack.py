@@ -5,7 +5,6 @@ nodes."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,17 +24,6 @@ pytestmark = pytest.mark.urls(URLS)
 MIDDLEWARE_PATH = "django_redlock.middleware.RequestLockMiddleware"
 AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
 JSON = {"Accept": "application/json"}
-
-
-@pytest.fixture
-def item_id() -> int:
-    """An id no other test uses (the session's Redis nodes are shared)."""
-    return uuid.uuid4().int % 10**12
-
-
-@pytest.fixture
-def key() -> str:
-    return str(uuid.uuid4())
 
 
 @pytest.fixture(autouse=True)

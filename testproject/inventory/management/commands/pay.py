@@ -29,7 +29,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
 from django.core.wsgi import get_wsgi_application
 
-from testproject.inventory.demo_run import emit_result
+from testproject.inventory.demo_run import add_json_option, emit_result
 from testproject.inventory.models import Charge
 
 
@@ -120,13 +120,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--attempts", type=int, default=20, help="Attempts per payment at most (20)."
         )
-        parser.add_argument(
-            "--json",
-            metavar="PATH",
-            nargs="?",
-            const="-",
-            help="Also write the result as JSON (to PATH, or as the last line).",
-        )
+        add_json_option(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["payments"] < 1 or options["attempts"] < 1:

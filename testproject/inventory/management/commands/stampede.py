@@ -25,7 +25,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from testproject.inventory.demo_run import SPAWN, WorkerProcesses, emit_result
+from testproject.inventory.demo_run import SPAWN, WorkerProcesses, add_json_option, emit_result
 
 CACHE = "demo"
 
@@ -61,13 +61,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--compute", type=float, default=1.0, help="Seconds one compute takes (1.0)."
         )
-        parser.add_argument(
-            "--json",
-            metavar="PATH",
-            nargs="?",
-            const="-",
-            help="Also write the result as JSON (to PATH, or as the last line).",
-        )
+        add_json_option(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         count, compute = options["processes"], options["compute"]
