@@ -27,6 +27,7 @@ from .conf import (
     AliasConfig,
     NodeSpec,
     busy_poll_setting,
+    check_order_setting,
     mask_secrets,
     parse_alias,
     redlock_settings,
@@ -44,6 +45,7 @@ CHECK_IDS = {
     "E003": "Two aliases share a node and one's KEY_PREFIX starts with the other's.",
     "E004": "REDLOCK_BUSY_POLL is not a number of seconds from 0 to 0.01.",
     "E005": "Two aliases with the same KEY_PREFIX share some but not all of their nodes.",
+    "E006": "REDLOCK_CHECK_ORDER is not True, False or None.",
     "W001": "A Redlock alias has 2 nodes or an even number of nodes (deploy).",
     "W002": "Two nodes of one alias point at the same host:port or socket (deploy).",
     "W003": "Plaintext redis:// to a host that is not loopback (deploy).",
@@ -86,6 +88,10 @@ def check_settings(
         busy_poll_setting()
     except ImproperlyConfigured as exc:
         errors.append(checks.Error(str(exc), id="django_redlock.E004"))
+    try:
+        check_order_setting()
+    except ImproperlyConfigured as exc:
+        errors.append(checks.Error(str(exc), id="django_redlock.E006"))
     return errors + _shared_node_prefixes(configs) + _unknown_settings()
 
 

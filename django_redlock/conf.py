@@ -249,6 +249,7 @@ SETTING_NAMES = (
     "REDLOCK",
     "REDLOCK_BUSY_POLL",
     "REDLOCK_BUSY_STATUS",
+    "REDLOCK_CHECK_ORDER",
     "REDLOCK_IDEMPOTENCY",
     "REDLOCK_REQUEST_LOCKS",
 )
@@ -271,6 +272,19 @@ def busy_poll_setting() -> float:
             f"REDLOCK_BUSY_POLL must be between 0 (off) and {BUSY_POLL_MAX} seconds, got {value!r}."
         )
     return float(value)
+
+
+def check_order_setting() -> bool:
+    """``REDLOCK_CHECK_ORDER``: whether the lock-order checker runs (True or False; unset or
+    None: ``DEBUG``). See docs/production.md, Ordering locks."""
+    value = getattr(settings, "REDLOCK_CHECK_ORDER", None)
+    if value is None:
+        return bool(getattr(settings, "DEBUG", False))
+    if not isinstance(value, bool):
+        raise ImproperlyConfigured(
+            f"REDLOCK_CHECK_ORDER must be True or False (or None: follow DEBUG), not {value!r}."
+        )
+    return value
 
 
 def redlock_settings() -> dict[str, Any]:

@@ -36,6 +36,12 @@ DATABASES = {"default": demo_settings.database_from_url(os.environ.get("DATABASE
 
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
+# The lock-order checker (docs/production.md, Ordering locks) is off for the suite: its tests
+# take names in both orders on purpose (tests/composition, tests/seams), and records shared
+# through the session's nodes would join unrelated tests into inversions. Its own tests turn
+# it on with override_settings (tests/locking/test_lock_order*.py).
+REDLOCK_CHECK_ORDER = False
+
 # Replaced per session by tests/conftest.py with real nodes.
 REDLOCK: dict[str, dict[str, object]] = {"default": {}}
 

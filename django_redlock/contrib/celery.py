@@ -130,7 +130,7 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
 
     def _block(self, manager: LockManager, name: str, timeout: float) -> Any:
         """The lock block of one run: auto-extended until the hard time limit."""
-        return manager.lock(
+        block = manager.lock(
             name,
             ttl=self.lock_ttl,
             timeout=timeout,
@@ -138,6 +138,8 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
             max_hold=self._hard_time_limit(),
             min_hold=self.lock_min_hold,
         )
+        block._template = self._lock_template().template  # the lock-order checker's shape
+        return block
 
     def _lease_ttl(self, manager: LockManager) -> float:
         return manager.config.ttl if self.lock_ttl is None else self.lock_ttl

@@ -14,6 +14,9 @@ if TYPE_CHECKING:
 class Acquirer(Protocol):
     """What a block needs of its manager: its alias and its (asyncio) acquire calls."""
 
+    #: ``REDLOCK_CHECK_ORDER``: the lock-order checker is on
+    check_order: bool
+
     @property
     def alias(self) -> str: ...
 

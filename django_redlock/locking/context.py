@@ -388,6 +388,21 @@ def held(alias: str, name: str) -> list[TokenHolder]:
     ]
 
 
+def held_now() -> list[tuple[Key, TokenHolder]]:
+    """Every lease this thread or task holds now, with its ``(alias, name)``: its own and
+    those of the callers it runs for (a parent task, the task a ``sync_to_async`` thread
+    serves), a lease kept until its transaction commits included. For the lock-order
+    checker: it reads only, never indexes or drops."""
+    found: list[tuple[Key, TokenHolder]] = []
+    frame = _frame.get()
+    while frame is not None:
+        for entry in list(frame.stack):
+            if entry.live() and (entry.usable is None or entry.usable()):
+                found.append((entry.key, entry.lease))
+        frame = frame.parent
+    return found
+
+
 def push_set(leases: Mapping[str, TokenHolder]) -> list[object]:
     """:func:`push` each lease of a ``lock_many`` set (re-enterable by name); tokens to
     :func:`pop` each."""

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from typing import Any, TypedDict, Unpack, cast
 
 from .. import signals
-from ..conf import AliasConfig
+from ..conf import AliasConfig, check_order_setting
 from ..engine import MAX_NAME_LENGTH, RESERVED_MARK, AcquireFailure, Engine, LeaseRecord, Outcome
 from ..exceptions import LockError, LockNotAcquired, NodesUnavailable
 from ..nodes.cluster import shard_of
-from . import context
+from . import context, ordering
 from .block import AsyncLockBlock, BlockOptions, LockBlock
 from .kind_blocks import HoldOptions, KindBlocks
 from .lease import Lease, start_renewals
@@ -71,6 +71,9 @@ class LockManager(KindBlocks):
         self.engine = engine
         #: a spread cluster alias: one engine per shard (see :mod:`.cluster`); else [engine]
         self.shards: list[Engine] = list(shards) or [engine]
+        #: ``REDLOCK_CHECK_ORDER``: the one check the acquire path makes when it is off
+        #: (kept current by the registry's ``setting_changed`` receiver)
+        self.check_order = check_order_setting()
 
     def shard_index(self, name: str) -> int:
         """Which of :attr:`shards` holds ``name`` (0 for an alias that is not spread)."""
@@ -108,11 +111,14 @@ class LockManager(KindBlocks):
         another kind (a lock, or a semaphore with another number of permits).
         """
         wanted = self._wanted(name, ttl, timeout, max_hold, permits, rw)
+        shapes = ordering.taking(self, (wanted.name,)) if self.check_order else None
         engine = self.engine if len(self.shards) == 1 else self.engine_for(wanted.name)
         outcome = engine.acquire(wanted.name, wanted.ttl, wanted.timeout, wanted.permits, wanted.rw)
         if type(outcome) is not LeaseRecord:
             raise self._failed(wanted, cast(AcquireFailure, outcome))
         lease = self._won(outcome, engine)
+        if shapes is not None:
+            ordering.mark(lease, shapes[0])
         if auto_extend:
             lease.start_auto_extend(wanted.max_hold)
         return lease
@@ -130,10 +136,13 @@ class LockManager(KindBlocks):
     ) -> Lease:
         """Asyncio twin of :meth:`acquire` (auto-extended from an asyncio task)."""
         wanted = self._wanted(name, ttl, timeout, max_hold, permits, rw)
+        shapes = ordering.taking(self, (wanted.name,)) if self.check_order else None
         outcome = await self.engine_for(wanted.name).aacquire(
             wanted.name, wanted.ttl, wanted.timeout, wanted.permits, wanted.rw
         )
         lease = self._lease(wanted, outcome)
+        if shapes is not None:
+            ordering.mark(lease, shapes[0])
         if auto_extend:
             lease.astart_auto_extend(wanted.max_hold)
         return lease
@@ -197,8 +206,9 @@ class LockManager(KindBlocks):
         """Every name of ``names`` or none, waiting up to ``timeout`` (see :meth:`lock_many`);
         ``auto_extend``/``max_hold`` as for :meth:`acquire`."""
         checked, wanted, auto_extend = self._many(names, ttl, timeout, options)
+        shapes = ordering.taking(self, checked) if self.check_order else None
         outcome = self.engine_for(checked[0]).acquire_many(checked, wanted.ttl, wanted.timeout)
-        return self._held_many(checked, wanted, outcome, auto_extend, asyncio_task=False)
+        return self._held_many(checked, wanted, outcome, auto_extend, shapes, asyncio_task=False)
 
     async def aacquire_many(
         self,
@@ -209,9 +219,10 @@ class LockManager(KindBlocks):
     ) -> HeldLocks:
         """Asyncio twin of :meth:`acquire_many`."""
         checked, wanted, auto_extend = self._many(names, ttl, timeout, options)
+        shapes = ordering.taking(self, checked) if self.check_order else None
         engine = self.engine_for(checked[0])
         outcome = await engine.aacquire_many(checked, wanted.ttl, wanted.timeout)
-        return self._held_many(checked, wanted, outcome, auto_extend, asyncio_task=True)
+        return self._held_many(checked, wanted, outcome, auto_extend, shapes, asyncio_task=True)
 
     def lock_many(
         self,
@@ -256,6 +267,7 @@ class LockManager(KindBlocks):
         wanted: _Wanted,
         outcome: list[LeaseRecord] | AcquireFailure,
         auto_extend: bool,
+        shapes: list[str] | None,
         *,
         asyncio_task: bool,
     ) -> HeldLocks:
@@ -263,6 +275,10 @@ class LockManager(KindBlocks):
             wanted.name = outcome.busy_name or names[0]
             raise self._failed(wanted, outcome)
         leases = {record.name: Lease(self, record) for record in outcome}
+        if shapes is not None:  # the lock-order checker: each lease's shape
+            for name, shape in zip(names, shapes, strict=True):
+                if name in leases:
+                    ordering.mark(leases[name], shape)
         context.activate_all(list(leases.values()))  # guard FencedModel writes (docs/production.md)
         if signals.wanted(signals.lock_acquired):
             for lease in leases.values():

@@ -2,7 +2,9 @@
 
 One :class:`~django_redlock.locking.manager.LockManager` per alias and process (its connections are
 pooled per thread inside the engine); reset when ``REDLOCK``, ``REDLOCK_BUSY_POLL`` or
-``CACHES`` change, so ``override_settings(REDLOCK=...)`` works in tests.
+``CACHES`` change, so ``override_settings(REDLOCK=...)`` works in tests; a change of
+``REDLOCK_CHECK_ORDER`` (or ``DEBUG``, its default) turns the lock-order checker on or off in
+the managers already made.
 """
 
 from __future__ import annotations
@@ -14,7 +16,13 @@ from typing import Any
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from ..conf import AliasConfig, alias_config, busy_poll_setting, redlock_settings
+from ..conf import (
+    AliasConfig,
+    alias_config,
+    busy_poll_setting,
+    check_order_setting,
+    redlock_settings,
+)
 from ..engine import AliasState, Engine
 from ..engine.budget import Budget
 from ..nodes import connections
@@ -58,6 +66,12 @@ class LockManagers:
         engines = [_engine(shard, budget) for shard in config.shard_configs]
         return LockManager(config, engines[0], engines)
 
+    def check_order_changed(self) -> None:
+        """Turn the lock-order checker on or off in every manager made so far."""
+        on = check_order_setting()
+        for manager in list(self._managers.values()):
+            manager.check_order = on
+
     def reset(self) -> None:
         """Close every engine and forget the managers."""
         with self._mutex:
@@ -95,6 +109,8 @@ locks = LockManagers()
 def _reset_on_setting_changed(*, setting: str, **kwargs: Any) -> None:
     if setting in ("REDLOCK", "REDLOCK_BUSY_POLL", "CACHES"):
         locks.reset()
+    elif setting in ("REDLOCK_CHECK_ORDER", "DEBUG"):
+        locks.check_order_changed()
 
 
 def lock(

@@ -26,7 +26,7 @@ from django.http.response import HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 
 from ..exceptions import LockNotAcquired, NodesUnavailable
-from ..locking import context
+from ..locking import context, ordering
 from ..locking.registry import locks
 from ..locking.transactions import in_transaction, release_after_commit
 from . import commits, idempotency, keeping, outcome, records
@@ -256,9 +256,10 @@ class _BlockingIO:
         return _request_user(spec, request)
 
     async def acquire(self, spec: LockSpec, name: str) -> Lease:
-        return locks[spec.using].acquire(
-            name, ttl=spec.ttl, timeout=spec.timeout, permits=spec.limit
-        )
+        manager = locks[spec.using]
+        if manager.check_order:  # the lock-order checker's shape: the key template
+            ordering.expect(name, spec.key.template)
+        return manager.acquire(name, ttl=spec.ttl, timeout=spec.timeout, permits=spec.limit)
 
     async def release(self, lease: Lease) -> None:
         lease.release()
@@ -289,9 +290,10 @@ class _AsyncIO:
         return await sync_to_async(_evaluated)(_request_user(spec, request))
 
     async def acquire(self, spec: LockSpec, name: str) -> Lease:
-        return await locks[spec.using].aacquire(
-            name, ttl=spec.ttl, timeout=spec.timeout, permits=spec.limit
-        )
+        manager = locks[spec.using]
+        if manager.check_order:  # the lock-order checker's shape: the key template
+            ordering.expect(name, spec.key.template)
+        return await manager.aacquire(name, ttl=spec.ttl, timeout=spec.timeout, permits=spec.limit)
 
     async def release(self, lease: Lease) -> None:
         await lease.arelease()

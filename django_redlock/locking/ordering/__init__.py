@@ -1,0 +1,20 @@
+"""The lock-order checker (``REDLOCK_CHECK_ORDER``; docs/production.md, Ordering locks).
+
+``shapes`` names what is ordered (a template, or a masked name), ``checker`` records edges and
+warns, ``shared`` keeps them on the alias's nodes for the other processes of a run, ``stacks``
+captures where. The manager calls :func:`taking` before each acquisition when the checker is
+on, and :func:`mark` on the lease it got; callers that fill a template announce it with
+:func:`expect` first.
+"""
+
+from __future__ import annotations
+
+from .checker import RECORDER, mark, taking
+from .shapes import expect, masked
+
+__all__ = ["RECORDER", "expect", "mark", "masked", "taking"]
+
+
+def reset() -> None:
+    """Forget this process's records (tests; the nodes keep theirs)."""
+    RECORDER.reset()

@@ -1,0 +1,158 @@
+"""The lock-order checker: per name shape, which shapes a thread or task held when it took
+another; a warning the first time two shapes are seen taken in both orders.
+
+Only a new edge does work: its stack is captured, it is recorded in this process and on the
+nodes of the alias of the lock being taken (one Lua call per node, which also reads the
+reverse edge: other processes of the run recorded it there). An edge known to this process
+costs one dict lookup per lease held.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from ...engine import Engine
+from .. import context
+from . import shared
+from .shapes import masked, shape
+from .shared import Edge, FirstSeen, Shape
+from .stacks import caller_stack, user_stacklevel
+
+# docs/index.md: one logger name (records carry .module)
+logger = logging.getLogger("django_redlock")
+
+#: A lease's shape (set when it was taken with the checker on).
+SHAPE_ATTR = "_redlock_order_shape"
+
+
+class Taker(Protocol):
+    """What the checker needs of a manager: its alias and its (first) engine."""
+
+    @property
+    def alias(self) -> str: ...
+
+    engine: Engine
+
+
+class Recorder:
+    """The edges this process recorded (with where each was first seen) and the inverted
+    pairs it warned about."""
+
+    def __init__(self) -> None:
+        self.edges: dict[Edge, FirstSeen] = {}
+        self.warned: set[frozenset[Shape]] = set()
+        self.mutex = threading.Lock()
+
+    def reset(self) -> None:
+        """Forget what this process recorded and warned about (the nodes keep theirs)."""
+        with self.mutex:
+            self.edges.clear()
+            self.warned.clear()
+
+
+RECORDER = Recorder()
+
+
+def _held_shapes(taking: set[tuple[str, str]]) -> dict[Shape, Any]:
+    """The shapes this thread or task holds now (each with one of its leases), except the
+    names being taken (re-taking a held name is not an ordering)."""
+    found: dict[Shape, Any] = {}
+    for key, lease in context.held_now():
+        if key in taking:
+            continue
+        alias = key[0] or ""
+        held = (alias, getattr(lease, SHAPE_ATTR, None) or masked(key[1]))
+        found.setdefault(held, lease)
+    return found
+
+
+def taking(manager: Taker, names: Iterable[str]) -> list[str]:
+    """Record that this thread or task is about to take ``names`` (several: one ``lock_many``
+    set, all or nothing, so no order among them) on ``manager``'s alias; warn about an order
+    inverted against one recorded before. Returns each name's shape (see :func:`mark`)."""
+    alias = manager.alias
+    names = list(names)
+    shapes = [shape(name) for name in names]
+    held = _held_shapes({(alias, name) for name in names})
+    if not held:
+        return shapes
+    new: list[tuple[Edge, Any]] = []
+    edges = RECORDER.edges
+    for to_shape in dict.fromkeys(shapes):
+        target = (alias, to_shape)
+        for source, lease in held.items():
+            if source != target and (source, target) not in edges:
+                new.append(((source, target), lease))
+    if new:
+        _record(manager, new)
+    return shapes
+
+
+def mark(lease: Any, shape_: str) -> None:
+    """Remember ``lease``'s shape (for the edges from it)."""
+    setattr(lease, SHAPE_ATTR, shape_)
+
+
+def _record(manager: Taker, new: list[tuple[Edge, Any]]) -> None:
+    """Record new edges (here and on the nodes) and warn about each newly inverted pair."""
+    stack, where = caller_stack()
+    seen = FirstSeen.here(stack, where)
+    for edge, lease in new:
+        reverse = (edge[1], edge[0])
+        with RECORDER.mutex:
+            if edge in RECORDER.edges:
+                continue  # another thread recorded it meanwhile
+            RECORDER.edges[edge] = seen
+            before = RECORDER.edges.get(reverse)
+        found = _published(manager.engine, lease, edge, seen)
+        before = before or found
+        if before is None:
+            continue
+        pair = frozenset(edge)
+        with RECORDER.mutex:
+            if pair in RECORDER.warned:
+                continue
+            RECORDER.warned.add(pair)
+        _warn(edge, seen, before)
+
+
+def _published(engine: Engine, lease: Any, edge: Edge, seen: FirstSeen) -> FirstSeen | None:
+    """Add ``edge`` on the nodes of the alias being taken; the reverse as recorded on the
+    nodes of the held lock's alias (the same call when it is one alias)."""
+    try:
+        found = shared.publish(engine, edge, seen)
+        if found is None and edge[0][0] != edge[1][0]:
+            owner = getattr(lease, "_manager", None)
+            other = getattr(owner, "engine", None)
+            if isinstance(other, Engine):
+                found = shared.lookup(other, (edge[1], edge[0]))
+    except Exception as exc:  # a debugging aid never breaks a lock call
+        logger.debug("Lock-order records could not be shared: %r", exc)
+        return None
+    return found
+
+
+def describe(shape_: Shape, same_alias: bool) -> str:
+    """A shape for messages: ``'order:{n}'``, with its alias when the pair spans two."""
+    return repr(shape_[1]) if same_alias else f"{shape_[1]!r} (alias {shape_[0]!r})"
+
+
+def _warn(edge: Edge, now: FirstSeen, before: FirstSeen) -> None:
+    held, taken = edge
+    one = held[0] == taken[0]
+    a, b = describe(held, one), describe(taken, one)
+    on = f" on alias {held[0]!r}" if one else ""
+    message = (
+        f"Lock order inversion{on}: {b} is being taken while {a} is held, and {a} was taken "
+        f"while {b} was held (pid {before.pid} on {before.host}). Two callers doing both at "
+        "once can wait for each other until a timeout. Take them in one order everywhere, or "
+        "together with lock_many() (docs/production.md, Ordering locks).\n"
+        f"{a} taken while holding {b}, first at {before.where}:\n{before.stack}"
+        f"{b} taken while holding {a}, now (pid {now.pid}) at {now.where}:\n{now.stack}"
+    )
+    logger.warning("%s", message)
+    warnings.warn(message, RuntimeWarning, stacklevel=user_stacklevel())
