@@ -120,9 +120,12 @@ def test_inversion_across_two_processes_warns(checker: str) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     child = int(done.stdout.split()[-1])
     assert _recorded() == {(f"{p}:a:{{n}}", f"{p}:b:{{n}}")}
-    with pytest.warns(RuntimeWarning, match="Lock order inversion") as caught:
-        with lock(f"{p}:b:8", timeout=1), lock(f"{p}:a:8", timeout=1):
-            pass
+    with (
+        pytest.warns(RuntimeWarning, match="Lock order inversion") as caught,
+        lock(f"{p}:b:8", timeout=1),
+        lock(f"{p}:a:8", timeout=1),
+    ):
+        pass
     message = str(caught[0].message)
     assert f"pid {child} " in message
     assert "child_takes_first_then_second" in message
@@ -156,9 +159,8 @@ def test_each_inverted_pair_warns_once(checker: str) -> None:
     p = checker
     with lock(f"{p}:a", timeout=1), lock(f"{p}:b", timeout=1):
         pass
-    with pytest.warns(RuntimeWarning):
-        with lock(f"{p}:b", timeout=1), lock(f"{p}:a", timeout=1):
-            pass
+    with pytest.warns(RuntimeWarning), lock(f"{p}:b", timeout=1), lock(f"{p}:a", timeout=1):
+        pass
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(2):
@@ -231,9 +233,12 @@ def test_semaphores_and_read_write_leases_count(checker: str) -> None:
     manager = locks["default"]
     with manager.semaphore(f"{p}:pool", 2, timeout=1), manager.read_lock(f"{p}:doc:1", timeout=1):
         pass
-    with pytest.warns(RuntimeWarning, match=f"'{p}:pool'"):
-        with manager.write_lock(f"{p}:doc:2", timeout=1), manager.semaphore(f"{p}:pool", 2):
-            pass
+    with (
+        pytest.warns(RuntimeWarning, match=f"'{p}:pool'"),
+        manager.write_lock(f"{p}:doc:2", timeout=1),
+        manager.semaphore(f"{p}:pool", 2),
+    ):
+        pass
 
 
 @pytest.mark.django_db(transaction=True)

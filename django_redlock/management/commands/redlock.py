@@ -1,7 +1,8 @@
-"""``manage.py redlock list|show|release|clear|nodes|run|prune-tombstones|effects``: inspect and
-clear held locks, run a command under a lock (``run``: see :mod:`django_redlock.jobs.runner` for
-its exit statuses), delete old FencedModel tombstones (``prune-tombstones``) and list the
-effect ledger (``effects``).
+"""``manage.py redlock list|show|release|clear|nodes|run|prune-tombstones|effects|order``:
+inspect and clear held locks, run a command under a lock (``run``: see
+:mod:`django_redlock.jobs.runner` for its exit statuses), delete old FencedModel tombstones
+(``prune-tombstones``), list the effect ledger (``effects``) and the lock-order checker's
+records (``order``; ``--check``: exit status 3 when an inverted pair is recorded).
 
 Reads Redis only through :mod:`django_redlock.inspection`. The result is printed first; then, if a
 node could not be reached, an alias's settings are broken or the name is not held, a one-line
@@ -29,9 +30,11 @@ from ...fencing import tombstones
 from ...inspection import LockInfo, NodeError, NodeHealth
 from ...jobs import front
 from ...jobs.runner import RunRequest
+from ...locking.ordering import shared as order_records
 from ...locking.registry import locks
 from ...locking.validation import check_name, check_timeout, check_ttl
 from ..effects import EFFECT_HEADERS, effect_document, effect_row, ledger_rows
+from ..order import ORDER_HEADERS, OrderReport, inverted_details, order_document, order_row
 from ..rendering import (
     HOLDER_HEADERS,
     LOCK_HEADERS,
@@ -46,6 +49,8 @@ from ..rendering import (
 
 #: ``clear`` lists and releases locks in batches of this many names.
 CLEAR_BATCH = 500
+#: ``order --check``: the exit status when an inverted pair is recorded (1 is an error).
+ORDER_INVERTED_STATUS = 3
 
 
 #: ``code`` of the ``--json`` error document for each refusal of ``inspection.force_release``.
@@ -205,6 +210,19 @@ class Command(BaseCommand):
         p.add_argument("--database", default="default", help="Database alias (default: default).")
         p.add_argument("--json", action="store_true", help="Print one JSON list.")
 
+        p = sub.add_parser(
+            "order",
+            help="The lock-order checker's records: shapes taken while others were held.",
+            description="Exit status: 1 when a node is unreachable; with --check, 3 when an "
+            "inverted pair is recorded.",
+        )
+        p.add_argument("--using", help=every)
+        p.add_argument("--json", action="store_true", help="Print one JSON object.")
+        p.add_argument("--clear", action="store_true", help="Forget the records instead.")
+        p.add_argument(
+            "--check", action="store_true", help="Exit with status 3 if a pair is inverted."
+        )
+
     def handle(self, *args: Any, **options: Any) -> None:
         commands: dict[str, Callable[[dict[str, Any]], None]] = {
             "list": self.list_locks,
@@ -215,6 +233,7 @@ class Command(BaseCommand):
             "run": self.run_command,
             "prune-tombstones": self.prune_tombstones,
             "effects": self.effects,
+            "order": self.order,
         }
         self._printed = False
         try:
@@ -436,3 +455,37 @@ class Command(BaseCommand):
             self.stdout.write(table(NODE_HEADERS, [node_row(node) for node in report]))
         problems += [NodeError(n.alias, n.node, n.error) for n in report if not n.up]
         self._fail(problems)
+
+    def order(self, options: dict[str, Any]) -> None:
+        """The lock-order records of every alias (or ``--using``), or ``--clear`` them."""
+        problems: list[NodeError | Failure] = []
+        aliases = self._usable(options["using"], problems)
+        if options["clear"]:
+            for alias in aliases:
+                _, errors = order_records.clear(locks[alias].engine)
+                problems += [NodeError(alias, node, error) for node, error in errors.items()]
+            self.stdout.write(
+                self.style.SUCCESS(f"Cleared the lock-order records of {len(aliases)} alias(es).")
+            )
+            self._fail(problems)
+            return
+        found: list[order_records.Recorded] = []
+        for alias in aliases:
+            edges, errors = order_records.read_all(locks[alias].engine)
+            found += edges
+            problems += [NodeError(alias, node, error) for node, error in errors.items()]
+        report = OrderReport(found)
+        if options["json"]:
+            self._json(order_document(report))
+        elif report.edges:
+            self.stdout.write(table(ORDER_HEADERS, [order_row(report, r) for r in report.edges]))
+            for line in inverted_details(report):
+                self.stdout.write(printable(line) if line.strip() else line)
+        else:
+            self.stdout.write("No lock order is recorded.")
+        self._fail(problems)
+        if options["check"] and report.inverted:
+            raise CommandError(
+                f"{len(report.inverted)} inverted lock order pair(s) recorded.",
+                returncode=ORDER_INVERTED_STATUS,
+            )
