@@ -28,8 +28,8 @@ class OrderReport:
                 known.first = known.first or record.first
         self.edges = sorted(merged.values(), key=lambda r: (r.edge[0], r.edge[1]))
         keys = set(merged)
-        self.inverted = sorted(
-            {tuple(sorted(edge)) for edge in keys if (edge[1], edge[0]) in keys}  # type: ignore[misc]
+        self.inverted: list[tuple[Shape, Shape]] = sorted(
+            {(min(a, b), max(a, b)) for a, b in keys if (b, a) in keys}
         )
 
     def is_inverted(self, record: Recorded) -> bool:
