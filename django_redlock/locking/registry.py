@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
@@ -67,8 +68,13 @@ class LockManagers:
         return LockManager(config, engines[0], engines)
 
     def check_order_changed(self) -> None:
-        """Turn the lock-order checker on or off in every manager made so far."""
-        on = check_order_setting()
+        """Turn the lock-order checker on or off in every manager made so far (a bad value
+        drops them: making the next one raises the setting's error, before any network call)."""
+        try:
+            on = check_order_setting()
+        except ImproperlyConfigured:
+            self.reset()
+            return
         for manager in list(self._managers.values()):
             manager.check_order = on
 

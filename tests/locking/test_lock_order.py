@@ -274,3 +274,23 @@ def test_inversion_between_asyncio_tasks_warns(checker: str) -> None:
     with pytest.warns(RuntimeWarning, match="Lock order inversion") as caught:
         asyncio.run(main())
     assert "first_task" in str(caught[0].message) and "second_task" in str(caught[0].message)
+
+
+def test_setting_is_checked_and_defaults_to_debug() -> None:
+    """A value other than True, False or None is an ImproperlyConfigured naming the setting
+    (and check E006); unset or None follows DEBUG."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_redlock.checks import check_settings
+    from django_redlock.conf import check_order_setting
+
+    with override_settings(REDLOCK_CHECK_ORDER="yes"):
+        with pytest.raises(ImproperlyConfigured, match="REDLOCK_CHECK_ORDER must be True or False"):
+            check_order_setting()
+        assert "django_redlock.E006" in [m.id for m in check_settings()]
+        with pytest.raises(ImproperlyConfigured, match="REDLOCK_CHECK_ORDER"):
+            locks["default"]  # the first lock call after the change fails the same way
+    with override_settings(REDLOCK_CHECK_ORDER=None, DEBUG=True):
+        assert check_order_setting() is True and locks["default"].check_order is True
+    with override_settings(REDLOCK_CHECK_ORDER=None, DEBUG=False):
+        assert check_order_setting() is False and locks["default"].check_order is False
