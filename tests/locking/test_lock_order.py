@@ -294,3 +294,21 @@ def test_setting_is_checked_and_defaults_to_debug() -> None:
         assert check_order_setting() is True and locks["default"].check_order is True
     with override_settings(REDLOCK_CHECK_ORDER=None, DEBUG=False):
         assert check_order_setting() is False and locks["default"].check_order is False
+
+
+def test_request_lock_key_template_is_its_shape(checker: str) -> None:
+    """A request lock's shape is its KEY template; a lock its view takes is ordered after it."""
+    from django.http import HttpRequest, HttpResponse
+    from django.test import RequestFactory
+
+    from django_redlock.decorators import request_lock
+
+    p = checker
+
+    @request_lock(p + ":order:{order_id}")
+    def view(request: HttpRequest, order_id: int) -> HttpResponse:
+        with lock(f"{p}:stock:{order_id}", timeout=1):
+            return HttpResponse("ok")
+
+    assert view(RequestFactory().post("/"), order_id=3).status_code == 200
+    assert _recorded() == {(p + ":order:{order_id}", p + ":stock:{n}")}
