@@ -149,7 +149,8 @@ def acquire_limits_plan(
                     for j, name in enumerate(names)
                 ]
         yield from _give_back(state, nodes, calls, replies, owner, names, slots_of)
-        failure = failure_of(nodes, replies, statuses, min(len(v) for v in voters))
+        # a quorum that granted the set, on slots too split to hold a permit: contention
+        failure = failure_of(nodes, replies, statuses, sum(g is not None for g in granted))
         if mark_ms and failure.final:  # it will not wait: withdraw where "busy" registered it
             busy_nodes = [i for i, st in enumerate(statuses) if st == scripts.BUSY]
             yield from withdraw_plan(state, nodes, names, waiter, busy_nodes)
