@@ -102,7 +102,7 @@ def test_threads_asking_in_opposite_orders_all_finish_within_the_permits(
                     with mutex:
                         for name in order:
                             inside[name] -= 1
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
