@@ -75,7 +75,7 @@ def test_a_full_semaphore_is_a_busy_run(unique_name: str, on_busy: str, raises: 
 
 
 def test_with_a_lock_name_the_run_takes_the_lock_and_the_permits(unique_name: str) -> None:
-    task, seen = _task(lock_name="report:{tenant}", lock_on_busy="raise")
+    task, _seen = _task(lock_name="report:{tenant}", lock_on_busy="raise")
     lock = locks["default"].acquire(f"report:{unique_name}", ttl=5, timeout=0)
     with pytest.raises(LockNotAcquired, match=re.escape(f"report:{unique_name}")):
         task.apply((unique_name,)).get()
