@@ -225,13 +225,15 @@ def test_losing_one_permit_raises_lock_lost_at_exit(
     found lost by its renewal; leaving the block raises LockLost naming it."""
     manager = locks["multi"]
     a, b = f"{unique_name}:a", f"{unique_name}:b"
-    with pytest.raises(LockLost) as lost:
-        with manager.limits({a: 1, b: 2}, ttl=1.0, auto_extend=True) as held:
-            slot = held.leases[b]._record.key
-            for node in session_nodes[:3]:
-                node.client().delete(slot)
-            time.sleep(1.2)
-            assert held.leases[b].lost and not held.leases[a].lost
+    with (
+        pytest.raises(LockLost) as lost,
+        manager.limits({a: 1, b: 2}, ttl=1.0, auto_extend=True) as held,
+    ):
+        slot = held.leases[b]._record.key
+        for node in session_nodes[:3]:
+            node.client().delete(slot)
+        time.sleep(1.2)
+        assert held.leases[b].lost and not held.leases[a].lost
     assert lost.value.name == b
 
 
@@ -257,9 +259,12 @@ def test_other_permits_or_kinds_are_a_lock_error(alias: str, unique_name: str) -
 
 def test_a_name_this_thread_holds_as_a_lock_is_refused_at_once(unique_name: str) -> None:
     manager = locks["default"]
-    with manager.lock(unique_name), pytest.raises(LockError, match="wait for itself"):
-        with manager.limits({f"{unique_name}:x": 1, unique_name: 1}, timeout=5):
-            pass
+    with (
+        manager.lock(unique_name),
+        pytest.raises(LockError, match="wait for itself"),
+        manager.limits({f"{unique_name}:x": 1, unique_name: 1}, timeout=5),
+    ):
+        pass
 
 
 @pytest.mark.parametrize(
@@ -303,7 +308,7 @@ def test_bad_options_fail_before_any_network_call(redlock_alias: Any) -> None:
     manager = redlock_alias(["redis://127.0.0.1:1/0"])
     with pytest.raises(ValueError, match="ttl"):
         manager.limits({"a": 1}, ttl=0)
-    with pytest.raises(TypeError, match="Unexpected keyword argument .reentrant."):
+    with pytest.raises(TypeError, match=r"Unexpected keyword argument .reentrant."):
         manager.limits({"a": 1}, reentrant=True)  # type: ignore[call-arg]
 
 
