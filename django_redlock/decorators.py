@@ -27,6 +27,7 @@ def request_lock(
     until_commit: bool = True,
     limit: int | None = None,
     idempotency: bool = False,
+    limits: dict[str, int] | None = None,
 ) -> Callable[[V], V]:
     """Hold the lock ``key`` (filled from URL kwargs and ``user``) while the view runs.
 
@@ -37,7 +38,9 @@ def request_lock(
     the view raises. ``timeout`` is how long to wait for the lock (0: one attempt). Under
     ``ATOMIC_REQUESTS`` (or any open transaction) the release waits for the commit, unless
     ``until_commit=False``. ``limit=N`` takes one of N permits of ``key`` instead (at most N
-    requests at once; over it the answer is 429 with ``Retry-After``). ``idempotency=True``:
+    requests at once; over it the answer is 429 with ``Retry-After``). ``limits={template:
+    permits}`` also takes a permit of each of these semaphores (names filled like the key), all
+    or nothing, in one attempt once the key is held; one full: 429. ``idempotency=True``:
     a request with the ``REDLOCK_IDEMPOTENCY`` header (``Idempotency-Key``) runs under the
     lock ``key`` + the header's value, once: its response is kept and replayed to a retry
     (that lock, and keeping, wait for the commit whatever ``until_commit`` says;
@@ -52,6 +55,7 @@ def request_lock(
         until_commit=until_commit,
         limit=limit,
         idempotency=idempotency,
+        limits=limits,
     )
 
     def decorator(view: V) -> V:

@@ -28,7 +28,12 @@ Task options (class attributes, or keyword arguments of ``@app.task``):
   ``"<name>:enqueued"`` held for at most ``lock_enqueue_ttl`` seconds, and never past the
   message's ``expires``, released by the worker when the task starts, before the lock of the
   run is taken, or when it discards the message as revoked or expired). Such a task cannot be
-  a member of a group, chord or chain: sending it there raises ValueError.
+  a member of a group, chord or chain: sending it there raises ValueError;
+* ``lock_limits``: ``{template: permits}``, e.g. ``{"api:global": 20, "api:tenant:{tenant}":
+  2}``: the run also takes one permit of each semaphore (templates filled from the task's
+  arguments as ``lock_name`` is), all or nothing (``limits()``), auto-extended like the lock.
+  A full semaphore makes the run busy: ``lock_on_busy`` applies. Without ``lock_name`` such a
+  task takes no lock (only the permits), so runs go on side by side up to the limits.
 
 A redelivered message (``delivery_info["redelivered"]``: its run died before acknowledging it,
 with ``acks_late``) that finds the name busy waits up to the holder's remaining TTL (at most
@@ -56,7 +61,7 @@ from ..jobs.templates import CallTemplate
 from ..locking import context
 from ..locking.manager import LockManager
 from ..locking.registry import locks
-from ..locking.validation import check_max_hold, check_name, check_ttl
+from ..locking.validation import check_max_hold, check_name, check_permits, check_ttl
 
 __all__ = ["ENQUEUED_HEADER", "ON_BUSY_CHOICES", "LockedTask"]
 
@@ -70,6 +75,8 @@ ENQUEUED_SUFFIX = ":enqueued"
 REDELIVERY_SLACK = 0.5
 
 logger = logging.getLogger("django_redlock")  # docs/index.md: one logger name
+#: what taking the permits of ``lock_limits`` returns when the run may go on
+_HELD = object()
 
 
 class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
@@ -92,6 +99,8 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
     lock_enqueue_once: bool = False
     #: how long the enqueue marker may outlive a message that never starts, seconds
     lock_enqueue_ttl: float = 3600.0
+    #: ``{template: permits}``: a permit of each semaphore too (see the module docstring)
+    lock_limits: dict[str, int] | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -101,11 +110,15 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the body under the lock (Celery's worker calls this when it is overridden)."""
         self._release_enqueue_marker(self.request)
-        name = self._lock_template().fill(args, kwargs)
         manager = locks[self.lock_using]
         # Run by a worker (or apply()), the request is pushed already and the body is run();
         # called like a function, Celery's own __call__ pushes a request around run().
         body = self.run if self.request_stack.top is not None else super().__call__
+        if self.lock_limits and self.lock_name is None:  # permits only, no lock
+            with contextlib.ExitStack() as stack:
+                busy = self._enter_limits(stack, manager, args, kwargs)
+                return busy if busy is not _HELD else body(*args, **kwargs)
+        name = self._lock_template().fill(args, kwargs)
         with contextlib.ExitStack() as stack:
             try:
                 stack.enter_context(self._block(manager, name, timeout=0))
@@ -126,7 +139,33 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
                     stack.enter_context(self._block(manager, name, timeout=wait))
                 except LockNotAcquired as again:
                     return self._busy(manager, name, again)
+            if self.lock_limits:
+                busy = self._enter_limits(stack, manager, args, kwargs)
+                if busy is not _HELD:
+                    return busy
             return body(*args, **kwargs)
+
+    def _enter_limits(
+        self, stack: contextlib.ExitStack, manager: LockManager, args: Any, kwargs: Any
+    ) -> Any:
+        """Take a permit of each ``lock_limits`` semaphore into ``stack`` (one attempt):
+        :data:`_HELD`, or what a busy run returns (``lock_on_busy``)."""
+        limits = {
+            CallTemplate(template, self.run).fill(args, kwargs): permits
+            for template, permits in (self.lock_limits or {}).items()
+        }
+        block = manager.limits(
+            limits,
+            ttl=self.lock_ttl,
+            timeout=0,
+            auto_extend=True,
+            max_hold=self._hard_time_limit(),
+        )
+        try:
+            stack.enter_context(block)
+        except LockNotAcquired as exc:
+            return self._busy(manager, exc.name, exc)
+        return _HELD
 
     def _block(self, manager: LockManager, name: str, timeout: float) -> Any:
         """The lock block of one run: auto-extended until the hard time limit."""
@@ -379,12 +418,35 @@ def _check_options(cls: type[LockedTask]) -> None:
         check_max_hold(cls.lock_min_hold, "lock_min_hold")
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{cls.__qualname__}: {exc}") from None
+    _check_limits(cls)
     if cls.lock_name is not None:
         if not isinstance(cls.lock_name, str):
             raise TypeError(f"{cls.__qualname__}: lock_name must be a str template.")
         run = _run_of(cls)
         if run is not None:
             CallTemplate(cls.lock_name, run)  # a field the task has no argument for fails here
+
+
+def _check_limits(cls: type[LockedTask]) -> None:
+    """``lock_limits``: a dict of name templates to permits (ints >= 1)."""
+    limits = cls.lock_limits
+    if limits is None:
+        return
+    if not isinstance(limits, dict) or not limits:
+        raise TypeError(
+            f"{cls.__qualname__}: lock_limits must be a non-empty dict of name templates to "
+            'permits, e.g. {"api:global": 20, "api:tenant:{tenant}": 2}.'
+        )
+    run = _run_of(cls)
+    for template, permits in limits.items():
+        if not isinstance(template, str):
+            raise TypeError(f"{cls.__qualname__}: lock_limits keys must be str templates.")
+        try:
+            check_permits(permits)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{cls.__qualname__}: lock_limits[{template!r}]: {exc}") from None
+        if run is not None:
+            CallTemplate(template, run)  # a field the task has no argument for fails here
 
 
 def _run_of(cls: type[LockedTask]) -> Any:

@@ -18,7 +18,7 @@ from . import forks
 from .acquire_loop import LoopRequest, Pipe, Try, Wait, acquire_loop
 from .budget import Budget
 from .drive import PlanMaker
-from .kinds import HANDOFF_MS
+from .kinds import HANDOFF_MS, PERMIT
 from .lane import lane_acquire, lane_release
 from .loop_pools import LoopPools
 from .plans import (
@@ -26,6 +26,7 @@ from .plans import (
     force_release_plan,
     register_plan,
     release_many_plan,
+    release_permits_plan,
     release_plan,
     waited_reply,
     withdraw_plan,
@@ -140,6 +141,22 @@ class Engine(ChannelPools):
             Target(self.state, tuple(names), ttl, 0), timeout
         )
         return [result] if isinstance(result, LeaseRecord) else result  # one name: one lock
+
+    def acquire_limits(
+        self, names: Sequence[str], permits: Sequence[int], ttl: float, timeout: float | None
+    ) -> list[LeaseRecord] | AcquireFailure:
+        """A permit of each semaphore ``names[i]`` of ``permits[i]`` permits, all or none (see
+        :mod:`.plans.limits`), attempted as :meth:`acquire` does; a waiting caller waits for
+        the semaphore its last attempt found full."""
+        result: LeaseRecord | list[LeaseRecord] | AcquireFailure = self._acquire(
+            self._limits_target(names, permits, ttl), timeout
+        )
+        return [result] if isinstance(result, LeaseRecord) else result  # one name: a permit
+
+    def _limits_target(self, names: Sequence[str], permits: Sequence[int], ttl: float) -> Target:
+        if len(names) == 1:  # one semaphore: semaphore()'s own attempt
+            return Target(self.state, tuple(names), ttl, permits[0])
+        return Target(self.state, tuple(names), ttl, 0, limits=tuple(permits))
 
     def _acquire(self, target: Target, timeout: float | None) -> Any:
         if self.generation != forks.current:  # a forked child: start afresh
@@ -272,8 +289,14 @@ class Engine(ChannelPools):
         """Release the leases of one ``lock_many`` set in one call per node; per lease, True
         if it was still held."""
         pinned = leases[0].pinned if leases else None
-        held = self._run(lambda nodes: release_many_plan(self.state, nodes, leases), pinned)[0]
+        plan = self._release_many_plan(leases)
+        held = self._run(lambda nodes: plan(self.state, nodes, leases), pinned)[0]
         return [self._released(lease, ok) for lease, ok in zip(leases, held, strict=True)]
+
+    @staticmethod
+    def _release_many_plan(leases: Sequence[LeaseRecord]) -> Any:
+        """A ``limits()`` set's permits are released with their semaphores' slots."""
+        return release_permits_plan if leases and leases[0].kind == PERMIT else release_many_plan
 
     def force_release(self, name: str, expected: str = "", key: str = "") -> int:
         """Delete ``name`` on every node (only a value equal to ``expected``, if given),
@@ -314,6 +337,15 @@ class Engine(ChannelPools):
             target, timeout
         )
         return [result] if isinstance(result, LeaseRecord) else result  # one name: one lock
+
+    async def aacquire_limits(
+        self, names: Sequence[str], permits: Sequence[int], ttl: float, timeout: float | None
+    ) -> list[LeaseRecord] | AcquireFailure:
+        """Asyncio twin of :meth:`acquire_limits`."""
+        result: LeaseRecord | list[LeaseRecord] | AcquireFailure = await self._aacquire(
+            self._limits_target(names, permits, ttl), timeout
+        )
+        return [result] if isinstance(result, LeaseRecord) else result
 
     async def _aacquire(self, target: Target, timeout: float | None) -> Any:
         self._check_fork()
@@ -370,7 +402,8 @@ class Engine(ChannelPools):
     async def arelease_many(self, leases: Sequence[LeaseRecord]) -> list[bool]:
         """Asyncio twin of :meth:`release_many`."""
         pinned = leases[0].pinned if leases else None
-        plan = lambda nodes: release_many_plan(self.state, nodes, leases)  # noqa: E731
+        many = self._release_many_plan(leases)
+        plan = lambda nodes: many(self.state, nodes, leases)  # noqa: E731
         held = (await self._arun(plan, pinned))[0]
         return [self._released(lease, ok) for lease, ok in zip(leases, held, strict=True)]
 

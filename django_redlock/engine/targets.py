@@ -13,7 +13,7 @@ from . import forks
 from .drive import PlanMaker
 from .keyspace import new_waiter
 from .lane import LaneAttempt
-from .plans import acquire_many_plan, acquire_plan
+from .plans import acquire_limits_plan, acquire_many_plan, acquire_plan
 from .plans.rounds import Sent
 from .policy import Attempt, Stepper, registration_ms
 from .pools import SPARE
@@ -46,13 +46,15 @@ class WaiterCount:
 
 
 class Target:
-    """What one acquire call asks for: a lock, one permit of a semaphore (``permits`` > 0)
-    or a set of names (``lock_many``), and the name it waits for (for a set: the one its last
+    """What one acquire call asks for: a lock, one permit of a semaphore (``permits`` > 0),
+    a set of names (``lock_many``) or a permit of each of several semaphores (``limits``: the
+    permits of each name, in order), and the name it waits for (for a set: the one its last
     attempt found busy)."""
 
     __slots__ = (
         "attempts",
         "lane",
+        "limits",
         "many",
         "name",
         "names",
@@ -64,9 +66,16 @@ class Target:
     )
 
     def __init__(
-        self, state: AliasState, names: tuple[str, ...], ttl: float, permits: int, rw: str = ""
+        self,
+        state: AliasState,
+        names: tuple[str, ...],
+        ttl: float,
+        permits: int,
+        rw: str = "",
+        limits: tuple[int, ...] = (),
     ) -> None:
         self.state, self.names, self.ttl, self.permits, self.rw = state, names, ttl, permits, rw
+        self.limits = limits
         self.name = names[0]
         self.many = len(names) > 1
         #: a lock (one name, not a permit or a read-write lease): what the single-node lane
@@ -107,6 +116,13 @@ class Target:
             # an attempt piped behind a wait registers when it runs: after the wait, at worst
             waiter, mark_ms = waiting.waiter, registration_ms(waiting.deadline, wait)
         wait += SLACK if wait else 0.0
+        if self.many and self.limits:
+            names, limits = self.names, self.limits
+            # a woken caller may use the reservation of the semaphore it waited for only
+            index = names.index(self.name) + 1 if woken else 0
+            return lambda nodes: acquire_limits_plan(
+                state, nodes, names, limits, ttl, waiter=waiter, mark_ms=mark_ms, woken=index
+            )
         if self.many:
             names = self.names
             return lambda nodes: acquire_many_plan(

@@ -31,3 +31,9 @@ class Acquirer(Protocol):
 
     @property
     def aacquire_many(self) -> Callable[..., Awaitable[Any]]: ...
+
+    @property
+    def acquire_limits(self) -> Callable[..., Any]: ...
+
+    @property
+    def aacquire_limits(self) -> Callable[..., Awaitable[Any]]: ...

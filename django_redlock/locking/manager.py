@@ -7,7 +7,7 @@ module turns its outcomes into leases, exceptions, signals and log lines.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict, Unpack, cast
 
@@ -20,6 +20,7 @@ from . import context, ordering
 from .block import AsyncLockBlock, BlockOptions, LockBlock
 from .kind_blocks import HoldOptions, KindBlocks
 from .lease import Lease, start_renewals
+from .limits import LimitsBlock, check_limits
 from .many import HeldLocks, LockManyBlock, check_names
 from .validation import (
     UNSET,
@@ -244,15 +245,74 @@ class LockManager(KindBlocks):
 
     alock_many = lock_many
 
+    # -- a permit of several semaphores at once ----------------------------------------------
+    def acquire_limits(
+        self,
+        limits: Mapping[str, int],
+        ttl: float | None = None,
+        timeout: float | None = UNSET,
+        **options: Unpack[RenewOptions],
+    ) -> HeldLocks:
+        """A permit of each semaphore of ``limits`` (name -> permits) or none, waiting up to
+        ``timeout`` (see :meth:`limits`); ``auto_extend``/``max_hold`` as for :meth:`acquire`."""
+        names, permits = check_limits(limits)
+        _, wanted, auto_extend = self._many(names, ttl, timeout, options, "limits")
+        outcome = self.engine_for(names[0]).acquire_limits(
+            names, permits, wanted.ttl, wanted.timeout
+        )
+        held = dict(zip(names, permits, strict=True))
+        return self._held_many(
+            names, wanted, outcome, auto_extend, asyncio_task=False, permits=held
+        )
+
+    async def aacquire_limits(
+        self,
+        limits: Mapping[str, int],
+        ttl: float | None = None,
+        timeout: float | None = UNSET,
+        **options: Unpack[RenewOptions],
+    ) -> HeldLocks:
+        """Asyncio twin of :meth:`acquire_limits`."""
+        names, permits = check_limits(limits)
+        _, wanted, auto_extend = self._many(names, ttl, timeout, options, "limits")
+        engine = self.engine_for(names[0])
+        outcome = await engine.aacquire_limits(names, permits, wanted.ttl, wanted.timeout)
+        held = dict(zip(names, permits, strict=True))
+        return self._held_many(names, wanted, outcome, auto_extend, asyncio_task=True, permits=held)
+
+    def limits(
+        self,
+        limits: Mapping[str, int],
+        ttl: float | None = None,
+        timeout: float | None = UNSET,
+        **options: Unpack[HoldOptions],
+    ) -> LimitsBlock:
+        """A context manager (``with``; also ``async with``: ``alimits`` is the same) and
+        decorator holding one permit of each semaphore of ``limits`` (name -> its permits),
+        all or nothing: no permit is held while another is waited for, so callers asking for
+        overlapping sets in any order never deadlock. Each semaphore is the one
+        ``semaphore(name, permits)`` takes. Yields a :class:`HeldLocks` whose ``leases`` maps
+        each name to its permit's lease (each with its own token). ``auto_extend``,
+        ``max_hold`` and ``until_commit`` as for :meth:`lock`."""
+        held = dict(options)
+        until_commit = bool(held.pop("until_commit", True))
+        names, permits = check_limits(limits)
+        self._many(names, ttl, timeout, cast("RenewOptions", held), "limits")
+        kwargs = {"ttl": ttl, "timeout": timeout, **held}
+        return LimitsBlock(self, dict(zip(names, permits, strict=True)), kwargs, until_commit)
+
+    alimits = limits
+
     def _many(
-        self, names: Any, ttl: Any, timeout: Any, options: RenewOptions
+        self, names: Any, ttl: Any, timeout: Any, options: RenewOptions, what: str = "lock_many"
     ) -> tuple[tuple[str, ...], _Wanted, bool]:
-        """The checked names and arguments of a ``lock_many`` call (before any network call)."""
+        """The checked names and arguments of a ``lock_many`` (or ``limits``) call, before
+        any network call."""
         check_keywords(options, RenewOptions.__annotations__)
         checked = check_names(names)
         if len(self.shards) > 1 and len({self.shard_index(name) for name in checked}) > 1:
             raise LockError(
-                f"lock_many on alias {self.alias!r} needs names of one shard: its locks are "
+                f"{what} on alias {self.alias!r} needs names of one shard: its locks are "
                 "spread over a cluster's masters, and one call holds names of one hash slot "
                 "group. Give the names a common hash tag (e.g. '{cart:7}book', "
                 "'{cart:7}pen'), or keep the alias in one slot with a tagged KEY_PREFIX "
@@ -270,9 +330,11 @@ class LockManager(KindBlocks):
         shapes: list[str] | None,
         *,
         asyncio_task: bool,
+        permits: Mapping[str, int] | None = None,
     ) -> HeldLocks:
         if isinstance(outcome, AcquireFailure):
             wanted.name = outcome.busy_name or names[0]
+            wanted.permits = 0 if permits is None else permits[wanted.name]
             raise self._failed(wanted, outcome)
         leases = {record.name: Lease(self, record) for record in outcome}
         if shapes is not None:  # the lock-order checker: each lease's shape

@@ -137,7 +137,7 @@ class LockManyBlock:
     def __enter__(self) -> HeldLocks:
         borrowed = self._borrowed()
         rest = [name for name in self._names if name not in borrowed]
-        acquired = self._manager.acquire_many(rest, **self._kwargs) if rest else None
+        acquired = self._take(rest) if rest else None
         return self._entered(borrowed, acquired)
 
     def __exit__(self, *exc_info: object) -> None:
@@ -151,7 +151,7 @@ class LockManyBlock:
     async def __aenter__(self) -> HeldLocks:
         borrowed = self._borrowed()
         rest = [name for name in self._names if name not in borrowed]
-        acquired = await self._manager.aacquire_many(rest, **self._kwargs) if rest else None
+        acquired = await self._atake(rest) if rest else None
         return self._entered(borrowed, acquired)
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -161,6 +161,15 @@ class LockManyBlock:
         else:
             not_held = [lease.name for lease in held._own() if lease.lost]
         _check_all_held(not_held + _lost_borrowed(held, exc_info[0]), exc_info[0])
+
+    def _take(self, names: list[str]) -> HeldLocks:
+        """Acquire ``names`` (those of the set this thread or task does not hold yet)."""
+        held: HeldLocks = self._manager.acquire_many(names, **self._kwargs)
+        return held
+
+    async def _atake(self, names: list[str]) -> HeldLocks:
+        held: HeldLocks = await self._manager.aacquire_many(names, **self._kwargs)
+        return held
 
     def _borrowed(self) -> dict[str, Lease]:
         """The names this thread or task holds already in a lock block (re-entered: same

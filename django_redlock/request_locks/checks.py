@@ -30,7 +30,7 @@ CHECK_IDS = {
     "E016": "REDLOCK_BUSY_STATUS is not an int from 400 to 599.",
     "E017": "A KEY uses {user}, or an IDEMPOTENCY rule runs, but AuthenticationMiddleware does "
     "not run before it.",
-    "E018": "A rule's LIMIT is not an int from 1 to 1024.",
+    "E018": "A rule's LIMIT is not an int from 1 to 1024, or its LIMITS not a dict of such.",
     "E019": "A lock and a LIMIT (or two different LIMITs) share a key template and alias.",
     "E030": "REDLOCK_IDEMPOTENCY is invalid (not a dict, unknown key, bad HEADER, TTL or "
     "MAX_BYTES).",

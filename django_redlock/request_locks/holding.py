@@ -55,6 +55,8 @@ class _IO(Protocol):
 
     async def acquire(self, spec: LockSpec, name: str) -> Lease: ...
 
+    async def acquire_limits(self, spec: LockSpec, limits: dict[str, int]) -> list[Lease]: ...
+
     async def release(self, lease: Lease) -> None: ...
 
     async def read(self, lease: Lease) -> records.Record | None: ...
@@ -79,7 +81,7 @@ async def _hold(
     answer 409/429/503 without running it."""
     if spec.idempotency:
         return await _hold_once(spec, request, kwargs, call, io)
-    user = await io.user(spec, request) if spec.key.uses_user else None
+    user = await io.user(spec, request) if spec.uses_user else None
     name = spec.key.fill(kwargs, user)
     key = (spec.using, name)
     kind = "" if spec.limit is None else "permit"
@@ -89,13 +91,23 @@ async def _hold(
         lease = await io.acquire(spec, name)
     except AcquireErrors as exc:
         return lock_error_response(request, exc, limited=spec.limit is not None)
+    held = [lease]
+    if spec.limits:  # taken before the key's lease is attached: that one guards the writes
+        filled = {template.fill(kwargs, user): permits for template, permits in spec.limits}
+        try:
+            held += await io.acquire_limits(spec, filled)
+        except AcquireErrors as exc:
+            await _release(io, lease, spec)
+            return lock_error_response(request, exc, limited=True)
     try:
         with _attached(request, lease, key):
             response = await call()
     except BaseException:
-        await _release(io, lease, spec)
+        for each in held:
+            await _release(io, each, spec)
         raise
-    await _let_go(io, lease, spec, response)
+    for each in held:
+        await _let_go(io, each, spec, response)
     return response
 
 
@@ -261,6 +273,11 @@ class _BlockingIO:
             ordering.expect(name, spec.key.template)
         return manager.acquire(name, ttl=spec.ttl, timeout=spec.timeout, permits=spec.limit)
 
+    async def acquire_limits(self, spec: LockSpec, limits: dict[str, int]) -> list[Lease]:
+        # one attempt: it never waits for permits while it holds the key's lease
+        held = locks[spec.using].acquire_limits(limits, ttl=spec.ttl, timeout=0)
+        return list(held.leases.values())
+
     async def release(self, lease: Lease) -> None:
         lease.release()
 
@@ -294,6 +311,10 @@ class _AsyncIO:
         if manager.check_order:  # the lock-order checker's shape: the key template
             ordering.expect(name, spec.key.template)
         return await manager.aacquire(name, ttl=spec.ttl, timeout=spec.timeout, permits=spec.limit)
+
+    async def acquire_limits(self, spec: LockSpec, limits: dict[str, int]) -> list[Lease]:
+        held = await locks[spec.using].aacquire_limits(limits, ttl=spec.ttl, timeout=0)
+        return list(held.leases.values())
 
     async def release(self, lease: Lease) -> None:
         await lease.arelease()

@@ -41,6 +41,7 @@ RULE_KEYS = frozenset(
         "TIMEOUT",
         "UNTIL_COMMIT",
         "LIMIT",
+        "LIMITS",
         "IDEMPOTENCY",
     }
 )
@@ -66,6 +67,9 @@ class LockSpec:
     #: a request with the idempotency header runs once per header value; its response is kept
     #: and replayed (see :mod:`.idempotency`)
     idempotency: bool = False
+    #: a permit of each of these semaphores too (name template, permits), all or nothing
+    #: (``limits()``); one full: 429
+    limits: tuple[tuple[KeyTemplate, int], ...] = ()
 
     @functools.cached_property
     def plain(self) -> LockSpec:
@@ -90,9 +94,11 @@ class LockSpec:
         until_commit: Any = True,
         limit: Any = None,
         idempotency: Any = False,
+        limits: Any = None,
     ) -> LockSpec:
         """Validate every part, raising ``ImproperlyConfigured`` that names ``where``."""
         template = KeyTemplate(key, where)
+        semaphores = _limits(limits, where)
         try:
             limit = None if limit is None else check_permits(limit)
         except (TypeError, ValueError) as exc:
@@ -116,7 +122,30 @@ class LockSpec:
             timeout = check_timeout(timeout)
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"{where}: {exc}") from exc
-        return cls(template, using, ttl, timeout, until_commit, limit, idempotency)
+        return cls(template, using, ttl, timeout, until_commit, limit, idempotency, semaphores)
+
+    @property
+    def uses_user(self) -> bool:
+        """The key or a semaphore's name is filled from ``request.user``."""
+        return self.key.uses_user or any(t.uses_user for t, _ in self.limits)
+
+
+def _limits(limits: Any, where: str) -> tuple[tuple[KeyTemplate, int], ...]:
+    """``limits=`` (``LIMITS``): a dict of name templates to permits, or None."""
+    if limits is None:
+        return ()
+    if not isinstance(limits, Mapping) or not limits:
+        raise LimitError(
+            f"{where}: limits must be a non-empty dict of name templates to permits, e.g. "
+            '{"api:global": 20, "api:tenant:{tenant}": 2}.'
+        )
+    checked = []
+    for text, permits in limits.items():
+        try:
+            checked.append((KeyTemplate(text, where), check_permits(permits)))
+        except (TypeError, ValueError, ImproperlyConfigured) as exc:
+            raise LimitError(f"{where}: limits[{text!r}]: {exc}") from None
+    return tuple(checked)
 
 
 def view_specs(view: Any) -> tuple[LockSpec, ...]:
@@ -126,7 +155,7 @@ def view_specs(view: Any) -> tuple[LockSpec, ...]:
 
 
 class LimitError(ImproperlyConfigured):
-    """A bad ``LIMIT`` (``limit=``): not an int from 1 to 1024."""
+    """A bad ``LIMIT`` (``limit=``): not an int from 1 to 1024; or bad ``LIMITS``."""
 
 
 class RuleError(ImproperlyConfigured):
@@ -210,6 +239,7 @@ def parse_rule(index: int, raw: Any) -> LockRule:
             raw.get("UNTIL_COMMIT", True),
             raw.get("LIMIT"),
             raw.get("IDEMPOTENCY", False),
+            raw.get("LIMITS"),
         )
     except LimitError as exc:
         raise RuleError(str(exc), "E018") from exc

@@ -230,3 +230,36 @@ def aacquire_and_report(
         await lease.arelease()
 
     asyncio.run(main())
+
+
+def random_sets_under_limits(
+    redlock: dict[str, Any],
+    alias: str,
+    prefix: str,
+    counter_url: str,
+    rounds: int,
+    seed: int,
+) -> int:
+    """``rounds`` times: a permit of 2-3 of the semaphores ``{prefix}:0`` (2 permits),
+    ``:1`` (1) and ``:2`` (2), in random order, with ``limits``; inside, count the holders of
+    each (the oracle: never more than its permits). Returns the sections done."""
+    import random
+
+    setup_django(redlock)
+    import redis
+
+    from django_redlock import locks
+
+    rng = random.Random(seed)
+    counter = redis.Redis.from_url(counter_url)
+    sizes = {f"{prefix}:{i}": permits for i, permits in enumerate((2, 1, 2))}
+    for _ in range(rounds):
+        chosen = rng.sample(list(sizes), rng.randint(2, 3))
+        with locks[alias].limits({name: sizes[name] for name in chosen}, ttl=5, timeout=60):
+            for name in chosen:
+                inside = counter.incr(f"{name}:holders")
+                counter.rpush(f"{name}:seen", inside)
+            time.sleep(0.001)
+            for name in chosen:
+                counter.decr(f"{name}:holders")
+    return rounds

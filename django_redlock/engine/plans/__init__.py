@@ -6,15 +6,17 @@ both ``lock()`` and ``alock()``. ``tests/engine/test_plans.py`` drives each plan
 replies, without Redis.
 
 Modules: :mod:`.acquire` (one attempt of a lock, permit or read-write lease), :mod:`.many`
-(``lock_many``), :mod:`.rounds` (what every attempt shares), :mod:`.lease` (release, extend,
-force-release), :mod:`.waiters` (waiter-set bookkeeping); the restart quarantine's plan is
-:mod:`..trust`. The plans are re-exported here.
+(``lock_many``), :mod:`.limits` (``limits()``: a permit of several semaphores),
+:mod:`.rounds` (what every attempt shares), :mod:`.lease` (release, extend, force-release),
+:mod:`.waiters` (waiter-set bookkeeping); the restart quarantine's plan is :mod:`..trust`.
+The plans are re-exported here.
 """
 
 from __future__ import annotations
 
 from .acquire import QUARANTINED, acquire_plan, failure_of
 from .lease import extend_plan, force_release_plan, release_many_plan, release_plan
+from .limits import acquire_limits_plan, release_permits_plan
 from .many import acquire_many_plan
 from .rounds import CLOCK, attempt_round, bracketed, quorum_first, waited_reply, write_back
 from .waiters import register_plan, withdraw_plan
@@ -22,6 +24,7 @@ from .waiters import register_plan, withdraw_plan
 __all__ = [
     "CLOCK",
     "QUARANTINED",
+    "acquire_limits_plan",
     "acquire_many_plan",
     "acquire_plan",
     "attempt_round",
@@ -32,6 +35,7 @@ __all__ = [
     "quorum_first",
     "register_plan",
     "release_many_plan",
+    "release_permits_plan",
     "release_plan",
     "waited_reply",
     "withdraw_plan",

@@ -20,13 +20,14 @@ A node whose ``run_id`` field differs from the ``run_id`` the client read from `
 connect has restarted (or is new): it votes for nothing until :data:`REJOIN` marks it again.
 
 Modules: :mod:`.lock` (the lock's scripts and reply codes), :mod:`.waits` (waiter sets),
-:mod:`.primitives` (semaphores, ``lock_many`` sets, read-write locks), :mod:`.fragments` (Lua
+:mod:`.primitives` (semaphores, ``lock_many`` sets, read-write locks), :mod:`.limits`
+(``limits()``: a permit of several semaphores at once), :mod:`.fragments` (Lua
 they share). The lock's and the waiters' names are re-exported here.
 """
 
 from __future__ import annotations
 
-from . import primitives
+from . import limits, primitives
 from .lock import (
     ACQUIRE,
     BUSY,
@@ -69,6 +70,8 @@ ALL_SCRIPTS = (
     primitives.READ_RELEASE,
     primitives.READ_EXTEND,
     primitives.RELEASE_MANY,
+    limits.ACQUIRE_LIMITS,
+    limits.RELEASE_PERMITS,
 )
 
 __all__ = [

@@ -1,0 +1,353 @@
+"""One ``limits()`` attempt: a permit of each of several semaphores, all or nothing (I/O-free).
+
+A node grants a permit of every semaphore or of none (``ACQUIRE_LIMITS``), so no caller holds
+a permit while it waits for another: callers asking for overlapping sets in any order cannot
+deadlock. Each permit is one slot of its semaphore held on a quorum, as for ``semaphore()``:
+per semaphore, the slot most granting nodes gave counts, and the nodes that gave another slot
+give it back. The attempt wins when every semaphore's slot is held on a quorum; the tokens
+follow the highest first token of those nodes (first, first + 1, ... in the set's order).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .. import scripts
+from ..keyspace import TOKEN_LIMIT, quorum, wake_node
+from ..kinds import PERMIT, PERMIT_HANDOFF_MS
+from ..replies import Call, NodeFailure, Request, Slot
+from ..scripts import limits as scripts_limits
+from ..state import (
+    WAIT_MARK_MS,
+    WAKE_TTL_MS,
+    Abandoned,
+    AcquireFailure,
+    AliasState,
+    LeaseRecord,
+    NodeView,
+    Plan,
+)
+from .acquire import failure_of
+from .rounds import attempt_round
+from .waiters import withdraw_plan
+
+_NAMING = (scripts.BUSY, scripts.OTHER_KIND)
+
+
+def _slots_granted(reply: Any) -> list[int] | None:
+    """The slot (from 1) of each semaphore a granting node gave; None for any other reply."""
+    if isinstance(reply, NodeFailure) or reply is None or int(reply[0]) != scripts.GRANTED:
+        return None
+    return [int(k) for k in reply[2:]]
+
+
+def _best(granted: Sequence[list[int] | None], j: int) -> tuple[int, int]:
+    """Semaphore ``j``'s slot most nodes granted, and how many did ((0, 0): none)."""
+    counts: dict[int, int] = {}
+    for slots in granted:
+        if slots is not None:
+            counts[slots[j]] = counts.get(slots[j], 0) + 1
+    return max(((n, k) for k, n in counts.items()), default=(0, 0))[::-1]
+
+
+def acquire_limits_plan(
+    state: AliasState,
+    nodes: Sequence[NodeView],
+    names: Sequence[str],
+    permits: Sequence[int],
+    ttl: float,
+    *,
+    waiter: str = "",
+    mark_ms: int = WAIT_MARK_MS,
+    woken: int = 0,
+) -> Plan[list[LeaseRecord] | AcquireFailure]:
+    """One attempt at a permit of each semaphore ``names[i]`` of ``permits[i]`` permits;
+    returns one permit :class:`LeaseRecord` per name (in order, one owner) or an
+    :class:`AcquireFailure` whose ``busy_name`` is the semaphore to wait for (or the one taken
+    as another kind). ``woken``: the position (from 1) of the semaphore a release woke this
+    caller for (0: none). ``waiter``/``mark_ms`` as :func:`~.plans.acquire_plan`."""
+    total = len(nodes)
+    needed = quorum(total)
+    keys = state.keys
+    mark_ms = max(mark_ms, 0) if waiter else 0
+    slots_of = [
+        tuple(keys.permit(name, k) for k in range(n))
+        for name, n in zip(names, permits, strict=True)
+    ]
+    touched: tuple[str, ...] = (keys.fence,)
+    for name, slots in zip(names, slots_of, strict=True):
+        touched += (keys.waiters(name), keys.handoff(name), keys.lock(name), *slots)
+    count = len(names)
+
+    def settled(done: list[Slot]) -> bool:
+        granted = [_slots_granted(s.value) if s.done else None for s in done]
+        pending = sum(1 for s in done if not s.done)
+        best = [_best(granted, j)[1] for j in range(count)]
+        return all(b >= needed for b in best) or any(b + pending < needed for b in best)
+
+    def give_back(calls: list[Call | None], replies: Sequence[Any], owner: str) -> Plan[None]:
+        return _give_back(state, nodes, calls, replies, owner, names, slots_of)
+
+    args: tuple[str | int, ...] = (mark_ms, str(woken), waiter, *permits)
+    try:
+        owner, calls, replies, statuses, started = yield from attempt_round(
+            state,
+            nodes,
+            scripts_limits.ACQUIRE_LIMITS,
+            touched,
+            ttl,
+            args,
+            settled,
+            give_back,
+            tokens=count,
+        )
+    except Abandoned:
+        if mark_ms:
+            yield from withdraw_plan(state, nodes, names, waiter)
+        raise
+    try:
+        granted = [_slots_granted(r) for r in replies]
+        chosen = [_best(granted, j)[0] for j in range(count)]
+        voters = [
+            [i for i, g in enumerate(granted) if g is not None and g[j] == chosen[j]]
+            for j in range(count)
+        ]
+        if all(len(v) >= needed for v in voters):
+            union = sorted({i for v in voters for i in v})
+            first = max(int(replies[i][1]) for i in union)
+            last = first + count - 1
+            behind = [i for i in union if int(replies[i][1]) < first]
+            confirmed = set(union) - set(behind)
+            if behind and last < TOKEN_LIMIT:
+                confirmed |= yield from _write_back(
+                    state, nodes, behind, last, owner, voters, slots_of, chosen, confirmed
+                )
+            validity_deadline = started + ttl - state.drift(ttl)
+            if (
+                all(len(confirmed.intersection(v)) >= needed for v in voters)
+                and last < TOKEN_LIMIT
+                and time.monotonic() < validity_deadline
+            ):
+                stray = [
+                    None if g is None else [k if k != chosen[j] else 0 for j, k in enumerate(g)]
+                    for g in granted
+                ]
+                if any(any(s) for s in stray if s is not None):  # slots the others gave
+                    yield from _give_back(
+                        state, nodes, calls, replies, owner, names, slots_of, stray
+                    )
+                if mark_ms:
+                    busy_nodes = [i for i, st in enumerate(statuses) if st == scripts.BUSY]
+                    yield from withdraw_plan(state, nodes, names, waiter, busy_nodes)
+                return [
+                    _record(state, replies, granted, name, slots_of[j], chosen[j], voters[j])._won(
+                        owner, first + j, ttl, validity_deadline
+                    )
+                    for j, name in enumerate(names)
+                ]
+        yield from _give_back(state, nodes, calls, replies, owner, names, slots_of)
+        # a quorum that granted the set, on slots too split to hold a permit: contention
+        failure = failure_of(nodes, replies, statuses, sum(g is not None for g in granted))
+        if mark_ms and failure.final:  # it will not wait: withdraw where "busy" registered it
+            busy_nodes = [i for i, st in enumerate(statuses) if st == scripts.BUSY]
+            yield from withdraw_plan(state, nodes, names, waiter, busy_nodes)
+        named = [int(r[3]) for r, st in zip(replies, statuses, strict=True) if st in _NAMING]
+        if failure.reason == "other_kind":
+            named = [
+                int(r[3])
+                for r, st in zip(replies, statuses, strict=True)
+                if st == scripts.OTHER_KIND
+            ]
+        return dataclasses.replace(failure, busy_name=names[named[0] - 1] if named else None)
+    except Abandoned:
+        yield from _give_back(state, nodes, calls, [None] * total, owner, names, slots_of)
+        if mark_ms:
+            yield from withdraw_plan(state, nodes, names, waiter)
+        raise
+
+
+class _Permit:
+    """A permit's record being built (the parts known before the token)."""
+
+    __slots__ = ("key", "marker", "name", "reached", "slots", "voters")
+
+    def __init__(
+        self,
+        name: str,
+        key: str,
+        marker: str,
+        slots: tuple[str, ...],
+        reached: tuple[bool, ...],
+        voters: tuple[int, ...],
+    ) -> None:
+        self.name, self.key, self.marker, self.slots = name, key, marker, slots
+        self.reached, self.voters = reached, voters
+
+    def _won(self, owner: str, token: int, ttl: float, deadline: float) -> LeaseRecord:
+        record = LeaseRecord(self.name, self.key, owner, token, ttl, deadline)
+        record.reached, record.voters, record.slots = self.reached, self.voters, self.slots
+        return record.with_kind(self.marker, PERMIT)
+
+
+def _record(
+    state: AliasState,
+    replies: Sequence[Any],
+    granted: Sequence[list[int] | None],
+    name: str,
+    slots: tuple[str, ...],
+    chosen: int,
+    voters: list[int],
+) -> _Permit:
+    # nodes that may hold the chosen slot: those that gave it, and those that did not answer
+    reached = tuple(
+        (isinstance(r, NodeFailure) and r.sent) or r is None or i in voters
+        for i, r in enumerate(replies)
+    )
+    return _Permit(name, slots[chosen - 1], state.keys.lock(name), slots, reached, tuple(voters))
+
+
+def _write_back(
+    state: AliasState,
+    nodes: Sequence[NodeView],
+    behind: Sequence[int],
+    token: int,
+    owner: str,
+    voters: Sequence[list[int]],
+    slots_of: Sequence[tuple[str, ...]],
+    chosen: Sequence[int],
+    confirmed: set[int],
+) -> Plan[set[int]]:
+    """Raise the counter of the winners that are ``behind`` to the set's last ``token``
+    (strict, as for permits: a node that handed that token out since does not confirm);
+    returns those that still hold every chosen slot they granted."""
+    needed = quorum(len(nodes))
+    calls: list[Call | None] = [None] * len(nodes)
+    for i in behind:
+        run_id = nodes[i].run_id
+        if run_id is None:
+            continue
+        held = tuple(slots_of[j][chosen[j] - 1] for j, v in enumerate(voters) if i in v)
+        calls[i] = Call(scripts.RAISE, (state.keys.fence, *held), (token, run_id, owner, "1"))
+
+    def settled(slots: list[Slot]) -> bool:
+        ok = confirmed | {
+            i for i, s in enumerate(slots) if s.done and s.value == scripts.STILL_HELD
+        }
+        return all(len(ok.intersection(v)) >= needed for v in voters)
+
+    replies = yield Request(calls, state.node_timeout, settled)
+    return {i for i in behind if replies[i] == scripts.STILL_HELD}
+
+
+def _give_back(
+    state: AliasState,
+    nodes: Sequence[NodeView],
+    calls: Sequence[Call | None],
+    replies: Sequence[Any],
+    owner: str,
+    names: Sequence[str],
+    slots_of: Sequence[tuple[str, ...]],
+    only: Sequence[list[int] | None] | None = None,
+) -> Plan[None]:
+    """Fire-and-forget: give back each semaphore's permit on every node that granted the set
+    or did not answer (one request per semaphore, all sent at once). ``only``: per node, the
+    slot of each semaphore to give back (0: keep it), for a won set's stray grants."""
+    for j, name in enumerate(names):
+        waking = wake_node(name, len(nodes))
+        release: list[Call | None] = [None] * len(nodes)
+        for i, (call, reply) in enumerate(zip(calls, replies, strict=True)):
+            if call is None:
+                continue
+            if only is not None:
+                picked = only[i]
+                if picked is None or not picked[j]:
+                    continue
+                held: tuple[str, ...] = (slots_of[j][picked[j] - 1],)
+            elif isinstance(reply, NodeFailure) or reply is None:
+                if isinstance(reply, NodeFailure) and not reply.sent:
+                    continue
+                held = slots_of[j]  # it may have granted any slot
+            else:
+                slots = _slots_granted(reply)
+                if slots is None:
+                    continue  # it said no (and registered the caller, if it will wait)
+                held = (slots_of[j][slots[j] - 1],)
+            release[i] = state.release_call(
+                name, owner, wakes=i == waking, held=held, kind=PERMIT, slots=slots_of[j]
+            )
+        if any(release):
+            yield Request(release, 0.0, wait=False)
+
+
+def release_permits_plan(
+    state: AliasState, nodes: Sequence[NodeView], leases: Sequence[LeaseRecord]
+) -> Plan[list[bool]]:
+    """Release the permits of one ``limits()`` set (one owner) in one call per node (each
+    node gets the permits it may hold); returns, per lease, True if it was still held."""
+    live = [lease for lease in leases if not lease.released]
+    was_valid = [lease.validity() > 0 for lease in live]
+    for lease in live:
+        lease.released = True
+    if not live:
+        return [False] * len(leases)
+    total = len(nodes)
+    needed = quorum(total)
+    keys = state.keys
+    per_node: list[list[int]] = [
+        [j for j, lease in enumerate(live) if not lease.reached or lease.reached[i]]
+        if node.run_id is not None
+        else []
+        for i, node in enumerate(nodes)
+    ]
+
+    def call(i: int) -> Call | None:
+        mine = per_node[i]
+        if not mine:
+            return None
+        touched: tuple[str, ...] = ()
+        wakes, counts = "", list[int]()
+        for j in mine:
+            lease = live[j]
+            name = lease.name
+            slots = (lease.key, *(s for s in lease.slots if s != lease.key))
+            touched += (keys.waiters(name), keys.wake(name), keys.handoff(name), *slots)
+            wakes += "1" if wake_node(name, total) == i else "0"
+            counts.append(len(slots))
+        args: tuple[str | int, ...] = (
+            live[0].owner,
+            WAKE_TTL_MS,
+            PERMIT_HANDOFF_MS,
+            wakes,
+            0,
+            "",
+            "1",
+            *counts,
+        )
+        return Call(scripts_limits.RELEASE_PERMITS, touched, args)
+
+    calls = [call(i) for i in range(total)]
+
+    def settled(slots: list[Slot]) -> bool:
+        answered = sum(1 for s, c in zip(slots, calls, strict=True) if c is not None and s.done)
+        return answered >= needed or all(s.done for s, c in zip(slots, calls, strict=True) if c)
+
+    replies = yield Request(calls, state.node_timeout, settled)
+    handed = [0] * len(live)
+    refused = [0] * len(live)
+    for i, reply in enumerate(replies):
+        if not isinstance(reply, list):
+            continue
+        for j, answer in zip(per_node[i], reply, strict=True):
+            handed[j] += int(answer) == scripts.HANDED_OFF
+            refused[j] += int(answer) == scripts.NOT_HELD
+    held = []
+    for j, lease in enumerate(live):
+        # a node the permit never reached counts as a "not yours"
+        unreached = lease.reached.count(False)
+        lease.handed_off = handed[j] >= needed  # a permit's releaser queues only then
+        held.append(was_valid[j] and not lease.lost and refused[j] + unreached <= total - needed)
+    by_record = {id(lease): ok for lease, ok in zip(live, held, strict=True)}
+    return [by_record.get(id(lease), False) for lease in leases]
