@@ -312,3 +312,35 @@ def test_request_lock_key_template_is_its_shape(checker: str) -> None:
 
     assert view(RequestFactory().post("/"), order_id=3).status_code == 200
     assert _recorded() == {(p + ":order:{order_id}", p + ":stock:{n}")}
+
+
+def test_limits_are_ordered_after_what_was_held_before(checker: str) -> None:
+    """A ``limits()`` set takes its permits all at once (no order among them), but names held
+    before it are ordered before each of its semaphores, and the inverse order warns."""
+    p = checker
+    manager = locks["default"]
+    with lock(f"{p}:order:1", timeout=1), manager.limits({f"{p}:api": 2, f"{p}:tenant:1": 1}):
+        pass
+    assert _recorded() == {
+        (f"{p}:order:{{n}}", f"{p}:api"),
+        (f"{p}:order:{{n}}", f"{p}:tenant:{{n}}"),
+    }
+    with (
+        pytest.warns(RuntimeWarning, match=f"'{p}:order:{{n}}'"),
+        manager.semaphore(f"{p}:api", 2, timeout=1),
+        lock(f"{p}:order:2", timeout=1),
+    ):
+        pass
+
+
+def test_alimits_are_ordered_after_what_was_held_before(checker: str) -> None:
+    """The asyncio twin: ``alimits`` inside an ``alock`` records an edge to each semaphore."""
+    p = checker
+    manager = locks["default"]
+
+    async def main() -> None:
+        async with manager.alock(f"{p}:order:1", timeout=1), manager.alimits({f"{p}:api": 2}):
+            pass
+
+    asyncio.run(main())
+    assert (f"{p}:order:{{n}}", f"{p}:api") in _recorded()
