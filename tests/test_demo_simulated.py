@@ -11,7 +11,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-
 import pytest
 from django.core.management import call_command
 from django.test import AsyncClient, Client
