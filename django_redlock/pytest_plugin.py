@@ -11,18 +11,25 @@ installed; ``-p no:django_redlock`` turns it off. Needs no Django settings.
   share nodes between tests.
 - ``redis_sentinel_group``: a master, a replica and three sentinels (``SentinelGroup``).
 - ``redis_cluster``: a 3-master Redis Cluster (``ClusterGroup``).
+- ``redlock_simulate``: ``redlock_simulate(busy=[...], unavailable=..., lost_after=...,
+  using=...)`` runs this process's locks without Redis until the test ends (see
+  ``django_redlock.testing.simulate``; needs Django settings). Called again, the new
+  simulation replaces the previous one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any, Protocol
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
 from django_redlock.testing import RedisNode, RedisNodes, RedisServerNotFound, find_redis_server
 from django_redlock.testing.cluster import ClusterGroup
 from django_redlock.testing.sentinel import SentinelGroup
+
+if TYPE_CHECKING:
+    from django_redlock.testing.simulation import Simulation
 
 
 class RedisNodeFactory(Protocol):
@@ -93,6 +100,44 @@ def redis_cluster() -> Iterator[ClusterGroup]:
     needs a hash tag in KEY_PREFIX)."""
     with ClusterGroup.start(3) as cluster:
         yield cluster
+
+
+class SimulateFixture:
+    """``redlock_simulate(...)``: start a simulation for the rest of the test (the one
+    started before, if any, is stopped first); ``.current`` is the active one."""
+
+    def __init__(self) -> None:
+        self.current: Simulation | None = None
+
+    def __call__(
+        self,
+        busy: Iterable[str] = (),
+        unavailable: bool = False,
+        lost_after: float | None = None,
+        using: str | None = None,
+    ) -> Simulation:
+        from django_redlock.testing.simulation import simulate
+
+        simulation = simulate(busy, unavailable, lost_after, using)  # checked before the swap
+        self.stop()
+        self.current = simulation.start()
+        return simulation
+
+    def stop(self) -> None:
+        current, self.current = self.current, None
+        if current is not None:
+            current.stop()
+
+
+@pytest.fixture
+def redlock_simulate() -> Iterator[SimulateFixture]:
+    """Call it to run this test's locks without Redis (``django_redlock.testing.simulate``);
+    undone when the test ends."""
+    fixture = SimulateFixture()
+    try:
+        yield fixture
+    finally:
+        fixture.stop()
 
 
 def pytest_report_header(config: pytest.Config) -> str:

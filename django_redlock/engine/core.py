@@ -21,6 +21,7 @@ from .drive import PlanMaker
 from .kinds import HANDOFF_MS, PERMIT
 from .lane import lane_acquire, lane_release
 from .loop_pools import LoopPools
+from .notes import NoteReplies, note_plan
 from .plans import (
     extend_plan,
     force_release_plan,
@@ -34,6 +35,7 @@ from .plans import (
 from .plans.records import RecordRead, read_record_plan, store_record_plan
 from .policy import AcquireStep, AwaitRelease, acquire_policy, registration_ms
 from .pools import SPARE, ChannelPools
+from .replies import NodeFailure
 from .state import (
     WAIT_MARK_MS,
     AcquireFailure,
@@ -318,6 +320,18 @@ class Engine(ChannelPools):
         """The fenced record of ``name`` from every node: the highest token's ``fields``."""
         plan = lambda nodes: read_record_plan(self.state, nodes, name, fields)  # noqa: E731
         return self._run(plan, pinned)[0]
+
+    def note(
+        self, name: str, op: str, expected: str = "", value: str = "", ttl: float = 0.0
+    ) -> NoteReplies:
+        """One note operation (``get``, ``set``, ``replace``, ``delete``: see
+        :mod:`.notes`) on every node."""
+        replies = self._run(note_plan(self.state, name, op, expected, value, ttl))[0]
+        outcome = NoteReplies([None if isinstance(r, NodeFailure) else r for r in replies])
+        for index, reply in enumerate(replies):
+            if isinstance(reply, NodeFailure):
+                outcome.errors[self.labels[index]] = str(reply)
+        return outcome
 
     # -- the facade: asyncio -------------------------------------------------------------
     async def aacquire(

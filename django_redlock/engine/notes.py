@@ -8,17 +8,14 @@ A note lives at ``<prefix>__unique__:<name>`` (a bookkeeping key: lock names can
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .keyspace import RESERVED_MARK
-from .replies import Call, NodeFailure, Request
+from .replies import Call, Request
 from .scripts.script import Script
-from .state import NodeView, Plan
-
-if TYPE_CHECKING:
-    from .core import Engine
+from .state import AliasState, NodeView, Plan
 
 #: ``ARGV[1]`` the operation (``get``, ``set``, ``replace``, ``delete``), ``ARGV[2]`` the id a
 #: change expects (compared with the text after the ``|``), ``ARGV[3]`` a new value,
@@ -59,18 +56,29 @@ class NoteReplies:
         return len(self.values) - len(self.errors)
 
 
-def note_key(engine: Engine, name: str) -> str:
+class NoteHolder(Protocol):
+    """What holds notes: an :class:`~.core.Engine` (or a simulated one, which keeps them in
+    memory: ``django_redlock.testing.simulate``)."""
+
+    state: AliasState
+
+    def note(
+        self, name: str, op: str, expected: str = "", value: str = "", ttl: float = 0.0
+    ) -> NoteReplies: ...
+
+
+def note_key(engine: NoteHolder, name: str) -> str:
     """The key of the note ``name``."""
     return f"{engine.state.keys.prefix}{RESERVED_MARK}unique__:{name}"
 
 
-def call_note(
-    engine: Engine, name: str, op: str, expected: str = "", value: str = "", ttl: float = 0.0
-) -> NoteReplies:
-    """Run one note operation on every node of ``engine``."""
-    key = note_key(engine, name)
+def note_plan(
+    state: AliasState, name: str, op: str, expected: str, value: str, ttl: float
+) -> Callable[[Sequence[NodeView]], Plan[list[Any]]]:
+    """The plan of one note operation on every node (its replies, one per node)."""
+    key = f"{state.keys.prefix}{RESERVED_MARK}unique__:{name}"
     ms = max(1, int(ttl * 1000))
-    timeout = engine.state.node_timeout * 4
+    timeout = state.node_timeout * 4
 
     def plan(nodes: Sequence[NodeView]) -> Plan[list[Any]]:
         calls: list[Call | None] = [
@@ -80,9 +88,16 @@ def call_note(
         replies = yield Request(calls, timeout, None)
         return replies
 
-    replies: list[Any] = engine._run(plan)[0]
-    outcome = NoteReplies([None if isinstance(r, NodeFailure) else r for r in replies])
-    for index, reply in enumerate(replies):
-        if isinstance(reply, NodeFailure):
-            outcome.errors[engine.labels[index]] = str(reply)
-    return outcome
+    return plan
+
+
+def call_note(
+    engine: NoteHolder,
+    name: str,
+    op: str,
+    expected: str = "",
+    value: str = "",
+    ttl: float = 0.0,
+) -> NoteReplies:
+    """Run one note operation on every node of ``engine``."""
+    return engine.note(name, op, expected, value, ttl)

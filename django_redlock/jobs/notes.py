@@ -13,7 +13,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine import Engine, NoteReplies, call_note, note_key, quorum
+from ..engine import NoteReplies, call_note, note_key, quorum
+from ..engine.notes import NoteHolder
 from ..exceptions import NodesUnavailable
 
 
@@ -39,7 +40,7 @@ class Note:
 class Notes:
     """The markers held on one engine (the one that holds their names)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: NoteHolder) -> None:
         self.engine = engine
 
     def key(self, name: str) -> str:

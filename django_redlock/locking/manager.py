@@ -75,6 +75,17 @@ class LockManager(KindBlocks):
         #: ``REDLOCK_CHECK_ORDER``: the one check the acquire path makes when it is off
         #: (kept current by the registry's ``setting_changed`` receiver)
         self.check_order = check_order_setting()
+        #: the engines built from the settings (``shards`` differ only while a simulation,
+        #: ``django_redlock.testing.simulate``, stands in for them)
+        self.real_shards: list[Engine] = self.shards
+
+    def use_engines(self, engines: Sequence[Engine] | None) -> None:
+        """Lock with ``engines`` (one per shard) from now on; None: the real ones again.
+        Leases already taken keep the engine that took them."""
+        chosen = self.real_shards if engines is None else list(engines)
+        if len(chosen) != len(self.real_shards):
+            raise ValueError(f"{len(self.real_shards)} engines needed, {len(chosen)} given.")
+        self.engine, self.shards = chosen[0], chosen
 
     def shard_index(self, name: str) -> int:
         """Which of :attr:`shards` holds ``name`` (0 for an alias that is not spread)."""

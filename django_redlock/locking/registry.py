@@ -10,7 +10,7 @@ the managers already made.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -31,6 +31,10 @@ from .block import BlockOptions, LockBlock
 from .manager import LockManager
 from .validation import UNSET
 
+#: Gives the engines to lock with instead of a manager's real ones, or None to leave it alone
+#: (a simulation: ``django_redlock.testing.simulate``).
+StandIn = Callable[[LockManager], Sequence[Engine] | None]
+
 
 class LockManagers:
     """Mapping-like access to the configured aliases."""
@@ -38,6 +42,8 @@ class LockManagers:
     def __init__(self) -> None:
         self._managers: dict[str, LockManager] = {}
         self._mutex = threading.Lock()
+        #: the stand-ins in effect, innermost last (empty: nothing to do, the common case)
+        self._stand_ins: list[StandIn] = []
 
     def __getitem__(self, alias: str) -> LockManager:
         manager = self._managers.get(alias)
@@ -47,8 +53,37 @@ class LockManagers:
             manager = self._managers.get(alias)
             if manager is None:
                 manager = self._create(alias)
+                if self._stand_ins:
+                    self._apply(manager)
                 self._managers[alias] = manager
             return manager
+
+    def stand_in(self, engines_for: StandIn) -> Callable[[], None]:
+        """Lock with the engines ``engines_for(manager)`` gives (where not None), for the
+        managers there are and those created later, until the call returned is made. The
+        innermost stand-in wins; undoing it restores what was in effect before."""
+        with self._mutex:
+            self._stand_ins.append(engines_for)
+            for manager in self._managers.values():
+                self._apply(manager)
+
+        def undo() -> None:
+            with self._mutex:
+                if engines_for in self._stand_ins:
+                    self._stand_ins.remove(engines_for)
+                for manager in self._managers.values():
+                    self._apply(manager)
+
+        return undo
+
+    def _apply(self, manager: LockManager) -> None:
+        """Give ``manager`` the innermost stand-in's engines, or its real ones."""
+        for engines_for in reversed(self._stand_ins):
+            engines = engines_for(manager)
+            if engines is not None:
+                manager.use_engines(engines)
+                return
+        manager.use_engines(None)
 
     def __iter__(self) -> Iterator[str]:
         return iter(redlock_settings())
@@ -83,7 +118,7 @@ class LockManagers:
         with self._mutex:
             managers, self._managers = self._managers, {}
         for manager in managers.values():
-            for engine in manager.shards:
+            for engine in manager.real_shards:
                 engine.close()
         connections.reset_pools()
 

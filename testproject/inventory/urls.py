@@ -9,4 +9,5 @@ urlpatterns: list[URLPattern] = [
     path("order/<int:product_id>/", views.order, name="order"),
     path("order-async/<int:product_id>/", views.order_async, name="order-async"),
     path("pay/<slug:payment_id>/", views.pay, name="pay"),
+    path("stock/", views.stock, name="stock"),
 ]

@@ -1,6 +1,6 @@
 """The demo's endpoints: ``buy`` (one sale per request, guarded by a per-request lock),
-``order`` (an order placed once per ``Idempotency-Key``) and ``pay`` (one charge per
-``Idempotency-Key``, ``manage.py pay``)."""
+``order`` (an order placed once per ``Idempotency-Key``), ``pay`` (one charge per
+``Idempotency-Key``, ``manage.py pay``) and ``stock`` (a costly report, at most two at once)."""
 
 from __future__ import annotations
 
@@ -107,3 +107,10 @@ def pay(request: HttpRequest, payment_id: str) -> JsonResponse:
     time.sleep(latency)  # the client may give up before the answer
     charge = Charge.objects.create(payment=payment_id, amount_cents=amount)
     return JsonResponse({"charge": charge.pk, "payment": payment_id}, status=201)
+
+
+@request_lock("stock-report", limit=2)
+def stock(request: HttpRequest) -> JsonResponse:
+    """The stock of every product: a costly report, so at most two run at once (one of two
+    permits of ``stock-report``); a third request at the same time gets 429 + Retry-After."""
+    return JsonResponse({"stock": {p.name: p.stock for p in Product.objects.all()}})

@@ -33,6 +33,8 @@ from ...jobs.runner import RunRequest
 from ...locking.ordering import shared as order_records
 from ...locking.registry import locks
 from ...locking.validation import check_name, check_timeout, check_ttl
+from ...testing.simulated_engine import SimulatedEngine
+from ...testing.simulation import simulation_from_environment
 from ..effects import EFFECT_HEADERS, effect_document, effect_row, ledger_rows
 from ..order import ORDER_HEADERS, OrderReport, inverted_details, order_document, order_row
 from ..rendering import (
@@ -81,8 +83,8 @@ def _check_encodable(options: dict[str, Any]) -> None:
 
 class Failure(CommandError):
     """A one-line error; ``code`` names its kind in the ``--json`` error document:
-    ``unknown_alias``, ``bad_settings``, ``unreachable``, ``not_held``, ``holder_changed`` or
-    ``usage``."""
+    ``unknown_alias``, ``bad_settings``, ``unreachable``, ``not_held``, ``holder_changed``,
+    ``simulated`` or ``usage``."""
 
     def __init__(self, message: object, code: str) -> None:
         super().__init__(" ".join(str(message).split()))
@@ -238,13 +240,48 @@ class Command(BaseCommand):
         self._printed = False
         try:
             _check_encodable(options)
-            commands[options["subcommand"]](options)
+            try:  # REDLOCK_SIMULATE: a test's subprocess runs without Redis (docs/testing.md)
+                simulation = simulation_from_environment()
+            except ValueError as exc:
+                raise Failure(exc, "bad_settings") from exc
+            with simulation or contextlib.nullcontext():
+                if options["subcommand"] != "run" and self._simulated(options):
+                    return
+                commands[options["subcommand"]](options)
         except Failure as exc:
             if options.get("json") and not self._printed:
                 self._json({"error": str(exc), "code": exc.code})
             raise CommandError(str(exc)) from exc  # stderr: "CommandError: <one line>"
 
     # -- helpers ---------------------------------------------------------------------------
+    def _simulated(self, options: dict[str, Any]) -> bool:
+        """Under ``simulate``, nothing may reach the nodes: ``list`` prints the leases held
+        in memory; the other operator commands refuse. False when nothing is simulated."""
+        simulated: list[tuple[str, SimulatedEngine]] = []
+        with contextlib.suppress(ImproperlyConfigured):  # bad settings: said by the command
+            for alias in locks:
+                engine = locks[alias].engine
+                if isinstance(engine, SimulatedEngine):
+                    simulated.append((alias, engine))
+        if not simulated:
+            return False
+        if options["subcommand"] != "list":
+            aliases = ", ".join(repr(a) for a, _ in simulated)
+            raise Failure(
+                f"The locks of {aliases} are simulated (django_redlock.testing.simulate): "
+                f"'redlock {options['subcommand']}' does not run without real nodes.",
+                "simulated",
+            )
+        seen: set[int] = set()
+        for alias, engine in simulated:
+            if id(engine.locks) in seen:
+                continue
+            seen.add(id(engine.locks))
+            for name, hold in engine.locks.held():
+                kind = hold.kind or "lock"
+                self.stdout.write(f"{alias}\t{name}\t{kind}\ttoken={hold.token}\t(simulated)")
+        return True
+
     def _aliases(self, using: str | None) -> list[str]:
         try:
             names = inspection.aliases()

@@ -1,0 +1,271 @@
+"""The in-memory state of a simulation (``django_redlock.testing.simulate``): who holds which
+name, the faults asked for, fenced records and notes. No I/O, no Django, no engine: the
+simulated engine (:mod:`.simulated_engine`) turns its answers into leases and failures.
+
+One :class:`SimulatedLocks` per simulation, shared by the threads and tasks of the process
+under a mutex; a :class:`threading.Condition` on it wakes blocked acquire calls when a name
+is released.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from ..engine.keyspace import TOKEN_LIMIT
+
+#: LeaseRecord.kind values (kept in step with ``engine/kinds.py``).
+LOCK, PERMIT, READ, WRITE = "", "permit", "read", "write"
+
+
+def glob_pattern(glob: str) -> re.Pattern[str]:
+    """``glob`` with Redis's ``MATCH`` syntax (``*``, ``?``, ``[abc]``, ``[^a]``, ``[a-z]`` and
+    ``\\`` escaping the next character: ``engine.keyspace.GLOB_CHARACTERS``) as a regex."""
+    if not isinstance(glob, str) or not glob:
+        raise ValueError(f"A busy glob must be a non-empty string, not {glob!r}.")
+    out, i = [], 0
+    while i < len(glob):
+        char = glob[i]
+        if char == "\\" and i + 1 < len(glob):
+            out.append(re.escape(glob[i + 1]))
+            i += 2
+            continue
+        if char == "*":
+            out.append(".*")
+        elif char == "?":
+            out.append(".")
+        elif char == "[" and (end := glob.find("]", i + 2)) != -1:
+            inner = glob[i + 1 : end]
+            negate = inner.startswith("^")
+            body = re.escape(inner[1:] if negate else inner).replace("\\-", "-")
+            out.append(f"[{'^' if negate else ''}{body}]")
+            i = end
+        else:
+            out.append(re.escape(char))
+        i += 1
+    return re.compile("".join(out), re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Faults:
+    """What a simulation makes go wrong (see ``simulate``)."""
+
+    busy: tuple[str, ...] = ()
+    unavailable: bool = False
+    lost_after: float | None = None
+    patterns: tuple[re.Pattern[str], ...] = field(default=(), repr=False, compare=False)
+
+    @classmethod
+    def of(cls, busy: Iterable[str], unavailable: bool, lost_after: float | None) -> Faults:
+        """Checked faults: a clear error for bad arguments, before anything is changed."""
+        if isinstance(busy, str):
+            raise TypeError(f"busy must be a list of globs, not the string {busy!r}: ({busy!r},)")
+        globs = tuple(busy)
+        if not isinstance(unavailable, bool):
+            raise TypeError(f"unavailable must be True or False, not {unavailable!r}.")
+        if lost_after is not None and (
+            isinstance(lost_after, bool)
+            or not isinstance(lost_after, int | float)
+            or not math.isfinite(lost_after)
+            or lost_after < 0
+        ):
+            raise ValueError(f"lost_after must be None or seconds >= 0, not {lost_after!r}.")
+        return cls(globs, unavailable, lost_after, tuple(glob_pattern(g) for g in globs))
+
+    def is_busy(self, name: str) -> bool:
+        """True if ``name`` matches a busy glob (held elsewhere)."""
+        return any(pattern.fullmatch(name) for pattern in self.patterns)
+
+
+_token_mutex = threading.Lock()
+_last_token = 0
+
+
+def next_token() -> int:
+    """A fencing token above every one this process handed out, and at least the time in
+    microseconds: a later simulation (or a later test run on the same database) never hands
+    out a token lower than rows an earlier one wrote. Below ``TOKEN_LIMIT`` until 2255."""
+    global _last_token
+    with _token_mutex:
+        _last_token = max(_last_token + 1, int(time.time() * 1_000_000))
+        if _last_token >= TOKEN_LIMIT:  # pragma: no cover - the year 2255
+            raise OverflowError("Simulated fencing tokens reached TOKEN_LIMIT.")
+        return _last_token
+
+
+@dataclass
+class Hold:
+    """One lease held in memory."""
+
+    owner: str
+    kind: str
+    permits: int
+    token: int
+    #: when it runs out (monotonic): its TTL, or ``lost_after`` when that comes first
+    expires: float
+    #: when ``lost_after`` makes it lost (monotonic), or None
+    lost_at: float | None
+
+    @property
+    def family(self) -> str:
+        """Leases of one family may share a name (permits of one size, read and write)."""
+        if self.kind == PERMIT:
+            return f"permit:{self.permits}"
+        return "rw" if self.kind in (READ, WRITE) else "lock"
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Why names could not be taken: ``busy`` or ``other_kind``, and which name."""
+
+    reason: str
+    name: str
+
+
+def family_of(kind: str, permits: int) -> str:
+    return Hold("", kind, permits, 0, 0.0, None).family
+
+
+class SimulatedLocks:
+    """The names held in memory by one simulation, its records and notes."""
+
+    def __init__(self, faults: Faults) -> None:
+        self.faults = faults
+        self._mutex = threading.Lock()
+        #: notified on every release: blocked acquire calls try again
+        self.released = threading.Condition(self._mutex)
+        self._holds: dict[str, list[Hold]] = {}
+        self._records: dict[str, tuple[int, tuple[bytes, ...], float]] = {}
+        self._notes: dict[str, tuple[str, float]] = {}
+
+    # -- leases ------------------------------------------------------------------------
+    def _live(self, name: str, now: float) -> list[Hold]:
+        holds = [h for h in self._holds.get(name, ()) if h.expires > now]
+        if holds:
+            self._holds[name] = holds
+        else:
+            self._holds.pop(name, None)
+        return holds
+
+    def _refusal(self, name: str, kind: str, permits: int, now: float) -> Refused | None:
+        holds = self._live(name, now)
+        if not holds:
+            return None
+        if holds[0].family != family_of(kind, permits):
+            return Refused("other_kind", name)
+        if kind == PERMIT and len(holds) < permits:
+            return None
+        if kind == READ and all(h.kind == READ for h in holds):
+            return None
+        return Refused("busy", name)
+
+    def take(
+        self, names: Sequence[str], owner: str, ttl: float, kind: str, permits: int
+    ) -> list[Hold] | Refused:
+        """Hold every name of ``names`` for ``owner`` (all or none), or say why not."""
+        with self._mutex:
+            now = time.monotonic()
+            for name in names:
+                refused = self._refusal(name, kind, permits, now)
+                if refused is not None:
+                    return refused
+            lost_after = self.faults.lost_after
+            lost_at = None if lost_after is None else now + lost_after
+            taken = []
+            for name in names:
+                expires = now + ttl if lost_at is None else min(now + ttl, lost_at)
+                hold = Hold(owner, kind, permits, next_token(), expires, lost_at)
+                self._holds.setdefault(name, []).append(hold)
+                taken.append(hold)
+            return taken
+
+    def _find(self, name: str, owner: str, now: float) -> Hold | None:
+        return next((h for h in self._live(name, now) if h.owner == owner), None)
+
+    def extend(self, name: str, owner: str, ttl: float) -> Hold | None:
+        """Renew ``owner``'s lease of ``name`` to ``ttl`` (never past its ``lost_at``); None
+        when it is no longer held (lost)."""
+        with self._mutex:
+            now = time.monotonic()
+            hold = self._find(name, owner, now)
+            if hold is not None:
+                until = now + ttl
+                hold.expires = until if hold.lost_at is None else min(until, hold.lost_at)
+                if hold.expires <= now:
+                    return None
+            return hold
+
+    def release(self, name: str, owner: str) -> bool:
+        """Let ``owner``'s lease of ``name`` go; True if it was still held."""
+        with self._mutex:
+            hold = self._find(name, owner, time.monotonic())
+            if hold is not None:
+                self._holds[name].remove(hold)
+                self.released.notify_all()
+            return hold is not None
+
+    def force_release(self, name: str, expected: str = "") -> bool:
+        """Drop ``name``'s leases (only ``expected``'s owner's, if given); True if any was."""
+        with self._mutex:
+            holds = self._live(name, time.monotonic())
+            gone = [h for h in holds if not expected or h.owner == expected]
+            for hold in gone:
+                holds.remove(hold)
+            self.released.notify_all()
+            return bool(gone)
+
+    def wait(self, seconds: float) -> None:
+        """Block until a release (or ``seconds``)."""
+        with self._mutex:
+            self.released.wait(seconds)
+
+    def held(self) -> list[tuple[str, Hold]]:
+        """Every live lease, by name."""
+        with self._mutex:
+            now = time.monotonic()
+            return [(name, hold) for name in sorted(self._holds) for hold in self._live(name, now)]
+
+    # -- fenced records and notes --------------------------------------------------------
+    def store_record(
+        self, name: str, owner: str, token: int, values: tuple[bytes, ...], ttl: float
+    ) -> bool:
+        """Keep ``values`` for ``name`` while ``owner`` holds it and no newer token's are kept."""
+        with self._mutex:
+            now = time.monotonic()
+            kept = self._records.get(name)
+            if self._find(name, owner, now) is None:
+                return False
+            if kept is not None and kept[2] > now and kept[0] > token:
+                return False
+            self._records[name] = (token, values, now + ttl)
+            return True
+
+    def read_record(self, name: str) -> tuple[int, tuple[bytes, ...]] | None:
+        with self._mutex:
+            kept = self._records.get(name)
+            if kept is None or kept[2] <= time.monotonic():
+                return None
+            return kept[0], kept[1]
+
+    def note(self, name: str, op: str, expected: str, value: str, ttl: float) -> bytes | int | None:
+        """One note operation, as ``engine.notes.NOTE`` does it on a node."""
+        with self._mutex:
+            now = time.monotonic()
+            kept = self._notes.get(name)
+            current = kept[0] if kept is not None and kept[1] > now else None
+            if op == "get":
+                return None if current is None else current.encode()
+            if op == "set" or (op == "replace" and current is None):
+                self._notes[name] = (value, now + max(ttl, 0.001))
+                return 1
+            if current is None or current.partition("|")[2] != expected:
+                return 0
+            if op == "replace":
+                self._notes[name] = (value, now + max(ttl, 0.001))
+            elif op == "delete":
+                del self._notes[name]
+            return 1
