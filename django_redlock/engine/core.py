@@ -22,6 +22,7 @@ from .kinds import HANDOFF_MS, PERMIT
 from .lane import lane_acquire, lane_release
 from .loop_pools import LoopPools
 from .notes import NoteReplies, note_plan
+from .order_edges import order_plan
 from .plans import (
     extend_plan,
     force_release_plan,
@@ -327,6 +328,16 @@ class Engine(ChannelPools):
         """One note operation (``get``, ``set``, ``replace``, ``delete``: see
         :mod:`.notes`) on every node."""
         replies = self._run(note_plan(self.state, name, op, expected, value, ttl))[0]
+        outcome = NoteReplies([None if isinstance(r, NodeFailure) else r for r in replies])
+        for index, reply in enumerate(replies):
+            if isinstance(reply, NodeFailure):
+                outcome.errors[self.labels[index]] = str(reply)
+        return outcome
+
+    def order(self, *args: str | int) -> NoteReplies:
+        """One operation on the lock-order checker's records (see :mod:`.order_edges`) on
+        every node: each node's reply (None where it gave none) and the errors by label."""
+        replies = self._run(order_plan(self.state, args))[0]
         outcome = NoteReplies([None if isinstance(r, NodeFailure) else r for r in replies])
         for index, reply in enumerate(replies):
             if isinstance(reply, NodeFailure):

@@ -11,16 +11,13 @@ expires :data:`ORDER_TTL` seconds after its last new edge.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .keyspace import RESERVED_MARK
-from .replies import Call, NodeFailure, Request
+from .replies import Call, Request
 from .scripts.script import Script
-from .state import NodeView, Plan
-
-if TYPE_CHECKING:
-    from .core import Engine
+from .state import AliasState, NodeView, Plan
 
 #: A day: records of a long-gone run stop warning by themselves (``redlock order --clear``
 #: forgets them at once).
@@ -51,28 +48,24 @@ return redis.error_reply('unknown order operation')
 )
 
 
-def order_key(engine: Engine) -> str:
+def order_key(state: AliasState) -> str:
     """The key of the alias's order records."""
-    return f"{engine.state.keys.prefix}{RESERVED_MARK}order__"
+    return f"{state.keys.prefix}{RESERVED_MARK}order__"
 
 
-def call_order(engine: Engine, *args: str | int) -> tuple[list[Any], dict[str, str]]:
-    """Run one order operation on every node of ``engine``: each node's reply (None where it
-    gave none) and the errors by node label. Waits at most four node timeouts."""
-    key = order_key(engine)
-    timeout = engine.state.node_timeout * 4
+def order_plan(
+    state: AliasState, args: Sequence[str | int]
+) -> Callable[[Sequence[NodeView]], Plan[list[Any]]]:
+    """The plan of one order operation on every node (its replies, one per node; waits at
+    most four node timeouts). ``Engine.order`` runs it."""
+    key = order_key(state)
+    timeout = state.node_timeout * 4
 
     def plan(nodes: Sequence[NodeView]) -> Plan[list[Any]]:
         calls: list[Call | None] = [
-            None if node.run_id is None else Call(ORDER, (key,), args) for node in nodes
+            None if node.run_id is None else Call(ORDER, (key,), tuple(args)) for node in nodes
         ]
         replies = yield Request(calls, timeout, None)
         return replies
 
-    replies: list[Any] = engine._run(plan)[0]
-    errors = {
-        engine.labels[index]: str(reply)
-        for index, reply in enumerate(replies)
-        if isinstance(reply, NodeFailure)
-    }
-    return [None if isinstance(r, NodeFailure) else r for r in replies], errors
+    return plan

@@ -29,7 +29,7 @@ from ..engine import (
     forks,
 )
 from ..engine.targets import WaiterCount
-from .simulated_state import PERMIT, Hold, Refused, SimulatedLocks
+from .simulated_state import PERMIT, Hold, Permits, Refused, SimulatedLocks
 
 #: What an unavailable node says (``simulate(unavailable=True)``).
 NO_ANSWER = "simulated: no answer (django_redlock.testing.simulate(unavailable=True))"
@@ -78,8 +78,18 @@ class SimulatedEngine(Engine):
     ) -> list[LeaseRecord] | AcquireFailure:
         return await self._atake(tuple(names), ttl, timeout, "", 0)
 
+    def acquire_limits(
+        self, names: Sequence[str], permits: Sequence[int], ttl: float, timeout: float | None
+    ) -> list[LeaseRecord] | AcquireFailure:
+        return self._take(tuple(names), ttl, timeout, PERMIT, tuple(permits))
+
+    async def aacquire_limits(
+        self, names: Sequence[str], permits: Sequence[int], ttl: float, timeout: float | None
+    ) -> list[LeaseRecord] | AcquireFailure:
+        return await self._atake(tuple(names), ttl, timeout, PERMIT, tuple(permits))
+
     def _take(
-        self, names: tuple[str, ...], ttl: float, timeout: float | None, kind: str, permits: int
+        self, names: tuple[str, ...], ttl: float, timeout: float | None, kind: str, permits: Permits
     ) -> Taken:
         """Attempts until one wins or ``timeout`` runs out; only a name held in this process
         is waited for (a busy glob or an outage fails at once)."""
@@ -94,7 +104,7 @@ class SimulatedEngine(Engine):
                 self.locks.wait(min(left, POLL))
 
     async def _atake(
-        self, names: tuple[str, ...], ttl: float, timeout: float | None, kind: str, permits: int
+        self, names: tuple[str, ...], ttl: float, timeout: float | None, kind: str, permits: Permits
     ) -> Taken:
         started, attempts = time.monotonic(), 0
         while True:
@@ -111,7 +121,7 @@ class SimulatedEngine(Engine):
         return float("inf") if timeout is None else started + timeout - time.monotonic()
 
     def _attempt(
-        self, names: tuple[str, ...], ttl: float, kind: str, permits: int
+        self, names: tuple[str, ...], ttl: float, kind: str, permits: Permits
     ) -> tuple[Taken, bool]:
         """One attempt, and whether waiting could end its failure (a name held here)."""
         faults, count = self.locks.faults, self.node_count
@@ -219,6 +229,11 @@ class SimulatedEngine(Engine):
         if self.locks.faults.unavailable:
             return NoteReplies([None] * self.node_count, dict.fromkeys(self.labels, NO_ANSWER))
         return NoteReplies([self.locks.note(name, op, expected, value, ttl)] * self.node_count)
+
+    def order(self, *args: str | int) -> NoteReplies:
+        if self.locks.faults.unavailable:
+            return NoteReplies([None] * self.node_count, dict.fromkeys(self.labels, NO_ANSWER))
+        return NoteReplies([self.locks.order(args)] * self.node_count)
 
     # -- nothing else may run: every other path of Engine would open a connection -------------
     def wait_release(self, name: str, seconds: float, *, mark: Any = None) -> bool:

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..engine.keyspace import TOKEN_LIMIT
 
@@ -97,6 +98,10 @@ def next_token() -> int:
         return _last_token
 
 
+#: one permit count for every name, or one per name
+Permits = int | Sequence[int]
+
+
 @dataclass
 class Hold:
     """One lease held in memory."""
@@ -141,6 +146,8 @@ class SimulatedLocks:
         self._holds: dict[str, list[Hold]] = {}
         self._records: dict[str, tuple[int, tuple[bytes, ...], float]] = {}
         self._notes: dict[str, tuple[str, float]] = {}
+        #: the lock-order checker's records (``engine.order_edges``): field -> value
+        self._order: dict[str, bytes] = {}
 
     # -- leases ------------------------------------------------------------------------
     def _live(self, name: str, now: float) -> list[Hold]:
@@ -164,21 +171,23 @@ class SimulatedLocks:
         return Refused("busy", name)
 
     def take(
-        self, names: Sequence[str], owner: str, ttl: float, kind: str, permits: int
+        self, names: Sequence[str], owner: str, ttl: float, kind: str, permits: Permits
     ) -> list[Hold] | Refused:
-        """Hold every name of ``names`` for ``owner`` (all or none), or say why not."""
+        """Hold every name of ``names`` for ``owner`` (all or none), or say why not;
+        ``permits``: one count for every name, or one per name (``limits()``)."""
+        counts = [permits] * len(names) if isinstance(permits, int) else list(permits)
         with self._mutex:
             now = time.monotonic()
-            for name in names:
-                refused = self._refusal(name, kind, permits, now)
+            for name, count in zip(names, counts, strict=True):
+                refused = self._refusal(name, kind, count, now)
                 if refused is not None:
                     return refused
             lost_after = self.faults.lost_after
             lost_at = None if lost_after is None else now + lost_after
             taken = []
-            for name in names:
+            for name, count in zip(names, counts, strict=True):
                 expires = now + ttl if lost_at is None else min(now + ttl, lost_at)
-                hold = Hold(owner, kind, permits, next_token(), expires, lost_at)
+                hold = Hold(owner, kind, count, next_token(), expires, lost_at)
                 self._holds.setdefault(name, []).append(hold)
                 taken.append(hold)
             return taken
@@ -269,3 +278,24 @@ class SimulatedLocks:
             elif op == "delete":
                 del self._notes[name]
             return 1
+
+    def order(self, args: Sequence[str | int]) -> Any:
+        """One operation on the lock-order checker's records, as ``engine.order_edges.ORDER``
+        does it on a node."""
+        op = args[0]
+        with self._mutex:
+            if op == "add":
+                edge, stack, reverse = str(args[1]), str(args[2]), str(args[3])
+                self._order.setdefault(f"s|{edge}", stack.encode())
+                count = int(self._order.get(f"n|{edge}", b"0")) + 1
+                self._order[f"n|{edge}"] = str(count).encode()
+                return self._order.get(f"s|{reverse}")
+            if op == "get":
+                return self._order.get(f"s|{args[1]}")
+            if op == "all":
+                return [x for field, value in self._order.items() for x in (field.encode(), value)]
+            if op == "clear":
+                had = int(bool(self._order))
+                self._order.clear()
+                return had
+        raise ValueError(f"unknown order operation {op!r}")

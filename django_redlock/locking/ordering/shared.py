@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...engine import Engine
-from ...engine.order_edges import ORDER_TTL, call_order
+from ...engine.order_edges import ORDER_TTL
 
 # docs/index.md: one logger name (records carry .module)
 logger = logging.getLogger("django_redlock")
@@ -74,6 +74,13 @@ def _first(replies: list[Any]) -> FirstSeen | None:
     return None
 
 
+def _call(engine: Engine, *args: str | int) -> tuple[list[Any], dict[str, str]]:
+    """One order operation on every node of ``engine`` (a simulated engine keeps them in
+    memory): the replies, and the errors of the nodes that did not answer."""
+    outcome = engine.order(*args)
+    return outcome.values, outcome.errors
+
+
 def _logged(engine: Engine, errors: dict[str, str]) -> None:
     if errors:
         logger.debug("Lock-order records: nodes %s did not answer: %s", sorted(errors), errors)
@@ -84,7 +91,7 @@ def publish(engine: Engine, edge: Edge, seen: FirstSeen) -> FirstSeen | None:
     reverse was recorded first, if any node of ``engine`` has it. Best effort: a node that
     does not answer is skipped (logged at DEBUG)."""
     reverse = (edge[1], edge[0])
-    replies, errors = call_order(
+    replies, errors = _call(
         engine, "add", edge_field(edge), seen.dumps(), edge_field(reverse), int(ORDER_TTL * 1000)
     )
     _logged(engine, errors)
@@ -93,7 +100,7 @@ def publish(engine: Engine, edge: Edge, seen: FirstSeen) -> FirstSeen | None:
 
 def lookup(engine: Engine, edge: Edge) -> FirstSeen | None:
     """Where ``edge`` was recorded first, on ``engine``'s nodes (None: nowhere)."""
-    replies, errors = call_order(engine, "get", edge_field(edge))
+    replies, errors = _call(engine, "get", edge_field(edge))
     _logged(engine, errors)
     return _first(replies)
 
@@ -111,7 +118,7 @@ class Recorded:
 def read_all(engine: Engine) -> tuple[list[Recorded], dict[str, str]]:
     """Every edge recorded on ``engine``'s nodes (merged over the nodes), and the errors of
     the nodes that did not answer."""
-    replies, errors = call_order(engine, "all")
+    replies, errors = _call(engine, "all")
     found: dict[Edge, Recorded] = {}
     for reply in replies:
         if not reply:
@@ -132,5 +139,5 @@ def read_all(engine: Engine) -> tuple[list[Recorded], dict[str, str]]:
 
 def clear(engine: Engine) -> tuple[int, dict[str, str]]:
     """Delete ``engine``'s records on every node: how many nodes had some, and the errors."""
-    replies, errors = call_order(engine, "clear")
+    replies, errors = _call(engine, "clear")
     return sum(1 for reply in replies if reply), errors
