@@ -23,18 +23,27 @@ from .state import AliasState, NodeView, Plan
 #: forgets them at once).
 ORDER_TTL = 86400.0
 
+#: At most this many fields (two per edge) per hash: names whose varying part is not masked
+#: (slugs, e-mail addresses) make a shape each, and the records must not grow without bound.
+MAX_FIELDS = 20000
+
 #: ``ARGV[1]`` the operation: ``add`` (``ARGV[2]`` the edge, ``ARGV[3]`` its first stack,
-#: ``ARGV[4]`` the reverse edge, ``ARGV[5]`` the lifetime in ms; returns the reverse's stack
-#: or false), ``get`` (``ARGV[2]`` an edge; its stack or false), ``all`` (every field, as
-#: HGETALL) or ``clear`` (deletes the hash; 1 if it existed).
+#: ``ARGV[4]`` the reverse edge, ``ARGV[5]`` the lifetime in ms, ``ARGV[6]`` the most fields:
+#: a new edge past it is not kept; returns the reverse's stack or false), ``get`` (``ARGV[2]``
+#: an edge; its stack or false), ``all`` (every field, as HGETALL) or ``clear`` (deletes the
+#: hash; 1 if it existed).
 ORDER = Script(
     "order",
     """
 local op = ARGV[1]
 if op == 'add' then
-  redis.call('HSETNX', KEYS[1], 's|' .. ARGV[2], ARGV[3])
-  redis.call('HINCRBY', KEYS[1], 'n|' .. ARGV[2], 1)
-  redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  local field = 's|' .. ARGV[2]
+  if redis.call('HEXISTS', KEYS[1], field) == 1
+      or redis.call('HLEN', KEYS[1]) < tonumber(ARGV[6]) then
+    redis.call('HSETNX', KEYS[1], field, ARGV[3])
+    redis.call('HINCRBY', KEYS[1], 'n|' .. ARGV[2], 1)
+    redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  end
   return redis.call('HGET', KEYS[1], 's|' .. ARGV[4])
 elseif op == 'get' then
   return redis.call('HGET', KEYS[1], 's|' .. ARGV[2])

@@ -10,6 +10,7 @@ the managers already made.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -41,6 +42,9 @@ class LockManagers:
 
     def __init__(self) -> None:
         self._managers: dict[str, LockManager] = {}
+        # every manager still referenced, also those a reset dropped from the registry but
+        # kept in a global (``manager = locks["default"]``): they follow REDLOCK_CHECK_ORDER too
+        self._made: weakref.WeakSet[LockManager] = weakref.WeakSet()
         self._mutex = threading.Lock()
         #: the stand-ins in effect, innermost last (empty: nothing to do, the common case)
         self._stand_ins: list[StandIn] = []
@@ -56,6 +60,7 @@ class LockManagers:
                 if self._stand_ins:
                     self._apply(manager)
                 self._managers[alias] = manager
+                self._made.add(manager)
             return manager
 
     def stand_in(self, engines_for: StandIn) -> Callable[[], None]:
@@ -104,13 +109,14 @@ class LockManagers:
 
     def check_order_changed(self) -> None:
         """Turn the lock-order checker on or off in every manager made so far (a bad value
-        drops them: making the next one raises the setting's error, before any network call)."""
+        drops them from the registry, so the next ``locks[alias]`` raises the setting's error
+        before any network call, and turns the checker off in those kept elsewhere)."""
         try:
             on = check_order_setting()
         except ImproperlyConfigured:
+            on = False
             self.reset()
-            return
-        for manager in list(self._managers.values()):
+        for manager in list(self._made):
             manager.check_order = on
 
     def reset(self) -> None:

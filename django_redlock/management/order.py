@@ -3,6 +3,7 @@ them (every process of the run), inverted pairs flagged (docs/admin-and-cli.md).
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,9 +32,47 @@ class OrderReport:
         self.inverted: list[tuple[Shape, Shape]] = sorted(
             {(min(a, b), max(a, b)) for a, b in keys if (b, a) in keys}
         )
+        self.cycles = cycles(keys)
 
     def is_inverted(self, record: Recorded) -> bool:
         return (record.edge[1], record.edge[0]) in {r.edge for r in self.edges}
+
+
+def _shortest_path(after: dict[Shape, list[Shape]], start: Shape, end: Shape) -> list[Shape]:
+    """The shortest path from ``start`` to ``end`` of two or more edges (empty: none)."""
+    parent: dict[Shape, Shape] = {}
+    queue = deque(s for s in after.get(start, ()) if s != end)
+    for first in queue:
+        parent[first] = start
+    while queue:
+        node = queue.popleft()
+        for nxt in after.get(node, ()):
+            if nxt in parent or nxt == start:
+                continue
+            parent[nxt] = node
+            if nxt == end:
+                path = [end]
+                while path[-1] != start:
+                    path.append(parent[path[-1]])
+                return path[::-1]
+            queue.append(nxt)
+    return []
+
+
+def cycles(edges: set[tuple[Shape, Shape]]) -> list[tuple[Shape, ...]]:
+    """Cycles of three or more shapes (``A -> B -> C -> A``: three callers can deadlock with
+    no pair inverted): for each edge ``X -> S``, the shortest way from S back to X that is not
+    the edge itself, each cycle once, starting at its smallest shape."""
+    after: dict[Shape, list[Shape]] = {}
+    for a, b in sorted(edges):
+        after.setdefault(a, []).append(b)
+    found: set[tuple[Shape, ...]] = set()
+    for held, taken in sorted(edges):
+        path = _shortest_path(after, taken, held)
+        if len(path) >= 3 and len(set(path)) == len(path):
+            low = path.index(min(path))
+            found.add(tuple(path[low:] + path[:low]))
+    return sorted(found, key=lambda c: (len(c), c))
 
 
 def shape_text(shape: Shape) -> str:
@@ -59,7 +98,8 @@ def _shape_document(shape: Shape) -> dict[str, str]:
 
 
 def order_document(report: OrderReport) -> dict[str, Any]:
-    """``--json``: ``edges`` (held, taken, processes, inverted, first) and ``inverted``."""
+    """``--json``: ``edges`` (held, taken, processes, inverted, first), ``inverted`` and
+    ``cycles``."""
     edges = []
     for record in report.edges:
         first = record.first
@@ -82,6 +122,7 @@ def order_document(report: OrderReport) -> dict[str, Any]:
     return {
         "edges": edges,
         "inverted": [[_shape_document(a), _shape_document(b)] for a, b in report.inverted],
+        "cycles": [[_shape_document(s) for s in cycle] for cycle in report.cycles],
     }
 
 
@@ -96,4 +137,10 @@ def inverted_details(report: OrderReport) -> list[str]:
             lines.append(f"  {shape_text(edge[1])} taken while holding {shape_text(edge[0])}:")
             stack = first.stack if first else "  (no stack recorded)\n"
             lines.extend("  " + line for line in stack.rstrip("\n").splitlines())
+    for cycle in report.cycles:
+        lines.append("Cycle: " + " -> ".join(shape_text(s) for s in (*cycle, cycle[0])))
+        for held, taken in zip(cycle, (*cycle[1:], cycle[0]), strict=True):
+            first = by_edge[(held, taken)].first
+            where = first.where if first else "?"
+            lines.append(f"  {shape_text(taken)} taken while holding {shape_text(held)} at {where}")
     return lines

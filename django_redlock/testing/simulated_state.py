@@ -286,6 +286,9 @@ class SimulatedLocks:
         with self._mutex:
             if op == "add":
                 edge, stack, reverse = str(args[1]), str(args[2]), str(args[3])
+                bound = int(args[5]) if len(args) > 5 else 0
+                if bound and f"s|{edge}" not in self._order and len(self._order) >= bound:
+                    return self._order.get(f"s|{reverse}")
                 self._order.setdefault(f"s|{edge}", stack.encode())
                 count = int(self._order.get(f"n|{edge}", b"0")) + 1
                 self._order[f"n|{edge}"] = str(count).encode()

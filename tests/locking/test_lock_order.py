@@ -198,7 +198,8 @@ def test_reentry_is_not_an_edge(checker: str) -> None:
 
 
 def test_templates_are_shapes_and_other_names_are_masked(checker: str) -> None:
-    """@lock("...{pk}") records its template; a plain name is masked (digits, UUIDs, hex)."""
+    """@lock("...{pk}") records its template, a field filled with an id masked as in a plain
+    name; a plain name is masked (digits, UUIDs, hex)."""
     p = checker
 
     @lock(p + ":order:{pk}", timeout=1)
@@ -207,7 +208,7 @@ def test_templates_are_shapes_and_other_names_are_masked(checker: str) -> None:
             pass
 
     update_order(5)
-    assert _recorded() == {(p + ":order:{pk}", p + ":stock:{n}:{uuid}")}
+    assert _recorded() == {(p + ":order:{n}", p + ":stock:{n}:{uuid}")}
     assert ordering.masked("sha:0123456789abcdef0123:v2") == "sha:{hex}:v{n}"
     assert ordering.masked("cafebabecafebabe") == "cafebabecafebabe"  # no digit: a word
 
@@ -297,7 +298,8 @@ def test_setting_is_checked_and_defaults_to_debug() -> None:
 
 
 def test_request_lock_key_template_is_its_shape(checker: str) -> None:
-    """A request lock's shape is its KEY template; a lock its view takes is ordered after it."""
+    """A request lock's shape is its KEY template (an id field masked); a lock its view takes
+    is ordered after it."""
     from django.http import HttpRequest, HttpResponse
     from django.test import RequestFactory
 
@@ -311,7 +313,7 @@ def test_request_lock_key_template_is_its_shape(checker: str) -> None:
             return HttpResponse("ok")
 
     assert view(RequestFactory().post("/"), order_id=3).status_code == 200
-    assert _recorded() == {(p + ":order:{order_id}", p + ":stock:{n}")}
+    assert _recorded() == {(p + ":order:{n}", p + ":stock:{n}")}
 
 
 def test_limits_are_ordered_after_what_was_held_before(checker: str) -> None:

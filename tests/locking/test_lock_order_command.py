@@ -77,4 +77,4 @@ def test_clear_forgets_the_records(checker: str) -> None:  # noqa: F811
     _invert(p)
     assert "Cleared the lock-order records of 1 alias(es)." in run("--clear", "--using", "default")
     assert run("--using", "default").strip() == "No lock order is recorded."
-    assert json.loads(run("--json")) == {"edges": [], "inverted": []}
+    assert json.loads(run("--json")) == {"edges": [], "inverted": [], "cycles": []}

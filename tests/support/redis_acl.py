@@ -8,6 +8,7 @@ from django_redlock.testing import RedisNodes
 ACL_COMMANDS = (
     "+@connection +info +evalsha +eval +script|load +scan +blpop +rpush "
     "+get +set +del +exists +pttl +pexpire +hget +hmget +hset +hincrby +hexists "
+    "+hsetnx +hlen +hgetall "
     "+time +zadd +zrem +zremrangebyscore +zcount"
 )
 

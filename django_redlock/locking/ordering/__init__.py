@@ -10,9 +10,9 @@ on, and :func:`mark` on the lease it got; callers that fill a template announce 
 from __future__ import annotations
 
 from .checker import RECORDER, mark, taking
-from .shapes import expect, masked
+from .shapes import expect, masked, templated
 
-__all__ = ["RECORDER", "expect", "mark", "masked", "taking"]
+__all__ = ["RECORDER", "expect", "mark", "masked", "taking", "templated"]
 
 
 def reset() -> None:

@@ -28,6 +28,10 @@ logger = logging.getLogger("django_redlock")
 #: A lease's shape (set when it was taken with the checker on).
 SHAPE_ATTR = "_redlock_order_shape"
 
+#: At most this many edges per process: names whose varying part is not masked (slugs, e-mail
+#: addresses) make a shape each; past it, new edges are not recorded (logged once).
+MAX_EDGES = 10000
+
 
 class Taker(Protocol):
     """What the checker needs of a manager: its alias and its (first) engine."""
@@ -45,6 +49,7 @@ class Recorder:
     def __init__(self) -> None:
         self.edges: dict[Edge, FirstSeen] = {}
         self.warned: set[frozenset[Shape]] = set()
+        self.full = False
         self.mutex = threading.Lock()
 
     def reset(self) -> None:
@@ -52,6 +57,7 @@ class Recorder:
         with self.mutex:
             self.edges.clear()
             self.warned.clear()
+            self.full = False
 
 
 RECORDER = Recorder()
@@ -87,7 +93,7 @@ def taking(manager: Taker, names: Iterable[str]) -> list[str]:
         for source, lease in held.items():
             if source != target and (source, target) not in edges:
                 new.append(((source, target), lease))
-    if new:
+    if new and not RECORDER.full:
         _record(manager, new)
     return shapes
 
@@ -106,6 +112,15 @@ def _record(manager: Taker, new: list[tuple[Edge, Any]]) -> None:
         with RECORDER.mutex:
             if edge in RECORDER.edges:
                 continue  # another thread recorded it meanwhile
+            if len(RECORDER.edges) >= MAX_EDGES:
+                RECORDER.full = True
+                logger.warning(
+                    "The lock-order checker recorded %d edges: it records no new ones. Names "
+                    "whose varying part is not a number, UUID or digest make a shape each: "
+                    'take them from a template (@lock("user:{name}")).',
+                    MAX_EDGES,
+                )
+                return
             RECORDER.edges[edge] = seen
             before = RECORDER.edges.get(reverse)
         found = _published(manager.engine, lease, edge, seen)

@@ -11,7 +11,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from ...engine import Engine
+from ...engine import Engine, order_edges
 from ...engine.order_edges import ORDER_TTL
 
 # docs/index.md: one logger name (records carry .module)
@@ -87,12 +87,19 @@ def _logged(engine: Engine, errors: dict[str, str]) -> None:
 
 
 def publish(engine: Engine, edge: Edge, seen: FirstSeen) -> FirstSeen | None:
-    """Add ``edge`` to ``engine``'s records (its first stack kept) and return where its
+    """Add ``edge`` to ``engine``'s records (its first stack kept; not past
+    :data:`~django_redlock.engine.order_edges.MAX_FIELDS`) and return where its
     reverse was recorded first, if any node of ``engine`` has it. Best effort: a node that
     does not answer is skipped (logged at DEBUG)."""
     reverse = (edge[1], edge[0])
     replies, errors = _call(
-        engine, "add", edge_field(edge), seen.dumps(), edge_field(reverse), int(ORDER_TTL * 1000)
+        engine,
+        "add",
+        edge_field(edge),
+        seen.dumps(),
+        edge_field(reverse),
+        int(ORDER_TTL * 1000),
+        order_edges.MAX_FIELDS,
     )
     _logged(engine, errors)
     return _first(replies)

@@ -2,7 +2,7 @@
 inspect and clear held locks, run a command under a lock (``run``: see
 :mod:`django_redlock.jobs.runner` for its exit statuses), delete old FencedModel tombstones
 (``prune-tombstones``), list the effect ledger (``effects``) and the lock-order checker's
-records (``order``; ``--check``: exit status 3 when an inverted pair is recorded).
+records (``order``; ``--check``: exit status 3 when an inverted pair or a cycle is recorded).
 
 Reads Redis only through :mod:`django_redlock.inspection`. The result is printed first; then, if a
 node could not be reached, an alias's settings are broken or the name is not held, a one-line
@@ -216,7 +216,7 @@ class Command(BaseCommand):
             "order",
             help="The lock-order checker's records: shapes taken while others were held.",
             description="Exit status: 1 when a node is unreachable; with --check, 3 when an "
-            "inverted pair is recorded.",
+            "inverted pair or a cycle of three or more shapes is recorded.",
         )
         p.add_argument("--using", help=every)
         p.add_argument("--json", action="store_true", help="Print one JSON object.")
@@ -521,8 +521,12 @@ class Command(BaseCommand):
         else:
             self.stdout.write("No lock order is recorded.")
         self._fail(problems)
-        if options["check"] and report.inverted:
-            raise CommandError(
-                f"{len(report.inverted)} inverted lock order pair(s) recorded.",
-                returncode=ORDER_INVERTED_STATUS,
+        found_problems = []
+        if report.inverted:
+            found_problems.append(f"{len(report.inverted)} inverted lock order pair(s) recorded.")
+        if report.cycles:
+            found_problems.append(
+                f"{len(report.cycles)} lock order cycle(s) of three or more shapes recorded."
             )
+        if options["check"] and found_problems:
+            raise CommandError(" ".join(found_problems), returncode=ORDER_INVERTED_STATUS)
