@@ -257,12 +257,13 @@ class LockManager(KindBlocks):
         ``timeout`` (see :meth:`limits`); ``auto_extend``/``max_hold`` as for :meth:`acquire`."""
         names, permits = check_limits(limits)
         _, wanted, auto_extend = self._many(names, ttl, timeout, options, "limits")
+        shapes = ordering.taking(self, names) if self.check_order else None
         outcome = self.engine_for(names[0]).acquire_limits(
             names, permits, wanted.ttl, wanted.timeout
         )
         held = dict(zip(names, permits, strict=True))
         return self._held_many(
-            names, wanted, outcome, auto_extend, asyncio_task=False, permits=held
+            names, wanted, outcome, auto_extend, shapes, asyncio_task=False, permits=held
         )
 
     async def aacquire_limits(
@@ -275,10 +276,13 @@ class LockManager(KindBlocks):
         """Asyncio twin of :meth:`acquire_limits`."""
         names, permits = check_limits(limits)
         _, wanted, auto_extend = self._many(names, ttl, timeout, options, "limits")
+        shapes = ordering.taking(self, names) if self.check_order else None
         engine = self.engine_for(names[0])
         outcome = await engine.aacquire_limits(names, permits, wanted.ttl, wanted.timeout)
         held = dict(zip(names, permits, strict=True))
-        return self._held_many(names, wanted, outcome, auto_extend, asyncio_task=True, permits=held)
+        return self._held_many(
+            names, wanted, outcome, auto_extend, shapes, asyncio_task=True, permits=held
+        )
 
     def limits(
         self,
