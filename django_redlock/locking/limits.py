@@ -13,12 +13,14 @@ semaphore is the same one ``semaphore(name, permits)`` takes; each permit is a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from .entries import refuse_other_kind
+from . import context
+from .entries import refuse_other_kind, suspending
 from .lease import Lease
 from .many import HeldLocks, LockManyBlock
 from .validation import check_name, check_permits
@@ -90,6 +92,8 @@ class LimitsBlock(LockManyBlock):
         super().__init__(manager, tuple(limits), kwargs, until_commit)
         self._limits = dict(limits)
 
+    _what = "limits"
+
     def __repr__(self) -> str:
         return f"<LimitsBlock limits={self._limits!r}>"
 
@@ -109,6 +113,30 @@ class LimitsBlock(LockManyBlock):
                     return await func(*args, **kw)
 
             return cast(F, arun)
+        if inspect.isasyncgenfunction(func):
+
+            @functools.wraps(func)
+            async def agen(*args: Any, **kw: Any) -> Any:
+                # held from the first iteration until the generator ends, raises or is closed
+                suspensions = context.Suspensions()
+                async with block(), contextlib.aclosing(func(*args, **kw)) as body:
+                    async for item in body:
+                        suspensions.suspend()  # the caller's writes are the caller's
+                        try:
+                            yield item
+                        finally:
+                            suspensions.resume()
+
+            return cast(F, agen)
+        if inspect.isgeneratorfunction(func):
+
+            @functools.wraps(func)
+            def gen(*args: Any, **kw: Any) -> Any:
+                # held from the first iteration until the generator ends, raises or is closed
+                with block():
+                    return (yield from suspending(func(*args, **kw), context.Suspensions()))
+
+            return cast(F, gen)
 
         @functools.wraps(func)
         def run(*args: Any, **kw: Any) -> Any:

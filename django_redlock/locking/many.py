@@ -118,6 +118,9 @@ class HeldLocks:
 class LockManyBlock:
     """``with``/``async with`` holding every name of a set (``LockManager.lock_many``)."""
 
+    #: the call's name in a ``LockLost`` message
+    _what = "lock_many"
+
     def __init__(
         self,
         manager: Acquirer,
@@ -146,7 +149,7 @@ class LockManyBlock:
             not_held = held._release_each()
         else:
             not_held = [lease.name for lease in held._own() if lease.lost]
-        _check_all_held(not_held + _lost_borrowed(held, exc_info[0]), exc_info[0])
+        _check_all_held(not_held + _lost_borrowed(held, exc_info[0]), exc_info[0], self._what)
 
     async def __aenter__(self) -> HeldLocks:
         borrowed = self._borrowed()
@@ -160,7 +163,7 @@ class LockManyBlock:
             not_held = await held._arelease_each()
         else:
             not_held = [lease.name for lease in held._own() if lease.lost]
-        _check_all_held(not_held + _lost_borrowed(held, exc_info[0]), exc_info[0])
+        _check_all_held(not_held + _lost_borrowed(held, exc_info[0]), exc_info[0], self._what)
 
     def _take(self, names: list[str]) -> HeldLocks:
         """Acquire ``names`` (those of the set this thread or task does not hold yet)."""
@@ -259,7 +262,7 @@ def _lost_borrowed(held: HeldLocks, exc_type: object) -> list[str]:
     return lost
 
 
-def _check_all_held(not_held: list[str], exc_type: object) -> None:
+def _check_all_held(not_held: list[str], exc_type: object, what: str = "lock_many") -> None:
     """Leaving the block after a name was lost raises ``LockLost`` (unless the block raised)."""
     if not_held and exc_type is None:
-        raise LockLost(not_held[0], "its lease ran out or was taken while the lock_many block ran")
+        raise LockLost(not_held[0], f"its lease ran out or was taken while the {what} block ran")

@@ -123,17 +123,21 @@ def _idempotency_before_auth(spec: LockSpec, where: str, position: int | None) -
 
 
 def _missing_fields(spec: LockSpec, where: str, url: str, provided: frozenset[str]) -> list[Any]:
-    missing = spec.key.missing(provided)
-    if not missing:
-        return []
-    return [
-        _error(
-            f"{where}: key {spec.key.template!r} needs {', '.join(missing)}, but URL {url!r} "
-            f"passes only {sorted(provided) or 'no keyword arguments'}.",
-            "E014",
-            hint="Name the template fields after the URL's converters (or use {user...}).",
-        )
-    ]
+    """E014 for the key template and each ``LIMITS`` name template."""
+    templates = [("key", spec.key), *(("limits name", template) for template, _ in spec.limits)]
+    messages = []
+    for what, template in templates:
+        missing = template.missing(provided)
+        if missing:
+            messages.append(
+                _error(
+                    f"{where}: {what} {template.template!r} needs {', '.join(missing)}, but "
+                    f"URL {url!r} passes only {sorted(provided) or 'no keyword arguments'}.",
+                    "E014",
+                    hint="Name the template fields after the URL's converters (or use {user...}).",
+                )
+            )
+    return messages
 
 
 def _rule_messages(rule: LockRule, patterns: list[Any], position: int | None) -> list[Any]:
@@ -200,21 +204,24 @@ def check_request_locks(
 
 
 def _kind_clashes(sites: list[tuple[str, LockSpec]]) -> list[checks.CheckMessage]:
-    """E019: rules and decorated views whose keys have one shape (see ``KeyTemplate.shape``)
-    on one alias, some taking a lock and some a LIMIT, or LIMITs of different sizes. The names
-    they fill are shared, and the engine refuses a name in use as another kind (or with other
-    permits), so whichever request comes second would fail with HTTP 500."""
-    groups: dict[tuple[str, str], list[tuple[str, LockSpec]]] = {}
+    """E019: rules and decorated views whose name templates have one shape (see
+    ``KeyTemplate.shape``) on one alias, some taking a lock and some a LIMIT (a ``KEY`` with
+    ``LIMIT``, or a ``LIMITS`` name), or LIMITs of different sizes. The names they fill are
+    shared, and the engine refuses a name in use as another kind (or with other permits), so
+    whichever request comes second would fail with HTTP 500."""
+    groups: dict[tuple[str, str], list[tuple[str, str, int | None]]] = {}
     for where, spec in sites:
-        groups.setdefault((spec.using, spec.key.shape), []).append((where, spec))
+        uses = [(spec.key.template, spec.key.shape, spec.limit)]
+        uses += [(template.template, template.shape, n) for template, n in spec.limits]
+        for text, shape, limit in uses:
+            groups.setdefault((spec.using, shape), []).append((where, text, limit))
     messages: list[checks.CheckMessage] = []
     for (using, shape), members in groups.items():
-        if len({spec.limit for _, spec in members}) < 2:
+        if len({limit for _, _, limit in members}) < 2:
             continue
         described = "; ".join(
-            f"{where}: {'a lock' if spec.limit is None else f'LIMIT {spec.limit}'} on "
-            f"{spec.key.template!r}"
-            for where, spec in members
+            f"{where}: {'a lock' if limit is None else f'LIMIT {limit}'} on {text!r}"
+            for where, text, limit in members
         )
         messages.append(
             _error(

@@ -87,13 +87,14 @@ async def _hold(
     kind = "" if spec.limit is None else "permit"
     if key in request.__dict__.get(_HELD_ATTR, {}) or context.find(*key, kind) is not None:
         return await call()  # re-entered: a rule and a decorator on one lock, or an outer lease
+    # filled before anything is taken: a template that fails leaves nothing held
+    filled = {template.fill(kwargs, user): permits for template, permits in spec.limits}
     try:
         lease = await io.acquire(spec, name)
     except AcquireErrors as exc:
         return lock_error_response(request, exc, limited=spec.limit is not None)
     held = [lease]
-    if spec.limits:  # taken before the key's lease is attached: that one guards the writes
-        filled = {template.fill(kwargs, user): permits for template, permits in spec.limits}
+    if filled:  # taken before the key's lease is attached: that one guards the writes
         try:
             held += await io.acquire_limits(spec, filled)
         except AcquireErrors as exc:

@@ -235,6 +235,7 @@ def test_losing_one_permit_raises_lock_lost_at_exit(
         time.sleep(1.2)
         assert held.leases[b].lost and not held.leases[a].lost
     assert lost.value.name == b
+    assert "limits block" in str(lost.value)
 
 
 @pytest.mark.parametrize("alias", ["default", "multi"])
@@ -337,3 +338,31 @@ def test_one_semaphore_is_a_plain_permit(unique_name: str) -> None:
     with locks["multi"].limits({unique_name: 2}, timeout=0) as held:
         assert held.leases[unique_name].kind == "permit"
     locks["multi"].acquire(unique_name, timeout=0, permits=2).release()
+
+
+def test_a_decorated_generator_holds_the_permits_while_it_runs(unique_name: str) -> None:
+    """A decorated generator (sync and async) holds the permits from its first iteration
+    until it ends, as ``@lock`` does, not only while the generator object is made."""
+    manager = locks["default"]
+    a, b = f"{unique_name}:a", f"{unique_name}:b"
+
+    @manager.limits({a: 1, b: 1}, timeout=0)
+    def items() -> Any:
+        yield 1
+        with pytest.raises(LockNotAcquired):
+            manager.acquire(a, timeout=0, permits=1)
+        yield 2
+
+    @manager.alimits({a: 1, b: 1}, timeout=0)
+    async def aitems() -> Any:
+        yield 1
+        with pytest.raises(LockNotAcquired):
+            await manager.aacquire(b, timeout=0, permits=1)
+        yield 2
+
+    async def collect() -> list[int]:
+        return [item async for item in aitems()]
+
+    assert list(items()) == [1, 2]
+    assert asyncio.run(collect()) == [1, 2]
+    manager.acquire(a, timeout=0, permits=1).release()

@@ -181,6 +181,7 @@ def test_decorated_view_with_missing_field_is_e014() -> None:
         ({"URL_NAME": "no-such-url", "KEY": "k"}, "E013"),
         ({"URL_NAME": "order-pay", "KEY": "order:{id}"}, "E014"),
         ({"PATH": r"^/carts/(?P<cart>\w+)/", "KEY": "cart:{basket}"}, "E014"),
+        ({"URL_NAME": "order-pay", "KEY": "o:{order_id}", "LIMITS": {"api:{id}": 2}}, "E014"),
         ({"URL_NAME": "order-pay", "KEY": "k", "USING": "nope"}, "E015"),
     ],
 )
@@ -245,6 +246,16 @@ def test_ids_are_documented_and_registered() -> None:
         [
             {"URL_NAME": "order-pay", "KEY": "order:{order_id}", "LIMIT": 2},
             {"URL_NAME": "aorder-pay", "KEY": "order:{order_id}", "LIMIT": 5},
+        ],
+        # a LIMITS name on another rule's lock KEY
+        [
+            {"URL_NAME": "order-pay", "KEY": "o:{order_id}", "LIMITS": {"api:{order_id}": 2}},
+            {"URL_NAME": "aorder-pay", "KEY": "api:{order_id}"},
+        ],
+        # one LIMITS name with two sizes
+        [
+            {"URL_NAME": "order-pay", "KEY": "o:{order_id}", "LIMITS": {"api:global": 2}},
+            {"URL_NAME": "aorder-pay", "KEY": "p:{order_id}", "LIMITS": {"api:global": 3}},
         ],
     ],
 )

@@ -119,6 +119,25 @@ def test_limits_rule_in_settings(client: Client, settings: Any, tenant: str, per
     assert client.get(f"/rule/{tenant}/2/").status_code == 429
 
 
+def test_a_limits_field_the_url_lacks_takes_nothing(
+    client: Client, settings: Any, tenant: str
+) -> None:
+    """A LIMITS template whose field the URL does not pass fails (ImproperlyConfigured)
+    before the key's lock is taken: the key is free for the next request at once."""
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, MIDDLEWARE_PATH]
+    settings.REDLOCK_REQUEST_LOCKS = [
+        {
+            "URL_NAME": "rule",
+            "KEY": "rule:{tenant}:{call}",
+            "METHODS": ["GET"],
+            "LIMITS": {"api:tenant:{missing}": 1},
+        }
+    ]
+    with pytest.raises(ImproperlyConfigured, match="missing"):
+        client.get(f"/rule/{tenant}/1/")
+    locks["default"].acquire(f"rule:{tenant}:1", timeout=0).release()
+
+
 @pytest.mark.parametrize(
     ("limits", "message"),
     [
