@@ -116,6 +116,26 @@ def serial(tag: str, i: int, hold: float = 0.15) -> int:
     return token
 
 
+@app.task(
+    base=LockedTask,
+    lock_limits={"api:{tag}": 2, "api:{tag}:{tenant}": 1},
+    lock_ttl=2.0,
+    lock_on_busy="retry",
+    max_retries=None,
+)
+def limited(tag: str, tenant: str, i: int, hold: float = 0.3) -> int:
+    """A permit of the tag's global limit (2) and of its tenant's (1): records (i, tenant,
+    runs in progress, runs of this tenant in progress) as it started."""
+    with record_store() as store:
+        running = store.incr(f"{tag}:running")
+        tenant_running = store.incr(f"{tag}:running:{tenant}")
+        time.sleep(hold)
+        store.decr(f"{tag}:running:{tenant}")
+        store.decr(f"{tag}:running")
+        store.rpush(f"{tag}:limited", json.dumps([i, tenant, running, tenant_running]))
+    return i
+
+
 def _mark_ran(tag: str) -> str:
     from testproject.inventory.models import Product
 

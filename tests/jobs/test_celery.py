@@ -43,6 +43,7 @@ from tests.jobs.celery_app import (
     plain_noop,
     raising,
     record_store,
+    limited,
     serial,
     skipping,
     sleeper,
@@ -132,6 +133,19 @@ def test_concurrent_sends_run_one_at_a_time(worker: Worker, tag: str) -> None:
     assert {row.name: row.fence_token for row in rows} == {
         f"{tag} {i}": token for i, token in zip(range(6), tokens, strict=True)
     }
+
+
+def test_lock_limits_bound_the_runs_per_tenant(worker: Worker, tag: str) -> None:
+    """LockedTask(lock_limits=...): on a real worker (two child processes), three runs of one
+    tenant never overlap (its limit is 1) and no more than two run at once (the global limit);
+    a full semaphore makes a run busy, retried until it gets its permits."""
+    sends = [("a", 0), ("a", 1), ("a", 2), ("b", 3)]
+    results = [limited.delay(tag, tenant, i) for tenant, i in sends]
+    assert sorted(r.get(timeout=WAIT) for r in results) == [0, 1, 2, 3]
+    runs = wait_record(f"{tag}:limited", 4)
+    assert sorted(run[0] for run in runs) == [0, 1, 2, 3]
+    assert all(run[3] == 1 for run in runs), runs  # one run of a tenant at a time
+    assert all(run[2] <= 2 for run in runs), runs
 
 
 @in_database
