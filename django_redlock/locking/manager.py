@@ -87,6 +87,12 @@ class LockManager(KindBlocks):
             raise ValueError(f"{len(self.real_shards)} engines needed, {len(chosen)} given.")
         self.engine, self.shards = chosen[0], chosen
 
+    @property
+    def simulated(self) -> bool:
+        """True while a simulation (``django_redlock.testing.simulate``) stands in for the
+        real engines: nothing may reach this alias's nodes."""
+        return self.shards is not self.real_shards
+
     def shard_index(self, name: str) -> int:
         """Which of :attr:`shards` holds ``name`` (0 for an alias that is not spread)."""
         return 0 if len(self.shards) == 1 else shard_of(name, len(self.shards))

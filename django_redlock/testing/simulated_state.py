@@ -23,32 +23,69 @@ from ..engine.keyspace import TOKEN_LIMIT
 LOCK, PERMIT, READ, WRITE = "", "permit", "read", "write"
 
 
-def glob_pattern(glob: str) -> re.Pattern[str]:
-    """``glob`` with Redis's ``MATCH`` syntax (``*``, ``?``, ``[abc]``, ``[^a]``, ``[a-z]`` and
-    ``\\`` escaping the next character: ``engine.keyspace.GLOB_CHARACTERS``) as a regex."""
+def glob_pattern(glob: str) -> re.Pattern[bytes]:
+    """``glob`` with Redis's ``MATCH`` syntax as a regex over a name's UTF-8 bytes, read as
+    Redis reads it (``stringmatchlen``): ``*``, ``?`` (one byte), ``\\`` escaping the next
+    character (a last ``\\`` is itself), and sets ``[abc]``, ``[^a]``, ``[a-z]`` where a
+    reversed range counts (``[c-a]`` is ``[a-c]``), a set left open ends with the glob and
+    ``[]`` matches nothing (``[^]`` any one byte)."""
     if not isinstance(glob, str) or not glob:
         raise ValueError(f"A busy glob must be a non-empty string, not {glob!r}.")
+    raw = glob.encode("utf-8", "surrogateescape")
     out, i = [], 0
-    while i < len(glob):
-        char = glob[i]
-        if char == "\\" and i + 1 < len(glob):
-            out.append(re.escape(glob[i + 1]))
+    while i < len(raw):
+        byte = raw[i]
+        if byte == ord("\\") and i + 1 < len(raw):
+            out.append(_byte(raw[i + 1]))
             i += 2
-            continue
-        if char == "*":
-            out.append(".*")
-        elif char == "?":
-            out.append(".")
-        elif char == "[" and (end := glob.find("]", i + 2)) != -1:
-            inner = glob[i + 1 : end]
-            negate = inner.startswith("^")
-            body = re.escape(inner[1:] if negate else inner).replace("\\-", "-")
-            out.append(f"[{'^' if negate else ''}{body}]")
-            i = end
+        elif byte == ord("*"):
+            out.append(b".*")
+            i += 1
+        elif byte == ord("?"):
+            out.append(b".")
+            i += 1
+        elif byte == ord("["):
+            part, i = _byte_set(raw, i + 1)
+            out.append(part)
         else:
-            out.append(re.escape(char))
-        i += 1
-    return re.compile("".join(out), re.DOTALL)
+            out.append(_byte(byte))
+            i += 1
+    return re.compile(b"".join(out), re.DOTALL)
+
+
+def _byte(value: int) -> bytes:
+    return b"\\x%02x" % value
+
+
+def _byte_range(first: int, last: int) -> bytes:
+    """The range ``first-last`` as Redis compares it: bytes as signed chars (0x80-0xFF come
+    before 0x00), either end first."""
+    low, high = sorted(value - 256 if value > 127 else value for value in (first, last))
+    if low < 0 <= high:  # it wraps: 0x80.. up to 0xFF, then 0x00 up to high
+        return _byte(low & 0xFF) + b"-" + _byte(0xFF) + _byte(0) + b"-" + _byte(high)
+    return _byte(low & 0xFF) + b"-" + _byte(high & 0xFF)
+
+
+def _byte_set(raw: bytes, i: int) -> tuple[bytes, int]:
+    """The set that starts at ``raw[i]`` (just after its ``[``) as a regex, and the index
+    after it."""
+    negate = i < len(raw) and raw[i] == ord("^")
+    i += negate
+    items: list[bytes] = []
+    while i < len(raw) and raw[i] != ord("]"):
+        if raw[i] == ord("\\") and i + 1 < len(raw):
+            items.append(_byte(raw[i + 1]))
+            i += 2
+        elif i + 2 < len(raw) and raw[i + 1] == ord("-"):
+            items.append(_byte_range(raw[i], raw[i + 2]))
+            i += 3
+        else:
+            items.append(_byte(raw[i]))
+            i += 1
+    i += 1  # the closing ], or past the end of a set left open
+    if not items:
+        return (b"." if negate else b"(?!)"), i
+    return b"[" + (b"^" if negate else b"") + b"".join(items) + b"]", i
 
 
 @dataclass(frozen=True)
@@ -58,14 +95,19 @@ class Faults:
     busy: tuple[str, ...] = ()
     unavailable: bool = False
     lost_after: float | None = None
-    patterns: tuple[re.Pattern[str], ...] = field(default=(), repr=False, compare=False)
+    patterns: tuple[re.Pattern[bytes], ...] = field(default=(), repr=False, compare=False)
 
     @classmethod
     def of(cls, busy: Iterable[str], unavailable: bool, lost_after: float | None) -> Faults:
         """Checked faults: a clear error for bad arguments, before anything is changed."""
         if isinstance(busy, str):
             raise TypeError(f"busy must be a list of globs, not the string {busy!r}: ({busy!r},)")
-        globs = tuple(busy)
+        if isinstance(busy, bytes | bytearray):
+            raise TypeError(f"busy must be a list of globs (strings), not {busy!r}.")
+        try:
+            globs = tuple(busy)
+        except TypeError:
+            raise TypeError(f"busy must be a list of globs, not {busy!r}.") from None
         if not isinstance(unavailable, bool):
             raise TypeError(f"unavailable must be True or False, not {unavailable!r}.")
         if lost_after is not None and (
@@ -79,7 +121,10 @@ class Faults:
 
     def is_busy(self, name: str) -> bool:
         """True if ``name`` matches a busy glob (held elsewhere)."""
-        return any(pattern.fullmatch(name) for pattern in self.patterns)
+        if not self.patterns:
+            return False
+        raw = name.encode("utf-8", "surrogateescape")
+        return any(pattern.fullmatch(raw) for pattern in self.patterns)
 
 
 _token_mutex = threading.Lock()

@@ -137,4 +137,13 @@ def simulation_from_environment() -> Simulation | None:
             f"{ENVIRONMENT_VARIABLE} must be a JSON object with keys among busy, unavailable, "
             f"lost_after and using, not {raw!r}."
         )
-    return simulate(**arguments)
+    using = arguments.get("using")
+    if using is not None and isinstance(using, str) and using not in locks:
+        raise ValueError(
+            f"{ENVIRONMENT_VARIABLE}: using={using!r} is not an alias of settings.REDLOCK "
+            f"(aliases: {', '.join(locks) or 'none'})."
+        )
+    try:
+        return simulate(**arguments)
+    except TypeError as exc:  # a wrong type in the JSON: one line, as for bad JSON
+        raise ValueError(f"{ENVIRONMENT_VARIABLE}: {exc}") from exc

@@ -97,9 +97,12 @@ class Refresher:
             )
 
     def refresh_nodes(self) -> None:
-        """Probe every node of every alias: up (1/0) and the probe's round-trip time."""
+        """Probe every node of every alias: up (1/0) and the probe's round-trip time. An
+        alias under ``simulate`` is skipped: nothing may reach its nodes."""
         metrics = self._metrics
-        aliases = list(locks)
+        aliases = [alias for alias in locks if not locks[alias].simulated]
+        if not aliases:
+            return
         for health in inspection.node_health(aliases):  # every node at once
             alias = health.alias
             node = public_label(locks[alias].config.nodes[health.index])
