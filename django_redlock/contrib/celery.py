@@ -38,7 +38,8 @@ Task options (class attributes, or keyword arguments of ``@app.task``):
 A redelivered message (``delivery_info["redelivered"]``: its run died before acknowledging it,
 with ``acks_late``) that finds the name busy waits up to the holder's remaining TTL (at most
 one lease TTL) before ``lock_on_busy`` applies: the holder is most likely the run that died,
-whose lease nobody renews. In eager mode (``apply()``, ``task_always_eager``) ``"retry"``
+whose lease nobody renews. A full ``lock_limits`` semaphore is waited for the same way.
+In eager mode (``apply()``, ``task_always_eager``) ``"retry"``
 raises LockNotAcquired: Celery's eager retry would run the task again at once, recursing.
 """
 
@@ -148,23 +149,45 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
     def _enter_limits(
         self, stack: contextlib.ExitStack, manager: LockManager, args: Any, kwargs: Any
     ) -> Any:
-        """Take a permit of each ``lock_limits`` semaphore into ``stack`` (one attempt):
-        :data:`_HELD`, or what a busy run returns (``lock_on_busy``)."""
-        limits = {
-            CallTemplate(template, self.run).fill(args, kwargs): permits
-            for template, permits in (self.lock_limits or {}).items()
+        """Take a permit of each ``lock_limits`` semaphore into ``stack`` (one attempt; a
+        redelivered run waits for a dead run's permits as for its lock): :data:`_HELD`, or
+        what a busy run returns (``lock_on_busy``)."""
+        templates = {
+            CallTemplate(template, self.run).fill(args, kwargs): template
+            for template in self.lock_limits or {}
         }
-        block = manager.limits(
-            limits,
-            ttl=self.lock_ttl,
-            timeout=0,
-            auto_extend=True,
-            max_hold=self._hard_time_limit(),
-        )
+        limits = {name: (self.lock_limits or {})[template] for name, template in templates.items()}
+
+        def block(timeout: float) -> Any:
+            made = manager.limits(
+                limits,
+                ttl=self.lock_ttl,
+                timeout=timeout,
+                auto_extend=True,
+                max_hold=self._hard_time_limit(),
+            )
+            made._templates = templates  # the lock-order checker's shapes
+            return made
+
         try:
-            stack.enter_context(block)
+            stack.enter_context(block(0))
         except LockNotAcquired as exc:
-            return self._busy(manager, exc.name, exc)
+            wait = self._redelivery_wait(manager, exc)
+            if wait is None:
+                return self._busy(manager, exc.name, exc)
+            logger.info(
+                "Task %s[%s] was redelivered and semaphore %r (alias %r) is full, most likely "
+                "with a permit of its run that died: waiting up to %.1f s for it to expire",
+                self.name,
+                self.request.id,
+                exc.name,
+                manager.alias,
+                wait,
+            )
+            try:
+                stack.enter_context(block(wait))
+            except LockNotAcquired as again:
+                return self._busy(manager, again.name, again)
         return _HELD
 
     def _block(self, manager: LockManager, name: str, timeout: float) -> Any:

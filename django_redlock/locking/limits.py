@@ -19,7 +19,7 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from . import context
+from . import context, ordering
 from .entries import refuse_other_kind, suspending
 from .lease import Lease
 from .many import HeldLocks, LockManyBlock
@@ -91,6 +91,8 @@ class LimitsBlock(LockManyBlock):
     ) -> None:
         super().__init__(manager, tuple(limits), kwargs, until_commit)
         self._limits = dict(limits)
+        #: each name's template (the lock-order checker's shapes), when filled from templates
+        self._templates: dict[str, str] = {}
 
     _what = "limits"
 
@@ -145,12 +147,20 @@ class LimitsBlock(LockManyBlock):
 
         return cast(F, run)
 
+    def _expect(self, names: list[str]) -> None:
+        """Announce the names' templates to the lock-order checker, when it is on."""
+        if self._templates and self._manager.check_order:
+            templates = self._templates
+            ordering.expect_all({name: templates[name] for name in names if name in templates})
+
     def _take(self, names: list[str]) -> HeldLocks:
+        self._expect(names)
         take = self._manager.acquire_limits
         held: HeldLocks = take({name: self._limits[name] for name in names}, **self._kwargs)
         return held
 
     async def _atake(self, names: list[str]) -> HeldLocks:
+        self._expect(names)
         take = self._manager.aacquire_limits
         held: HeldLocks = await take({name: self._limits[name] for name in names}, **self._kwargs)
         return held

@@ -43,6 +43,8 @@ AcquireErrors = (LockNotAcquired, NodesUnavailable)
 """Acquisition errors answered with a 409/503 response; the view does not run."""
 
 T = TypeVar("T")
+#: a request's semaphores: each filled name -> (its template, permits)
+_Limits = dict[str, tuple[str, int]]
 _HELD_ATTR = "_redlock_request_leases"
 _MISSING = object()
 
@@ -55,7 +57,7 @@ class _IO(Protocol):
 
     async def acquire(self, spec: LockSpec, name: str) -> Lease: ...
 
-    async def acquire_limits(self, spec: LockSpec, limits: dict[str, int]) -> list[Lease]: ...
+    async def acquire_limits(self, spec: LockSpec, limits: _Limits) -> list[Lease]: ...
 
     async def release(self, lease: Lease) -> None: ...
 
@@ -88,7 +90,7 @@ async def _hold(
     if key in request.__dict__.get(_HELD_ATTR, {}) or context.find(*key, kind) is not None:
         return await call()  # re-entered: a rule and a decorator on one lock, or an outer lease
     # filled before anything is taken: a template that fails leaves nothing held
-    filled = {template.fill(kwargs, user): permits for template, permits in spec.limits}
+    filled = {template.fill(kwargs, user): (template.template, n) for template, n in spec.limits}
     try:
         lease = await io.acquire(spec, name)
     except AcquireErrors as exc:
@@ -262,6 +264,14 @@ def _evaluated(user: Any) -> Any:
     return user
 
 
+def _permits(spec: LockSpec, limits: _Limits) -> dict[str, int]:
+    """Each semaphore's permits; with the lock-order checker on, each name's shape is its
+    template (``api:tenant:{tenant}``), as the key's is, not one shape per filled value."""
+    if locks[spec.using].check_order:
+        ordering.expect_all({name: template for name, (template, _) in limits.items()})
+    return {name: permits for name, (_, permits) in limits.items()}
+
+
 class _BlockingIO:
     """Blocking calls: every await of the hold returns without suspending."""
 
@@ -274,9 +284,9 @@ class _BlockingIO:
             ordering.expect(name, spec.key.template)
         return manager.acquire(name, ttl=spec.ttl, timeout=spec.timeout, permits=spec.limit)
 
-    async def acquire_limits(self, spec: LockSpec, limits: dict[str, int]) -> list[Lease]:
+    async def acquire_limits(self, spec: LockSpec, limits: _Limits) -> list[Lease]:
         # one attempt: it never waits for permits while it holds the key's lease
-        held = locks[spec.using].acquire_limits(limits, ttl=spec.ttl, timeout=0)
+        held = locks[spec.using].acquire_limits(_permits(spec, limits), ttl=spec.ttl, timeout=0)
         return list(held.leases.values())
 
     async def release(self, lease: Lease) -> None:
@@ -313,8 +323,9 @@ class _AsyncIO:
             ordering.expect(name, spec.key.template)
         return await manager.aacquire(name, ttl=spec.ttl, timeout=spec.timeout, permits=spec.limit)
 
-    async def acquire_limits(self, spec: LockSpec, limits: dict[str, int]) -> list[Lease]:
-        held = await locks[spec.using].aacquire_limits(limits, ttl=spec.ttl, timeout=0)
+    async def acquire_limits(self, spec: LockSpec, limits: _Limits) -> list[Lease]:
+        permits = _permits(spec, limits)
+        held = await locks[spec.using].aacquire_limits(permits, ttl=spec.ttl, timeout=0)
         return list(held.leases.values())
 
     async def release(self, lease: Lease) -> None:

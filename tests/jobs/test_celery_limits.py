@@ -4,15 +4,20 @@ Run eagerly (``apply()``) and called directly, on the session's real nodes."""
 
 from __future__ import annotations
 
+import random
 import re
+import string
 from typing import Any
 
 import pytest
 from celery import Celery
+from django.test import override_settings
 
 from django_redlock import locks
 from django_redlock.contrib.celery import LockedTask
 from django_redlock.exceptions import LockNotAcquired
+from django_redlock.locking import ordering
+from django_redlock.locking.ordering import shared
 
 
 def _app() -> Celery:
@@ -100,3 +105,60 @@ def test_bad_lock_limits_fail_when_the_task_is_made(
 
     with pytest.raises(error, match=message):
         _app().task(base=LockedTask, shared=False, lock_limits=limits)(job)
+
+
+@pytest.mark.parametrize("lock_name", [None, "report:{tenant}"])
+def test_a_redelivered_run_waits_for_the_dead_runs_permit(
+    unique_name: str, lock_name: str | None
+) -> None:
+    """The run that died held the tenant's only permit, which nobody renews: its redelivered
+    message waits for that permit to expire and runs (as for a dead run's lock), instead of
+    being skipped as busy (a lost job). A first delivery is still skipped at once."""
+    ran: list[str] = []
+
+    def job(tenant: str) -> str:
+        ran.append(tenant)
+        return tenant
+
+    options = {} if lock_name is None else {"lock_name": lock_name}
+    task = _app().task(
+        base=LockedTask, shared=False, lock_ttl=1.0, lock_limits={"t:{tenant}": 1}, **options
+    )(job)
+    manager = locks["default"]
+    manager.acquire(f"t:{unique_name}", ttl=1.0, timeout=0, permits=1)  # the dead run's
+    task.push_request(id="redelivered-1", delivery_info={"redelivered": True})
+    try:
+        assert task(unique_name) == unique_name
+    finally:
+        task.pop_request()
+    assert ran == [unique_name]
+    lease = manager.acquire(f"t:{unique_name}", ttl=5.0, timeout=0, permits=1)
+    task.push_request(id="first-delivery", delivery_info={"redelivered": False})
+    try:
+        assert task(unique_name) is None  # not redelivered: skipped at once
+    finally:
+        task.pop_request()
+        lease.release()
+    assert ran == [unique_name]
+
+
+def test_the_order_checker_shapes_the_permits_by_their_templates(unique_name: str) -> None:
+    """REDLOCK_CHECK_ORDER on: the permits' shapes are their templates (like lock_name's), not
+    one shape per filled value."""
+    task, _seen = _task(lock_name="report:{tenant}")
+    slug = "".join(random.choices(string.ascii_lowercase, k=10))
+    with override_settings(REDLOCK_CHECK_ORDER=True):
+        shared.clear(locks["default"].engine)
+        ordering.reset()
+        try:
+            assert task.apply((slug,)).get() == slug
+            edges = set(ordering.RECORDER.edges)
+        finally:
+            shared.clear(locks["default"].engine)
+            ordering.reset()
+    report = ("default", "report:{tenant}")
+    assert (report, ("default", "api:tenant:{tenant}")) in edges
+    assert (report, ("default", "api:{tenant}:global")) in edges
+    # the body's own acquire (a name, not a template) is the only shape with the slug
+    assert not [edge for edge in edges if slug in edge[0][1]]
+    assert ((report, ("default", f"api:tenant:{slug}"))) in edges

@@ -6,6 +6,8 @@ test clients."""
 from __future__ import annotations
 
 import asyncio
+import random
+import string
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -13,11 +15,13 @@ from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
-from django.test import AsyncClient, Client
+from django.test import AsyncClient, Client, override_settings
 
 from django_redlock import locks
 from django_redlock.decorators import request_lock
+from django_redlock.locking import ordering
 from django_redlock.locking.lease import Lease
+from django_redlock.locking.ordering import shared
 from django_redlock.request_locks.rules import RuleError, parse_rule
 from tests.support.limits_urls import SEEN
 
@@ -154,3 +158,23 @@ def test_bad_limits_fail_at_decoration_and_in_rules(limits: Any, message: str) -
     with pytest.raises(RuleError, match=message) as caught:
         parse_rule(0, {"URL_NAME": "rule", "KEY": "x:{tenant}", "LIMITS": limits})
     assert caught.value.check_id == "E018"
+
+
+def test_the_order_checker_shapes_the_semaphores_by_their_templates(client: Client) -> None:
+    """With REDLOCK_CHECK_ORDER on, each semaphore's shape is its template, like the key's:
+    a tenant slug (not masked) must not make a shape per tenant (the checker would never
+    match two tenants' orders, and would fill its edge limit)."""
+    slug = "".join(random.choices(string.ascii_lowercase, k=10))
+    with override_settings(REDLOCK_CHECK_ORDER=True):
+        shared.clear(locks["default"].engine)
+        ordering.reset()
+        try:
+            assert client.get(f"/api/{slug}/1/").status_code == 200
+            edges = set(ordering.RECORDER.edges)
+        finally:
+            shared.clear(locks["default"].engine)
+            ordering.reset()
+    key = ("default", "call:{tenant}:{n}")
+    assert (key, ("default", "api:tenant:{tenant}")) in edges
+    assert (key, ("default", "api:global")) in edges
+    assert not [edge for edge in edges if slug in edge[1][1]]

@@ -4,15 +4,15 @@
 warns, ``shared`` keeps them on the alias's nodes for the other processes of a run, ``stacks``
 captures where. The manager calls :func:`taking` before each acquisition when the checker is
 on, and :func:`mark` on the lease it got; callers that fill a template announce it with
-:func:`expect` first.
+:func:`expect` (a set: :func:`expect_all`) first.
 """
 
 from __future__ import annotations
 
 from .checker import RECORDER, mark, taking
-from .shapes import expect, masked, templated
+from .shapes import expect, expect_all, masked, templated
 
-__all__ = ["RECORDER", "expect", "mark", "masked", "taking", "templated"]
+__all__ = ["RECORDER", "expect", "expect_all", "mark", "masked", "taking", "templated"]
 
 
 def reset() -> None:

@@ -26,14 +26,15 @@ import contextvars
 import functools
 import re
 import string
+from collections.abc import Mapping
 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _HEX = re.compile(r"(?<![0-9a-zA-Z])(?=[a-fA-F]*[0-9])[0-9a-fA-F]{16,}(?![0-9a-zA-Z])")
 _DIGITS = re.compile(r"[0-9]+")
 
-#: The template of the name this thread or task is about to take: ``(name, template)``, set by
-#: the callers that fill a template (see :func:`expect`), read and cleared by :func:`shape`.
-_EXPECTED: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
+#: The templates of the names this thread or task is about to take: ``{name: template}``, set
+#: by the callers that fill templates (see :func:`expect`), read and cleared by :func:`shape`.
+_EXPECTED: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
     "django_redlock_expected_shape", default=None
 )
 
@@ -98,15 +99,24 @@ def templated(name: str, template: str) -> str:
 
 def expect(name: str, template: str) -> None:
     """The next lock this thread or task takes, if it is ``name``, came from ``template``."""
-    _EXPECTED.set((name, template))
+    _EXPECTED.set({name: template})
+
+
+def expect_all(templates: Mapping[str, str]) -> None:
+    """The next set this thread or task takes (``limits()``, ``lock_many``) has these names,
+    each filled from its template (``{name: template}``)."""
+    _EXPECTED.set(dict(templates))
 
 
 def shape(name: str) -> str:
-    """The shape of ``name``, about to be taken: its template if :func:`expect` announced it,
-    else the masked name."""
+    """The shape of ``name``, about to be taken: its template if :func:`expect` (or
+    :func:`expect_all`) announced it, else the masked name. A name not announced drops the
+    announcement (it was for a take that did not happen)."""
     expected = _EXPECTED.get()
     if expected is not None:
-        _EXPECTED.set(None)
-        if expected[0] == name:
-            return templated(name, expected[1])
+        template = expected.get(name)
+        rest = {other: value for other, value in expected.items() if other != name}
+        _EXPECTED.set(rest if template is not None and rest else None)  # never mutated: shared
+        if template is not None:
+            return templated(name, template)
     return masked(name)
