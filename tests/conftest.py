@@ -7,6 +7,7 @@ nodes, each with its own key prefix. Tests that inject faults start their own no
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,6 +25,25 @@ from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes
 
 SESSION_ALIASES: dict[str, dict[str, Any]] = {}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--long",
+        action="store_true",
+        help="the long profile: also run the tests marked slow (e.g. --long -m slow for them only)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` run only in the long profile: ``--long`` or REDLOCK_LONG=1 (which
+    also lengthens the fault scenarios, tests/faults/conftest.py)."""
+    if config.getoption("--long") or os.environ.get("REDLOCK_LONG") == "1":
+        return
+    skip = pytest.mark.skip(reason="long profile: run with --long")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

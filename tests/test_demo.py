@@ -130,6 +130,8 @@ def test_checkout_of_carts_sells_exactly_the_stock_with_lock_many(
     assert unlocked["oversold"] > 0, unlocked
 
 
+# long profile; the guarantee: tests/jobs/test_celery.py::test_two_beat_schedulers_one_run_per_tick
+@pytest.mark.slow
 def test_nightly_job_with_two_celery_beat_schedulers(demo_env: dict[str, str]) -> None:
     """Two real `celery beat` processes send the nightly report every 2 s to a real prefork
     worker: the plain task runs for each scheduler's send, the LockedTask (lock_min_hold)
@@ -161,6 +163,8 @@ def test_pay_charges_once_per_payment_with_the_key(demo_env: dict[str, str]) -> 
     assert unkeyed["charges"] >= 9
 
 
+# long profile; the guarantee: test_eight_processes_missing_at_once_compute_once (tests/cache)
+@pytest.mark.slow
 def test_stampede_computes_once_with_the_fill(demo_env: dict[str, str]) -> None:
     """``manage.py stampede``: processes missing one cache key at once compute it once with
     ``django_redlock.cache.get_or_set``, once each with Django's ``cache.get_or_set``."""

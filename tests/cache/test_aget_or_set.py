@@ -35,6 +35,10 @@ def name_of(key: str) -> str:
     return lock_name("default", store_for("default", caches["default"]).full_key(key))
 
 
+# the other backend in the long profile: the single-process tests run on both
+@pytest.mark.parametrize(
+    "backend", ["django", pytest.param("django-redis", marks=pytest.mark.slow)], indirect=True
+)
 def test_eight_processes_missing_at_once_compute_once(
     backend: str, cache_node: RedisNode, key: str, settings: Any
 ) -> None:

@@ -41,6 +41,10 @@ def full_key(key: str) -> str:
     return store_for("default", caches["default"]).full_key(key)
 
 
+# the other backend in the long profile: the single-process tests run on both
+@pytest.mark.parametrize(
+    "backend", [pytest.param("django", marks=pytest.mark.slow), "django-redis"], indirect=True
+)
 def test_eight_processes_missing_at_once_compute_once(
     backend: str, cache_node: RedisNode, key: str, settings: Any
 ) -> None:
@@ -60,6 +64,10 @@ def test_eight_processes_missing_at_once_compute_once(
     assert cache.get(key) == values[0]  # readable by the backend itself
 
 
+# the other backend in the long profile: the single-process tests run on both
+@pytest.mark.parametrize(
+    "backend", ["django", pytest.param("django-redis", marks=pytest.mark.slow)], indirect=True
+)
 def test_stale_value_served_at_once_while_one_refreshes(
     backend: str, cache_node: RedisNode, key: str, settings: Any
 ) -> None:

@@ -33,7 +33,8 @@ STEPS = 60 if LONG else 30
 
 @pytest.mark.timeout(3600 if LONG else 600)
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("alias", ["default", "multi"])
+# the 1-node case is in the long profile (test_regressions.py replays its findings)
+@pytest.mark.parametrize("alias", [pytest.param("default", marks=pytest.mark.slow), "multi"])
 def test_compositions_keep_the_promises(alias: str, peer: PeerProcess) -> None:
     """Random compositions of the public API on a 1-node and a 3-node alias never break the
     oracle: one holder at a time, growing tokens, no leftovers, no self-wait, no stale write."""

@@ -81,6 +81,7 @@ def three(redis_node_factory: Nodes) -> Iterator[RedisNodes]:
     yield redis_node_factory(3)
 
 
+@pytest.mark.slow  # the cap: test_threads_and_tasks_share_one_budget (default profile)
 def test_200_threads_on_3_nodes_stay_within_max_connections(
     three: RedisNodes, redlock_alias: Alias
 ) -> None:
@@ -114,6 +115,7 @@ def test_200_threads_on_3_nodes_stay_within_max_connections(
     assert 0 < peak.peak <= CAP
 
 
+@pytest.mark.slow  # the cap: test_threads_and_tasks_share_one_budget (default profile)
 def test_200_tasks_on_3_nodes_stay_within_max_connections(
     three: RedisNodes, redlock_alias: Alias
 ) -> None:

@@ -1,10 +1,9 @@
 """Fixtures of the fault-injection suite.
 
-Profiles: the short profile (default, CI) runs each scenario for about two seconds; set the
-environment variable ``REDLOCK_LONG=1`` for the long profile (minutes: longer runs and more
-seeds), e.g. ``REDLOCK_LONG=1 pytest tests/faults -m slow``. Tests marked ``slow`` only run in
-the long profile; ``tests/conftest.py`` is shared and left alone, hence an environment
-variable rather than a ``--long`` option.
+Profiles: the short profile (default) runs each scenario for about two seconds. Tests marked
+``slow`` run only with ``--long`` (tests/conftest.py), at the same lengths; the environment
+variable ``REDLOCK_LONG=1`` also runs them and lengthens every scenario (minutes: longer runs
+and more seeds), e.g. ``REDLOCK_LONG=1 pytest tests/faults -m slow``.
 """
 
 from __future__ import annotations
@@ -48,17 +47,6 @@ TTL = 2.0
 ORACLE_FUNCTION = "redlock_fault_oracle"
 ORACLE_AUDIT = "redlock_fault_oracle_audit"
 ORACLE_TABLE = "inventory_product"
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``slow`` tests of this folder run only with REDLOCK_LONG=1."""
-    if LONG:
-        return
-    skip = pytest.mark.skip(reason="long profile: set REDLOCK_LONG=1")
-    here = Path(__file__).parent
-    for item in items:
-        if "slow" in item.keywords and here in Path(str(item.fspath)).parents:
-            item.add_marker(skip)
 
 
 def assert_data_oracles(run: Run) -> None:

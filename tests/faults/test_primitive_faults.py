@@ -131,7 +131,7 @@ def test_carts_with_a_node_restarted_empty(
     assert sum(1 for e in run.history.of("ok") if e.get("sold")) > 0
 
 
-@pytest.mark.parametrize("count", [3, 5])
+@pytest.mark.parametrize("count", [3, pytest.param(5, marks=pytest.mark.slow)])
 def test_semaphore_holders_with_nodes_paused_and_restarted(
     count: int, redis_node_factory: Nodes
 ) -> None:

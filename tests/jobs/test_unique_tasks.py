@@ -86,7 +86,11 @@ def ids_from_threads_and_processes(
     return ids
 
 
-@pytest.mark.parametrize("job", [report_until_started, report_until_finished])
+# until="finished" in the long profile: the enqueue side is the same for both; its own
+# semantics are test_until_finished_refuses_while_it_runs's
+@pytest.mark.parametrize(
+    "job", [report_until_started, pytest.param(report_until_finished, marks=pytest.mark.slow)]
+)
 def test_five_enqueues_while_queued_send_one_task(job: Any, started: Processes) -> None:
     """Three threads and two processes enqueue one key at once: one task is sent, every
     enqueue returns its TaskResult id, and a worker runs it once."""

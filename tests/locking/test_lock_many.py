@@ -75,7 +75,8 @@ def test_waits_for_the_busy_name_and_is_woken(unique_name: str) -> None:
     assert_woken(manager, b, other, took)
 
 
-@pytest.mark.parametrize("alias", ["default", "five"])
+# the 1-node case is in the long profile: the 5-node one runs the same processes
+@pytest.mark.parametrize("alias", [pytest.param("default", marks=pytest.mark.slow), "five"])
 def test_overlapping_sets_in_random_orders_from_eight_processes(
     alias: str, session_nodes: RedisNodes, unique_name: str
 ) -> None:

@@ -70,7 +70,8 @@ def test_a_waiting_writer_keeps_new_readers_out_and_is_woken(alias: str, unique_
     manager.acquire(unique_name, rw="read", timeout=2).release()  # readers again afterwards
 
 
-@pytest.mark.parametrize("alias", ["default", "five"])
+# the 1-node case is in the long profile: the 5-node one runs the same processes
+@pytest.mark.parametrize("alias", [pytest.param("default", marks=pytest.mark.slow), "five"])
 def test_six_readers_and_two_writers_in_processes(
     alias: str, session_nodes: RedisNodes, unique_name: str
 ) -> None:

@@ -108,7 +108,8 @@ def test_auto_extended_permits_keep_others_out(unique_name: str) -> None:
         assert lease.validity > 0
 
 
-@pytest.mark.parametrize("alias", ["default", "five"])
+# the 1-node case is in the long profile: the 5-node one runs the same processes
+@pytest.mark.parametrize("alias", [pytest.param("default", marks=pytest.mark.slow), "five"])
 def test_eight_processes_never_more_than_three_holders(
     alias: str, session_nodes: RedisNodes, unique_name: str
 ) -> None:

@@ -30,6 +30,14 @@ def group() -> Iterator[SentinelGroup]:
         yield started
 
 
+@pytest.fixture(scope="module")
+def steady_group() -> Iterator[SentinelGroup]:
+    """One group for the module's tests that neither fail it over nor stop any of its
+    processes (a group takes seconds to start)."""
+    with SentinelGroup.start() as started:
+        yield started
+
+
 def _alias(group: SentinelGroup, **extra: Any) -> dict[str, Any]:
     return {"default": {"NODES": [group.node_setting()], "TTL": 1.0, **extra}}
 
@@ -114,9 +122,10 @@ def test_sentinel_passwords_never_show() -> None:
     assert "sentpw" not in str(info.value) and ":***@" in str(info.value)
 
 
-def test_locks_through_the_sentinels_master(group: SentinelGroup) -> None:
+def test_locks_through_the_sentinels_master(steady_group: SentinelGroup) -> None:
     """Single-node mode on a sentinel node: sync and asyncio locks exclude, tokens increase,
     the keys are on the master (and replicated); node health names the master."""
+    group = steady_group
     with override_settings(REDLOCK=_alias(group)):
         manager = locks["default"]
         with manager.lock("job", timeout=0) as lease:
@@ -244,16 +253,22 @@ def test_readonly_reply_drops_the_connection(redis_node_factory) -> None:
         manager.acquire("b", timeout=5).release()
 
 
-def test_deploy_checks_probe_the_sentinels_master(group: SentinelGroup) -> None:
+def test_deploy_checks_probe_the_sentinels_master(steady_group: SentinelGroup) -> None:
     """``check --deploy`` probes a sentinel node on its current master (W004 for an evicting
     policy there), and warns W007 for a replica named directly as a node."""
+    group = steady_group
     from django_redlock import checks
 
     replica = next(node for node in group.servers if node is not group.master)
     nodes = [group.node_setting(), replica.url]
-    group.master.client().config_set("maxmemory-policy", "allkeys-lru")
-    with override_settings(REDLOCK={"default": {"NODES": nodes, "NODE_TIMEOUT": 0.5}}):
-        messages = checks.check_deployment()
+    master = group.master.client()
+    policy = master.config_get("maxmemory-policy")["maxmemory-policy"]
+    master.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        with override_settings(REDLOCK={"default": {"NODES": nodes, "NODE_TIMEOUT": 0.5}}):
+            messages = checks.check_deployment()
+    finally:
+        master.config_set("maxmemory-policy", policy)  # the group is the module's
     found = {(m.id, m.msg.split(" node ")[1][:9]) for m in messages if " node " in m.msg}
     assert ("django_redlock.W004", "sentinel:") in found
     assert ("django_redlock.W007", "redis://1") in found
@@ -261,9 +276,10 @@ def test_deploy_checks_probe_the_sentinels_master(group: SentinelGroup) -> None:
 
 
 def test_command_and_admin_show_the_sentinels_master(
-    group: SentinelGroup, admin_client: Any
+    steady_group: SentinelGroup, admin_client: Any
 ) -> None:
     """``redlock nodes`` and the admin's node table name the master the sentinels gave."""
+    group = steady_group
     from io import StringIO
 
     from django.core.management import call_command
@@ -337,12 +353,13 @@ def test_a_stale_sentinel_is_not_followed_to_the_old_master(group: SentinelGroup
 
 
 def test_a_sentinel_that_knows_too_few_others_is_not_followed(
-    group: SentinelGroup, redis_node_factory: Any
+    steady_group: SentinelGroup, redis_node_factory: Any
 ) -> None:
     """A sentinel listed first that watches a stray server under the service's name and knows
     no other sentinel (it needs a majority of the listed ones with itself) is passed over: the
     lock is taken on the group's master, never on the stray server (was: granted there, so
     two servers could each grant the name)."""
+    group = steady_group
     (stray,) = redis_node_factory(1)
     lonely = SentinelProcess(
         stray.port, group.service, quorum=1, down_after_ms=1000, failover_timeout_ms=4000
