@@ -114,7 +114,9 @@ def _cancel_a_waiter(manager: LockManager, api: str, how: str, names: list[str])
         registered = asyncio.create_task(_until_registered(manager, names))
         if how == "wait_for":
             with pytest.raises(asyncio.TimeoutError):
-                await asyncio.wait_for(_wait_with(manager, api, names), 0.5)
+                # long enough for a loaded machine to register the waiter first (the
+                # caller's own timeout is 20 s: it is still waiting when this one cancels it)
+                await asyncio.wait_for(_wait_with(manager, api, names), 2.0)
             assert registered.done(), "the waiter never registered before it was cancelled"
         else:
             task = asyncio.create_task(_wait_with(manager, api, names))

@@ -743,7 +743,9 @@ def test_waiters_counts_live_waiters(alias: str, unique_name: str) -> None:
     assert len(turns) == 3
     again = manager.acquire(unique_name, ttl=10, timeout=0)
     try:
-        assert _waiters(alias, unique_name) == 0
+        # a waiter that won withdraws its mark fire-and-forget: on a loaded machine the last
+        # withdrawal may still be on its way when the count is read
+        _until(lambda: _waiters(alias, unique_name) == 0, 5.0)
     finally:
         again.release()
 
