@@ -2,10 +2,12 @@
 nodes and checks the oracle of :mod:`.model` after every step.
 
 The machine's main thread opens and closes blocks in LIFO order (``lock``, ``read_lock``,
-``write_lock``, ``semaphore``, ``lock_many``, ``transaction.atomic``), holds bare ``acquire()``
-leases, iterates ``@lock`` generators, runs asyncio scenarios, lets short leases expire,
-force-releases names, and writes FencedModel rows under current and stale tokens. Another
-thread and a second process (:mod:`.peer`) are the other callers.
+``write_lock``, ``semaphore``, ``lock_many``, ``limits``, ``transaction.atomic``), holds bare
+``acquire()`` leases, iterates ``@lock`` generators, runs asyncio scenarios, lets short leases
+expire, force-releases names, and writes FencedModel rows under current and stale tokens.
+Another thread and a second process (:mod:`.peer`) are the other callers. Each example draws
+the second semaphore's permits and whether the lock-order checker is on (it only warns: the
+oracle is the same).
 
 ``KNOWN_OPEN`` names the known defects that are still open on this branch: the rules that
 would keep hitting them are constrained while they are listed (their regression tests in
@@ -33,22 +35,27 @@ import redis
 from asgiref.sync import async_to_sync, sync_to_async
 from django.db import connection, transaction
 from django.db.models import F
+from django.test import override_settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from django_redlock import locks
 from django_redlock.effects import ledger
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired, StaleTokenError
-from django_redlock.locking import context
+from django_redlock.locking import context, ordering
+from django_redlock.locking.ordering import shared
 from django_redlock.models import Effect
 from testproject.inventory.models import Product
 
 from .model import (
+    ALL_NAMES,
     LOCK_NAMES,
     MARGIN,
     PERMITS,
     RW_NAME,
+    SEM2_NAME,
     SEM_NAME,
+    SEM_NAMES,
     Holding,
     Model,
     Violation,
@@ -69,13 +76,23 @@ ROOT = Path(__file__).resolve().parents[2]
 ttls = st.sampled_from([*SHORT, LONG, None])
 renewed_ttls = st.sampled_from([RENEWED_SHORT, LONG])
 lock_names = st.sampled_from([*LOCK_NAMES, RW_NAME])
-any_names = st.sampled_from([*LOCK_NAMES, RW_NAME, SEM_NAME])
+any_names = st.sampled_from(ALL_NAMES)
+sem_names = st.sampled_from(SEM_NAMES)
+#: the sets of a limits() block, in the order given
+limit_sets = st.sampled_from(
+    [(SEM_NAME,), (SEM2_NAME,), (SEM_NAME, SEM2_NAME), (SEM2_NAME, SEM_NAME)]
+)
 indexes = st.integers(0, 50)
 #: a file that collects every failure the machine meets (shrinking included), for triage
 FAILLOG = os.environ.get("REDLOCK_FAILLOG", "")
 #: calls and seconds per rule (printed by the test, for tuning the budget)
 STATS: dict[str, list[Any]] = {}
 INVARIANTS = ("one_holder_at_a_time", "open_holders_still_hold", "nothing_left_on_the_nodes")
+#: examples run with the lock-order checker on, and the edges and inverted pairs it recorded
+#: (the test checks that the checker did work in those runs)
+ORDER_STATS: dict[str, int] = {"examples": 0, "edges": 0, "warned": 0}
+#: the most slots a semaphore of the example can have (a limits() with another N included)
+MAX_SLOTS = PERMITS + 1
 
 
 def known(defect: str) -> bool:
@@ -239,9 +256,29 @@ class CompositionMachine(RuleBasedStateMachine):
         self.ctx: list[CtxEntry] = []
         self.clients = [redis.Redis.from_url(url) for url in self.urls]
         self.rows: dict[str, int] = {}
-        for name in (*LOCK_NAMES, RW_NAME, SEM_NAME):
+        for name in ALL_NAMES:
             self.rows[name] = Product.objects.create(name=self.full(name), stock=0).pk
             self.model.row_tokens[name] = 0
+        #: the lock-order checker's settings override, while it is on for this example
+        self.order_on: Any = None
+
+    @initialize(second=st.sampled_from([1, 2]), check_order=st.booleans())
+    def choose_the_example(self, second: int, check_order: bool) -> None:
+        """The second semaphore's permits, and whether the lock-order checker runs: it only
+        warns, so every outcome the model predicts must be the same with it on."""
+        self.steps.append(f"choose_the_example(second={second}, check_order={check_order})")
+        self.model.permits[SEM2_NAME] = second
+        if check_order:
+            self.order_on = override_settings(REDLOCK_CHECK_ORDER=True)
+            self.order_on.enable()
+            self.forget_the_order()
+            if not self.m.check_order:
+                raise Violation("REDLOCK_CHECK_ORDER=True did not turn the checker on")
+
+    def forget_the_order(self) -> None:
+        """Clear the lock-order checker's records, here and on the alias's nodes."""
+        ordering.reset()
+        shared.clear(self.m.engine)
 
     # -- helpers -------------------------------------------------------------------------------
     def full(self, name: str) -> str:
@@ -425,7 +462,7 @@ class CompositionMachine(RuleBasedStateMachine):
             return self.m.read_lock(full, **opts)
         if kind == "write":
             return self.m.write_lock(full, **opts)
-        return self.m.semaphore(full, PERMITS, **opts)
+        return self.m.semaphore(full, self.model.permits[name], **opts)
 
     def mixed_kinds(self, name: str, kind: str) -> list[Holding]:
         """The main thread's leases of ``name`` of another kind family (a plain lock against
@@ -590,11 +627,111 @@ class CompositionMachine(RuleBasedStateMachine):
         the same kind; under its own lease of the other kind, LockError at once."""
         self._enter(mode, RW_NAME, ttl, auto_extend, True)
 
-    @rule(ttl=ttls, auto_extend=st.booleans())
+    @rule(name=sem_names, ttl=ttls, auto_extend=st.booleans())
     @step(lambda self: len(self.stack) < 8)
-    def enter_semaphore(self, ttl: float | None, auto_extend: bool) -> None:
-        """``with semaphore(s, 2)`` (not re-entrant: a nested block takes another permit)."""
-        self._enter("sem", SEM_NAME, ttl, auto_extend, True)
+    def enter_semaphore(self, name: str, ttl: float | None, auto_extend: bool) -> None:
+        """``with semaphore(s, 2)`` / ``semaphore(t, 1 or 2)`` (not re-entrant: a nested block
+        takes another permit; the permits count with those of limits())."""
+        self._enter("sem", name, ttl, auto_extend, True)
+
+    def took_nothing(self, what: str, names: Iterable[str]) -> None:
+        """After a refused set: no node holds more slots of a semaphore than the model has
+        leases of it that may still be there (a refused set takes nothing, on any node). A
+        node that granted gets its permits back without the caller waiting for the reply: the
+        check looks again for up to a second before it calls a slot left over."""
+        for _ in range(11):
+            extra = self.extra_slots(names)
+            if not extra:
+                return
+            time.sleep(0.1)
+        raise Violation(f"{what} was refused, yet a node holds more permits: {extra}")
+
+    def extra_slots(self, names: Iterable[str]) -> list[str]:
+        """Nodes holding more slots of a semaphore of ``names`` than the model has leases of
+        it that may still be there."""
+        now, extra = self.now(), []
+        for name in names:
+            left = [h for h in self.model.of(name) if not self.model.gone(h, now)]
+            full = self.full(name)
+            keys = [f"{self.prefix}__permit__:{k}:{full}" for k in range(MAX_SLOTS)]
+            for index, client in enumerate(self.clients):
+                found = int(client.exists(*keys))
+                if found > len(left):
+                    extra.append(f"node {index}: {found} slots of {name!r}, leases {left}")
+        return extra
+
+    @rule(
+        names=limit_sets,
+        ttl=ttls,
+        auto_extend=st.booleans(),
+        until_commit=st.booleans(),
+        max_hold=st.sampled_from([None, None, 0.3]),
+    )
+    @step(lambda self: len(self.stack) < 8)
+    def enter_limits(
+        self,
+        names: tuple[str, ...],
+        ttl: float | None,
+        auto_extend: bool,
+        until_commit: bool,
+        max_hold: float | None,
+    ) -> None:
+        """``with limits({s: 2, t: N})``: a new permit of each semaphore, or none when one of
+        them is full (nothing taken on any node); never re-enters (like ``semaphore()``), and
+        its permits count with those of ``semaphore()``, ``acquire(permits=)`` and the peer's."""
+        if auto_extend and ttl in SHORT:
+            ttl = RENEWED_SHORT
+        limits = {self.full(n): self.model.permits[n] for n in names}
+        what = (
+            f"limits({ {n: self.model.permits[n] for n in names} }, ttl={ttl}, "
+            f"auto_extend={auto_extend}, until_commit={until_commit}, max_hold={max_hold})"
+        )
+        before = {n: self.expectation(n, "sem") for n in names}
+        cm = self.m.limits(
+            limits,
+            ttl=ttl,
+            timeout=0,
+            auto_extend=auto_extend,
+            until_commit=until_commit,
+            max_hold=max_hold,
+        )
+        outcome, value = attempt(cm.__enter__)
+        self.note(f"{outcome} (expected {before})")
+        if outcome == "busy":
+            if all(b == "ok" for b in before.values()):
+                raise Violation(f"{what}: LockNotAcquired although every semaphore had room")
+            busy = str(value.name).rsplit(":", 1)[1]
+            if before.get(busy) == "ok":
+                raise Violation(f"{what}: LockNotAcquired names {busy!r}, which had room")
+            self.took_nothing(what, names)
+            return
+        if outcome != "ok":
+            raise Violation(f"{what}: {outcome} {value!r}")
+        held = value
+        if list(held.leases) != list(limits):
+            raise Violation(f"{what} holds {list(held.leases)}, not {list(limits)}")
+        entry = Open("limits", cm, until_commit=until_commit, value=held)
+        for name in names:
+            lease = held.leases[self.full(name)]
+            if self.holding_of(lease) is not None:
+                raise Violation(f"{what} re-entered {self.holding_of(lease)}")
+            holding = self.granted("sem", name, lease)
+            if auto_extend:
+                holding.renewers += 1
+                entry.renews.append(holding)
+            holding.blocks = 1
+            entry.holdings.append(holding)
+        new = tuple(entry.holdings)
+        for holding in new:
+            self.judge(what, "maybe", "ok", holding.name, "sem", new=new)
+        tokens = [h.token for h in new]
+        if tokens != list(range(tokens[0], tokens[0] + len(tokens))):
+            raise Violation(f"{what}: tokens {tokens} are not consecutive in the set's order")
+        entry.max_hold = max_hold
+        self.bounded(entry, max_hold)
+        self.stack.append(entry)
+        for holding in new:
+            self.ctx_push(holding, enterable=False)
 
     @rule(
         names=st.lists(lock_names, min_size=1, max_size=4),
@@ -828,7 +965,7 @@ class CompositionMachine(RuleBasedStateMachine):
         kind = {"lock": "lock", "sem": "sem", "rw": mode}[kind_of(name)]
         extra: dict[str, Any] = {}
         if kind == "sem":
-            extra["permits"] = PERMITS
+            extra["permits"] = self.model.permits[name]
         elif kind in ("read", "write"):
             extra["rw"] = kind
         before = self.expectation(name, kind)
@@ -895,30 +1032,54 @@ class CompositionMachine(RuleBasedStateMachine):
             holding.longest_ttl = max(holding.longest_ttl, ttl)
             holding.renewed_by_nodes(self.now())
 
-    @rule(which=st.sampled_from(["lock on the semaphore", "semaphore on a lock"]))
+    @rule(
+        which=st.sampled_from(
+            [
+                "lock on the semaphore",
+                "lock on the second semaphore",
+                "semaphore on a lock",
+                "limits on a lock",
+                "limits with other permits",
+            ]
+        )
+    )
     @step(None)
     def wrong_kind(self, which: str) -> None:
-        """A lock of a name in use as a semaphore, or a semaphore of a name held as a lock:
-        LockError (never granted, never a plain busy)."""
+        """A lock of a name in use as a semaphore, a semaphore or a ``limits()`` set with a
+        name held as a lock, or a ``limits()`` of a semaphore with another number of permits:
+        LockError (never granted, never a plain busy; a refused set takes nothing)."""
         now = self.now()
-        if which == "lock on the semaphore":
-            name, held_as = SEM_NAME, "sem"
-            call = lambda: self.m.acquire(self.full(name), ttl=LONG, timeout=0)  # noqa: E731
-        else:
+        full_a, full_s = self.full(LOCK_NAMES[0]), self.full(SEM_NAME)
+        taken: list[str] = []
+        if which in ("lock on the semaphore", "lock on the second semaphore"):
+            name, held_as = (SEM_NAME if which == "lock on the semaphore" else SEM2_NAME), "sem"
+            call = functools.partial(self.m.acquire, self.full(name), ttl=LONG, timeout=0)
+        elif which == "semaphore on a lock":
             name, held_as = LOCK_NAMES[0], "lock"
-            call = lambda: self.m.acquire(  # noqa: E731
-                self.full(name), ttl=LONG, timeout=0, permits=PERMITS
-            )
+            call = functools.partial(self.m.acquire, full_a, ttl=LONG, timeout=0, permits=PERMITS)
+        elif which == "limits on a lock":
+            # the lock's name first: the set is refused for it whether or not s is full
+            name, held_as, taken = LOCK_NAMES[0], "lock", [SEM_NAME]
+            block = self.m.limits({full_a: PERMITS, full_s: PERMITS}, ttl=LONG, timeout=0)
+            call = block.__enter__
+        else:
+            name, held_as, taken = SEM_NAME, "sem", [SEM_NAME]
+            block = self.m.limits({full_s: PERMITS + 1}, ttl=LONG, timeout=0)
+            call = block.__enter__
         if not any(h.kind == held_as and h.surely_valid(now) for h in self.model.of(name)):
             self.note("nothing to do: the name is not surely held as its kind")
             return
         outcome, value = attempt(call)
         self.note(f"{outcome}")
         if outcome == "ok":
-            value.release()
+            if taken:
+                block.__exit__(None, None, None)
+            else:
+                value.release()
             raise Violation(f"{which}: granted ({value!r})")
         if outcome != "lockerror":
             raise Violation(f"{which}: {value!r} instead of LockError")
+        self.took_nothing(which, taken)
 
     # -- other callers ---------------------------------------------------------------------------
     @rule(name=any_names, mode=st.sampled_from(["read", "write"]))
@@ -927,7 +1088,7 @@ class CompositionMachine(RuleBasedStateMachine):
         """Another thread tries the name once (timeout 0) and lets go at once: it must fail
         while a conflicting lease (the main thread's too) is valid."""
         kind = {"lock": "lock", "sem": "sem", "rw": mode}[kind_of(name)]
-        extra: dict[str, Any] = {"permits": PERMITS} if kind == "sem" else {}
+        extra: dict[str, Any] = {"permits": self.model.permits[name]} if kind == "sem" else {}
         if kind in ("read", "write"):
             extra["rw"] = kind
         before = self.expectation(name, kind)
@@ -966,7 +1127,7 @@ class CompositionMachine(RuleBasedStateMachine):
             "ttl": ttl,
         }
         if kind == "sem":
-            cmd["permits"] = PERMITS
+            cmd["permits"] = self.model.permits[name]
         elif kind in ("read", "write"):
             cmd["rw"] = kind
         before = self.expectation(name, kind)
@@ -991,6 +1152,46 @@ class CompositionMachine(RuleBasedStateMachine):
         self.judge(
             f"the peer's acquire({name!r}, {kind})", before, outcome, name, kind, new=(holding,)
         )
+
+    @rule(names=limit_sets, ttl=st.sampled_from([*SHORT, LONG]))
+    @step(None)
+    def peer_limits(self, names: tuple[str, ...], ttl: float) -> None:
+        """The second process takes a ``limits()`` set (timeout 0) and keeps its permits
+        (``peer_release`` lets go of them one by one)."""
+        assert self.peer is not None
+        limits = {self.full(n): self.model.permits[n] for n in names}
+        what = f"the peer's limits({names!r}, ttl={ttl})"
+        before = {n: self.expectation(n, "sem") for n in names}
+        sent = self.now()
+        answer = self.peer.ask(
+            {"op": "acquire_limits", "alias": self.alias, "limits": limits, "ttl": ttl}
+        )
+        if not answer["ok"]:
+            self.note(f"peer: {answer['error']} (expected {before})")
+            if answer["error"] != "LockNotAcquired":
+                raise Violation(f"{what}: {answer}")
+            if all(b == "ok" for b in before.values()):
+                raise Violation(f"{what}: LockNotAcquired although every semaphore had room")
+            self.took_nothing(what, names)
+            return
+        got = [item["name"] for item in answer["leases"]]
+        if got != list(limits):
+            raise Violation(f"{what} holds {got}, not {list(limits)}")
+        new = []
+        for item in answer["leases"]:
+            holding = self.model.grant(
+                "sem",
+                item["name"].rsplit(":", 1)[1],
+                "peer",
+                item["token"],
+                ttl,
+                peer_id=item["id"],
+                valid_until=sent + item["validity"],
+            )
+            new.append(holding)
+        self.note(f"peer granted {new}")
+        for holding in new:
+            self.judge(what, "maybe", "ok", holding.name, "sem", new=tuple(new))
 
     @rule(index=indexes)
     @step(lambda self: any(h.who == "peer" and not h.released for h in self.model.holdings))
@@ -1065,11 +1266,12 @@ class CompositionMachine(RuleBasedStateMachine):
             self.model.row_written(holding.name, token)
 
     @rule()
-    @step(lambda self: any(entry.kind == "many" for entry in self.stack))
+    @step(lambda self: any(entry.kind in ("many", "limits") for entry in self.stack))
     def claim_many_and_save(self) -> None:
-        """The lock_many recipe: ``claim_many({pk: held.leases[name].token})`` then
-        ``row.save()`` of each row: all rows or none, each saved with its own name's token."""
-        entry = [e for e in self.stack if e.kind == "many"][-1]
+        """The lock_many recipe (a limits() set's permits too): ``claim_many({pk:
+        held.leases[name].token})`` then ``row.save()`` of each row: all rows or none, each
+        saved with its own name's token."""
+        entry = [e for e in self.stack if e.kind in ("many", "limits")][-1]
         held = entry.value
         by_name = {h.name: h for h in entry.holdings}
         tokens = {self.rows[n]: held.leases[self.full(n)].token for n in by_name}
@@ -1565,12 +1767,12 @@ class CompositionMachine(RuleBasedStateMachine):
     def key_names(self) -> list[str]:
         """Every key the alias can write for the names of this example (engine/keyspace.py)."""
         keys = []
-        for name in (*LOCK_NAMES, RW_NAME, SEM_NAME):
+        for name in ALL_NAMES:
             full = self.full(name)
             keys.append(f"{self.prefix}{full}")
             for mark in ("waiters", "wake", "handoff", "readers", "writers"):
                 keys.append(f"{self.prefix}__{mark}__:{full}")
-            keys.extend(f"{self.prefix}__permit__:{slot}:{full}" for slot in range(PERMITS))
+            keys.extend(f"{self.prefix}__permit__:{slot}:{full}" for slot in range(MAX_SLOTS))
         return keys
 
     def node_keys(self, scan: bool = False) -> list[tuple[int, str, int]]:
@@ -1598,7 +1800,7 @@ class CompositionMachine(RuleBasedStateMachine):
         readers); a semaphore's marker outlives its permits by design (up to one TTL)."""
         rest = key[len(self.prefix) :]
         name = key.rsplit(":", 1)[1]
-        if name == SEM_NAME and not rest.startswith("__"):
+        if name in SEM_NAMES and not rest.startswith("__"):
             return name, False
         holds = not rest.startswith("__") or rest.startswith(("__permit__", "__readers__"))
         return name, holds
@@ -1679,5 +1881,14 @@ class CompositionMachine(RuleBasedStateMachine):
                 with contextlib.suppress(Exception):
                     atomic.__exit__(RuntimeError, RuntimeError("teardown"), None)
             context.clear()
+            if self.order_on is not None:
+                ORDER_STATS["examples"] += 1
+                ORDER_STATS["edges"] += len(ordering.RECORDER.edges)
+                ORDER_STATS["warned"] += len(ordering.RECORDER.warned)
+                try:
+                    self.forget_the_order()
+                finally:
+                    self.order_on.disable()
+                    self.order_on = None
             for client in self.clients:
                 client.close()

@@ -21,7 +21,10 @@ LOCK_NAMES = ("a", "b", "c")
 RW_NAME = "r"
 SEM_NAME = "s"
 PERMITS = 2
-ALL_NAMES = (*LOCK_NAMES, RW_NAME, SEM_NAME)
+#: the second semaphore (limits() sets pair it with SEM_NAME); its permits are drawn per example
+SEM2_NAME = "t"
+SEM_NAMES = (SEM_NAME, SEM2_NAME)
+ALL_NAMES = (*LOCK_NAMES, RW_NAME, *SEM_NAMES)
 
 
 class Violation(AssertionError):
@@ -32,7 +35,7 @@ def kind_of(name: str) -> str:
     """The lock kind a name of the example is used as: ``lock``, ``rw`` or ``sem``."""
     if name == RW_NAME:
         return "rw"
-    if name == SEM_NAME:
+    if name in SEM_NAMES:
         return "sem"
     return "lock"
 
@@ -127,6 +130,8 @@ class Model:
     #: asks the peer process whether one of its leases was released (a timer may have)
     peer_released: Callable[[int], bool] | None = None
     next_hid: int = 0
+    #: the permits of each semaphore of the example (one name, one N)
+    permits: dict[str, int] = field(default_factory=lambda: {SEM_NAME: PERMITS, SEM2_NAME: 1})
 
     # -- grants ------------------------------------------------------------------------------
     def grant(
@@ -196,7 +201,7 @@ class Model:
         if kind == "read":
             return [h for h in valid if h.kind != "read"]
         if kind == "sem":
-            return valid if len(valid) >= PERMITS else []
+            return valid if len(valid) >= self.permits[name] else []
         return valid
 
     def free_for(self, name: str, kind: str, now: float, *, exclude: Any = ()) -> bool:
@@ -205,19 +210,20 @@ class Model:
         if kind == "read":
             return all(h.kind == "read" for h in left)
         if kind == "sem":
-            return len(left) < PERMITS
+            return len(left) < self.permits[name]
         return not left
 
     def check_exclusion(self, now: float) -> None:
-        """At most one valid holder of a lock name; readers xor one writer; at most PERMITS
-        valid permits."""
+        """At most one valid holder of a lock name; readers xor one writer; at most N valid
+        permits of a semaphore of N."""
         for name in ALL_NAMES:
             valid = [h for h in self.of(name) if h.surely_valid(now)]
             if not valid:
                 continue
             kind = kind_of(name)
-            if kind == "sem" and len(valid) > PERMITS:
-                raise Violation(f"{len(valid)} valid permits of {name!r} (of {PERMITS}): {valid}")
+            permits = self.permits.get(name, 0)
+            if kind == "sem" and len(valid) > permits:
+                raise Violation(f"{len(valid)} valid permits of {name!r} (of {permits}): {valid}")
             writers = [h for h in valid if h.kind in ("lock", "write")]
             if writers and len(valid) > 1:
                 raise Violation(f"two valid holders of {name!r} at once: {valid}")

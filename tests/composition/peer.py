@@ -5,6 +5,9 @@ setting) in the environment. One JSON object per line on stdin, one answer per l
 
 * ``{"op": "acquire", "alias", "name", "ttl", "permits": null, "rw": null}`` ->
   ``{"ok": true, "id", "token", "validity"}`` or ``{"ok": false, "error": <class name>}``
+* ``{"op": "acquire_limits", "alias", "limits": {name: permits}, "ttl"}`` ->
+  ``{"ok": true, "leases": [{"id", "name", "token", "validity"}, ...]}`` (one id per permit,
+  each released on its own) or ``{"ok": false, "error": <class name>}``
 * ``{"op": "release", "id"}`` -> ``{"ok": true, "held": bool}``
 * ``{"op": "release_later", "id", "delay"}`` -> ``{"ok": true}`` (a timer releases it)
 * ``{"op": "status", "id"}`` -> ``{"ok": true, "released": bool}``
@@ -72,6 +75,25 @@ class Peer:
                     "token": lease.token,
                     "validity": lease.validity,
                 }
+        if op == "acquire_limits":
+            try:
+                held = locks[cmd["alias"]].acquire_limits(cmd["limits"], ttl=cmd["ttl"], timeout=0)
+            except LockError as exc:
+                return {"ok": False, "error": type(exc).__name__, "message": str(exc)}
+            answers = []
+            with self.mutex:
+                for name, lease in held.leases.items():
+                    self.next_id += 1
+                    self.leases[self.next_id] = lease
+                    answers.append(
+                        {
+                            "id": self.next_id,
+                            "name": name,
+                            "token": lease.token,
+                            "validity": lease.validity,
+                        }
+                    )
+            return {"ok": True, "leases": answers}
         if op == "release":
             return {"ok": True, "held": self.leases[cmd["id"]].release()}
         if op == "release_later":
