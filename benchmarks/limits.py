@@ -9,7 +9,6 @@ own redis-server processes on free loopback ports and stops them at the end.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.primitives import median_rates  # noqa: E402
+from benchmarks.primitives import configure_redlock, median_rates, pair_options  # noqa: E402
 
 LIMITS = {"bench:global": 20, "bench:tenant:7": 2}
 
@@ -35,23 +34,17 @@ class _Nested:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--pairs", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    args = pair_options(2000)
 
     from django_redlock.testing import RedisNodes
 
     with RedisNodes.start(4) as nodes:
-        import django
-        from django.conf import settings
-
-        redlock: dict[str, object] = {
-            "one": {"NODES": [nodes[0].url]},
-            "three": {"NODES": [n.url for n in list(nodes)[1:]]},
-        }
-        settings.configure(INSTALLED_APPS=["django_redlock"], REDLOCK=redlock)
-        django.setup()
+        configure_redlock(
+            {
+                "one": {"NODES": [nodes[0].url]},
+                "three": {"NODES": [n.url for n in list(nodes)[1:]]},
+            }
+        )
         from django_redlock import locks
 
         rows = []

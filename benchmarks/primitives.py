@@ -25,6 +25,23 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+def pair_options(pairs: int) -> argparse.Namespace:
+    """The command line of a script timing pairs: ``--pairs`` (per round) and ``--rounds``."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pairs", type=int, default=pairs)
+    parser.add_argument("--rounds", type=int, default=5)
+    return parser.parse_args()
+
+
+def configure_redlock(redlock: dict[str, object]) -> None:
+    """Django set up with only ``django_redlock`` installed and ``redlock`` as ``REDLOCK``."""
+    import django
+    from django.conf import settings
+
+    settings.configure(INSTALLED_APPS=["django_redlock"], REDLOCK=redlock)
+    django.setup()
+
+
 def pairs_per_second(take: Callable[[], object], pairs: int) -> float:
     started = time.perf_counter()
     for _ in range(pairs):

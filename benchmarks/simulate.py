@@ -12,34 +12,24 @@ port and stops it at the end.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.primitives import median_rates  # noqa: E402
+from benchmarks.primitives import configure_redlock, median_rates, pair_options  # noqa: E402
 
 LIMITS = {"bench:global": 20, "bench:tenant:7": 2}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--pairs", type=int, default=3000)
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    args = pair_options(3000)
 
     from django_redlock.testing import RedisNodes
 
     with RedisNodes.start(1) as nodes:
-        import django
-        from django.conf import settings
-
-        settings.configure(
-            INSTALLED_APPS=["django_redlock"], REDLOCK={"default": {"NODES": [nodes[0].url]}}
-        )
-        django.setup()
+        configure_redlock({"default": {"NODES": [nodes[0].url]}})
         from django_redlock import locks
         from django_redlock.testing import simulate
 
