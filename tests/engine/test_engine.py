@@ -7,6 +7,7 @@ import itertools
 import multiprocessing
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -120,7 +121,7 @@ def test_tokens_increase_after_highest_node_restarts_empty(redis_node_factory, r
 
 @pytest.mark.parametrize("count", [1, 3])
 def test_first_acquires_of_many_processes_on_a_new_cluster_all_succeed(
-    count: int, redis_node_factory: Any
+    count: int, redis_node_factory: Any, tmp_path: Path
 ) -> None:
     """Four processes make their first acquire on a new cluster at the same moment, 12 times
     (a fresh key prefix each time): every one succeeds. One of them used to fail with
@@ -128,12 +129,15 @@ def test_first_acquires_of_many_processes_on_a_new_cluster_all_succeed(
     between its acquire and its probe."""
     urls = [node.url for node in redis_node_factory(count)]
     rounds, step = 12, 0.25
-    start_at = time.time() + 4.0  # after the spawned processes have imported Django
+    go = tmp_path / "go"
     with SPAWN.Pool(4) as pool:
-        results = pool.starmap(
+        running = pool.starmap_async(
             workers.first_acquires,
-            [(urls, f"new{count}-", rounds, start_at, step, i) for i in range(4)],
+            [(urls, f"new{count}-", rounds, str(go), step, i) for i in range(4)],
         )
+        # the first round starts once all four have imported Django and connected
+        workers.start_together(go, 4, running, delay=0.3)
+        results = running.get(120)
     failures = [(r, i, out) for i, outs in enumerate(results) for r, out in enumerate(outs)]
     assert [f for f in failures if f[2] != "ok"] == []
 

@@ -25,20 +25,21 @@ from django_redlock.contrib.rq import enqueue_unique
 from django_redlock.testing import RedisNode
 from testproject.inventory.models import Product
 from tests.jobs.unique_jobs import rq_fail, rq_report
+from tests.jobs.start_line import StartLine
 from tests.jobs.unique_support import Processes, gather_ids, processes, python, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ENQUEUE_AT = """
-import os, sys, time, django
+import os, sys, django
 django.setup()
 from redis import Redis
 from rq import Queue, Retry
 from rq.serializers import JSONSerializer
 from django_redlock.contrib.rq import enqueue_unique
+from tests.jobs.start_line import wait_for_go
 queue = Queue("jobs", connection=Redis.from_url(os.environ["RQ_URL"]))
-at = float(sys.argv[1])
-time.sleep(max(0.0, at - time.time()))
+wait_for_go(sys.argv[1])
 job = enqueue_unique(
     queue, "tests.jobs.unique_jobs.rq_report", "rq", sys.argv[2], key="rq-uniq:" + sys.argv[2]
 )
@@ -82,10 +83,12 @@ def test_five_enqueues_while_queued_send_one_job(
     """Three threads and two processes enqueue one key at once: one job is sent, every call
     returns that Job's id, and a worker runs it once."""
     queue, url = broker
-    at = time.time() + 4.0
+    line = StartLine(started.log_dir / "go")
     others = [
-        started.start([*python(ENQUEUE_AT), str(at), "2026-11-24"], RQ_URL=url) for _ in range(2)
+        started.start([*python(ENQUEUE_AT), str(line.path), "2026-11-24"], RQ_URL=url)
+        for _ in range(2)
     ]
+    at = line.go(others, started)  # once both processes have set Django up
     ids: list[str] = []
 
     def enqueue() -> None:

@@ -24,7 +24,7 @@ from django_tasks_db.models import DBTaskResult
 from django_redlock import locks
 from django_redlock.contrib import tasks
 from django_redlock.contrib.tasks import unique_task
-from django_redlock.jobs.unique import START_SLACK
+from django_redlock.jobs.unique import MUTEX_SUFFIX, START_SLACK
 from django_redlock.testing import RedisNode
 from testproject.inventory.models import Product
 from tests.jobs.test_django_tasks import run_workers
@@ -37,17 +37,18 @@ from tests.jobs.unique_jobs import (
     report_until_started,
     report_with_context,
 )
+from tests.jobs.start_line import StartLine, waiters
 from tests.jobs.unique_support import Processes, gather_ids, processes, python, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 WORKER = [sys.executable, "-m", "django", "db_worker", "--no-startup-delay", "--interval", "0.05"]
 ENQUEUE_AT = """
-import sys, time, django
+import sys, django
 django.setup()
 from tests.jobs.unique_jobs import {job} as job
-at = float(sys.argv[1])
-time.sleep(max(0.0, at - time.time()))
+from tests.jobs.start_line import wait_for_go
+wait_for_go(sys.argv[1])
 print("id=" + str(job.enqueue(*sys.argv[2:]).id))
 """
 
@@ -68,10 +69,12 @@ def ids_from_threads_and_processes(
     job: Any, day: str, threads: int, procs: int, started: Processes
 ) -> list[str]:
     """``threads`` threads of this process and ``procs`` other processes enqueue ``job(day)``
-    at the same instant (a wall-clock moment all of them sleep until)."""
-    at = time.time() + 4.0  # long enough for the processes to start and set Django up
+    at the same instant (a wall-clock moment all of them sleep until, set once every process
+    has set Django up)."""
+    line = StartLine(started.log_dir / "go")
     script = python(ENQUEUE_AT.format(job=job.func.__name__))
-    others = [started.start([*script, str(at), day]) for _ in range(procs)]
+    others = [started.start([*script, str(line.path), day]) for _ in range(procs)]
+    at = line.go(others, started)
     ids: list[str] = []
 
     def enqueue() -> None:
@@ -265,10 +268,13 @@ def test_an_enqueue_waits_for_the_transaction_of_the_one_before(started: Process
     (were the mutex released at once, it would not see the uncommitted row and send a
     second task)."""
     script = python(ENQUEUE_AT.format(job="report_until_started"))
+    line = StartLine(started.log_dir / "go")
     with transaction.atomic():
         first = report_until_started.enqueue("2026-11-24")
-        other = started.start([*script, "0", "2026-11-24"])
-        time.sleep(3.0)  # the other process started and waits for the mutex
+        other = started.start([*script, str(line.path), "2026-11-24"])
+        line.go([other], started, delay=0.0)
+        mutex = "uniq-started:2026-11-24" + MUTEX_SUFFIX
+        wait_for(lambda: waiters(mutex) > 0, what="the other process waiting for the mutex")
         assert other.poll() is None, started.log_of(other)
     assert other.wait(60) == 0, started.log_of(other)
     assert f"id={first.id}" in started.log_of(other)

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import os
 import time
+from multiprocessing.pool import AsyncResult
+from pathlib import Path
 from typing import Any
 
 
@@ -61,12 +64,39 @@ def wait_for_lock(redlock: dict[str, Any], alias: str, name: str, timeout: float
     locks[alias].acquire(name, timeout=timeout).release()
 
 
+def start_together(go: Path, count: int, running: AsyncResult[Any], delay: float) -> None:
+    """The test's side of a start line: once ``count`` workers reported ready (``<go>.<i>``),
+    name the moment ``delay`` seconds on in ``go`` (what :func:`wait_for_go` waits for)."""
+    deadline = time.monotonic() + 120
+    for index in range(count):
+        while not Path(f"{go}.{index}").exists():
+            if running.ready():
+                running.get()  # a worker failed before it got ready: raise its error
+            assert time.monotonic() < deadline, f"worker {index} never got ready"
+            time.sleep(0.01)
+    staged = go.with_name(go.name + ".tmp")
+    staged.write_text(repr(time.time() + delay))
+    staged.replace(go)  # atomic: a worker never reads a half-written moment
+
+
+def wait_for_go(go: str, index: int) -> float:
+    """A worker's side: report ready, wait for the go file and return the moment it names."""
+    Path(f"{go}.{index}").touch()
+    deadline = time.monotonic() + 120
+    while not os.path.exists(go):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no go file {go}")
+        time.sleep(0.005)
+    return float(Path(go).read_text())
+
+
 def first_acquires(
-    urls: list[str], prefix: str, rounds: int, start_at: float, step: float, index: int
+    urls: list[str], prefix: str, rounds: int, go: str, step: float, index: int
 ) -> list[str]:
     """One process's first acquire on a new cluster, ``rounds`` times: each round is a new
-    key prefix (fresh fence state), started at the same wall-clock moment in every process.
-    Returns "ok" or the exception's class name per round."""
+    key prefix (fresh fence state), started at the same wall-clock moment in every process
+    (named in the file ``go`` once all of them are ready). Returns "ok" or the exception's
+    class name per round."""
     # a generous NODE_TIMEOUT (default 50 ms): on a loaded machine a slow reply would fail an
     # attempt for a reason of its own (too few nodes in time); this test is about the race
     aliases = {
@@ -78,6 +108,7 @@ def first_acquires(
 
     for r in range(rounds):  # connect first, so only the first acquire itself races
         locks[f"r{r}"].engine.state  # noqa: B018
+    start_at = wait_for_go(go, index)
     outcomes: list[str] = []
     for r in range(rounds):
         while time.time() < start_at + r * step:
