@@ -4,6 +4,7 @@ test's own nodes, wait for files, find a job's processes by a marker in their ar
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import select
@@ -14,6 +15,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
 from django.conf import settings
 
 from django_redlock.locking.manager import LockManager
@@ -118,6 +120,24 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def run_in_process(*args: str) -> tuple[int, str]:
+    """``manage.py redlock run ARGS`` in this process, as the command line runs it
+    (``run_from_argv``: a CommandError is a line on stderr and that exit status): the exit
+    status and stderr. For argument checks that end before anything starts, without a
+    Django start-up per case; a real process of the same path is test_unknown_alias_exits_2."""
+    from django_redlock.management.commands.redlock import Command
+
+    err = io.StringIO()
+    with (
+        contextlib.redirect_stderr(err),
+        contextlib.redirect_stdout(io.StringIO()),
+        pytest.raises(SystemExit) as exited,
+    ):
+        Command().run_from_argv(["manage.py", "redlock", "run", *args])
+    code = exited.value.code
+    return (code if isinstance(code, int) else 1), err.getvalue()
 
 
 def free_now(manager: LockManager, name: str) -> None:

@@ -17,7 +17,7 @@ from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes
 from tests.support.waiting import pttls
 
-from .run_support import Wrapper, alive, free_now, wait_for
+from .run_support import Wrapper, alive, free_now, run_in_process, wait_for
 
 Alias = Callable[..., LockManager]
 
@@ -193,10 +193,10 @@ def test_bad_arguments_exit_2_with_one_line(
     wrapper: tuple[Wrapper, LockManager], args: list[str], message: str
 ) -> None:
     run, manager = wrapper
-    done = run.argv(*args[:1], "--using", run.alias, *args[1:])
-    assert done.returncode == 2, done.stderr
-    assert message in done.stderr
-    assert "Traceback" not in done.stderr
+    status, stderr = run_in_process(*args[:1], "--using", run.alias, *args[1:])
+    assert status == 2, stderr
+    assert message in stderr
+    assert "Traceback" not in stderr
     free_now(manager, "job")  # nothing held
 
 

@@ -24,8 +24,8 @@ from rq.serializers import JSONSerializer
 from django_redlock.contrib.rq import enqueue_unique
 from django_redlock.testing import RedisNode
 from testproject.inventory.models import Product
-from tests.jobs.unique_jobs import rq_fail, rq_report
 from tests.jobs.start_line import StartLine
+from tests.jobs.unique_jobs import rq_fail, rq_report
 from tests.jobs.unique_support import Processes, gather_ids, processes, python, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -27,6 +27,7 @@ from django_redlock.contrib.tasks import unique_task
 from django_redlock.jobs.unique import MUTEX_SUFFIX, START_SLACK
 from django_redlock.testing import RedisNode
 from testproject.inventory.models import Product
+from tests.jobs.start_line import StartLine, waiters
 from tests.jobs.test_django_tasks import run_workers
 from tests.jobs.unique_jobs import (
     plain_report,
@@ -37,7 +38,6 @@ from tests.jobs.unique_jobs import (
     report_until_started,
     report_with_context,
 )
-from tests.jobs.start_line import StartLine, waiters
 from tests.jobs.unique_support import Processes, gather_ids, processes, python, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
