@@ -49,7 +49,7 @@ import contextlib
 import inspect
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -121,25 +121,14 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
                 return busy if busy is not _HELD else body(*args, **kwargs)
         name = self._lock_template().fill(args, kwargs)
         with contextlib.ExitStack() as stack:
-            try:
-                stack.enter_context(self._block(manager, name, timeout=0))
-            except LockNotAcquired as exc:
-                wait = self._redelivery_wait(manager, exc)
-                if wait is None:
-                    return self._busy(manager, name, exc)
-                logger.info(
-                    "Task %s[%s] was redelivered and lock %r (alias %r) is held, most likely "
-                    "by its run that died: waiting up to %.1f s for that lease to expire",
-                    self.name,
-                    self.request.id,
-                    name,
-                    manager.alias,
-                    wait,
-                )
-                try:
-                    stack.enter_context(self._block(manager, name, timeout=wait))
-                except LockNotAcquired as again:
-                    return self._busy(manager, name, again)
+            held = self._enter(
+                stack,
+                manager,
+                lambda timeout: self._block(manager, name, timeout),
+                "lock %r (alias %r) is held, most likely by its run that died",
+            )
+            if held is not _HELD:
+                return held
             if self.lock_limits:
                 busy = self._enter_limits(stack, manager, args, kwargs)
                 if busy is not _HELD:
@@ -169,6 +158,23 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
             made._templates = templates  # the lock-order checker's shapes
             return made
 
+        return self._enter(
+            stack,
+            manager,
+            block,
+            "semaphore %r (alias %r) is full, most likely with a permit of its run that died",
+        )
+
+    def _enter(
+        self,
+        stack: contextlib.ExitStack,
+        manager: LockManager,
+        block: Callable[[float], Any],
+        why: str,
+    ) -> Any:
+        """Enter ``block(timeout)`` into ``stack`` in one attempt; a redelivered run whose
+        dead run may still hold what it needs waits for that to expire (``why``: what is
+        busy, with the name and alias to fill). :data:`_HELD`, or what a busy run returns."""
         try:
             stack.enter_context(block(0))
         except LockNotAcquired as exc:
@@ -176,8 +182,8 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
             if wait is None:
                 return self._busy(manager, exc.name, exc)
             logger.info(
-                "Task %s[%s] was redelivered and semaphore %r (alias %r) is full, most likely "
-                "with a permit of its run that died: waiting up to %.1f s for it to expire",
+                "Task %s[%s] was redelivered and " + why + ": waiting up to %.1f s for it to "
+                "expire",
                 self.name,
                 self.request.id,
                 exc.name,
