@@ -43,7 +43,11 @@ end
 
 # Lua shared by ACQUIRE and PERMIT (ARGV as ACQUIRE's). ``trusted(fence)`` returns the fence
 # hash's counter and longest TTL, or nil when this node's run_id is not ARGV[3] (restarted or
-# new). ``busy(waiters, pttl, counter)`` registers a caller that will wait and answers "busy".
+# new). ``free_slot(first, last, reserved, reservation)``: the first free slot of a semaphore
+# among ``KEYS[first..last]`` when more than ``reserved`` are free (the rest are kept for
+# woken waiters), else nil and the soonest a slot frees (ms; -2 none known; the reservation
+# key's PTTL when the free ones are all reserved). ``busy(waiters, pttl, counter)`` registers
+# a caller that will wait and answers "busy".
 # ``won(...)`` uses up the reservation, stops the winner waiting and gives its token;
 # ``take(key, ...)`` also sets ``key`` to the lock value; ``mark(key, value, ms)`` keeps a
 # marker of several leases alive at least ``ms``; ``note_ttl`` records the longest TTL.
@@ -53,6 +57,25 @@ TAKE_LUA = (
 local function trusted(fence)
   local meta = redis.call('HMGET', fence, 'run_id', 'token', 'max_ttl')
   return meta[1] == ARGV[3], tonumber(meta[2]) or 0, tonumber(meta[3]) or 0
+end
+local function free_slot(first, last, reserved, reservation)
+  local free, free_count, soonest = nil, 0, -2
+  for k = first, last do
+    local pttl = redis.call('PTTL', KEYS[k])
+    if pttl == -2 then
+      free = free or k
+      free_count = free_count + 1
+      if free_count > reserved then
+        return free, soonest
+      end
+    elseif soonest == -2 or pttl < soonest then
+      soonest = pttl
+    end
+  end
+  if free_count > 0 then
+    soonest = redis.call('PTTL', reservation)
+  end
+  return nil, soonest
 end
 local function busy(waiters, pttl, counter)
   if tonumber(ARGV[5]) > 0 then

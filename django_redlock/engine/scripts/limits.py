@@ -36,23 +36,8 @@ for i = 8, #ARGV do
   if ARGV[6] ~= tostring(which) then
     reserved = tonumber(redis.call('GET', KEYS[base + 1])) or 0
   end
-  local free, free_count, soonest = nil, 0, -2
-  for k = base + 3, base + 2 + n do
-    local pttl = redis.call('PTTL', KEYS[k])
-    if pttl == -2 then
-      free = free or k
-      free_count = free_count + 1
-      if free_count > reserved then
-        break
-      end
-    elseif soonest == -2 or pttl < soonest then
-      soonest = pttl
-    end
-  end
-  if free_count <= reserved then
-    if free_count > 0 then
-      soonest = redis.call('PTTL', KEYS[base + 1])
-    end
+  local free, soonest = free_slot(base + 3, base + 2 + n, reserved, KEYS[base + 1])
+  if not free then
     local reply = busy(KEYS[base], soonest, counter)
     reply[4] = which
     return reply

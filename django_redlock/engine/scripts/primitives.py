@@ -94,23 +94,8 @@ end
 -- while one more is free
 local woken = ARGV[6] == '1'
 local reserved = woken and 0 or (tonumber(redis.call('GET', KEYS[3])) or 0)
-local free, free_count, soonest = nil, 0, -2
-for i = 5, #KEYS do
-  local pttl = redis.call('PTTL', KEYS[i])
-  if pttl == -2 then
-    free = free or i
-    free_count = free_count + 1
-    if free_count > reserved then
-      break
-    end
-  elseif soonest == -2 or pttl < soonest then
-    soonest = pttl
-  end
-end
-if free_count <= reserved then
-  if free_count > 0 then
-    soonest = redis.call('PTTL', KEYS[3])
-  end
+local free, soonest = free_slot(5, #KEYS, reserved, KEYS[3])
+if not free then
   return busy(KEYS[2], soonest, counter)
 end
 local token = take(KEYS[free], KEYS[1], KEYS[2], nil, max_ttl)
