@@ -155,7 +155,7 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
                 auto_extend=True,
                 max_hold=self._hard_time_limit(),
             )
-            made._templates = templates  # the lock-order checker's shapes
+            made.order_templates = templates  # the lock-order checker's shapes
             return made
 
         return self._enter(
@@ -206,7 +206,7 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
             max_hold=self._hard_time_limit(),
             min_hold=self.lock_min_hold,
         )
-        block._template = self._lock_template().template  # the lock-order checker's shape
+        block.order_template = self._lock_template().template  # the lock-order checker's shape
         return block
 
     def _lease_ttl(self, manager: LockManager) -> float:

@@ -121,7 +121,7 @@ class LockBlock:
         #: made by a decorator for one call (``on_busy="skip"`` is allowed)
         self._decorating = False
         #: the template the name was filled from (the lock-order checker's shape), or None
-        self._template: str | None = None
+        self.order_template: str | None = None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self._name!r}>"
@@ -135,8 +135,8 @@ class LockBlock:
             if self._extends(held):
                 held.extend(ttl=self._options.ttl)
             return self._entered(held, reentered=True)
-        if manager.check_order and self._template is not None:
-            ordering.expect(self._name, self._template)
+        if manager.check_order and self.order_template is not None:
+            ordering.expect(self._name, self.order_template)
         return self._entered(manager.acquire(self._name, **self._options.acquire_kwargs()))
 
     def __exit__(self, *exc_info: object) -> None:
@@ -154,8 +154,8 @@ class LockBlock:
             if self._extends(held):
                 await held.aextend(ttl=self._options.ttl)
             return self._entered(held, reentered=True)
-        if manager.check_order and self._template is not None:
-            ordering.expect(self._name, self._template)
+        if manager.check_order and self.order_template is not None:
+            ordering.expect(self._name, self.order_template)
         lease = await manager.aacquire(self._name, **self._options.acquire_kwargs())
         return self._entered(lease)
 
@@ -339,7 +339,7 @@ class _Calls:
             decorator._get_manager, self.template.fill(args, kwargs), decorator._options
         )
         block._decorating = True
-        block._template = self.template.template
+        block.order_template = self.template.template
         return block
 
     def entered(

@@ -92,7 +92,7 @@ class LimitsBlock(LockManyBlock):
         super().__init__(manager, tuple(limits), kwargs, until_commit)
         self._limits = dict(limits)
         #: each name's template (the lock-order checker's shapes), when filled from templates
-        self._templates: dict[str, str] = {}
+        self.order_templates: dict[str, str] = {}
 
     _what = "limits"
 
@@ -149,8 +149,8 @@ class LimitsBlock(LockManyBlock):
 
     def _expect(self, names: list[str]) -> None:
         """Announce the names' templates to the lock-order checker, when it is on."""
-        if self._templates and self._manager.check_order:
-            templates = self._templates
+        if self.order_templates and self._manager.check_order:
+            templates = self.order_templates
             ordering.expect_all({name: templates[name] for name in names if name in templates})
 
     def _take(self, names: list[str]) -> HeldLocks:
