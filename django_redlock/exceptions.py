@@ -22,6 +22,7 @@ class LockNotAcquired(LockError):
         quorum: int = 1,
         errors: Mapping[str, str] | None = None,
         retry_after: float | None = None,
+        waited: float | None = None,
     ) -> None:
         self.name = name
         self.timeout = timeout
@@ -30,9 +31,16 @@ class LockNotAcquired(LockError):
         self.votes = votes
         self.quorum = quorum
         self.errors = dict(errors or {})
-        waited = "in one attempt" if not timeout else f"within {timeout:g} s"
+        if not timeout:
+            how = "in one attempt"
+        elif waited is not None and waited < timeout / 2:  # ended early: nothing to wait for
+            how = (
+                f"after {waited:.2g} s, before its {timeout:g} s timeout (it cannot be waited for)"
+            )
+        else:
+            how = f"within {timeout:g} s"
         super().__init__(
-            f"Lock {name!r} is busy: not acquired {waited} ({votes}/{quorum} votes). "
+            f"Lock {name!r} is busy: not acquired {how} ({votes}/{quorum} votes). "
             "Retry later, or pass a longer timeout=."
         )
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The README's two commands; needs only Python 3.11+ (standard library).
 
-    python3 scripts/dev.py test [pytest args...]   # the whole test suite
+    python3 scripts/dev.py test [pytest args...]   # the whole suite, in parallel (-n 0: serially)
     python3 scripts/dev.py demo                    # 3 local redis nodes, migrate, the demo
 
 Both create ``.venv`` in the repository root when missing and install the project into it
@@ -73,12 +73,28 @@ def ensure_venv() -> Path:
     return python
 
 
+def parallel_args(args: list[str]) -> list[str]:
+    """pytest-xdist's options unless ``args`` chose their own (``-n``, ``-p no:xdist``):
+    ``REDLOCK_TEST_WORKERS`` workers (default: twice the cores; the tests mostly wait on
+    processes and timeouts), tests that share a node group or a process pool kept together
+    (``--dist loadgroup``, groups made by tests/conftest.py). ``-n 0`` runs serially."""
+    if any(arg == "no:xdist" or arg.startswith(("-n", "--numprocesses", "--dist")) for arg in args):
+        return []
+    workers = os.environ.get("REDLOCK_TEST_WORKERS") or str(max(2, 2 * (os.cpu_count() or 1)))
+    return ["-n", workers, "--dist", "loadgroup"]
+
+
 def cmd_test(args: list[str]) -> int:
     """Run pytest in the virtualenv from the repository root; its exit status is ours."""
     python = ensure_venv()
     database = os.environ.get("DATABASE_URL")
-    say(f"pytest on {'PostgreSQL' if database else 'SQLite'}")
-    argv = [str(python), "-m", "pytest", *args]
+    extra = parallel_args(args)
+    where = f"{extra[1]} workers" if extra else "as asked"
+    say(f"pytest on {'PostgreSQL' if database else 'SQLite'}, {where} (serially: -n 0)")
+    argv = [str(python), "-m", "pytest", *extra, *args]
+    # The suite starts hundreds of Python processes and each xdist worker collects it: let
+    # them keep bytecode (and pytest's rewritten test modules) instead of compiling every time.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     if os.name == "posix":
         os.chdir(ROOT)
         os.execv(argv[0], argv)  # signals and the exit status go straight to pytest

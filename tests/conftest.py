@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,9 +36,139 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+#: This suite's shared fixtures that every xdist worker starts for itself (cheap): they group
+#: nothing. (A plugin's shared fixtures, pytest-django's database setup and the node factory,
+#: are per worker too.)
+PER_WORKER_FIXTURES = frozenset({"_session_redlock", "session_nodes"})
+
+
+def shared_fixture_keys(item: pytest.Item) -> set[str]:
+    """The expensive shared things ``item`` uses: each module- or session-scoped fixture of this
+    suite in its closure (a node group, a process pool, a worker), named by where it lives."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return set()
+    keys = set()
+    for name, definitions in info.name2fixturedefs.items():
+        definition = definitions[-1]
+        if (
+            name in PER_WORKER_FIXTURES
+            or definition.scope not in ("module", "package", "session")
+            or not definition.baseid.startswith("tests")  # a plugin's
+        ):
+            continue
+        if definition.scope == "session":
+            keys.add(f"session:{name}")
+        else:
+            keys.add(f"{item.nodeid.split('::', 1)[0]}:{name}")
+    return keys
+
+
+def group_shared_fixtures(items: list[pytest.Item]) -> None:
+    """Tests that share an expensive fixture run on one xdist worker (``--dist loadgroup``):
+    each connected set of tests (sharing a module's sentinel group, the session's Celery worker
+    or shop pool...) gets one ``xdist_group``, so that fixture starts once, not once per worker.
+    Tests that share nothing are spread one by one."""
+    parent: dict[str, str] = {}
+
+    def find(key: str) -> str:
+        while parent.setdefault(key, key) != key:
+            parent[key] = parent[parent[key]]
+            key = parent[key]
+        return key
+
+    keyed = [(item, sorted(shared_fixture_keys(item))) for item in items]
+    for _, keys in keyed:
+        for key in keys[1:]:
+            parent[find(key)] = find(keys[0])
+    for item, keys in keyed:
+        if keys and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(find(keys[0])))
+
+
+def group_of(item: pytest.Item) -> str | None:
+    marker = item.get_closest_marker("xdist_group")
+    return None if marker is None else str(marker.args[0])
+
+
+def largest_groups_first(items: list[pytest.Item]) -> None:
+    """Under xdist, the groups first, the largest first, then the rest in their order: xdist
+    hands out work in collection order, and a long group started last would run on one
+    worker while the others sit idle."""
+    groups = {item: group_of(item) for item in items}
+    sizes = Counter(group for group in groups.values() if group is not None)
+    items.sort(key=lambda item: -sizes[groups[item]] if groups[item] else 0)
+
+
+#: Fixtures that give a test the database. pytest-django refuses a query from a test without
+#: one of them (or the ``django_db`` mark), so every test that touches the database is found.
+DATABASE_FIXTURES = frozenset(
+    {
+        "db",
+        "transactional_db",
+        "django_db_setup",
+        "live_server",
+        "django_db_reset_sequences",
+        "django_db_serialized_rollback",
+    }
+)
+
+#: Tests off the wire: they send nothing to a server that the tests marked ``wire`` do not
+#: send (the Valkey leg of CI runs only ``-m wire``). Each entry: a path prefix, and why.
+OFF_THE_WIRE: dict[str, str] = {
+    "tests/engine/test_plans.py": "scripted replies, no server",
+    "tests/engine/test_limits_plans.py": "scripted replies, no server",
+    "tests/engine/test_lane_plans.py": "scripted replies, no server",
+    "tests/engine/test_policy.py": "scripted replies, no server",
+    "tests/simulation/": "simulate(): no server",
+    "tests/test_demo_simulated.py": "simulate(): no server",
+    "tests/test_settings.py": "settings and input validation",
+    "tests/test_checks.py": "system checks",
+    "tests/test_public_api.py": "import paths",
+    "tests/test_optional_imports.py": "imports with optional libraries blocked",
+    "tests/test_demo.py": "the demo's commands: the engine calls tests/locking sends",
+    "tests/test_demo_buy_endpoint.py": "the demo's view on a server: tests/request_locks",
+    "tests/jobs/test_celery": "Celery orchestration: its locks are tests/locking's calls",
+    "tests/jobs/test_rq.py": "RQ orchestration: its locks are tests/locking's calls",
+    "tests/jobs/test_unique_rq.py": "RQ orchestration: the notes are tests/jobs/test_unique_notes",
+    "tests/jobs/test_unique_tasks.py": "db_worker orchestration: the notes are test_unique_notes",
+    "tests/jobs/test_django_tasks.py": "db_worker orchestration",
+    "tests/jobs/test_redlock_run": "process trees under redlock run: tests/locking's calls",
+    "tests/operations/test_admin_browser.py": "a browser over the admin: test_admin's pages",
+    "tests/observability/test_debug_toolbar_browser.py": "a browser over the toolbar panel",
+    "tests/observability/test_prometheus_scrape.py": "gunicorn scraped: test_prometheus_metrics",
+    "tests/request_locks/test_idempotency_live.py": "gunicorn: test_idempotency's records",
+}
+
+
+def uses_database(item: pytest.Item) -> bool:
+    """True if ``item`` has the ``django_db`` mark or a database fixture in its closure."""
+    info = getattr(item, "_fixtureinfo", None)
+    closure = set(info.names_closure) if info is not None else set()
+    return item.get_closest_marker("django_db") is not None or bool(closure & DATABASE_FIXTURES)
+
+
+def mark_legs(items: list[pytest.Item]) -> None:
+    """``database`` on each test that touches the database (the PostgreSQL leg runs
+    ``-m database``); ``wire`` on each test not listed in :data:`OFF_THE_WIRE` (the Valkey
+    leg runs ``-m wire``). The SQLite leg runs everything."""
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        if uses_database(item):
+            item.add_marker(pytest.mark.database)
+        if not path.startswith(tuple(OFF_THE_WIRE)):
+            item.add_marker(pytest.mark.wire)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``slow`` run only in the long profile: ``--long`` or REDLOCK_LONG=1 (which
-    also lengthens the fault scenarios, tests/faults/conftest.py)."""
+    """The xdist groups and the legs' marks; tests marked ``slow`` run only in the long
+    profile: ``--long`` or REDLOCK_LONG=1 (which also lengthens the fault scenarios,
+    tests/faults/conftest.py)."""
+    group_shared_fixtures(items)
+    if hasattr(config, "workerinput"):  # an xdist worker
+        largest_groups_first(items)
+    mark_legs(items)
     if config.getoption("--long") or os.environ.get("REDLOCK_LONG") == "1":
         return
     skip = pytest.mark.skip(reason="long profile: run with --long")

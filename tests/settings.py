@@ -19,13 +19,19 @@ ROOT_URLCONF = "testproject.urls"
 
 # django-tasks (the backport of django.tasks) with its database backend: @lock under @task is
 # tested with real db_worker processes (tests/jobs/test_django_tasks.py).
+# tests.api_app: DRF and django-ninja views (tests/request_locks/test_api_frameworks*.py).
 # tests.fencing_app: FencedModels with unique keys (tests/fencing/test_fenced_tombstones.py).
 INSTALLED_APPS = [
     *demo_settings.INSTALLED_APPS,
     "django_tasks",
     "django_tasks_db",
     "tests.fencing_app",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "tests.api_app.apps.ApiAppConfig",
 ]
+# djangorestframework-simplejwt signs with SECRET_KEY unless told; PyJWT wants 32 bytes or more
+SIMPLE_JWT = {"SIGNING_KEY": "django-redlock-tests-only-jwt-signing-key-32-bytes-at-least"}
 TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
 MIDDLEWARE = demo_settings.MIDDLEWARE
 STATIC_URL = "/static/"

@@ -25,6 +25,7 @@ from django.db import connection
 from django.test import Client
 
 from django_redlock import locks
+from tests.support.server_process import server_aliases
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -128,7 +129,7 @@ def live_servers(transactional_db: None, tmp_path: Path) -> Iterator[list[str]]:
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.support.live_server_settings",
         "REDLOCK_TEST_DATABASE": json.dumps(database, default=str),
-        "REDLOCK_TEST_ALIASES": json.dumps(settings.REDLOCK),
+        "REDLOCK_TEST_ALIASES": server_aliases(settings.REDLOCK),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     if importlib.util.find_spec("gunicorn") is not None:
@@ -191,8 +192,8 @@ def test_concurrent_buys_on_a_multi_process_server(live_servers: list[str], inve
 
     with ThreadPoolExecutor(max_workers=clients) as pool:
         # Warm-up burst on a product that does not exist (404s): a cold process opens its Redis
-        # connections under the first burst, and connecting counts against NODE_TIMEOUT (50 ms),
-        # which a threaded runserver on 2 busy cores can miss (503s); see docs/middleware.md.
+        # connections under the first burst, and connecting counts against NODE_TIMEOUT (the
+        # servers get SERVER_NODE_TIMEOUT; the 50 ms default is missed on 2 busy cores: 503s).
         warm = [f"{live_servers[i % len(live_servers)]}/inventory/buy/0/" for i in range(32)]
         list(pool.map(_post, warm))
         started = time.monotonic()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import weakref
 from types import TracebackType
@@ -175,8 +176,24 @@ class EffectBlock:
         self._exit(exc_type is not None)
 
     async def __aenter__(self) -> Effect:
-        effect: Effect = await sync_to_async(self._enter)()
-        return effect
+        # The begin runs in a worker thread, which a cancellation cannot stop: a caller
+        # cancelled meanwhile never reaches __aexit__, so the key's mark is taken off once
+        # the thread is done (else every later once(key) under this lease: "already open"),
+        # and the cancellation goes on after that (a database write: at most MAX_BEGIN_WAIT).
+        entering = asyncio.ensure_future(sync_to_async(self._enter)())
+        try:
+            return await asyncio.shield(entering)
+        except asyncio.CancelledError:
+            entering.add_done_callback(self._entered_for_nobody)
+            await asyncio.wait({entering})
+            raise
+
+    def _entered_for_nobody(self, entering: asyncio.Future[Effect]) -> None:
+        """A cancelled entry's begin has ended: nobody runs the block. Its ledger row stays
+        begun (the next holder sees it interrupted, as after any block that did not end)."""
+        if not entering.cancelled():
+            entering.exception()  # retrieved: a failed begin was the caller's, who has gone
+        self._unmark()
 
     async def __aexit__(
         self,

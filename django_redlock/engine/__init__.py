@@ -20,6 +20,8 @@ this module exports.
 from __future__ import annotations
 
 from .core import Engine, Outcome
+from .giveback import unconfirmed as release_unconfirmed
+from .giveback import why_unconfirmed
 from .keyspace import (
     GLOB_CHARACTERS,
     MAX_NAME_LENGTH,
@@ -85,6 +87,8 @@ __all__ = [
     "escape_glob",
     "note_key",
     "quorum",
+    "release_unconfirmed",
     "renewal_policy",
     "socket_timeout",
+    "why_unconfirmed",
 ]

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Generator, Sequence
 from typing import Any, TypeVar
 
-from . import forks
+from . import forks, giveback
 from .acquire_loop import LoopRequest, Pipe, Try, Wait, acquire_loop
 from .budget import Budget
 from .drive import PlanMaker
@@ -162,6 +162,13 @@ class Engine(ChannelPools):
         return Target(self.state, tuple(names), ttl, 0, limits=tuple(permits))
 
     def _acquire(self, target: Target, timeout: float | None) -> Any:
+        try:
+            return self._acquire_target(target, timeout)
+        finally:
+            if self.state.owed:  # give-backs whose connection broke: sent in the background
+                giveback.settle_owed(self.state, self._run_first)
+
+    def _acquire_target(self, target: Target, timeout: float | None) -> Any:
         if self.generation != forks.current:  # a forked child: start afresh
             self._start_afresh()
         started = target.started
@@ -279,14 +286,23 @@ class Engine(ChannelPools):
         return self._run(lambda nodes: extend_plan(self.state, nodes, lease, ttl), lease.pinned)[0]
 
     def release(self, lease: LeaseRecord) -> bool:
-        """Release ``lease``; True if it was still held."""
+        """Release ``lease``; True if it was still held and a quorum confirmed the release
+        (else it is sent again: see :mod:`.giveback`)."""
         if self._lane:
             held = self._run_with(self._lane_release, lease, lease.pinned)[0]
         else:
             held = self._run(lambda nodes: release_plan(self.state, nodes, lease), lease.pinned)[0]
         if lease.handed_off:
             self._handed_off(lease)
-        return held
+        if self.state.owed:
+            giveback.settle_owed(self.state, self._run_first)
+        return giveback.confirm(self.state, lease, held, self._run_first)
+
+    def _run_first(self, plan: PlanMaker[Any]) -> Any:
+        return self._run(plan)[0]
+
+    async def _arun_first(self, plan: PlanMaker[Any]) -> Any:
+        return (await self._arun(plan))[0]
 
     def release_many(self, leases: Sequence[LeaseRecord]) -> list[bool]:
         """Release the leases of one ``lock_many`` set in one call per node; per lease, True
@@ -294,7 +310,10 @@ class Engine(ChannelPools):
         pinned = leases[0].pinned if leases else None
         plan = self._release_many_plan(leases)
         held = self._run(lambda nodes: plan(self.state, nodes, leases), pinned)[0]
-        return [self._released(lease, ok) for lease, ok in zip(leases, held, strict=True)]
+        return [
+            giveback.confirm(self.state, lease, self._released(lease, ok), self._run_first)
+            for lease, ok in zip(leases, held, strict=True)
+        ]
 
     @staticmethod
     def _release_many_plan(leases: Sequence[LeaseRecord]) -> Any:
@@ -327,17 +346,20 @@ class Engine(ChannelPools):
     ) -> NoteReplies:
         """One note operation (``get``, ``set``, ``replace``, ``delete``: see
         :mod:`.notes`) on every node."""
-        replies = self._run(note_plan(self.state, name, op, expected, value, ttl))[0]
-        outcome = NoteReplies([None if isinstance(r, NodeFailure) else r for r in replies])
-        for index, reply in enumerate(replies):
-            if isinstance(reply, NodeFailure):
-                outcome.errors[self.labels[index]] = str(reply)
-        return outcome
+        return self._by_node(self._run(note_plan(self.state, name, op, expected, value, ttl))[0])
 
     def order(self, *args: str | int) -> NoteReplies:
         """One operation on the lock-order checker's records (see :mod:`.order_edges`) on
         every node: each node's reply (None where it gave none) and the errors by label."""
-        replies = self._run(order_plan(self.state, args))[0]
+        return self._by_node(self._run(order_plan(self.state, args))[0])
+
+    async def aorder(self, *args: str | int) -> NoteReplies:
+        """Asyncio twin of :meth:`order` (an event loop is not blocked while it runs)."""
+        return self._by_node((await self._arun(order_plan(self.state, args)))[0])
+
+    def _by_node(self, replies: Sequence[Any]) -> NoteReplies:
+        """Replies of one call per node: the values (None for a node that gave none) and the
+        errors by the nodes' labels."""
         outcome = NoteReplies([None if isinstance(r, NodeFailure) else r for r in replies])
         for index, reply in enumerate(replies):
             if isinstance(reply, NodeFailure):
@@ -373,6 +395,13 @@ class Engine(ChannelPools):
         return [result] if isinstance(result, LeaseRecord) else result
 
     async def _aacquire(self, target: Target, timeout: float | None) -> Any:
+        try:
+            return await self._aacquire_target(target, timeout)
+        finally:
+            if self.state.owed:  # give-backs whose connection broke: sent in the background
+                giveback.settle_owed(self.state, self._run_first)
+
+    async def _aacquire_target(self, target: Target, timeout: float | None) -> Any:
         self._check_fork()
         started, queue_first = target.started, self._queue_first(target, timeout)
         waiting = Waiting.of(started, timeout)
@@ -422,7 +451,8 @@ class Engine(ChannelPools):
     async def arelease(self, lease: LeaseRecord) -> bool:
         """Asyncio twin of :meth:`release`."""
         plan = lambda nodes: release_plan(self.state, nodes, lease)  # noqa: E731
-        return self._released(lease, (await self._arun(plan, lease.pinned))[0])
+        held = self._released(lease, (await self._arun(plan, lease.pinned))[0])
+        return await giveback.aconfirm(self.state, lease, held, self._arun_first, self._run_first)
 
     async def arelease_many(self, leases: Sequence[LeaseRecord]) -> list[bool]:
         """Asyncio twin of :meth:`release_many`."""
@@ -430,7 +460,12 @@ class Engine(ChannelPools):
         many = self._release_many_plan(leases)
         plan = lambda nodes: many(self.state, nodes, leases)  # noqa: E731
         held = (await self._arun(plan, pinned))[0]
-        return [self._released(lease, ok) for lease, ok in zip(leases, held, strict=True)]
+        return [
+            await giveback.aconfirm(
+                self.state, lease, self._released(lease, ok), self._arun_first, self._run_first
+            )
+            for lease, ok in zip(leases, held, strict=True)
+        ]
 
     async def aforce_release(self, name: str, expected: str = "", key: str = "") -> int:
         """Asyncio twin of :meth:`force_release`."""

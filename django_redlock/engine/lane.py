@@ -21,7 +21,7 @@ from . import scripts
 from .drive import PlanMaker, drive, give_up
 from .keyspace import TOKEN_LIMIT, LockValue, new_owner
 from .kinds import HANDOFF_MS, KINDS, LOCK
-from .plans import release_plan
+from .plans import counted_release, note_unsure, release_plan
 from .plans.rounds import Sent
 from .state import DRIFT_ALLOWANCE, WAKE_TTL_MS, AcquireFailure, AliasState, LeaseRecord
 from .transport.sync import Channel
@@ -143,7 +143,7 @@ def release_tail(state: AliasState, lease: LeaseRecord) -> tuple[str, ...]:
 def release_outcome(lease: LeaseRecord, reply: Any, was_valid: bool) -> bool:
     """What :func:`~.plans.release_plan` makes of a one-node lock release's reply."""
     lease.handed_off = reply == scripts.HANDED_OFF
-    return was_valid and not lease.lost and reply != scripts.NOT_HELD
+    return counted_release(lease, (True,), (reply,), was_valid)
 
 
 def lane_release(lease: LeaseRecord, channel: Channel, state: AliasState) -> bool:
@@ -156,4 +156,7 @@ def lane_release(lease: LeaseRecord, channel: Channel, state: AliasState) -> boo
     was_valid = not lease.lost and lease.deadline > time.monotonic()  # validity() > 0
     lease.released = True
     reply = channel.roundtrip(link, scripts.RELEASE, release_tail(state, lease), state.node_timeout)
-    return release_outcome(lease, reply, was_valid)
+    held = release_outcome(lease, reply, was_valid)
+    if lease.unsure:  # not on the hot path: only when the node did not answer
+        note_unsure(lease, channel.links, (reply,))
+    return held

@@ -397,7 +397,9 @@ class ChannelPools:
                 pools.give_soon(self._every, blocking=True)
 
     def close(self) -> None:
-        """Close every blocking connection (asyncio ones are closed with their event loop)."""
+        """Close every blocking connection (asyncio ones are closed with their event loop)
+        and stop the background give-backs (the keys they would release expire by TTL)."""
+        self.state.closed = True
         self.budget.remove_evictor(self)
         self.waiter.close()
         with self._mutex:

@@ -106,7 +106,9 @@ class Request:
     nodes count as still to answer until then, and the replies of all calls are collected
     from then on. A node of ``later`` never sent to gets ``NodeFailure(NOT_ASKED, sent=False)``.
     ``ahead``: filled by the transport when a call carried ``before`` commands: per node, their
-    replies in order (a :class:`NodeFailure` for each one that got none).
+    replies in order (a :class:`NodeFailure` for each one that got none). ``unanswered`` (fire
+    and forget only): called with a node's index when its call could not be sent, or its
+    connection failed (or the node answered an error) before its reply was read.
     """
 
     calls: list[Call | None]
@@ -116,6 +118,7 @@ class Request:
     later: list[Call | None] | None = None
     hedge: float = 0.0
     ahead: dict[int, list[Any]] | None = None
+    unanswered: Callable[[int], None] | None = None
 
     def later_nodes(self) -> set[int]:
         """The nodes ``later`` has a call for."""

@@ -95,6 +95,13 @@ class AliasState:
     untrusted_seen: dict[tuple[str, str], float] = field(default_factory=dict)
     #: moving average of how long a quorum-first round took, seconds
     round_trip: float = 0.001
+    #: give-backs a plan could not send (their node's connection had broken): records of
+    #: the grants to release, for the engine to send again (see ``giveback``)
+    owed: list[LeaseRecord] = field(default_factory=list)
+    #: the alias's straggler give-back thread, started on first use (``giveback``)
+    stragglers: Any = field(default=None, repr=False, compare=False)
+    #: set when the engine is closed: its background give-backs stop
+    closed: bool = False
     keys: Keyspace = field(init=False)
 
     def __post_init__(self) -> None:
@@ -176,6 +183,21 @@ class LeaseRecord:
     #: a permit's slot keys: a node that had not answered the acquire when it was decided
     #: may have granted any of them (its slot 1 taken, say), so its release looks in all
     slots: tuple[str, ...] = field(default=(), repr=False)
+    #: the release's nodes whose compare-and-delete is not confirmed yet (no reply: the
+    #: connection broke, or the node did not answer in time): it is sent there again
+    unsure: tuple[int, ...] = ()
+    #: why the nodes of ``unsure`` did not confirm it ("label: reason; ...": a refused
+    #: command names the permission the node's ACL user lacks)
+    unsure_why: str = ""
+    #: how many nodes confirmed the release (its compare-and-delete ran there)
+    confirmed: int = 0
+    #: a quorum confirmed the release (nodes left in ``unsure`` are stragglers)
+    settled: bool = False
+    #: whether the lease was still valid when its release began
+    valid_at_release: bool = False
+    #: its unconfirmed release went to a background give-back (set for good: the release was
+    #: not a loss, even once the give-back has ended)
+    given_back: bool = False
     #: set by the driver: seconds the acquire call took, its attempts, when it won (monotonic)
     waited: float = 0.0
     attempts: int = 0

@@ -46,6 +46,11 @@ def rejoin_plan(
     if time.monotonic() < state.next_rejoin_check:
         return False
     rejoined = yield from _rejoin_check(state, nodes, seen_untrusted, drawn)
+    if rejoined is None:
+        # Too few probes answered in time (a loaded client or node): nothing was learnt, so
+        # nobody is held back. It used to hold back the other callers of this process for
+        # REJOIN_INTERVAL: on a new cluster their first acquires failed "quarantined".
+        return False
     if not rejoined:
         # Only a check that made nothing trusted holds the others back (a restarted node in
         # its quarantine: no probe per attempt). A check still in flight holds back nobody:
@@ -61,8 +66,9 @@ def _rejoin_check(
     nodes: Sequence[NodeView],
     seen_untrusted: Sequence[int],
     drawn: Sequence[int],
-) -> Plan[bool]:
-    """:func:`rejoin_plan`'s probe and rejoin, without its throttle."""
+) -> Plan[bool | None]:
+    """:func:`rejoin_plan`'s probe and rejoin, without its throttle; None when too few
+    nodes answered the probe to tell."""
     now = time.monotonic()
     total = len(nodes)
     needed = quorum(total)
@@ -74,7 +80,7 @@ def _rejoin_check(
         probes = yield Request(calls, state.node_timeout * 2, None)
         reachable = [i for i, p in enumerate(probes) if not isinstance(p, NodeFailure)]
         if len(reachable) < needed:
-            return False
+            return None
         markers = {i: as_text(probes[i][0]) for i in reachable}
         trusted = [i for i in reachable if markers[i] == nodes[i].run_id]
         untrusted = [i for i in reachable if i not in trusted]

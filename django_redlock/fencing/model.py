@@ -13,7 +13,7 @@ from django.core import checks
 from django.db import models, router, transaction
 from django.db.models.signals import class_prepared
 
-from . import tombstones
+from . import cascades, tombstones
 from .constraints import fence_constraint, missing_constraint_warnings, owns_fence
 from .errors import stale_error, unguarded_error
 from .prepare import prepare_fenced_model
@@ -153,7 +153,8 @@ class FencedModel(models.Model):
                 keys = {key: k.label for key, k in tombstones.instance_keys(self, keysets).items()}
             else:  # the row's unique values, not the instance's (it may have changed them)
                 keys = tombstones.queryset_keys(rows, keysets)
-            deleted = super().delete(using=db, keep_parents=keep_parents)
+            with cascades.covering(token, type(self), [self.pk], keep_parents):
+                deleted = super().delete(using=db, keep_parents=keep_parents)
             tombstones.record(db, keys, token)
             return deleted
 
@@ -269,6 +270,7 @@ class FencedModel(models.Model):
 def _on_class_prepared(sender: type[models.Model], **kwargs: Any) -> None:
     if issubclass(sender, FencedModel):
         prepare_fenced_model(sender)
+        cascades.watch(sender)
 
 
 class_prepared.connect(_on_class_prepared, dispatch_uid="django_redlock.fencing.prepare")

@@ -10,7 +10,7 @@ from asgiref.sync import sync_to_async
 from django.db import models, transaction
 
 from ..exceptions import StaleTokenError
-from . import tombstones
+from . import cascades, tombstones
 from .errors import model_label, resurrect_error, stale_error, unguarded_error, upsert_error
 from .tokens import FIELD, resolve_token, validate_stored, validate_token
 
@@ -75,8 +75,10 @@ class FencedQuerySet(models.QuerySet[_M]):
             self._stamp(token)  # locks the rows it may delete until the transaction ends
             doomed = self.filter(**{FIELD: token})
             keysets = tombstones.deleted_keys(self.model)
-            keys = tombstones.queryset_keys(doomed, keysets, stream=True)
-            deleted = models.QuerySet.delete(doomed)
+            pks: list[Any] = []
+            keys = tombstones.queryset_keys(doomed, keysets, stream=True, pks=pks)
+            with cascades.covering(token, self.model, pks):
+                deleted = models.QuerySet.delete(doomed)
             tombstones.record(self.db, keys, token)
             return deleted
 

@@ -21,7 +21,7 @@ import contextlib
 import datetime
 import decimal
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,14 +166,27 @@ def row_keys(rows: Iterable[dict[str, Any]], keysets: Sequence[KeySet]) -> dict[
 
 
 def queryset_keys(
-    queryset: models.QuerySet[Any], keysets: Sequence[KeySet], stream: bool = False
+    queryset: models.QuerySet[Any],
+    keysets: Sequence[KeySet],
+    stream: bool = False,
+    pks: list[Any] | None = None,
 ) -> dict[str, str]:
     """Tombstone keys -> labels of the rows ``queryset`` matches (one SELECT; ``stream``:
-    read in chunks, for a delete of many rows)."""
-    names = sorted({name for keyset in keysets for name in keyset.attnames})
+    read in chunks, for a delete of many rows); ``pks``: filled with the rows' primary keys."""
+    pk = queryset.model._meta.pk
+    assert pk is not None
+    names = sorted({name for keyset in keysets for name in keyset.attnames} | {pk.attname})
     rows = queryset.order_by().values_list(*names)
     values = rows.iterator(chunk_size=2000) if stream else rows
-    return row_keys((dict(zip(names, row, strict=True)) for row in values), keysets)
+
+    def read() -> Iterator[dict[str, Any]]:
+        for row in values:
+            found = dict(zip(names, row, strict=True))
+            if pks is not None:
+                pks.append(found[pk.attname])
+            yield found
+
+    return row_keys(read(), keysets)
 
 
 def _table(db: str) -> tuple[Any, str, str, str]:
@@ -242,6 +255,11 @@ def prune(older_than: datetime.timedelta, using: str = "default") -> int:
     Afterwards a lease older than those deletes could insert their rows again: prune only
     tombstones older than any lease, paused worker included, can live.
     """
-    cutoff = timezone.now() - older_than
+    if older_than < datetime.timedelta(0):
+        raise ValueError(f"older_than must not be negative, not {older_than}.")
+    try:
+        cutoff = timezone.now() - older_than
+    except OverflowError:  # before year 1: no tombstone is that old
+        return 0
     deleted, _ = FenceTombstone.objects.using(using).filter(deleted_at__lt=cutoff).delete()
     return deleted

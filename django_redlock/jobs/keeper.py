@@ -132,6 +132,30 @@ def descendants_of(pid: int) -> list[int]:
     return found
 
 
+def become_subreaper() -> bool:
+    """Make this process a child subreaper (Linux): an orphan among its descendants becomes
+    its child (or, once this process is gone, its nearest subreaper ancestor's), not init's.
+    False where that is not available."""
+    prctl = _prctl()
+    return prctl is not None and prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def kill_all_descendants() -> None:
+    """SIGKILL every descendant of this process and reap its children, again until it has no
+    child left (a subreaper's orphans included: new forks and reparented processes are found
+    by the next round)."""
+    while True:
+        for pid in descendants_of(os.getpid()):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            return
+        time.sleep(SWEEP_INTERVAL)
+
+
 class Keeper:
     """Runs COMMAND as the job and reports on it (see the module)."""
 
@@ -159,8 +183,7 @@ class Keeper:
         for signum in SHIELDED:
             signal.signal(signum, signal.SIG_IGN)
         self.prctl = _prctl()
-        if self.prctl is not None:
-            self.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        become_subreaper()
 
     def report(self, line: str) -> None:
         if self.link is not None:

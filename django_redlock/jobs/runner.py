@@ -13,7 +13,9 @@ it), or:
 
 Three processes run a job (docs/jobs.md, "Process trees and terminals"): the *front*
 (:mod:`.front`, the process the caller started), the *holder* (this module: a fork of the front
-that holds and renews the lease) and the *keeper* (:mod:`.keeper`: a small process that starts
+that holds and renews the lease; a child subreaper on Linux, so that the job's processes the
+keeper leaves if it dies become its own, and are killed before the lease is released) and the
+*keeper* (:mod:`.keeper`: a small process that starts
 COMMAND in a process group of its own and makes sure none of the job's processes outlives it).
 """
 
@@ -37,7 +39,15 @@ from typing import Any
 from ..exceptions import LockError, LockNotAcquired, NodesUnavailable
 from ..locking.lease import Lease
 from ..locking.manager import LockManager
-from .keeper import EX_NOT_EXECUTABLE, EX_NOT_FOUND, SHIELDED, foreground_of, give_terminal
+from .keeper import (
+    EX_NOT_EXECUTABLE,
+    EX_NOT_FOUND,
+    SHIELDED,
+    become_subreaper,
+    foreground_of,
+    give_terminal,
+    kill_all_descendants,
+)
 
 EX_BUSY = 75
 EX_NO_QUORUM = 69
@@ -158,7 +168,7 @@ def run_locked(manager: LockManager, request: RunRequest, front: FrontLink | Non
     finally:
         still_held = _release(lease)
     if supervisor.keeper_died:
-        message = f"the keeper of {request.command[0]!r} died; SIGKILLed the job's process group"
+        message = f"the keeper of {request.command[0]!r} died; SIGKILLed every process of the job"
         return Outcome(EX_LOST, "lost", status, message)
     if supervisor.lost or not still_held:
         message = (
@@ -215,6 +225,9 @@ class _Supervisor:
             "REDLOCK_NAME": self.lease.name,
             "REDLOCK_TOKEN": str(self.lease.token),
         }
+        # the holder is a process of its own (a fork of the front): as a subreaper it gets the
+        # job's processes if the keeper dies, and kills them before the lease is released
+        become_subreaper()
         mine, theirs = socket.socketpair()
         front_pgid = self.front.pgid if self.front is not None else 0
         ignored = ",".join(str(int(s)) for s in sorted(self.ignored)) or "-"
@@ -289,11 +302,17 @@ class _Supervisor:
         self._tell_keeper(b"K")
 
     def _keeper_gone(self) -> int:
-        """The keeper died without reporting the job's end: kill what is left of the group."""
+        """The keeper died without reporting the job's end: kill what is left of the job, its
+        group and (Linux) every process of it that was the keeper's and is now the holder's
+        (a daemonised child in a session of its own), until none is left; the lease is
+        renewed meanwhile and released only after."""
         self.keeper_died = True
+        if self.keeper is not None:
+            self.keeper.wait()  # reaped here: the sweep below reaps only the job's processes
         if self.job and not self.ended:
             with contextlib.suppress(OSError):
                 os.killpg(self.job, signal.SIGKILL)
+        kill_all_descendants()
         self.ended = True
         return 128 + signal.SIGKILL
 

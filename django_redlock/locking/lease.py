@@ -20,6 +20,8 @@ from ..engine import (
     Renewal,
     RenewalBound,
     forks,
+    release_unconfirmed,
+    why_unconfirmed,
 )
 from ..exceptions import LockError, LockLost, NodesUnavailable
 from . import context
@@ -139,6 +141,12 @@ class Lease:
         return self._record.released
 
     @property
+    def release_unconfirmed(self) -> bool:
+        """True after :meth:`release` returned False because too few nodes confirmed it,
+        while it is being sent again in the background (until the lease's validity ends)."""
+        return release_unconfirmed(self._record)
+
+    @property
     def foreign(self) -> bool:
         """True in a child process for a lease its parent acquired before the fork."""
         return not self._engine.owns(self._record)
@@ -160,8 +168,14 @@ class Lease:
     def check(self) -> None:
         """Raise ``LockLost`` if the lease is lost (expired, or a node said someone else owns
         it); call it before a step that must not run unprotected. In a child process, for a
-        lease its parent acquired: ``LockError``."""
+        lease its parent acquired, or after a release too few nodes confirmed: ``LockError``."""
         self._ensure_own()
+        if self.release_unconfirmed:
+            raise LockError(
+                f"Lock {self.name!r} (alias {self.alias!r}) was released, but too few nodes "
+                f"confirmed it ({why_unconfirmed(self._record)}): the release is being sent "
+                "again in the background until the lease's validity ends."
+            )
         if self.lost:
             self._mark_lost("its validity ran out")
             raise LockLost(self.name, "it was found lost by check()")
@@ -265,13 +279,19 @@ class Lease:
 
     def _released(self, held: bool) -> bool:
         self._released_at = time.monotonic()
-        if not held:
+        if not held and not self._given_back_later():
             self._mark_lost("it had expired or was taken when it was released")
         if signals.wanted(signals.lock_released):
             signals.emit(
                 signals.lock_released, self._manager, alias=self.alias, name=self.name, lease=self
             )
         return held
+
+    def _given_back_later(self) -> bool:
+        """True when the release of this (valid) lease was unconfirmed and went to the
+        background give-back: not a loss, even if the give-back has already ended (it used to
+        count as one when the give-back was confirmed before the caller looked)."""
+        return self._record.given_back and self._record.valid_at_release
 
     def _mark_lost(self, reason: str) -> None:
         self._record.lost = True

@@ -154,7 +154,7 @@ class LockManager(KindBlocks):
     ) -> Lease:
         """Asyncio twin of :meth:`acquire` (auto-extended from an asyncio task)."""
         wanted = self._wanted(name, ttl, timeout, max_hold, permits, rw)
-        shapes = ordering.taking(self, (wanted.name,)) if self.check_order else None
+        shapes = await ordering.ataking(self, (wanted.name,)) if self.check_order else None
         outcome = await self.engine_for(wanted.name).aacquire(
             wanted.name, wanted.ttl, wanted.timeout, wanted.permits, wanted.rw
         )
@@ -237,7 +237,7 @@ class LockManager(KindBlocks):
     ) -> HeldLocks:
         """Asyncio twin of :meth:`acquire_many`."""
         checked, wanted, auto_extend = self._many(names, ttl, timeout, options)
-        shapes = ordering.taking(self, checked) if self.check_order else None
+        shapes = await ordering.ataking(self, checked) if self.check_order else None
         engine = self.engine_for(checked[0])
         outcome = await engine.aacquire_many(checked, wanted.ttl, wanted.timeout)
         return self._held_many(checked, wanted, outcome, auto_extend, shapes, asyncio_task=True)
@@ -293,7 +293,7 @@ class LockManager(KindBlocks):
         """Asyncio twin of :meth:`acquire_limits`."""
         names, permits = check_limits(limits)
         _, wanted, auto_extend = self._many(names, ttl, timeout, options, "limits")
-        shapes = ordering.taking(self, names) if self.check_order else None
+        shapes = await ordering.ataking(self, names) if self.check_order else None
         engine = self.engine_for(names[0])
         outcome = await engine.aacquire_limits(names, permits, wanted.ttl, wanted.timeout)
         held = dict(zip(names, permits, strict=True))
@@ -472,6 +472,7 @@ class LockManager(KindBlocks):
                 quorum=quorum,
                 errors=failure.errors,
                 retry_after=failure.retry_after,
+                waited=failure.waited,
             )
         signals.emit(
             signals.lock_failed,

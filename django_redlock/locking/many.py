@@ -56,6 +56,8 @@ class HeldLocks:
     def __init__(self, leases: dict[str, Lease], borrowed: frozenset[str] = frozenset()) -> None:
         self.leases = leases
         self.borrowed = borrowed
+        #: what release() answered the first time (None: not called yet)
+        self._answer: bool | None = None
 
     @property
     def tokens(self) -> dict[str, int]:
@@ -67,12 +69,24 @@ class HeldLocks:
 
     def release(self) -> bool:
         """Release every name still held, in one call per node; True if none of them had
-        been lost (a lease released on its own before does not count)."""
-        return not self._release_each()
+        been lost (a lease released on its own before does not count). A second call
+        releases nothing and gives the first one's answer again."""
+        if self._answer is None or not self._all_released():
+            self._answer = not self._release_each() and self._confirmed()
+        return self._answer
 
     async def arelease(self) -> bool:
         """Asyncio twin of :meth:`release`."""
-        return not await self._arelease_each()
+        if self._answer is None or not self._all_released():
+            self._answer = not await self._arelease_each() and self._confirmed()
+        return self._answer
+
+    def _confirmed(self) -> bool:
+        """No lease's release is still being given back (unconfirmed)."""
+        return not any(lease.release_unconfirmed for lease in self._own())
+
+    def _all_released(self) -> bool:
+        return all(lease.released for lease in self._own())
 
     def _release_each(self) -> list[str]:
         """Release every name in one call per node (per owner); returns the names no longer
@@ -107,7 +121,9 @@ class HeldLocks:
     def _released(self, leases: list[Lease], held: list[bool]) -> list[str]:
         done = {lease.name for lease in leases} | self.borrowed
         lost = [
-            lease.name for lease, ok in zip(leases, held, strict=True) if not lease._released(ok)
+            lease.name
+            for lease, ok in zip(leases, held, strict=True)
+            if not lease._released(ok) and not lease._given_back_later()
         ]
         return lost + [name for name in self.leases if name not in done]
 

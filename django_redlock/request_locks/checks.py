@@ -18,6 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from ..conf import busy_status_setting, idempotency_setting, redlock_settings
+from . import frameworks
 from .rules import SETTING, LockRule, LockSpec, read_rules, view_specs
 
 CHECK_IDS = {
@@ -32,6 +33,10 @@ CHECK_IDS = {
     "not run before it.",
     "E018": "A rule's LIMIT is not an int from 1 to 1024, or its LIMITS not a dict of such.",
     "E019": "A lock and a LIMIT (or two different LIMITs) share a key template and alias.",
+    "E031": "An IDEMPOTENCY rule, or a rule whose KEY uses {user}, names a URL whose view "
+    "authenticates inside (Django REST framework, django-ninja auth=).",
+    "E032": "@request_lock with idempotency=True or a {user} key wraps a DRF or django-ninja "
+    "view from outside, before the framework authenticates.",
     "E030": "REDLOCK_IDEMPOTENCY is invalid (not a dict, unknown key, bad HEADER, TTL or "
     "MAX_BYTES).",
     "W010": "REDLOCK_REQUEST_LOCKS has rules but RequestLockMiddleware is not in MIDDLEWARE.",
@@ -140,6 +145,30 @@ def _missing_fields(spec: LockSpec, where: str, url: str, provided: frozenset[st
     return messages
 
 
+def _needs_principal(spec: LockSpec) -> bool:
+    return spec.idempotency or spec.key.uses_user
+
+
+def _before_framework_auth(spec: LockSpec, where: str, view: Any, check_id: str) -> list[Any]:
+    """E031 (a rule) / E032 (a decorator outside the framework's view) where a lock scoped to
+    the user runs before an API framework authenticates ``view``: it would see nobody, and
+    requests with credentials are refused at run time."""
+    framework = frameworks.authenticates_inside(view)
+    if framework is None or not _needs_principal(spec):
+        return []
+    what = "IDEMPOTENCY" if spec.idempotency else f"key {spec.key.template!r} ({{user}})"
+    return [
+        _error(
+            f"{where}: {what} is scoped to the user, but it runs before {framework} "
+            f"authenticates the view {frameworks.view_label(view)!r}, so it sees no "
+            "user; requests that carry credentials are refused (HTTP 500).",
+            check_id,
+            hint="Put @request_lock under @api_view (or on the APIView/ViewSet method), or right "
+            "under a django-ninja operation's decorator. See docs/api-frameworks.md.",
+        )
+    ]
+
+
 def _rule_messages(rule: LockRule, patterns: list[Any], position: int | None) -> list[Any]:
     where = f"{SETTING}[{rule.index}]"
     messages = _spec_messages(rule.spec, where, position)
@@ -156,6 +185,7 @@ def _rule_messages(rule: LockRule, patterns: list[Any], position: int | None) ->
         )
     for pattern, names in matching:
         messages += _missing_fields(rule.spec, where, str(pattern.pattern), names)
+        messages += _before_framework_auth(rule.spec, where, pattern.callback, "E031")
     return messages
 
 
@@ -192,15 +222,35 @@ def check_request_locks(
         messages += _rule_messages(rule, patterns, position)
     decorated: dict[int, None] = {}  # a view reachable by several URLs is one site
     for pattern, names, view_name in patterns:
-        label = view_name or getattr(pattern.callback, "__qualname__", repr(pattern.callback))
+        label = view_name or frameworks.view_label(pattern.callback)
         for spec in view_specs(pattern.callback):
             where = f"@request_lock({spec.key.template!r}) on view {label!r}"
             messages += _spec_messages(spec, where, None)
             messages += _missing_fields(spec, where, str(pattern.pattern), names)
+            messages += _before_framework_auth(spec, where, pattern.callback, "E032")
             if id(spec) not in decorated:
                 decorated[id(spec)] = None
                 sites.append((where, spec))
+        for inner, extra in frameworks.inner_views(pattern.callback):
+            for spec in view_specs(inner):
+                if id(spec) in decorated:
+                    continue
+                where = f"@request_lock({spec.key.template!r}) in view {label!r}"
+                messages += _spec_messages(spec, where, None)
+                messages += _missing_fields(spec, where, str(pattern.pattern), names | extra)
+                decorated[id(spec)] = None
+                sites.append((where, spec))
+        for operation in frameworks.ninja_operations(pattern.callback):
+            # decorate_view(request_lock(...)) wraps the operation's run(), auth and all
+            for spec in view_specs(operation.run):
+                where = f"@request_lock({spec.key.template!r}) on operation {label!r}"
+                if _ninja_auth(operation):
+                    messages += _before_framework_auth(spec, where, pattern.callback, "E032")
     return messages + _kind_clashes(sites)
+
+
+def _ninja_auth(operation: Any) -> bool:
+    return bool(getattr(operation, "auth_callbacks", ()))
 
 
 def _kind_clashes(sites: list[tuple[str, LockSpec]]) -> list[checks.CheckMessage]:

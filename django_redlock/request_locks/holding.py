@@ -13,6 +13,7 @@ acquire, release) and the view. :func:`ahold_for_request` awaits it with asyncio
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -29,7 +30,7 @@ from ..exceptions import LockNotAcquired, NodesUnavailable
 from ..locking import context, ordering
 from ..locking.registry import locks
 from ..locking.transactions import in_transaction, release_after_commit
-from . import commits, idempotency, keeping, outcome, records
+from . import commits, frameworks, idempotency, keeping, outcome, records
 from .responses import lock_error_response
 from .rules import LockSpec
 
@@ -87,7 +88,8 @@ async def _hold(
     name = spec.key.fill(kwargs, user)
     key = (spec.using, name)
     kind = "" if spec.limit is None else "permit"
-    if key in request.__dict__.get(_HELD_ATTR, {}) or context.find(*key, kind) is not None:
+    plain = frameworks.django_request(request)
+    if key in plain.__dict__.get(_HELD_ATTR, {}) or context.find(*key, kind) is not None:
         return await call()  # re-entered: a rule and a decorator on one lock, or an outer lease
     # filled before anything is taken: a template that fails leaves nothing held
     filled = {template.fill(kwargs, user): (template.template, n) for template, n in spec.limits}
@@ -103,7 +105,7 @@ async def _hold(
             await _release(io, lease, spec)
             return lock_error_response(request, exc, limited=True)
     try:
-        with _attached(request, lease, key):
+        with _attached(plain, lease, key):
             response = await call()
     except BaseException:
         for each in held:
@@ -125,17 +127,24 @@ async def _hold_once(
     key, answer from its kept record or run ``call`` under the plain lock too and keep the
     response; without it, the plain lock alone (as before)."""
     config = idempotency.config()
+    plain = frameworks.django_request(request)
     try:
-        value = idempotency.key_of(request, config.header)
+        value = idempotency.key_of(plain, config.header)
     except idempotency.BadKey as exc:
-        return exc.response(request)
+        return exc.response(plain)
     if value is None:
         return await _hold(spec.plain, request, kwargs, call, io)
-    needs_user = spec.key.uses_user or idempotency.has_user(request)
-    user = await io.user(spec, request) if needs_user else None
+    if (
+        spec.key.uses_user
+        or frameworks.resolved_by_framework(request)
+        or idempotency.has_user(plain)
+    ):
+        user = await io.user(spec, request)
+    else:  # no authentication at all: anonymous, unless it carries credentials (fail closed)
+        user = _checked(spec, request, None)
     name = idempotency.lock_name(spec.key.fill(kwargs, user), value, user)
     key = (spec.using, name)
-    if key in request.__dict__.get(_HELD_ATTR, {}):  # a rule and a decorator, both idempotent
+    if key in plain.__dict__.get(_HELD_ATTR, {}):  # a rule and a decorator, both idempotent
         return await _hold(spec.plain, request, kwargs, call, io)
     try:
         lease = await io.acquire(spec, name)
@@ -144,10 +153,10 @@ async def _hold_once(
     keyed = spec.keyed  # released after the commit, when in a transaction
     watch: commits.CommitWatch | None = None
     try:
-        fingerprint = idempotency.fingerprint(request, user)
-        earlier = await keeping.earlier_answer(io.read, lease, request, fingerprint, config)
+        fingerprint = idempotency.fingerprint(plain, user)
+        earlier = await keeping.earlier_answer(io.read, lease, plain, fingerprint, config)
         if earlier is None:
-            with _attached(request, lease, key):
+            with _attached(plain, lease, key):
                 # the plain lock too: requests with other keys still wait for this one
                 watch = await _watching(io)
                 try:
@@ -162,12 +171,13 @@ async def _hold_once(
         await _release(io, lease, keyed)
         return earlier
     rolled_back = watch is not None and watch.rolled_back and not in_transaction()
-    if rolled_back or outcome.not_the_views(request):
+    if rolled_back or outcome.not_the_views(plain):
         # a rule's view that raised, did not run (a middleware answered) or was rolled back by
         # its ATOMIC_REQUESTS transaction: not the request's answer, nothing to keep
         await _let_go(io, lease, keyed, response)
         return response
     try:
+        response = frameworks.finalized(request, response)  # a DRF Response: renderable now
         if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
             await io.render(response)  # kept as sent: render it now, not after the hold
         await keeping.keep(io.store, lease, response, fingerprint, config)
@@ -248,7 +258,31 @@ def _release_at_close(lease: Lease) -> None:
 
 
 # -- the I/O of sync and async views -------------------------------------------------------------
+def _checked(spec: LockSpec, request: Any, who: Any) -> Any:
+    """``who`` (the request's principal), unless it is nobody while the request carries
+    credentials nothing has resolved yet: the lock runs before the API framework authenticates
+    (the decorator above ``@api_view``, a rule in front of a DRF or django-ninja view), and
+    scoping it to nobody would share one key space among every client. Then
+    ``ImproperlyConfigured``: a 500, and the view does not run."""
+    if frameworks.principal_id(who) == "":
+        found = frameworks.unresolved_credentials(request)
+        if found:
+            raise ImproperlyConfigured(
+                f"{spec.key.where}: the lock runs before anything authenticated the request "
+                f"({'; '.join(found)}): request.user is anonymous, so its "
+                f"{'idempotency key' if spec.idempotency else 'lock key'} would be shared with "
+                "every other client. Put @request_lock under @api_view (or on the APIView/"
+                "ViewSet method), or right under a django-ninja operation's decorator with "
+                "auth=; a REDLOCK_REQUEST_LOCKS rule cannot see that user (django_redlock.E031). "
+                "A view with no authentication of its own should not receive credentials "
+                "(strip them at the proxy). See docs/api-frameworks.md."
+            )
+    return who
+
+
 def _request_user(spec: LockSpec, request: HttpRequest) -> Any:
+    if frameworks.resolved_by_framework(request):
+        return frameworks.principal(request)
     if not hasattr(request, "user"):
         raise ImproperlyConfigured(
             f"{spec.key.where}: lock key template {spec.key.template!r} uses {{user}}, but the "
@@ -276,7 +310,7 @@ class _BlockingIO:
     """Blocking calls: every await of the hold returns without suspending."""
 
     async def user(self, spec: LockSpec, request: HttpRequest) -> Any:
-        return _request_user(spec, request)
+        return _checked(spec, request, _request_user(spec, request))
 
     async def acquire(self, spec: LockSpec, name: str) -> Lease:
         manager = locks[spec.using]
@@ -312,10 +346,15 @@ class _AsyncIO:
     """asyncio calls; the user is loaded without a sync DB query in the event loop."""
 
     async def user(self, spec: LockSpec, request: HttpRequest) -> Any:
-        auser = getattr(request, "auser", None)  # Django >= 5.0
-        if auser is not None:
-            return await auser()
-        return await sync_to_async(_evaluated)(_request_user(spec, request))
+        if frameworks.is_drf_request(request):  # DRF's user property may query the database
+            who = await sync_to_async(_request_user)(spec, request)
+        elif frameworks.ninja_authenticated(request):
+            who = frameworks.principal(request)
+        elif (auser := getattr(request, "auser", None)) is not None:  # Django >= 5.0
+            who = await auser()
+        else:
+            who = await sync_to_async(_evaluated)(_request_user(spec, request))
+        return _checked(spec, request, who)
 
     async def acquire(self, spec: LockSpec, name: str) -> Lease:
         manager = locks[spec.using]
@@ -382,5 +421,37 @@ async def ahold_for_request(
     kwargs: Mapping[str, Any],
     call: Callable[[], Awaitable[HttpResponseBase]],
 ) -> HttpResponseBase:
-    """:func:`hold_for_request` for an async ``call``."""
-    return await _hold(spec, request, kwargs, call, _ASYNC)
+    """:func:`hold_for_request` for an async ``call``. An idempotent request (it carries the
+    key's header) is shielded from cancellation (a client that disconnects: Django's ASGI
+    handler cancels the view): once it holds its key it runs to the end, and its response is
+    kept for the retry, which never runs the view a second time."""
+    hold = _hold(spec, request, kwargs, call, _ASYNC)
+    if not (spec.idempotency and _carries_key(request)):
+        return await hold
+    task = asyncio.ensure_future(hold)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if not task.done():  # runs on: keep it referenced, and report what it raises
+            _LEFT_BEHIND.add(task)
+            task.add_done_callback(_left_behind_done)
+        raise
+
+
+#: Idempotent holds running on after their caller was cancelled (kept referenced till done).
+_LEFT_BEHIND: set[asyncio.Future[HttpResponseBase]] = set()
+
+
+def _left_behind_done(task: asyncio.Future[HttpResponseBase]) -> None:
+    _LEFT_BEHIND.discard(task)
+    error = None if task.cancelled() else task.exception()
+    if error is not None:  # nobody else will see it: its client has gone
+        logger.error("An idempotent request failed after its client left", exc_info=error)
+
+
+def _carries_key(request: Any) -> bool:
+    try:
+        header = idempotency.config().header
+    except ImproperlyConfigured:  # answered by the hold itself
+        return False
+    return frameworks.django_request(request).headers.get(header) is not None

@@ -25,6 +25,7 @@ from django.http.request import RawPostDataException
 from django.http.response import HttpResponseBase
 
 from ..conf import MAX_NAME_LENGTH, IdempotencyConfig, idempotency_setting
+from .frameworks import principal_id
 from .records import Record
 from .responses import error_response
 
@@ -105,16 +106,9 @@ def has_user(request: HttpRequest) -> bool:
     return False  # no authentication at all: every request is anonymous
 
 
-def user_id(user: Any) -> str:
-    """The id a key and a fingerprint are scoped to: the authenticated user's pk, or ''."""
-    if user is None or not getattr(user, "is_authenticated", False):
-        return ""
-    return str(getattr(user, "pk", ""))
-
-
 def lock_name(filled: str, key: str, user: Any) -> str:
     """The lock of one key: the filled template, :data:`KEY_MARK`, a digest of user and key."""
-    digest = hashlib.sha256(f"{user_id(user)}\n{key}".encode()).hexdigest()[:_DIGEST]
+    digest = hashlib.sha256(f"{principal_id(user)}\n{key}".encode()).hexdigest()[:_DIGEST]
     suffix = f"{KEY_MARK}{digest}"
     if len(filled) + len(suffix) <= MAX_NAME_LENGTH:
         return filled + suffix
@@ -125,16 +119,17 @@ def lock_name(filled: str, key: str, user: Any) -> str:
 def fingerprint(request: HttpRequest, user: Any) -> str:
     """SHA-256 of the request's method, path (with its query string), body and user id."""
     digest = hashlib.sha256()
-    for part in (request.method or "", request.get_full_path(), user_id(user)):
+    for part in (request.method or "", request.get_full_path(), principal_id(user)):
         digest.update(part.encode("utf-8", "surrogatepass") + b"\0")
     digest.update(_body_digest(request))
     return digest.hexdigest()
 
 
 def _body_digest(request: HttpRequest) -> bytes:
-    """The body's SHA-256; a multipart body's is taken from its parsed fields and files."""
-    if request.content_type == "multipart/form-data":
-        return _multipart_digest(request)
+    """The body's SHA-256; a multipart POST body's is taken from its parsed fields and files
+    (Django parses no other; a PUT's or PATCH's is its raw bytes)."""
+    if request.content_type == "multipart/form-data" and request.method == "POST":
+        return _multipart_digest(request)  # Django parses multipart bodies of POSTs only
     try:
         return hashlib.sha256(request.body).digest()
     except RawPostDataException:  # parsed from the stream already (a multipart body)

@@ -235,6 +235,9 @@ class SimulatedEngine(Engine):
             return NoteReplies([None] * self.node_count, dict.fromkeys(self.labels, NO_ANSWER))
         return NoteReplies([self.locks.order(args)] * self.node_count)
 
+    async def aorder(self, *args: str | int) -> NoteReplies:
+        return self.order(*args)
+
     # -- nothing else may run: every other path of Engine would open a connection -------------
     def wait_release(self, name: str, seconds: float, *, mark: Any = None) -> bool:
         self._no_io()

@@ -111,11 +111,10 @@ class Faults:
         if not isinstance(unavailable, bool):
             raise TypeError(f"unavailable must be True or False, not {unavailable!r}.")
         if lost_after is not None and (
-            isinstance(lost_after, bool)
-            or not isinstance(lost_after, int | float)
-            or not math.isfinite(lost_after)
-            or lost_after < 0
+            isinstance(lost_after, bool) or not isinstance(lost_after, int | float)
         ):
+            raise TypeError(f"lost_after must be None or seconds (a number), not {lost_after!r}.")
+        if lost_after is not None and not (math.isfinite(lost_after) and lost_after >= 0):
             raise ValueError(f"lost_after must be None or seconds >= 0, not {lost_after!r}.")
         return cls(globs, unavailable, lost_after, tuple(glob_pattern(g) for g in globs))
 

@@ -145,5 +145,5 @@ def simulation_from_environment() -> Simulation | None:
         )
     try:
         return simulate(**arguments)
-    except TypeError as exc:  # a wrong type in the JSON: one line, as for bad JSON
+    except (TypeError, ValueError) as exc:  # a wrong value in the JSON: one line naming it
         raise ValueError(f"{ENVIRONMENT_VARIABLE}: {exc}") from exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 from collections.abc import Sequence
@@ -11,8 +12,19 @@ HOST = "127.0.0.1"
 Address = str | tuple[str, int]  # a unix socket path, or (host, port)
 
 
+#: Ports :func:`free_port` hands out: below Linux's ephemeral range (32768-60999 by default),
+#: which outgoing connections draw their local ports from, so a port chosen now is not taken
+#: by some client's connection before the server that was given it binds it.
+FREE_PORTS = range(20000, 32768)
+
+
 def free_port() -> int:
-    """A TCP port on :data:`HOST` that nothing listens on right now."""
+    """A TCP port on :data:`HOST` that nothing listens on right now (see :data:`FREE_PORTS`;
+    one the kernel picks when none of a hundred tries there is free)."""
+    for _ in range(100):
+        port = random.choice(FREE_PORTS)
+        if port_free(port):
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((HOST, 0))
         return int(sock.getsockname()[1])

@@ -5,7 +5,7 @@ missing one key at once compute once; errors as in the blocking version."""
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
+import random
 import threading
 import time
 import uuid
@@ -19,11 +19,10 @@ from django_redlock.cache import aget_or_set, get_or_set
 from django_redlock.cache.arguments import lock_name
 from django_redlock.cache.stores import store_for
 from django_redlock.exceptions import LockError
-from django_redlock.testing import RedisNode
+from django_redlock.testing import RedisNode, RedisNodes
 from tests.support import cache_workers as workers
+from tests.support.processes import PROCESSES
 from tests.support.waiting import until, until_waiting
-
-SPAWN = multiprocessing.get_context("spawn")
 
 
 @pytest.fixture
@@ -47,7 +46,7 @@ def test_eight_processes_missing_at_once_compute_once(
     client = cache_node.client()
     counter = f"{key}:computes"
     args = (settings.REDLOCK, settings.CACHES, key, cache_node.url, counter, 30, None, True)
-    with SPAWN.Pool(8) as pool:
+    with PROCESSES.Pool(8) as pool:
         results = pool.starmap_async(workers.fill_gated, [args] * 8)
         until(lambda: client.get(counter) is not None, 60, "the first compute")
         until_waiting(locks["default"], name_of(key), 7, 60)
@@ -192,3 +191,70 @@ def test_an_object_with_an_async_call_is_awaited(backend: str, key: str) -> None
         get_or_set(key, Build(), 30)
     assert cache.get(key, "absent") == "absent"
     assert asyncio.run(aget_or_set(key, Build(), 30)) == "built"
+
+
+ROUNDS, WAITERS = 12, 25
+
+
+@pytest.mark.parametrize("using", ["default", "multi"])
+def test_cancelled_waiters_leave_no_read_lease(
+    backend: str, key: str, using: str, session_nodes: RedisNodes
+) -> None:
+    """Twelve fills, each awaited by 25 tasks cancelled at random moments: while they
+    wait, while the writer's release wakes them, while their read lease is acquired or
+    released. None of them leaves a read lease (or the readers' marker) on a node, which
+    would keep writers out for its TTL."""
+    rng = random.Random(7)
+    manager = locks[using]
+    names: list[str] = []
+    cancelled: list[int] = []
+
+    async def one_fill(round_key: str, count: int) -> None:
+        release = asyncio.Event()
+
+        async def compute() -> str:
+            await release.wait()
+            return "value"
+
+        first = asyncio.create_task(aget_or_set(round_key, compute, 30, using=using))
+        waiters = [
+            asyncio.create_task(aget_or_set(round_key, compute, 30, using=using))
+            for _ in range(count)
+        ]
+        # the fill is under way and waiters are registering (under load most of them may
+        # still be on their way: they are cancelled at whatever stage they reached)
+        await asyncio.to_thread(until_waiting, manager, name_of(round_key), 1, 30)
+        loop = asyncio.get_running_loop()
+        for task in waiters:  # a sixth before the release, the others while readers run
+            loop.call_later(rng.uniform(0.0, 0.18), task.cancel)
+        await asyncio.sleep(0.03)
+        release.set()
+        outcomes = await asyncio.gather(first, *waiters, return_exceptions=True)
+        assert outcomes[0] == "value"
+        unexpected = [
+            o for o in outcomes if o != "value" and not isinstance(o, asyncio.CancelledError)
+        ]
+        assert unexpected == []
+        cancelled.append(sum(isinstance(o, asyncio.CancelledError) for o in outcomes))
+
+    async def main() -> None:
+        # 25 tasks per fill: 100 tasks of one event loop opening 3 connections each at once
+        # starve that loop past NODE_TIMEOUT (connects time out: NodesUnavailable)
+        for round_ in range(ROUNDS):
+            round_key = f"{key}-{round_}"
+            names.append(name_of(round_key))
+            await one_fill(round_key, WAITERS)
+
+    asyncio.run(main())
+    assert 0 < sum(cancelled) < ROUNDS * WAITERS  # cancelled at every stage, some finished
+    keys = manager.engine.state.keys
+    left = {
+        name: [
+            k
+            for node in session_nodes
+            for k in (keys.readers(name), keys.lock(name))
+            if node.client().exists(k)
+        ]
+        for name in names
+    }
+    assert left == {name: [] for name in names}

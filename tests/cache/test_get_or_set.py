@@ -5,7 +5,6 @@ miss at once, stale values served while one caller refreshes, fenced writes, err
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import os
 import signal
 import threading
@@ -27,9 +26,8 @@ from django_redlock.cache.stores import record_key, store_for
 from django_redlock.exceptions import LockError, LockNotAcquired, NodesUnavailable
 from django_redlock.testing import RedisNode
 from tests.support import cache_workers as workers
+from tests.support.processes import PROCESSES
 from tests.support.waiting import until, until_waiting
-
-SPAWN = multiprocessing.get_context("spawn")
 
 
 @pytest.fixture
@@ -53,7 +51,7 @@ def test_eight_processes_missing_at_once_compute_once(
     client = cache_node.client()
     counter = f"{key}:computes"
     args = (settings.REDLOCK, settings.CACHES, key, cache_node.url, counter, 30, None)
-    with SPAWN.Pool(8) as pool:
+    with PROCESSES.Pool(8) as pool:
         results = pool.starmap_async(workers.fill_gated, [args] * 8)
         until(lambda: client.get(counter) is not None, 60, "the first compute")
         until_waiting(locks["default"], lock_name("default", full_key(key)), 7, 60)
@@ -78,7 +76,7 @@ def test_stale_value_served_at_once_while_one_refreshes(
     client = cache_node.client()
     counter = f"{key}:computes"
     args = (settings.REDLOCK, settings.CACHES, key, cache_node.url, counter, 0.2, 60)
-    with SPAWN.Pool(8) as pool:
+    with PROCESSES.Pool(8) as pool:
         results = pool.imap_unordered(_fill_gated, [args] * 8)
         first_seven = [results.next(timeout=60) for _ in range(7)]  # before the gate opens
         assert first_seven == ["old"] * 7
@@ -107,7 +105,7 @@ def test_older_lease_never_overwrites_a_newer_value(
     ready = f"{key}:ready"
     client = cache_node.client()
     args = (settings.REDLOCK, settings.CACHES, key, cache_node.url, ready, manager.alias)
-    with SPAWN.Pool(1) as pool:
+    with PROCESSES.Pool(1) as pool:
         old = pool.apply_async(workers.fill_paused, args)
         until(lambda: client.get(ready) is not None, 60, "the paused compute")
         pid = int(client.get(ready))

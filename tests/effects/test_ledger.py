@@ -146,6 +146,34 @@ def test_a_stale_holder_cannot_begin(unique_name: str) -> None:
     assert Effect.objects.get(key=key).token == newer.token
 
 
+def test_a_cancelled_async_entry_leaves_the_effect_closed_under_the_lease(
+    unique_name: str,
+) -> None:
+    """``async with lease.once(key)`` cancelled while it enters (its begin runs in a worker
+    thread, which the cancellation cannot stop): the key is not left marked open under the
+    lease, so the next ``once(key)`` under it enters (it used to raise "already open" for the
+    rest of the lease). The cancelled begin is seen interrupted, as any block that did not end."""
+
+    async def scenario() -> None:
+        async with locks["default"].alock(unique_name) as lease:
+
+            async def enter(key: str) -> None:
+                async with lease.once(key):
+                    raise AssertionError("the body of a cancelled entry ran")
+
+            for round_ in range(5):
+                key = f"cancelled:{unique_name}:{round_}"
+                task = asyncio.ensure_future(enter(key))
+                await asyncio.sleep(0)  # the begin is in the worker thread now
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                async with lease.once(key) as effect:
+                    assert effect.pending
+
+    asyncio.run(scenario())
+
+
 def test_async_with_under_alock(unique_name: str) -> None:
     asyncio.run(_async_effect(unique_name))
     assert Effect.objects.get(key=f"report:{unique_name}").state == "done"

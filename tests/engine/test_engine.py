@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import multiprocessing
 import threading
 import time
 from pathlib import Path
@@ -18,9 +17,8 @@ from django_redlock import lock, locks, signals
 from django_redlock.exceptions import LockLost, LockNotAcquired, NodesUnavailable
 from django_redlock.testing import RedisNodes
 from tests.support import engine_workers as workers
+from tests.support.processes import PROCESSES
 from tests.support.waiting import assert_woken, backing_off, until, until_blocked, until_waiting
-
-SPAWN = multiprocessing.get_context("spawn")
 
 
 def _keys(nodes: RedisNodes, pattern: str) -> list[list[bytes]]:
@@ -45,7 +43,7 @@ def test_processes_lose_no_increment_on_five_nodes(session_nodes: RedisNodes, un
     and the tokens they saw, in critical-section order, strictly increase."""
     counter_key = f"counter:{unique_name}"
     rounds = 15
-    with SPAWN.Pool(8) as pool:
+    with PROCESSES.Pool(8) as pool:
         results = pool.starmap(
             workers.increment_under_lock,
             [
@@ -130,7 +128,7 @@ def test_first_acquires_of_many_processes_on_a_new_cluster_all_succeed(
     urls = [node.url for node in redis_node_factory(count)]
     rounds, step = 12, 0.25
     go = tmp_path / "go"
-    with SPAWN.Pool(4) as pool:
+    with PROCESSES.Pool(4) as pool:
         running = pool.starmap_async(
             workers.first_acquires,
             [(urls, f"new{count}-", rounds, str(go), step, i) for i in range(4)],
@@ -147,36 +145,59 @@ def test_first_acquires_with_timeout_0_of_many_threads_on_a_new_cluster(
     round_: int, redis_node_factory: Any, redlock_alias: Any
 ) -> None:
     """Twelve threads of one process make their first acquire(rw="write", timeout=0) on a new
-    3-node cluster at once (a fresh alias each round): each gets the lease or LockNotAcquired,
-    none NodesUnavailable ("quarantined"). The one retry after another caller initialised the
-    nodes applies to timeout=0 too (it used to be skipped there: the rejoin check ran once
+    3-node cluster at once (a fresh alias each round), each of its own name: every one gets its
+    lease, none NodesUnavailable ("quarantined"). The one retry after another caller initialised
+    the nodes applies to timeout=0 too (it used to be skipped there: the rejoin check ran once
     per half second per alias, so the threads behind the initialising one failed)."""
     manager = redlock_alias(redis_node_factory(3), TTL=5.0, TIMEOUT=30)
-    barrier = threading.Barrier(12)
+    outcomes = _first_acquires(manager, [f"fresh-{i}" for i in range(12)])
+    assert outcomes == ["won"] * 12
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_first_acquires_with_timeout_0_of_one_name_on_a_new_cluster(
+    round_: int, redis_node_factory: Any, redlock_alias: Any
+) -> None:
+    """The same twelve first acquires, all of one name: at most one wins, every other is refused
+    LockNotAcquired, none NodesUnavailable. "At most": with timeout=0 each caller makes one
+    attempt, and racing attempts on 3 nodes can split the votes (three callers with one node
+    each) so that nobody wins; Redlock retries a split only while the caller's timeout lasts
+    (docs/algorithm.md, "Quorum first")."""
+    manager = redlock_alias(redis_node_factory(3), TTL=5.0, TIMEOUT=30)
+    outcomes = _first_acquires(manager, ["fresh"] * 12)
+    assert outcomes.count("won") <= 1
+    assert sorted(outcomes) == ["busy"] * (12 - outcomes.count("won")) + ["won"] * outcomes.count(
+        "won"
+    )
+
+
+def _first_acquires(manager: Any, names: list[str]) -> list[str]:
+    """Each name's acquire(rw="write", timeout=0) in a thread of its own, all at once; a winner
+    keeps its lease until every other thread has its answer. The outcomes, sorted."""
+    barrier = threading.Barrier(len(names))
     outcomes: list[str] = []
 
-    def first_acquire() -> None:
+    def first_acquire(name: str) -> None:
         barrier.wait(30)
         try:
-            lease = manager.acquire("fresh", rw="write", timeout=0)
+            lease = manager.acquire(name, rw="write", timeout=0)
         except LockNotAcquired:
             outcomes.append("busy")
         except NodesUnavailable as exc:
             outcomes.append(f"unavailable: {exc}")
         else:
-            deadline = time.monotonic() + 30
-            while len(outcomes) < 11 and time.monotonic() < deadline:  # the others tried
-                time.sleep(0.01)
-            lease.release()
             outcomes.append("won")
+            deadline = time.monotonic() + 30
+            while len(outcomes) < len(names) and time.monotonic() < deadline:
+                time.sleep(0.01)  # every other thread has its answer
+            lease.release()
 
-    threads = [threading.Thread(target=first_acquire) for _ in range(12)]
+    threads = [threading.Thread(target=first_acquire, args=(name,)) for name in names]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(60)
-    assert [o for o in outcomes if o.startswith("unavailable")] == []
-    assert sorted(outcomes) == ["busy"] * 11 + ["won"]
+    return sorted(outcomes)
 
 
 def test_restarted_node_is_quarantined_while_a_holds(redis_node_factory, redlock_alias):
@@ -290,7 +311,7 @@ def test_auto_extend_keeps_others_out_then_stops_at_max_hold(unique_name: str):
     holds: past its first TTL; renewed every third of a TTL, it stays held through a
     starved renewal thread of up to 0.6 s on a loaded machine); with max_hold the lease runs
     out afterwards and leaving the block raises LockLost."""
-    proc = SPAWN.Process(
+    proc = PROCESSES.Process(
         target=workers.hold_for, args=(settings.REDLOCK, "multi", unique_name, 3.0, 1.0)
     )
     proc.start()
@@ -780,7 +801,7 @@ def test_waiter_killed_while_waiting_stops_counting_within_a_second(
     manager = locks[alias]
     nodes = list(session_nodes)[: len(manager.config.nodes)]
     holder = manager.acquire(unique_name, ttl=10, timeout=0)
-    proc = SPAWN.Process(
+    proc = PROCESSES.Process(
         target=workers.wait_for_lock, args=(settings.REDLOCK, alias, unique_name, 60)
     )
     proc.start()

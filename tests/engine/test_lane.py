@@ -301,3 +301,24 @@ def test_an_interrupt_while_packing_raises_instead_of_crashing(tmp_path: Any) ->
     )
     assert done.returncode == 0, (done.returncode, done.stderr[-500:])
     assert int(done.stdout) > 0  # the storm did interrupt it
+
+
+def test_a_second_reconnect_keeps_the_first_connection(
+    redis_node_factory: Any, redlock_alias: Any
+) -> None:
+    """A dropped link is reconnected inline (``revive``) and in the background (``usable``),
+    one after the other under the link's mutex. The second used to connect again and replace
+    the first connection without closing it: its socket was left to the garbage collector (an
+    unclosed-socket warning in whatever test ran then). Now it finds the link connected."""
+    nodes = redis_node_factory(1)
+    manager = redlock_alias(nodes, NODE_TIMEOUT=1.0)
+    warm = manager.acquire("warm", timeout=0)
+    link = warm._record.pinned.links[0]
+    warm.release()
+    link._drop()
+    assert link.connect_detached() is True
+    first = link._sock
+    assert link.connect_detached() is True
+    assert link._sock is first
+    assert first.fileno() != -1
+    manager.acquire("after", timeout=0).release()

@@ -5,7 +5,6 @@ the waiter after the wake-up (issue 18). Real nodes and processes."""
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import os
 import signal
 import threading
@@ -20,9 +19,8 @@ from django_redlock.locking.lease import Lease
 from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNode, RedisNodes
 from tests.support import engine_workers as workers
+from tests.support.processes import PROCESSES
 from tests.support.redis_acl import ACL_COMMANDS, acl_user_urls
-
-SPAWN = multiprocessing.get_context("spawn")
 
 
 def _until(test: Callable[[], bool], seconds: float = 30.0) -> None:
@@ -63,7 +61,7 @@ def test_the_server_hands_the_lock_to_a_stopped_waiter(
     prefix = manager.config.key_prefix
     holder = manager.acquire("n", timeout=0)
     worker = workers.acquire_and_report if how == "sync" else workers.aacquire_and_report
-    proc = SPAWN.Process(
+    proc = PROCESSES.Process(
         target=worker,
         args=(settings.REDLOCK, alias, "n", 30, node.url, "tokens"),
     )

@@ -1002,31 +1002,77 @@ def test_rejoin_fails_when_no_target_answers(state: AliasState) -> None:
 
 
 @pytest.mark.parametrize(
-    ("replies", "held", "handed_off"),
+    ("replies", "held", "handed_off", "unsure"),
     [
-        ((1, 1, 1), True, False),
-        ((1, 1, 0), True, False),
-        ((2, 1, TIMED_OUT), True, True),
-        ((1, TIMED_OUT, TIMED_OUT), True, False),
-        ((1, 0, 0), False, False),
-        ((0, 0, 0), False, False),
-        ((TIMED_OUT, TIMED_OUT, TIMED_OUT), True, False),
+        ((1, 1, 1), True, False, ()),
+        ((1, 1, 0), True, False, ()),
+        ((2, 1, TIMED_OUT), True, True, (2,)),
+        ((1, TIMED_OUT, TIMED_OUT), False, False, (1, 2)),
+        ((1, 0, 0), False, False, ()),
+        ((0, 0, 0), False, False, ()),
+        ((TIMED_OUT, TIMED_OUT, TIMED_OUT), False, False, (0, 1, 2)),
+        ((1, 0, TIMED_OUT), False, False, (2,)),
     ],
-    ids=["all", "quorum", "handed-off", "one-of-three", "majority-refused", "none", "silent"],
+    ids=[
+        "all",
+        "quorum",
+        "handed-off",
+        "one-of-three",
+        "majority-refused",
+        "none",
+        "silent",
+        "one-refused-one-silent",
+    ],
 )
 def test_release_result(
-    state: AliasState, replies: tuple[Any, ...], held: bool, handed_off: bool
+    state: AliasState,
+    replies: tuple[Any, ...],
+    held: bool,
+    handed_off: bool,
+    unsure: tuple[int, ...],
 ) -> None:
-    """release is True unless more than total-quorum nodes said "not yours" (a release that
-    merely timed out is not a loss: its compare-and-delete runs when the node answers); 2 marks
-    handed_off."""
+    """release is True only when a quorum confirmed its compare-and-delete; a quorum of "not
+    yours" is a loss; too few answers leave the nodes that did not answer ``unsure`` (the
+    release is sent there again: it used to count a timed-out release as done, though a
+    connection that broke meanwhile never ran it), and so does a node that did not answer a
+    release a quorum confirmed (``settled``: it is sent there again in the background);
+    2 marks handed_off."""
     lease = lease_for()
     run = drive(plans.release_plan(state, fake_nodes(3), lease), [answer(RELEASE, *replies)])
     assert run.result is held
     assert lease.released and lease.handed_off is handed_off
+    assert lease.unsure == unsure
+    assert lease.settled is held
     waking = wake_node(NAME, 3)
     for i, call in enumerate(run.calls(0)):
         assert release_args(call) == ("a" * 32, "1" if i == waking else "0", 0)
+
+
+@pytest.mark.parametrize(
+    ("again", "confirmed", "unsure"),
+    [
+        ((1, 1), True, ()),
+        ((0, 0), True, ()),  # "not yours" while still valid: the earlier send had run
+        ((1, TIMED_OUT), True, (2,)),
+        ((TIMED_OUT, TIMED_OUT), False, (1, 2)),
+    ],
+    ids=["deleted", "ran-before", "one-still-silent", "still-silent"],
+)
+def test_release_again_counts_the_nodes_that_answer(
+    state: AliasState, again: tuple[Any, ...], confirmed: bool, unsure: tuple[int, ...]
+) -> None:
+    """A release confirmed by one node of three is sent again to the two others only."""
+    lease = lease_for()
+    drive(
+        plans.release_plan(state, fake_nodes(3), lease), [answer(RELEASE, 1, TIMED_OUT, TIMED_OUT)]
+    )
+    run = drive(
+        plans.release_again_plan(state, fake_nodes(3), lease),
+        [answer(RELEASE, None, *again)],
+    )
+    assert [call is not None for call in run.calls(0)] == [False, True, True]
+    assert run.result is confirmed
+    assert lease.unsure == unsure
 
 
 def test_release_twice_sends_nothing(state: AliasState) -> None:
@@ -1048,11 +1094,15 @@ def test_release_of_expired_or_lost_lease_cleans_up_but_is_false(state: AliasSta
 
 
 def test_release_skips_unreached_and_disconnected_nodes(state: AliasState) -> None:
-    """No RELEASE to a node the acquire never reached, nor to one not connected."""
+    """No RELEASE to a node the acquire never reached, nor to one not connected. Released on
+    one of the two nodes that hold it: unconfirmed (False), to be sent again to the one that
+    was down (it used to count as done)."""
     lease = lease_for(reached=(True, False, True))
     nodes = fake_nodes(3, down=[2])
     run = drive(plans.release_plan(state, nodes, lease), [answer(RELEASE, 1, None, None)])
-    assert run.result is True
+    assert [call is not None for call in run.calls(0)] == [True, False, False]
+    assert run.result is False
+    assert lease.unsure == (2,)
 
 
 def test_release_without_reached_goes_everywhere(state: AliasState) -> None:
@@ -1606,3 +1656,21 @@ def test_quorum_first_skips_nodes_down_or_behind(qstate: AliasState) -> None:
     nodes[FIRST5[2]].behind = True
     assert plans.quorum_first(qstate, nodes, NAME) is None
     assert plans.quorum_first(qstate, fake_nodes(1), NAME) is None
+
+
+def test_a_rejoin_check_whose_probes_went_unanswered_holds_nobody_back(
+    state: AliasState, clock: Clock
+) -> None:
+    """Probes that too few nodes answered in time (a loaded client) tell nothing: the next
+    caller of the process probes again at once. Such a check used to hold every other caller
+    back for REJOIN_INTERVAL, so on a new cluster their first acquires failed "quarantined"."""
+    nodes = fake_nodes(3)
+    silent = [NodeFailure("timed out")] * 2 + [probe("", 0, 0, 0)]
+    assert drive(rejoin_plan(state, nodes, (0, 1, 2)), [answer(PROBE, *silent)]).result is False
+    assert state.next_rejoin_check == 0.0
+    fresh = [probe("", 0, 0, 0)] * 3
+    again = drive(
+        rejoin_plan(state, nodes, (0, 1, 2)),
+        [answer(PROBE, *fresh), answer(REJOIN, FLOOR, FLOOR, FLOOR)],
+    )
+    assert again.result is True

@@ -6,7 +6,6 @@ nodes paused and a node restarted empty, judged by the fault suites' oracles; a 
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import random
 import threading
 import time
@@ -18,10 +17,10 @@ import pytest
 from django_redlock.testing import RedisNode, RedisNodes
 from tests.faults.conftest import SEEDS, TTL, Shop, assert_all_oracles, assert_data_oracles
 from tests.support import engine_workers as workers
+from tests.support.processes import PROCESSES
 from tests.support.shop_workload import WorkerPool, overlap_anomalies, token_anomalies
 
 Nodes = Callable[..., RedisNodes]
-SPAWN = multiprocessing.get_context("spawn")
 
 
 def every(interval: float, action: Callable[[], Any], seconds: float) -> int:
@@ -142,7 +141,7 @@ def test_semaphore_holders_with_nodes_paused_and_restarted(
     counter = redis_node_factory(1)[0]
     redlock = {"sem": {"NODES": nodes.urls, "NODE_TIMEOUT": 0.1, "TTL": 5.0}}
     key = f"holders-{count}"
-    with pauses_and_a_restart(nodes, seed=count, flag=counter) as faults, SPAWN.Pool(8) as pool:
+    with pauses_and_a_restart(nodes, seed=count, flag=counter) as faults, PROCESSES.Pool(8) as pool:
         results = pool.starmap(
             workers.hold_permits,
             [(redlock, "sem", "s", 3, counter.url, key, 25, FAULTS_DONE) for _ in range(8)],
@@ -163,7 +162,7 @@ def test_read_write_lock_with_nodes_paused_and_restarted(redis_node_factory: Nod
     redlock = {"rw": {"NODES": nodes.urls, "NODE_TIMEOUT": 0.1, "TTL": 5.0}}
     args = [(redlock, "rw", "rw", counter.url, 15, False, FAULTS_DONE)] * 6
     args += [(redlock, "rw", "rw", counter.url, 10, True, FAULTS_DONE)] * 2
-    with pauses_and_a_restart(nodes, seed=5, flag=counter) as faults, SPAWN.Pool(8) as pool:
+    with pauses_and_a_restart(nodes, seed=5, flag=counter) as faults, PROCESSES.Pool(8) as pool:
         done = pool.starmap(workers.read_write_sections, args)
     assert min(done[:6]) >= 15 and min(done[6:]) >= 10
     seen = [v.split() for v in counter.client().lrange("rw:seen", 0, -1)]

@@ -6,7 +6,6 @@ The workers live in ``tests/support/fencing.py`` and connect to this session's *
 
 from __future__ import annotations
 
-import multiprocessing
 import queue
 import time
 from typing import Any
@@ -20,11 +19,11 @@ from testproject.inventory.models import Order, Product
 from tests.fencing_app.models import Coupon
 from tests.support import fencing
 from tests.support.fencing import fence_oracle, is_postgres, worker_config
+from tests.support.processes import PROCESSES
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fence_oracle")]
 __all__ = ["fence_oracle"]
 
-SPAWN = multiprocessing.get_context("spawn")
 WORKERS = 5
 ATTEMPTS = 6
 
@@ -46,10 +45,10 @@ def _collect(results: Any, count: int, processes: list[Any], timeout: float = 45
 
 def _run_shop(use_lock: bool) -> dict[str, Any]:
     product = Product.objects.create(name="last items", stock=10)
-    barrier, results = SPAWN.Barrier(WORKERS), SPAWN.Queue()
+    barrier, results = PROCESSES.Barrier(WORKERS), PROCESSES.Queue()
     config = worker_config()
     processes = [
-        SPAWN.Process(
+        PROCESSES.Process(
             target=fencing.buy_worker,
             args=(config, product.pk, ATTEMPTS, use_lock, barrier, results),
         )
@@ -96,8 +95,8 @@ def test_same_workload_without_lock_oversells(capsys: pytest.CaptureFixture[str]
 def test_zombie_process_write_is_rejected(unique_name: str):
     """A worker takes the lock, stalls past its TTL; a newer holder writes; the late write fails."""
     product = Product.objects.create(name="zombie", stock=10)
-    go, results = SPAWN.Event(), SPAWN.Queue()
-    worker = SPAWN.Process(
+    go, results = PROCESSES.Event(), PROCESSES.Queue()
+    worker = PROCESSES.Process(
         target=fencing.zombie_worker,
         args=(worker_config(), product.pk, unique_name, 0.5, go, results),
     )
@@ -132,8 +131,8 @@ def test_token_rejects_older_tokens_across_processes(unique_name: str):
     product = Product.objects.create(name="fenced", stock=10)
     outcomes = []
     for token, stock in ((newer.token, 5), (older.token, 1)):
-        results = SPAWN.Queue()
-        worker = SPAWN.Process(
+        results = PROCESSES.Queue()
+        worker = PROCESSES.Process(
             target=fencing.write_worker,
             args=(worker_config(), product.pk, token, stock, results),
         )
@@ -170,8 +169,8 @@ def test_stale_insert_waiting_on_an_uncommitted_delete_is_refused(unique_name: s
     the database lock) and is then refused. A check made before the INSERT would have missed
     the tombstone and let the row back in."""
     Coupon.objects.create(code="race-1", amount=10)
-    go, results = SPAWN.Event(), SPAWN.Queue()
-    worker = SPAWN.Process(
+    go, results = PROCESSES.Event(), PROCESSES.Queue()
+    worker = PROCESSES.Process(
         target=fencing.reinsert_worker,
         args=(worker_config(), unique_name, "race-1", go, results),
     )
@@ -197,6 +196,6 @@ def test_stale_insert_waiting_on_an_uncommitted_delete_is_refused(unique_name: s
 
 def test_results_queue_is_drained() -> None:
     """``_collect`` gives up (and stops the workers) instead of hanging the suite."""
-    results = SPAWN.Queue()
+    results = PROCESSES.Queue()
     with pytest.raises(queue.Empty):
         _collect(results, 1, [], timeout=0.2)

@@ -27,7 +27,7 @@ from django_redlock.fencing import tombstones
 from django_redlock.locking import context
 from django_redlock.models import FencedModel, FenceTombstone
 from testproject.inventory.models import Product
-from tests.fencing_app.models import Coupon, Seat
+from tests.fencing_app.models import Coupon, Event, Hall, Pass, Seat, Ticket
 from tests.support.fencing import fence_oracle
 
 pytestmark = pytest.mark.usefixtures("fence_oracle")
@@ -308,5 +308,66 @@ def test_prune_tombstones_deletes_only_old_ones(coupon: Coupon, unique_name: str
     assert "Deleted 2 tombstone(s) older than 30 day(s)" in out.getvalue()
     assert FenceTombstone.objects.count() == 2
     assert tombstones.prune(timedelta(0)) == 2
-    with pytest.raises(CommandError, match="--days"):
-        call_command("redlock", "prune-tombstones", "--days", "-1")
+    assert tombstones.prune(timedelta.max) == 0  # was an OverflowError
+    with pytest.raises(ValueError, match="negative"):
+        tombstones.prune(timedelta(days=-1))
+    for bad in ("-1", "1e9", "1e400", "nan", "inf"):  # 1e9 and 1e400 were OverflowError
+        with pytest.raises(CommandError, match="--days must be a number from 0 to 36525"):
+            call_command("redlock", "prune-tombstones", "--days", bad)
+
+
+# -- rows Django deletes by cascade, and plain querysets ---------------------------------------
+
+
+def _halls() -> tuple[Hall, Hall]:
+    doomed, other = Hall.objects.create(name="doomed"), Hall.objects.create(name="other")
+    Ticket.objects.create(hall=doomed, code="t-1")
+    Ticket.objects.create(hall=doomed, code="t-2")
+    return doomed, other
+
+
+@pytest.mark.parametrize(
+    "delete",
+    [
+        lambda: Hall.objects.get(name="doomed").delete(),
+        lambda: Hall.objects.filter(name="doomed").delete(),
+        lambda: models.QuerySet.delete(Ticket.objects.filter(code__startswith="t-")),
+    ],
+    ids=["parent.delete()", "parent queryset.delete()", "plain QuerySet.delete()"],
+)
+def test_a_cascaded_delete_leaves_tombstones(db: None, unique_name: str, delete: Any) -> None:
+    """A newer lease deletes an unfenced parent (or the rows through a plain queryset); Django
+    deletes the fenced children by cascade: the zombie cannot create a child again under
+    another parent (it used to: a cascaded row left no tombstone)."""
+    _, other = _halls()
+    with zombie(unique_name, delete) as (stale, newer):
+        for code in ("t-1", "t-2"):
+            with refused(stale, newer):
+                Ticket.objects.create(hall=other, code=code)
+    assert list(Ticket.objects.values_list("code", flat=True)) == []
+
+
+def test_a_fenced_parents_delete_fences_its_cascaded_children(db: None, unique_name: str) -> None:
+    """A fenced parent's delete under token T: its cascaded fenced children get tombstones
+    under T too; the parent's own keys are recorded once (by its fenced delete)."""
+    event = Event.objects.create(name="gala")
+    Pass.objects.create(event=event, code="p-1")
+    spare = Event.objects.create(name="spare")
+    before = FenceTombstone.objects.count()
+    with zombie(unique_name, lambda: Event.objects.get(name="gala").delete()) as (stale, newer):
+        with refused(stale, newer):
+            Pass.objects.create(event=spare, code="p-1")
+        with refused(stale, newer):
+            Event.objects.create(name="gala")
+    # the parent's pk and name, the child's pk and code: four keys, no more
+    assert FenceTombstone.objects.count() - before == 4
+    assert set(FenceTombstone.objects.values_list("token", flat=True)) == {newer.token}
+
+
+def test_a_cascade_without_a_lease_leaves_no_tombstone(db: None) -> None:
+    """A plain delete (no active lease, no token) records nothing, cascade or not."""
+    _halls()
+    before = FenceTombstone.objects.count()
+    Hall.objects.get(name="doomed").delete()
+    assert FenceTombstone.objects.count() == before
+    assert Ticket.objects.count() == 0

@@ -36,3 +36,51 @@ class Seat(FencedModel):
 
     def __str__(self) -> str:
         return f"{self.hall}/{self.number}"
+
+
+class Hall(models.Model):
+    """A plain (unfenced) parent whose delete cascades to fenced :class:`Ticket` rows."""
+
+    name = models.CharField(max_length=50, unique=True)
+
+    class Meta:
+        app_label = "fencing_app"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Ticket(FencedModel):
+    """A fenced row deleted by cascade when its :class:`Hall` goes."""
+
+    hall = models.ForeignKey(Hall, on_delete=models.CASCADE, related_name="+")
+    code = models.CharField(max_length=50, unique=True)
+
+    class Meta(FencedModel.Meta):
+        app_label = "fencing_app"
+
+    def __str__(self) -> str:
+        return self.code
+
+
+class Event(FencedModel):
+    """A fenced parent whose fenced delete cascades to fenced :class:`Pass` rows."""
+
+    name = models.CharField(max_length=50, unique=True)
+
+    class Meta(FencedModel.Meta):
+        app_label = "fencing_app"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Pass(FencedModel):
+    event = models.ForeignKey(Event, on_delete=models.CASCADE, related_name="+")
+    code = models.CharField(max_length=50, unique=True)
+
+    class Meta(FencedModel.Meta):
+        app_label = "fencing_app"
+
+    def __str__(self) -> str:
+        return self.code

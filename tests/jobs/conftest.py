@@ -4,6 +4,7 @@ messages and results)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
 from django.conf import settings
 from django.db import connection
 
@@ -61,4 +63,9 @@ def worker(
         yield running
     finally:
         stop_group(process)
-        _close_clients()
+        # The broker goes first: a connection of this process still waiting for a BRPOP
+        # reply (a control.ping the worker never answered) is then closed by its socket's
+        # end, where closing it against a live broker blocked on that reply for good.
+        broker.stop()
+        with contextlib.suppress(redis.exceptions.ConnectionError, OSError):
+            _close_clients()

@@ -15,8 +15,15 @@ def main() -> None:
     from redis import Redis
     from rq import Queue, Worker
 
+    class TestWorker(Worker):  # type: ignore[misc]
+        def subscribe(self) -> None:
+            """No command channel (the tests send no worker commands): RQ's pubsub thread,
+            stopped by a burst worker that ends before its SUBSCRIBE was confirmed, waits 60 s
+            for that confirmation (seen under a loaded parallel run) before the worker exits."""
+
     connection = Redis.from_url(os.environ["RQ_URL"])
-    worker = Worker([Queue("jobs", connection=connection)], connection=connection, name=sys.argv[1])
+    queues = [Queue("jobs", connection=connection)]
+    worker = TestWorker(queues, connection=connection, name=sys.argv[1])
     worker.work(burst=sys.argv[2:3] != ["serve"], logging_level="WARNING")
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from django_redlock import inspection
+from django_redlock.jobs.runner import KEEPER
 from django_redlock.locking.manager import LockManager
 
 from .run_support import (
@@ -56,6 +57,17 @@ if os.fork() == 0:
         os.execv(sys.executable, sleeper)
     os._exit(0)
 os.wait()
+os.execv(sys.executable, sleeper)
+"""
+
+#: A job whose child starts a session of its own (``setsid``, no double fork) and sleeps, and
+#: which then sleeps itself: the child leaves the job's process group but stays its child.
+SESSION = f"""
+import os, sys
+sleeper = [sys.executable, "-c", {SLEEP!r}]
+if os.fork() == 0:
+    os.setsid()
+    os.execv(sys.executable, sleeper)
 os.execv(sys.executable, sleeper)
 """
 
@@ -120,6 +132,10 @@ def job_command(kind: str, marker: str, tmp_path: Path) -> tuple[list[str], int]
         makefile = tmp_path / "Makefile"
         makefile.write_text(f"all:\n\t{sleeper}\n\techo finished\n")
         return [*tagged, "make", "-s", "-f", str(makefile)], 1
+    if kind == "session":
+        script = tmp_path / "session.py"
+        script.write_text(SESSION)
+        return [*tagged, PY, str(script)], 2
     assert kind == "daemon"
     script = tmp_path / "daemon.py"
     script.write_text(DAEMON)
@@ -205,26 +221,42 @@ def test_a_job_that_ignores_sigterm_is_killed_as_a_group_after_kill_after(
 
 @pytest.mark.parametrize(
     ("kind", "killed"),
-    [("script", "run"), ("daemon", "run"), ("script", "run+holder"), ("script", "holder")],
+    [
+        ("script", "run"),
+        ("daemon", "run"),
+        ("script", "run+holder"),
+        ("script", "holder"),
+        ("daemon", "keeper"),
+        ("session", "keeper"),
+    ],
 )
 def test_redlock_run_sigkilled_takes_the_whole_job_with_it(
     runner: tuple[Wrapper, LockManager], marker: str, kind: str, killed: str, tmp_path: Path
 ) -> None:
     """SIGKILL ``redlock run``, or the process of it that holds the lease, or both (as
-    ``pkill -9 -f 'redlock run'`` would): no process of the job survives, and a second
+    ``pkill -9 -f 'redlock run'`` would), or only the keeper: no process of the job survives
+    (a daemonised child, or a child in a session of its own, included), and a second
     ``redlock run`` of the name (waiting for it) starts only once none of them is left. With
-    only the holder killed, ``redlock run`` exits 70."""
+    only the holder or only the keeper killed, ``redlock run`` exits 70."""
     run, _ = runner
     process = start_job(run, "killed", kind, marker, "--ttl", "2")
     same = [pid for pid in children_of(process.pid) if argv_of_pid(pid) == argv_of_pid(process.pid)]
-    if killed != "holder":
+    if killed not in ("holder", "keeper"):
         process.kill()
     if killed != "run":
         assert len(same) == 1, "no holder process found"
-        os.kill(same[0], signal.SIGKILL)
+        if killed == "keeper":
+            keepers = [pid for pid in children_of(same[0]) if str(KEEPER) in argv_of_pid(pid)]
+            assert len(keepers) == 1, "no keeper process found"
+            os.kill(keepers[0], signal.SIGKILL)
+        else:
+            os.kill(same[0], signal.SIGKILL)
     _, err = process.communicate(timeout=30)
     if killed == "holder":
         assert process.returncode == 70 and "holding the lease died" in err, err
+    if killed == "keeper":
+        assert process.returncode == 70 and "keeper" in err, err
+        assert job_processes(marker) == [], "a process of the job outlived redlock run"
     counted = tmp_path / "left"
     second = run.run_command(
         "killed", [PY, "-c", COUNT_LEFT, marker, str(counted)], "--timeout", "60"

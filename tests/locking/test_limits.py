@@ -5,7 +5,6 @@ or nothing, no deadlock between overlapping sets in any order, the same semaphor
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import threading
 import time
 from typing import Any
@@ -17,9 +16,8 @@ from django_redlock import locks
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired
 from django_redlock.testing import RedisNodes
 from tests.support import engine_workers as workers
+from tests.support.processes import PROCESSES
 from tests.support.waiting import backing_off, until_waiting
-
-SPAWN = multiprocessing.get_context("spawn")
 
 
 def _keys_of(alias: str, nodes: RedisNodes, *names: str) -> list[bytes]:
@@ -121,7 +119,7 @@ def test_overlapping_sets_in_random_orders_from_six_processes(
     """6 processes x 15 sections, each a permit of 2-3 of 3 semaphores in random order: all
     finish (no deadlock), never more holders of a semaphore than its permits."""
     url = session_nodes[0].url
-    with SPAWN.Pool(6) as pool:
+    with PROCESSES.Pool(6) as pool:
         done = pool.starmap(
             workers.random_sets_under_limits,
             [(settings.REDLOCK, alias, unique_name, url, 15, seed) for seed in range(6)],

@@ -14,6 +14,7 @@ import string
 import subprocess
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,8 +24,11 @@ from django.db import transaction
 from django.test import override_settings
 
 from django_redlock import lock, locks
+from django_redlock.exceptions import NodesUnavailable
 from django_redlock.locking import ordering
+from django_redlock.locking.manager import LockManager
 from django_redlock.locking.ordering import shared
+from django_redlock.testing import RedisNodes
 from tests.conftest import SESSION_ALIASES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -346,3 +350,44 @@ def test_alimits_are_ordered_after_what_was_held_before(checker: str) -> None:
 
     asyncio.run(main())
     assert (f"{p}:order:{{n}}", f"{p}:api") in _recorded()
+
+
+def test_a_new_edge_does_not_block_the_event_loop(
+    checker: str,
+    redis_node_factory: Callable[..., RedisNodes],
+    redlock_alias: Callable[..., LockManager],
+) -> None:
+    """``aacquire`` records a new edge on the nodes without blocking the event loop: with the
+    node paused, the edge's call waits up to four node timeouts (2 s here) while another task
+    of the loop keeps ticking every 10 ms. It used to make that call synchronously, freezing
+    every task of the loop for the whole wait."""
+    p = checker
+    nodes = redis_node_factory(1)
+    manager = redlock_alias(nodes, NODE_TIMEOUT=0.5)
+    gaps: list[float] = []
+
+    async def ticker(stop: asyncio.Event) -> None:
+        last = time.monotonic()
+        while not stop.is_set():
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    async def main() -> None:
+        held = await manager.aacquire(f"{p}:held:1", ttl=30, timeout=0)
+        nodes[0].pause()
+        stop = asyncio.Event()
+        ticking = asyncio.create_task(ticker(stop))
+        try:
+            await asyncio.sleep(0.05)
+            with pytest.raises(NodesUnavailable):
+                await manager.aacquire(f"{p}:other:1", timeout=0)
+        finally:
+            stop.set()
+            await ticking
+            nodes[0].resume()
+        await held.arelease()
+
+    asyncio.run(main())
+    assert max(gaps) < 1.0, f"the event loop stood still for {max(gaps):.2f} s"

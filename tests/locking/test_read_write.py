@@ -6,7 +6,6 @@ and a write lease's token is above every earlier lease's."""
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import threading
 import time
 from typing import Any
@@ -18,9 +17,8 @@ from django_redlock import locks
 from django_redlock.exceptions import LockError, LockLost, LockNotAcquired
 from django_redlock.testing import RedisNodes
 from tests.support import engine_workers as workers
+from tests.support.processes import PROCESSES
 from tests.support.waiting import assert_woken, backing_off, until_waiting
-
-SPAWN = multiprocessing.get_context("spawn")
 
 
 @pytest.mark.parametrize("alias", ["default", "five"])
@@ -81,7 +79,7 @@ def test_six_readers_and_two_writers_in_processes(
     url = session_nodes[0].url
     args = [(settings.REDLOCK, alias, unique_name, url, 15, False)] * 6
     args += [(settings.REDLOCK, alias, unique_name, url, 10, True)] * 2
-    with SPAWN.Pool(8) as pool:
+    with PROCESSES.Pool(8) as pool:
         done = pool.starmap(workers.read_write_sections, args)
     assert done == [15] * 6 + [10] * 2
     seen = [v.split() for v in session_nodes[0].client().lrange(f"{unique_name}:seen", 0, -1)]

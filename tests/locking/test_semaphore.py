@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import multiprocessing
 import os
 import signal
 import threading
@@ -20,9 +19,8 @@ from django_redlock import locks
 from django_redlock.exceptions import LockError, LockNotAcquired
 from django_redlock.testing import RedisNodes
 from tests.support import engine_workers as workers
+from tests.support.processes import PROCESSES
 from tests.support.waiting import assert_woken, backing_off, until_waiting
-
-SPAWN = multiprocessing.get_context("spawn")
 
 
 @pytest.mark.parametrize("alias", ["default", "five"])
@@ -117,7 +115,7 @@ def test_eight_processes_never_more_than_three_holders(
     INCR outside the library) never exceed 3, and every permit had its own token."""
     key = f"holders:{unique_name}"
     rounds = 25
-    with SPAWN.Pool(8) as pool:
+    with PROCESSES.Pool(8) as pool:
         results = pool.starmap(
             workers.hold_permits,
             [
@@ -142,7 +140,7 @@ def test_a_killed_holders_permit_frees_within_one_ttl(
     key = f"killed:{unique_name}"
     manager = locks["five"]
     slot = manager.engine.state.keys.permit(unique_name, 0)
-    holder = SPAWN.Process(
+    holder = PROCESSES.Process(
         target=workers.hold_a_permit_until_killed,
         args=(settings.REDLOCK, "five", unique_name, 3.0, session_nodes[0].url, key),
     )
@@ -312,7 +310,7 @@ def test_a_semaphore_below_its_permits_fills_up_again(
     name, oracle = "s", nodes[0].client()
     blockers = [manager.acquire(name, ttl=60, timeout=0, permits=3) for _ in range(3)]
     waiters = manager.engine.state.keys.waiters(name)
-    with SPAWN.Pool(6) as pool:
+    with PROCESSES.Pool(6) as pool:
         done = pool.starmap_async(
             workers.hold_permits,
             [

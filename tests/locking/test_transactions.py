@@ -5,7 +5,6 @@ committed. ``TestCase``'s own atomic blocks do not count."""
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,8 +17,7 @@ from testproject.inventory.models import Product
 from tests.support import transaction_urls, transaction_workers
 from tests.support.attempts import free_elsewhere
 from tests.support.fencing import is_postgres, worker_config
-
-SPAWN = multiprocessing.get_context("spawn")
+from tests.support.processes import PROCESSES
 
 
 def held_elsewhere(name: str) -> bool:
@@ -134,8 +132,8 @@ def test_next_holder_in_another_process_reads_committed_rows(atomic_requests: No
     commit and read the new stock (before the fix: it got the lock at the view's end and read
     the old stock)."""
     product = Product.objects.create(name="tx", stock=10)
-    go, results = SPAWN.Event(), SPAWN.Queue()
-    holder = SPAWN.Process(
+    go, results = PROCESSES.Event(), PROCESSES.Queue()
+    holder = PROCESSES.Process(
         target=transaction_workers.next_holder,
         args=(worker_config(), product.pk, go, results),
     )

@@ -6,7 +6,6 @@ parser, counts exactly what the requests did (docs/observability.md)."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import socket
 import sys
@@ -26,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from django_redlock import locks
 from django_redlock.contrib.nodes import public_label
 from tests.support.metrics_workload import shopper_process
+from tests.support.processes import PROCESSES
 from tests.support.server_process import server_process
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,8 +93,7 @@ def test_a_scrape_counts_what_a_contended_workload_did(metrics_server: str) -> N
 
     product = Product.objects.create(name="metrics demo", stock=20)
     url = f"{metrics_server}/inventory/buy/{product.pk}/"
-    spawn = multiprocessing.get_context("spawn")
-    with spawn.Pool(4) as pool:
+    with PROCESSES.Pool(4) as pool:
         answers = [a for batch in pool.starmap(shopper_process, [(url, 4, 12)] * 4) for a in batch]
     outcomes = Counter(
         "acquired"

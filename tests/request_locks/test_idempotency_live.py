@@ -10,8 +10,6 @@ import os
 import socket
 import sys
 import threading
-import urllib.error
-import urllib.request
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -22,32 +20,11 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from tests.support.server_process import ROOT, server_process
+from tests.support.server_process import ROOT, server_aliases, server_process
+from tests.support.server_process import post_json as _post
 from tests.test_demo_buy_endpoint import inventory, live_servers
 
 __all__ = ["inventory", "live_servers"]  # fixtures used here
-
-
-def _post(url: str, key: str, body: bytes) -> tuple[int, dict[str, Any] | None, dict[str, str]]:
-    request = urllib.request.Request(
-        url,
-        data=body,
-        method="POST",
-        headers={
-            "Accept": "application/json",
-            "Content-Type": "application/json",
-            "Idempotency-Key": key,
-        },
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=15) as response:
-            return response.status, json.loads(response.read()), dict(response.headers)
-    except urllib.error.HTTPError as exc:
-        try:
-            parsed = json.loads(exc.read())
-        except ValueError:
-            parsed = None
-        return exc.code, parsed, dict(exc.headers)
 
 
 def test_concurrent_posts_with_one_key_place_one_order(
@@ -75,7 +52,7 @@ def asgi_server(transactional_db: None, tmp_path: Path) -> Any:
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.support.live_server_settings",
         "REDLOCK_TEST_DATABASE": json.dumps(database, default=str),
-        "REDLOCK_TEST_ALIASES": json.dumps(settings.REDLOCK),
+        "REDLOCK_TEST_ALIASES": server_aliases(settings.REDLOCK),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     command = [

@@ -3,6 +3,7 @@ docs/topologies.md and docs/testing.md only. Real redis-server and sentinel proc
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -24,8 +25,8 @@ def _children() -> set[int]:
     """PIDs of this process's child processes (Linux)."""
     found: set[int] = set()
     for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        text = (task / "children").read_text().split()
-        found.update(int(pid) for pid in text)
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            found.update(int(pid) for pid in (task / "children").read_text().split())
     return found
 
 

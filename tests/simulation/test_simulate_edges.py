@@ -115,6 +115,8 @@ def environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]
         ('{"unavailable": "yes"}', "True or False"),
         ('{"using": "nope"}', "'nope' is not an alias"),
         ('{"using": 3}', "an alias"),
+        ('{"lost_after": -1}', "seconds >= 0"),  # the variable was not named
+        ('{"lost_after": true}', "seconds \\(a number\\)"),
     ],
 )
 def test_bad_environment_values_are_one_line_errors(

@@ -45,9 +45,10 @@ def test_busy_globs_fail_at_once_whatever_the_timeout() -> None:
     with simulate(busy=["order:*", "user:[12]", r"odd\*"]):
         manager = locks["default"]
         started = time.monotonic()
-        with pytest.raises(LockNotAcquired):
+        with pytest.raises(LockNotAcquired, match="before its 30 s timeout") as busy:
             manager.acquire("order:7", timeout=30)
         assert time.monotonic() - started < 10  # not the 30 s timeout (no sleep)
+        assert "within 30 s" not in str(busy.value)  # it said so, though it failed at once
         for name in ("user:1", "user:2", "odd*"):
             with pytest.raises(LockNotAcquired):
                 manager.acquire(name, timeout=0)
@@ -265,6 +266,8 @@ def test_bad_arguments_are_refused_before_anything() -> None:
         simulate(busy="order:*")
     with pytest.raises(ValueError, match="lost_after"):
         simulate(lost_after=-1)
+    with pytest.raises(TypeError, match="lost_after"):  # a wrong type, as for busy: TypeError
+        simulate(lost_after=True)
     with pytest.raises(ValueError, match="busy glob"):
         simulate(busy=[""])
     with pytest.raises(ValueError, match="no such alias"), simulate(using="nope"):

@@ -95,8 +95,8 @@ def first_acquires(
 ) -> list[str]:
     """One process's first acquire on a new cluster, ``rounds`` times: each round is a new
     key prefix (fresh fence state), started at the same wall-clock moment in every process
-    (named in the file ``go`` once all of them are ready). Returns "ok" or the exception's
-    class name per round."""
+    (named in the file ``go`` once all of them are ready). Returns "ok" or the exception
+    (its class name and message) per round."""
     # a generous NODE_TIMEOUT (default 50 ms): on a loaded machine a slow reply would fail an
     # attempt for a reason of its own (too few nodes in time); this test is about the race
     aliases = {
@@ -116,8 +116,8 @@ def first_acquires(
         try:
             locks[f"r{r}"].acquire(f"w{index}", ttl=5, timeout=0).release()
             outcomes.append("ok")
-        except Exception as exc:  # reported to the test
-            outcomes.append(type(exc).__name__)
+        except Exception as exc:  # reported to the test, with its message (what failed where)
+            outcomes.append(f"{type(exc).__name__}: {exc}")
     return outcomes
 
 
@@ -294,3 +294,23 @@ def random_sets_under_limits(
             for name in chosen:
                 counter.decr(f"{name}:holders")
     return rounds
+
+
+def acquire_while_paused(redlock: dict[str, Any], alias: str, seconds: float) -> dict[str, int]:
+    """Acquire and release free names for ``seconds`` (the test SIGSTOPs and SIGCONTs this
+    process meanwhile); the count of each outcome (``ok``, or the exception's class name)."""
+    setup_django(redlock)
+    from django_redlock import locks
+
+    outcomes: dict[str, int] = {}
+    deadline = time.monotonic() + seconds
+    index = 0
+    while time.monotonic() < deadline:
+        index += 1
+        try:
+            lease = locks[alias].acquire(f"paused:{os.getpid()}:{index}", timeout=0)
+            outcome = "ok" if lease.release() else "release False"
+        except Exception as exc:
+            outcome = type(exc).__name__
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    return outcomes

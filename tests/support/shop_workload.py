@@ -279,9 +279,8 @@ class WorkerPool:
     """``size`` spawned worker processes that run workload tasks."""
 
     def __init__(self, size: int, db_name: str) -> None:
-        import multiprocessing
+        from tests.support.processes import PROCESSES as ctx
 
-        ctx = multiprocessing.get_context("spawn")
         self.size = size
         self.results: Any = ctx.Queue()
         self.tasks: list[Any] = [ctx.Queue() for _ in range(size)]

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import multiprocessing
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
+
+from tests.support.processes import PROCESSES
 
 MODES = ("pass", "delay", "blackhole", "reset", "drop-replies")
 
@@ -58,7 +59,7 @@ class Proxy:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> Proxy:
-        context = multiprocessing.get_context("spawn")
+        context = PROCESSES
         self._pipe, child_end = context.Pipe()
         self._process = context.Process(
             target=_serve, args=(self.upstream_port, self.host, child_end), daemon=True,

@@ -15,7 +15,15 @@ The plans are re-exported here.
 from __future__ import annotations
 
 from .acquire import QUARANTINED, acquire_plan, failure_of
-from .lease import extend_plan, force_release_plan, release_many_plan, release_plan
+from .lease import (
+    counted_release,
+    extend_plan,
+    force_release_plan,
+    note_unsure,
+    release_again_plan,
+    release_many_plan,
+    release_plan,
+)
 from .limits import acquire_limits_plan, release_permits_plan
 from .many import acquire_many_plan
 from .rounds import CLOCK, attempt_round, bracketed, quorum_first, waited_reply, write_back
@@ -29,11 +37,14 @@ __all__ = [
     "acquire_plan",
     "attempt_round",
     "bracketed",
+    "counted_release",
     "extend_plan",
     "failure_of",
     "force_release_plan",
+    "note_unsure",
     "quorum_first",
     "register_plan",
+    "release_again_plan",
     "release_many_plan",
     "release_permits_plan",
     "release_plan",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Collection, Sequence
 from typing import Any
@@ -264,7 +265,35 @@ def _release_calls(
             slots=tried,
         )
     if any(release):
-        yield Request(release, 0.0, wait=False)
+        owe = functools.partial(_owe, state, name, owner, tried, kind, len(nodes))
+        yield Request(release, 0.0, wait=False, unanswered=owe)
+
+
+def _owe(
+    state: AliasState,
+    name: str,
+    owner: str,
+    tried: tuple[str, ...],
+    kind: str,
+    total: int,
+    node: int,
+) -> None:
+    """A give-back that did not reach ``node`` (its connection broke before the reply was
+    read, or it could not be sent): ``state.owed`` gets a record of the grant to release there,
+    which the engine sends again on a new connection until the key's TTL could have run out."""
+    ttl = state.longest_ttl_ms / 1000
+    record = LeaseRecord(
+        name,
+        tried[0],
+        owner,
+        ttl=ttl,
+        deadline=time.monotonic() + ttl,
+        reached=tuple(i == node for i in range(total)),
+        kind=kind,
+        slots=tried if len(tried) > 1 else (),
+    )
+    record.released, record.unsure = True, (node,)
+    state.owed.append(record)
 
 
 def _acquired(reply: Any) -> bool:

@@ -11,7 +11,15 @@ from typing import Any
 from .. import scripts
 from ..keyspace import quorum, wake_node
 from ..kinds import HANDOFF_MS, KINDS, LOCK
-from ..replies import Call, NodeFailure, Request, Slot, granted_per_node, node_errors
+from ..replies import (
+    Call,
+    Labelled,
+    NodeFailure,
+    Request,
+    Slot,
+    granted_per_node,
+    node_errors,
+)
 from ..scripts import primitives as more
 from ..state import (
     LOST,
@@ -56,10 +64,78 @@ def release_plan(state: AliasState, nodes: Sequence[NodeView], lease: LeaseRecor
     handed = sum(1 for r in replies if r == scripts.HANDED_OFF)
     # a permit's releaser queues only when a quorum left no free slot that it could take
     lease.handed_off = handed >= needed if KINDS[lease.kind].handoff_needs_quorum else handed > 0
-    # Held unless nodes said "not yours": a release that merely timed out is not a loss (its
-    # compare-and-delete still runs when the node answers, in order, on this connection).
-    refused = sum(1 for r in replies if r == scripts.NOT_HELD)
-    return was_valid and not lease.lost and refused <= total - needed
+    held = counted_release(lease, reached, replies, was_valid)
+    note_unsure(lease, nodes, replies)
+    return held
+
+
+def counted_release(
+    lease: LeaseRecord, reached: Sequence[bool], replies: Sequence[Any], was_valid: bool
+) -> bool:
+    """What a release's replies say: True when its compare-and-delete ran on a quorum of the
+    nodes while the lease was valid; False when so many nodes said "not yours" (or were never
+    ``reached`` by the acquire) that no quorum held it (lost), or when too few answered to
+    tell. ``lease.unsure`` names the nodes to send it to again (down, a connection that
+    broke, a node that did not answer in time; see :func:`release_again_plan`), also when a
+    quorum confirmed it (``lease.settled``), so no node keeps the name for the TTL."""
+    total = len(replies)
+    needed = quorum(total)
+    lease.valid_at_release = was_valid and not lease.lost
+    refused = confirmed = 0
+    unsure = []
+    for i, (reply, holds) in enumerate(zip(replies, reached, strict=True)):
+        if not holds or reply == scripts.NOT_HELD:
+            refused += 1
+        elif isinstance(reply, NodeFailure):
+            unsure.append(i)
+        else:
+            confirmed += 1
+    lease.confirmed, lease.unsure, lease.settled = confirmed, (), confirmed >= needed
+    if refused > total - needed:  # no quorum held it: lost, nothing to send again
+        return False
+    lease.unsure = tuple(unsure)
+    return lease.valid_at_release if lease.settled else False
+
+
+def note_unsure(lease: LeaseRecord, nodes: Sequence[Labelled], replies: Sequence[Any]) -> None:
+    """Record on ``lease`` why its ``unsure`` nodes did not confirm the release (shown by the
+    background give-back's warning and ``Lease.check()``)."""
+    unsure = [(nodes[i], replies[i]) for i in lease.unsure]
+    lease.unsure_why = "; ".join(f"{node.label}: {reply}" for node, reply in unsure)
+
+
+def release_again_plan(
+    state: AliasState, nodes: Sequence[NodeView], lease: LeaseRecord
+) -> Plan[bool]:
+    """Send a release once more to the nodes that did not confirm it (``lease.unsure``), each
+    on the connection this call got (a new one where the old one broke). Compare-and-delete by
+    the owner value runs at most once in effect: a node that says "not yours" while the lease
+    is still valid had run the earlier send (or an operator force-released the name). True
+    once a quorum confirmed it (``lease.settled``); nodes still in ``lease.unsure`` then are
+    stragglers, sent to again until the lease's validity ends."""
+    total = len(nodes)
+    waking = wake_node(lease.name, total)
+    unsure = set(lease.unsure)
+    calls: list[Call | None] = [
+        _release_of(state, lease, wakes=i == waking, unsure=i not in lease.voters)
+        if i in unsure and node.run_id is not None
+        else None
+        for i, node in enumerate(nodes)
+    ]
+    # sent even with no call: the driver starts reconnecting the nodes that are down
+    replies = yield Request(calls, state.node_timeout)
+    ran_before = not lease.lost and lease.deadline > time.monotonic()
+    still = []
+    for i in sorted(unsure):
+        reply = replies[i]
+        if isinstance(reply, NodeFailure):
+            still.append(i)
+        elif reply != scripts.NOT_HELD or ran_before:
+            lease.confirmed += 1
+    lease.unsure = tuple(still)
+    lease.settled = lease.confirmed >= quorum(total)
+    note_unsure(lease, nodes, replies)
+    return lease.settled
 
 
 def release_many_plan(
@@ -97,12 +173,12 @@ def release_many_plan(
         return answered >= needed or all(s.done for s, c in zip(slots, calls, strict=True) if c)
 
     replies = yield Request(calls, state.node_timeout, settled)
-    answers = [r for r in replies if isinstance(r, list)]
     held = []
     for j, lease in enumerate(live):
-        lease.handed_off = any(int(r[j]) == scripts.HANDED_OFF for r in answers)
-        refused = sum(1 for r in answers if int(r[j]) == scripts.NOT_HELD)
-        held.append(was_valid[j] and not lease.lost and refused <= total - needed)
+        mine = [int(r[j]) if isinstance(r, list) else r for r in replies]
+        lease.handed_off = any(answer == scripts.HANDED_OFF for answer in mine)
+        held.append(counted_release(lease, reached, mine, was_valid[j]))
+        note_unsure(lease, nodes, mine)
     by_record = {id(lease): ok for lease, ok in zip(live, held, strict=True)}
     return [by_record.get(id(lease), False) for lease in leases]
 

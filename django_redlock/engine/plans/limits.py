@@ -31,6 +31,7 @@ from ..state import (
     Plan,
 )
 from .acquire import failure_of
+from .lease import counted_release, note_unsure
 from .rounds import attempt_round
 from .waiters import withdraw_plan
 
@@ -335,19 +336,18 @@ def release_permits_plan(
         return answered >= needed or all(s.done for s, c in zip(slots, calls, strict=True) if c)
 
     replies = yield Request(calls, state.node_timeout, settled)
-    handed = [0] * len(live)
-    refused = [0] * len(live)
-    for i, reply in enumerate(replies):
-        if not isinstance(reply, list):
-            continue
-        for j, answer in zip(per_node[i], reply, strict=True):
-            handed[j] += int(answer) == scripts.HANDED_OFF
-            refused[j] += int(answer) == scripts.NOT_HELD
+    # per node: each permit's answer (a node that failed: its failure, for each permit)
+    answers = [
+        dict(zip(per_node[i], map(int, reply), strict=True)) if isinstance(reply, list) else reply
+        for i, reply in enumerate(replies)
+    ]
     held = []
     for j, lease in enumerate(live):
-        # a node the permit never reached counts as a "not yours"
-        unreached = lease.reached.count(False)
-        lease.handed_off = handed[j] >= needed  # a permit's releaser queues only then
-        held.append(was_valid[j] and not lease.lost and refused[j] + unreached <= total - needed)
+        mine = [a.get(j, scripts.NOT_HELD) if isinstance(a, dict) else a for a in answers]
+        reached = lease.reached or (True,) * total  # a node it never reached: "not yours"
+        # a permit's releaser queues only when a quorum handed it off
+        lease.handed_off = mine.count(scripts.HANDED_OFF) >= needed
+        held.append(counted_release(lease, reached, mine, was_valid[j]))
+        note_unsure(lease, nodes, mine)
     by_record = {id(lease): ok for lease, ok in zip(live, held, strict=True)}
     return [by_record.get(id(lease), False) for lease in leases]

@@ -18,6 +18,7 @@ from redis.asyncio.connection import AbstractConnection
 from ..replies import Call, Request, Slot, result_of
 from . import redis_py
 from .base import (
+    CONNECT_ERRORS,
     HANDSHAKE,
     LinkBase,
     describe,
@@ -26,6 +27,7 @@ from .base import (
     resend_unknown_scripts,
     send_later,
     socket_timeout,
+    watch_unanswered,
 )
 
 AsyncConnectionFactory = Callable[[], AbstractConnection]
@@ -69,8 +71,9 @@ class AsyncLink(LinkBase):
         except asyncio.CancelledError:  # given up mid-handshake: never leave it open
             if conn is not None:
                 redis_py.abandon(conn)
+            self._fresh_failure = True  # the caller's doing, not the node's: inline again
             raise
-        except Exception as exc:  # also a factory that raises (bad TLS option, overflow)
+        except CONNECT_ERRORS as exc:  # also a factory that raises (bad TLS option, overflow)
             if conn is not None:
                 await conn.disconnect(nowait=True)
             self._down(describe(exc))
@@ -229,6 +232,7 @@ class AsyncChannel:
         gather = _Gather(request.settled)
         gather.slots = slots = request_slots(self.links, request, gather.send)
         if not request.wait:
+            watch_unanswered(request, slots)
             return [None] * len(slots)
         deadline = time.monotonic() + request.timeout
         if request.later:

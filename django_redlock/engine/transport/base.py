@@ -8,6 +8,8 @@ never overtake it.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -15,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 import hiredis
+from redis.exceptions import RedisError
 
 from ..replies import (
     NOT_INVOLVED,
@@ -44,6 +47,19 @@ DEFAULT_TICK = 0.1
 HANDSHAKE: list[tuple[str, ...]] = [("INFO", "server")] + [
     ("SCRIPT", "LOAD", script.source) for script in ALL_SCRIPTS
 ]
+
+
+#: What connecting to a node raises when the node or the network is at fault (or the
+#: connection's settings are: a bad TLS option, a port out of range). Anything else (a signal
+#: handler's exception, Celery's ``SoftTimeLimitExceeded``) is the caller's, and goes on.
+CONNECT_ERRORS: tuple[type[Exception], ...] = (
+    OSError,
+    RedisError,
+    EOFError,
+    ValueError,
+    TypeError,
+    OverflowError,
+)
 
 
 def texts(command: Sequence[Any]) -> tuple[Any, ...]:
@@ -167,8 +183,14 @@ class LinkBase:
         self._down(reason)
 
     def close_link(self) -> None:
+        """Close the connection; its unread calls fail ("closed"), so a fire-and-forget
+        give-back among them is reported unanswered and sent again elsewhere (a blocking
+        connection closed while blocked: the server drops what came after the ``BLPOP``)."""
         self._drop()
-        self._unread.clear()
+        while self._unread:
+            slot = self._unread.popleft()
+            with contextlib.suppress(RuntimeError):  # a waiter's event loop closed already
+                slot.fill(NodeFailure("closed"))
 
     # -- calls ---------------------------------------------------------------------------
     def send(
@@ -302,3 +324,24 @@ def resend_unknown_scripts(
         slots[i] = links[i].send(replace(call, before=()), by_sha=False, notify=notify)
         slots[i].ahead = ahead  # what ran ahead of it ran once, the first time
     return bool(retry)
+
+
+def watch_unanswered(request: Request, slots: Sequence[Slot]) -> None:
+    """For a fire-and-forget ``request`` with ``unanswered``: report each call that failed at
+    once now, and each one whose reply turns out to be a failure (its connection broke before
+    the reply was read) when its slot is filled."""
+    hook = request.unanswered
+    if hook is None:
+        return
+    for index, slot in enumerate(slots):
+        if slot.call is None:
+            continue
+        if slot.done:
+            _report(hook, index, slot)
+        else:
+            slot.notify = functools.partial(_report, hook, index, slot)
+
+
+def _report(hook: Callable[[int], None], index: int, slot: Slot) -> None:
+    if isinstance(slot.value, NodeFailure):
+        hook(index)

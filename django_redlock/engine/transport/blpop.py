@@ -27,7 +27,7 @@ from redis.exceptions import ResponseError
 from ..budget import Budget
 from ..keyspace import wake_node
 from . import redis_py
-from .base import pack, texts
+from .base import CONNECT_ERRORS, pack, texts
 
 #: Waits shorter than this just sleep: a BLPOP round trip would cost more than it saves.
 MIN_BLOCK = 0.003
@@ -92,6 +92,11 @@ class _BlockingConnection:
         self._conn.disconnect()
 
 
+#: What a wait's connection raises when the node or the network is at fault; anything else (a
+#: signal handler's exception) is the caller's.
+NODE_ERRORS: tuple[type[Exception], ...] = (*CONNECT_ERRORS, hiredis.ProtocolError)
+
+
 class ReleaseWaiter:
     """Blocks waiters on the wake-up list of a name (sync and asyncio). Each ``BLPOP``
     connection takes a blocking slot of ``budget`` on its node; a waiter refused one polls:
@@ -151,13 +156,18 @@ class ReleaseWaiter:
                 if conn is not None:
                     conn.close()
                 break
-            except Exception:  # RedisError, OSError, a protocol error, a factory that raises
+            except NODE_ERRORS:  # the node's or the network's
                 if conn is not None:
                     conn.close()
                 if not pooled:
                     break
                 conn = None  # the pooled connection had gone stale (idle timeout, CLIENT
                 # KILL, restart): one more try on a fresh one, not a whole wait asleep
+            except BaseException:  # the caller's (a signal handler's exception): it goes on
+                if conn is not None:
+                    conn.close()
+                self._closed(node)
+                raise
         self._closed(node)
         time.sleep(max(0.0, seconds - (time.monotonic() - started)))
         return False

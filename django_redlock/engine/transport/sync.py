@@ -23,13 +23,31 @@ from redis.connection import AbstractConnection
 from ..replies import TIMED_OUT, NodeFailure, Request, Slot, is_noscript, result_of
 from ..scripts import Script
 from . import redis_py
-from .base import HANDSHAKE, LinkBase, describe, hold_for_later, request_slots, send_later
+from .base import (
+    CONNECT_ERRORS,
+    HANDSHAKE,
+    LinkBase,
+    describe,
+    hold_for_later,
+    request_slots,
+    send_later,
+    watch_unanswered,
+)
 from .base import resend_unknown_scripts as _resend
 
 ConnectionFactory = Callable[[], AbstractConnection]
 
 _POLL_EVENTS = select.POLLIN | select.POLLERR | select.POLLHUP
 _BUFFER_SIZE = 65536
+
+
+def _interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` may come from a signal handler (they run in the main thread only):
+    anything but an ``Exception`` (``KeyboardInterrupt``), or an ``Exception`` raised in the
+    main thread that is not a connection error (Celery's ``SoftTimeLimitExceeded``, an alarm)."""
+    if not isinstance(exc, Exception):
+        return True
+    return threading.current_thread() is threading.main_thread()
 
 
 class Link(LinkBase):
@@ -59,11 +77,16 @@ class Link(LinkBase):
             conn = self._factory()
             info, *_ = redis_py.handshake(conn, HANDSHAKE)
             sock = redis_py.connected_socket(conn)
-        except Exception as exc:  # also a factory that raises (bad TLS option, overflow)
+        except BaseException as exc:
             if conn is not None:
                 conn.disconnect()
-            self._down(describe(exc))
-            return False
+            if isinstance(exc, CONNECT_ERRORS) or not _interrupt(exc):
+                self._down(describe(exc))  # also a factory that raises (a bad TLS option)
+                return False
+            # a signal handler's exception: not the node's fault, so the next call
+            # reconnects inline again instead of failing "down" until a background retry
+            self._fresh_failure = True
+            raise
         self._learn(info)
         self._ready()
         self._conn = conn
@@ -98,9 +121,10 @@ class Link(LinkBase):
             self._reconnecting = False
 
     def connect_detached(self) -> bool:
-        """Connect without disturbing a caller that is using the channel right now."""
+        """Connect without disturbing a caller that is using the channel right now; a link
+        that another reconnect (inline or background) connected meanwhile is kept."""
         with self.mutex:
-            return self.connect()
+            return self.connected or self.connect()
 
     def _drop(self) -> None:
         self.connected, self._output, self.fd = False, None, -1
@@ -273,6 +297,7 @@ class Channel:
         """Run one plan request and return one reply (or NodeFailure) per node."""
         slots = request_slots(self.links, request, Link.send)
         if not request.wait:
+            watch_unanswered(request, slots)
             return [None] * len(slots)
         deadline = time.monotonic() + request.timeout
         if request.later:
@@ -330,6 +355,10 @@ class Channel:
                 if not progressed:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
+                        # a last read: a caller paused past its deadline (a collector pass,
+                        # CPU starvation) finds the replies that arrived meanwhile
+                        for link in waiting:
+                            link.drain(receive=True)
                         return
                     readable = self._sleep(waiting, remaining)
                     if readable is None:  # no waiting link has a connection to wait on
@@ -412,6 +441,9 @@ class Channel:
             while not slot.done:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    link.drain(receive=True)  # a last read, as _collect's at its deadline
+                    if slot.done:
+                        break
                     return NodeFailure(TIMED_OUT)
                 if self._lane_poller.poll(remaining * 1000):
                     link.drain(receive=True)

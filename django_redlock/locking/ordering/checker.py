@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 from ...engine import Engine
@@ -76,26 +76,50 @@ def _held_shapes(taking: set[tuple[str, str]]) -> dict[Shape, Any]:
     return found
 
 
+#: What recording an edge asks of the nodes: the engine of the alias being taken, the held
+#: lease (its manager's engine has the reverse when the pair spans two aliases), the edge and
+#: where it is seen now; answered with where the reverse was recorded first (None: nowhere).
+Ask = tuple[Engine, Any, Edge, FirstSeen]
+
+
 def taking(manager: Taker, names: Iterable[str]) -> list[str]:
     """Record that this thread or task is about to take ``names`` (several: one ``lock_many``
     set, all or nothing, so no order among them) on ``manager``'s alias; warn about an order
     inverted against one recorded before. Returns each name's shape (see :func:`mark`)."""
-    alias = manager.alias
+    shapes, new = _new_edges(manager, names)
+    for ask, before in _claimed(new):
+        _conclude(ask, before, _published(*ask))
+    return shapes
+
+
+async def ataking(manager: Taker, names: Iterable[str]) -> list[str]:
+    """Asyncio twin of :func:`taking`: a new edge's call to the nodes does not block the
+    event loop."""
+    shapes, new = _new_edges(manager, names)
+    for ask, before in _claimed(new):
+        _conclude(ask, before, await _apublished(*ask))
+    return shapes
+
+
+def _new_edges(manager: Taker, names: Iterable[str]) -> tuple[list[str], list[Ask]]:
+    """The shapes of ``names``, and the edges to them from what is held that this process
+    has not recorded yet (none once it recorded :data:`MAX_EDGES`)."""
+    alias, engine = manager.alias, manager.engine
     names = list(names)
     shapes = [shape(name) for name in names]
     held = _held_shapes({(alias, name) for name in names})
-    if not held:
-        return shapes
-    new: list[tuple[Edge, Any]] = []
+    if not held or RECORDER.full:
+        return shapes, []
+    new: list[Ask] = []
     edges = RECORDER.edges
+    seen: FirstSeen | None = None
     for to_shape in dict.fromkeys(shapes):
         target = (alias, to_shape)
         for source, lease in held.items():
             if source != target and (source, target) not in edges:
-                new.append(((source, target), lease))
-    if new and not RECORDER.full:
-        _record(manager, new)
-    return shapes
+                seen = seen or FirstSeen.here(*caller_stack())
+                new.append((engine, lease, (source, target), seen))
+    return shapes, new
 
 
 def mark(lease: Any, shape_: str) -> None:
@@ -103,15 +127,15 @@ def mark(lease: Any, shape_: str) -> None:
     setattr(lease, SHAPE_ATTR, shape_)
 
 
-def _record(manager: Taker, new: list[tuple[Edge, Any]]) -> None:
-    """Record new edges (here and on the nodes) and warn about each newly inverted pair."""
-    stack, where = caller_stack()
-    seen = FirstSeen.here(stack, where)
-    for edge, lease in new:
-        reverse = (edge[1], edge[0])
+def _claimed(new: list[Ask]) -> Iterator[tuple[Ask, FirstSeen | None]]:
+    """Record each new edge in this process (skipping one another thread recorded
+    meanwhile; none past :data:`MAX_EDGES`), with where this process saw its reverse, if it
+    did. Each is then shared on the nodes."""
+    for ask in new:
+        edge, seen = ask[2], ask[3]
         with RECORDER.mutex:
             if edge in RECORDER.edges:
-                continue  # another thread recorded it meanwhile
+                continue
             if len(RECORDER.edges) >= MAX_EDGES:
                 RECORDER.full = True
                 logger.warning(
@@ -122,17 +146,31 @@ def _record(manager: Taker, new: list[tuple[Edge, Any]]) -> None:
                 )
                 return
             RECORDER.edges[edge] = seen
-            before = RECORDER.edges.get(reverse)
-        found = _published(manager.engine, lease, edge, seen)
-        before = before or found
-        if before is None:
-            continue
-        pair = frozenset(edge)
-        with RECORDER.mutex:
-            if pair in RECORDER.warned:
-                continue
-            RECORDER.warned.add(pair)
-        _warn(edge, seen, before)
+            before = RECORDER.edges.get((edge[1], edge[0]))
+        yield ask, before
+
+
+def _conclude(ask: Ask, before: FirstSeen | None, found: FirstSeen | None) -> None:
+    """Warn about the edge of ``ask`` when its reverse was seen, here (``before``) or on the
+    nodes (``found``), and the pair was not warned about yet."""
+    before = before or found
+    if before is None:
+        return
+    edge = ask[2]
+    pair = frozenset(edge)
+    with RECORDER.mutex:
+        if pair in RECORDER.warned:
+            return
+        RECORDER.warned.add(pair)
+    _warn(edge, ask[3], before)
+
+
+def _other_engine(lease: Any, edge: Edge) -> Engine | None:
+    """The engine of the held lease's alias, when the pair spans two aliases."""
+    if edge[0][0] == edge[1][0]:
+        return None
+    other = getattr(getattr(lease, "_manager", None), "engine", None)
+    return other if isinstance(other, Engine) else None
 
 
 def _published(engine: Engine, lease: Any, edge: Edge, seen: FirstSeen) -> FirstSeen | None:
@@ -140,11 +178,22 @@ def _published(engine: Engine, lease: Any, edge: Edge, seen: FirstSeen) -> First
     nodes of the held lock's alias (the same call when it is one alias)."""
     try:
         found = shared.publish(engine, edge, seen)
-        if found is None and edge[0][0] != edge[1][0]:
-            owner = getattr(lease, "_manager", None)
-            other = getattr(owner, "engine", None)
-            if isinstance(other, Engine):
-                found = shared.lookup(other, (edge[1], edge[0]))
+        other = _other_engine(lease, edge)
+        if found is None and other is not None:
+            found = shared.lookup(other, (edge[1], edge[0]))
+    except Exception as exc:  # a debugging aid never breaks a lock call
+        logger.debug("Lock-order records could not be shared: %r", exc)
+        return None
+    return found
+
+
+async def _apublished(engine: Engine, lease: Any, edge: Edge, seen: FirstSeen) -> FirstSeen | None:
+    """Asyncio twin of :func:`_published`."""
+    try:
+        found = await shared.apublish(engine, edge, seen)
+        other = _other_engine(lease, edge)
+        if found is None and other is not None:
+            found = await shared.alookup(other, (edge[1], edge[0]))
     except Exception as exc:  # a debugging aid never breaks a lock call
         logger.debug("Lock-order records could not be shared: %r", exc)
         return None

@@ -81,19 +81,19 @@ def _call(engine: Engine, *args: str | int) -> tuple[list[Any], dict[str, str]]:
     return outcome.values, outcome.errors
 
 
-def _logged(engine: Engine, errors: dict[str, str]) -> None:
+def _first_of(engine: Engine, replies: list[Any], errors: dict[str, str]) -> FirstSeen | None:
+    """The first stack among ``replies``; the nodes that did not answer logged (DEBUG)."""
     if errors:
         logger.debug("Lock-order records: nodes %s did not answer: %s", sorted(errors), errors)
+    return _first(replies)
 
 
-def publish(engine: Engine, edge: Edge, seen: FirstSeen) -> FirstSeen | None:
-    """Add ``edge`` to ``engine``'s records (its first stack kept; not past
-    :data:`~django_redlock.engine.order_edges.MAX_FIELDS`) and return where its
-    reverse was recorded first, if any node of ``engine`` has it. Best effort: a node that
-    does not answer is skipped (logged at DEBUG)."""
+def publish_args(edge: Edge, seen: FirstSeen) -> tuple[str | int, ...]:
+    """The order operation that adds ``edge`` (its first stack kept; not past
+    :data:`~django_redlock.engine.order_edges.MAX_FIELDS`) and reads back where its reverse
+    was recorded first."""
     reverse = (edge[1], edge[0])
-    replies, errors = _call(
-        engine,
+    return (
         "add",
         edge_field(edge),
         seen.dumps(),
@@ -101,15 +101,30 @@ def publish(engine: Engine, edge: Edge, seen: FirstSeen) -> FirstSeen | None:
         int(ORDER_TTL * 1000),
         order_edges.MAX_FIELDS,
     )
-    _logged(engine, errors)
-    return _first(replies)
+
+
+def publish(engine: Engine, edge: Edge, seen: FirstSeen) -> FirstSeen | None:
+    """Add ``edge`` to ``engine``'s records and return where its reverse was recorded first,
+    if any node of ``engine`` has it (see :func:`publish_args`). Best effort: a node that
+    does not answer is skipped (logged at DEBUG)."""
+    return _first_of(engine, *_call(engine, *publish_args(edge, seen)))
+
+
+async def apublish(engine: Engine, edge: Edge, seen: FirstSeen) -> FirstSeen | None:
+    """Asyncio twin of :func:`publish`: the event loop runs on while the nodes answer."""
+    outcome = await engine.aorder(*publish_args(edge, seen))
+    return _first_of(engine, outcome.values, outcome.errors)
 
 
 def lookup(engine: Engine, edge: Edge) -> FirstSeen | None:
     """Where ``edge`` was recorded first, on ``engine``'s nodes (None: nowhere)."""
-    replies, errors = _call(engine, "get", edge_field(edge))
-    _logged(engine, errors)
-    return _first(replies)
+    return _first_of(engine, *_call(engine, "get", edge_field(edge)))
+
+
+async def alookup(engine: Engine, edge: Edge) -> FirstSeen | None:
+    """Asyncio twin of :func:`lookup`."""
+    outcome = await engine.aorder("get", edge_field(edge))
+    return _first_of(engine, outcome.values, outcome.errors)
 
 
 @dataclass

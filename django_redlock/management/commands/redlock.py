@@ -81,6 +81,10 @@ def _check_encodable(options: dict[str, Any]) -> None:
             ) from None
 
 
+#: The most ``prune-tombstones --days`` takes: 100 years (more would overflow the cutoff date).
+MAX_PRUNE_DAYS = 36525
+
+
 class Failure(CommandError):
     """A one-line error; ``code`` names its kind in the ``--json`` error document:
     ``unknown_alias``, ``bad_settings``, ``unreachable``, ``not_held``, ``holder_changed``,
@@ -384,8 +388,11 @@ class Command(BaseCommand):
     def prune_tombstones(self, options: dict[str, Any]) -> None:
         """Delete the tombstones of deletes older than ``--days`` (a database, not Redis)."""
         days = options["days"]
-        if not days >= 0:
-            raise Failure("--days must be a number >= 0.", "usage")
+        if not 0 <= days <= MAX_PRUNE_DAYS:  # NaN fails too; more would overflow the date
+            raise Failure(
+                f"--days must be a number from 0 to {MAX_PRUNE_DAYS} (100 years), not {days:g}.",
+                "usage",
+            )
         if options["database"] not in settings.DATABASES:
             raise Failure(f"DATABASES has no alias {options['database']!r}.", "usage")
         deleted = tombstones.prune(timedelta(days=days), using=options["database"])

@@ -1,0 +1,114 @@
+"""A signal storm: ``SIGALRM`` at a random moment of each call, its handler raising
+:class:`Interrupted` (as Ctrl-C, Celery's ``SoftTimeLimitExceeded`` or a timeout decorator
+would) only while the main thread runs the library's code, so every interrupt lands inside
+the call under test, never in the test's own bookkeeping."""
+
+from __future__ import annotations
+
+import gc
+import random
+import signal
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import TypeVar
+
+T = TypeVar("T")
+
+#: A frame of the library's own code (not its test helpers).
+_LIBRARY = "/django_redlock/"
+
+
+class Interrupted(Exception):
+    """Raised by the storm's signal handler inside the call under test."""
+
+
+def _finalizing(frame: FrameType) -> bool:
+    """True for a frame Python runs on the side, whose exceptions it ignores: a finalizer
+    (``__del__``), a garbage-collector callback, a weak reference's callback."""
+    code = frame.f_code
+    return (
+        code.co_name == "__del__"
+        or code.co_filename.endswith(("/weakref.py", "/_weakrefset.py"))
+        or any(getattr(callback, "__code__", None) is code for callback in gc.callbacks)
+    )
+
+
+#: Where the interrupt may land: the library's own code, and what it calls that a signal can
+#: interrupt (sockets, polls, locks, redis-py's connect). Elsewhere (a garbage-collector or
+#: weak reference callback, a finalizer, a dataclass's ``__init__``) the handler waits.
+_RAISE_IN = (
+    "/django_redlock/",
+    "/socket.py",
+    "/selectors.py",
+    "/ssl.py",
+    "/threading.py",
+    "/redis/",
+)
+
+
+def _inside_library(frame: FrameType | None) -> bool:
+    """True when the signal arrived in the call under test: the innermost frame is one of
+    :data:`_RAISE_IN`, and the stack reaches the library's code without passing through
+    something Python runs on the side (see :func:`_finalizing`), whose exceptions it ignores."""
+    if frame is None or not any(part in frame.f_code.co_filename for part in _RAISE_IN):
+        return False
+    while frame is not None:
+        if _finalizing(frame):
+            return False
+        if _LIBRARY in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+class Storm:
+    """Counts what happened to the calls run through :meth:`call`."""
+
+    def __init__(self, seed: int) -> None:
+        self.random = random.Random(seed)
+        self.armed = False
+        self.interrupted = 0
+        self.completed = 0
+        #: where the signals arrived: the innermost frame's function (the library's, or not)
+        self.landed: Counter[str] = Counter()
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        if frame is not None:
+            self.landed[
+                f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_code.co_name}"
+            ] += 1
+        if self.armed and _inside_library(frame):
+            self.armed = False
+            raise Interrupted
+        if self.armed:  # not inside the call yet: try again soon
+            signal.setitimer(signal.ITIMER_REAL, 0.0005)
+
+    def call(self, func: Callable[[], T], at: float) -> T | None:
+        """``func()`` with an interrupt due ``at`` seconds in (or as soon after as the call
+        runs the library's code); its result, or None when the interrupt landed."""
+        self.armed = True
+        signal.setitimer(signal.ITIMER_REAL, max(at, 0.0001))
+        try:
+            result = func()
+        except Interrupted:
+            self.interrupted += 1
+            return None
+        finally:
+            self.armed = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        self.completed += 1
+        return result
+
+
+@contextmanager
+def storm(seed: int = 0) -> Iterator[Storm]:
+    """A :class:`Storm` whose ``SIGALRM`` handler is installed (main thread only)."""
+    made = Storm(seed)
+    previous = signal.signal(signal.SIGALRM, made._handler)
+    try:
+        yield made
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
