@@ -51,6 +51,7 @@ from .state import (
 )
 from .transport.aio import AsyncConnectionFactory
 from .transport.base import describe, socket_timeout
+from .transport.loop_time import wall_limit
 from .transport.sync import ConnectionFactory
 
 __all__ = [
@@ -90,5 +91,6 @@ __all__ = [
     "release_unconfirmed",
     "renewal_policy",
     "socket_timeout",
+    "wall_limit",
     "why_unconfirmed",
 ]

@@ -21,6 +21,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ..engine import socket_timeout as engine_socket_timeout
+from ..engine import wall_limit
 from .cluster import ClusterSlot, slot_of
 from .located import ASYNC_TWINS, located_pool
 from .sentinels import Sentinels
@@ -179,9 +180,14 @@ def sync_factory(spec: NodeSpec, config: AliasNodes) -> Callable[[], redis.conne
 
 
 def async_factory(spec: NodeSpec, config: AliasNodes) -> Callable[[], Any]:
-    """The asyncio twin of :func:`sync_factory`."""
+    """The asyncio twin of :func:`sync_factory`. redis-py's own socket timeouts are the
+    wall-clock limit of a connect: the engine's handshake counts the alias's timeout in the
+    time its event loop could run (:mod:`~..engine.transport.loop_time`), and a ``BLPOP``
+    waiter gives each read its own timeout."""
     timeout = socket_timeout(config)
     cls, kwargs = _async_parts(_pool_for(spec, timeout), timeout)
+    limit = wall_limit(timeout)
+    kwargs.update(socket_timeout=limit, socket_connect_timeout=limit)
     return lambda: cls(**kwargs)
 
 

@@ -29,6 +29,7 @@ from .base import (
     socket_timeout,
     watch_unanswered,
 )
+from .loop_time import within_loop_time
 
 AsyncConnectionFactory = Callable[[], AbstractConnection]
 
@@ -64,7 +65,7 @@ class AsyncLink(LinkBase):
         conn = None
         try:
             conn = self._factory()
-            replies = await asyncio.wait_for(
+            replies = await within_loop_time(
                 redis_py.ahandshake(conn, HANDSHAKE), socket_timeout(self._timeout)
             )
             transport = redis_py.take_transport(conn)
