@@ -87,6 +87,8 @@ class _Front:
         self.pgid = pgid
         self.ignored = ignored
         self.job = 0
+        #: the holder took the lease and starts the job's keeper (the job may run from now)
+        self.starting = False
         self.previous: dict[int, Any] = {}
 
     def follow(self) -> Outcome:
@@ -113,7 +115,7 @@ class _Front:
             give_terminal(0, self.pgid)
         if outcome is not None:
             return outcome
-        if os.WIFSIGNALED(status) and not self.job:  # a signal ended the run before the job
+        if os.WIFSIGNALED(status) and not self.starting:  # a signal ended it before the job
             return Outcome(128 + os.WTERMSIG(status), "interrupted")
         how = (
             f"signal {os.WTERMSIG(status)}"
@@ -125,8 +127,10 @@ class _Front:
 
     def _line(self, line: str) -> Outcome | None:
         word, _, rest = line.partition(" ")
-        if word == "pid":
-            self.job = int(rest)
+        if word == "starting":
+            self.starting = True
+        elif word == "pid":
+            self.starting, self.job = True, int(rest)
         elif word == "stop":
             self._stop(int(rest))
         elif word == "done":

@@ -228,6 +228,8 @@ class _Supervisor:
         # the holder is a process of its own (a fork of the front): as a subreaper it gets the
         # job's processes if the keeper dies, and kills them before the lease is released
         become_subreaper()
+        if self.front is not None:  # from now on the holder's death is a lost run, not an
+            self.front.send("starting")  # interrupted one: the job may run before its pid comes
         mine, theirs = socket.socketpair()
         front_pgid = self.front.pgid if self.front is not None else 0
         ignored = ",".join(str(int(s)) for s in sorted(self.ignored)) or "-"

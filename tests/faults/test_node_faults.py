@@ -377,6 +377,18 @@ def test_force_release_during_workload(
 ERROR_FAULTS = ["client-pause-write", "debug-sleep", "oom", "readonly"]
 
 
+def _until_asleep(node: Any) -> None:
+    """Until ``node`` stops answering (its ``DEBUG SLEEP`` began): a ``PING`` times out."""
+    probe = node.client(socket_timeout=0.05)
+    for _ in range(200):
+        try:
+            probe.ping()
+        except redis.TimeoutError:
+            return
+        time.sleep(0.002)
+    raise AssertionError("the node never went to sleep")
+
+
 def _inject(kind: str, node: Any, spare: Any) -> Callable[[], None]:
     """Make ``node`` answer errors (or not at all); returns the undo."""
     client = node.client()
@@ -388,7 +400,7 @@ def _inject(kind: str, node: Any, spare: Any) -> Callable[[], None]:
             target=lambda: node.client(socket_timeout=5).execute_command("DEBUG", "SLEEP", 0.5)
         )
         sleeper.start()
-        time.sleep(0.05)
+        _until_asleep(node)
         return sleeper.join
     if kind == "oom":
         client.config_set("maxmemory-policy", "noeviction")

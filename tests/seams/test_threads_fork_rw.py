@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
 import os
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -52,6 +54,20 @@ def test_acquire_lease_released_by_another_thread_stops_guarding(unique_name: st
     assert keys_left(unique_name) == []
 
 
+#: while set, a forked child writes its threads' stacks to this file if it is still running
+#: 20 s after the fork (from the fork itself: a hang before ``_child_tries`` runs shows too)
+_HANG_REPORT: list[Path] = []
+
+
+def _watch_for_a_hang() -> None:
+    if _HANG_REPORT:
+        report = _HANG_REPORT[0].open("w")  # kept open: the dump writes to it
+        faulthandler.dump_traceback_later(20, exit=True, file=report)
+
+
+os.register_at_fork(after_in_child=_watch_for_a_hang)
+
+
 def _child_tries(name: str, pipe: object, held_names: list[str]) -> None:
     results: dict[str, object] = {}
     try:
@@ -73,16 +89,24 @@ def _child_tries(name: str, pipe: object, held_names: list[str]) -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
-def test_forked_child_does_not_reenter_the_parents_set(unique_name: str) -> None:
+def test_forked_child_does_not_reenter_the_parents_set(unique_name: str, tmp_path: Path) -> None:
     """Fork while holding lock_many([a, b]): in the child lock(a) and lock_many([a, b]) are
     other callers (they time out or raise), never re-entries of the parent's leases."""
     a, b = unique_name + ":a", unique_name + ":b"
     ctx = multiprocessing.get_context("fork")
+    report = tmp_path / "child-stacks.txt"
     with locks["default"].lock_many([a, b], timeout=1) as held:
         parent_end, child_end = ctx.Pipe()
         proc = ctx.Process(target=_child_tries, args=(a, child_end, [a, b]))
-        proc.start()
-        assert parent_end.poll(30), "child hung"
+        _HANG_REPORT[:] = [report]
+        try:
+            proc.start()
+        finally:
+            _HANG_REPORT.clear()
+        if not parent_end.poll(30):
+            proc.join(5)
+            stacks = report.read_text() if report.exists() else "(no report)"
+            pytest.fail(f"the forked child hung; its threads:\n{stacks}")
         results = parent_end.recv()
         proc.join(30)
         assert results["reentered"] is None or "LockError" in str(results["reentered"]), results
