@@ -10,23 +10,15 @@ below, on the backend's primary (a replica may not have the value a released lea
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from django.core.cache import BaseCache
 from django.core.exceptions import ImproperlyConfigured
 
-#: Prefix of the fence record's key (before the backend's full key of the value). Django's and
-#: django-redis's keys are ``<KEY_PREFIX>:<version>:<key>`` with an integer version, so no key
-#: given to the cache API becomes a record's key (a suffix could: ``key + suffix``), and their
-#: ``keys()``/``delete_pattern()`` (which match ``<KEY_PREFIX>:<version>:...``) leave it out.
-FENCE_PREFIX = "redlock:fence:"
+from .fenced import FENCE_PREFIX, FencedStore, Found, record_key
+from .local_store import LocalStore
 
-
-def record_key(full_key: str) -> str:
-    """The key of the fence record of the value at ``full_key``."""
-    return FENCE_PREFIX + full_key
-
+__all__ = ["FENCE_PREFIX", "FencedStore", "Found", "record_key", "store_for"]
 
 #: Read the value and tell fresh from stale. KEYS: value, fence record. ARGV[1]: how many ms
 #: past its freshness a stale value may still be served. Replies nil (a miss: absent, or stale
@@ -79,17 +71,10 @@ _WRITE_SHA = hashlib.sha1(WRITE_SCRIPT.encode()).hexdigest()
 
 #: Named in the error for any other backend.
 SUPPORTED_BACKENDS = (
-    "django.core.cache.backends.redis.RedisCache, and django_redis.cache.RedisCache with its "
-    "DefaultClient or SentinelClient"
+    "django.core.cache.backends.redis.RedisCache, django_redis.cache.RedisCache with its "
+    "DefaultClient or SentinelClient, and django.core.cache.backends.locmem.LocMemCache "
+    "(one process's cache: each process fills its own)"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Found:
-    """A value read from the cache; ``stale``: past its freshness, within the grace asked."""
-
-    value: Any
-    stale: bool
 
 
 class _RawClient(Protocol):
@@ -97,16 +82,10 @@ class _RawClient(Protocol):
     def eval(self, script: str, numkeys: int, *keys_and_args: Any) -> Any: ...
 
 
-class FencedStore:
-    """One backend's key making, encoding and raw client, and the two scripts run on it."""
-
-    def __init__(self, backend: BaseCache) -> None:
-        self.backend = backend
+class ScriptStore(FencedStore):
+    """One Redis backend's key making, encoding and raw client, and the two scripts run on it."""
 
     # -- what differs per backend ----------------------------------------------------------
-    def full_key(self, key: str) -> str:
-        raise NotImplementedError
-
     def client(self, full_key: str) -> _RawClient:
         raise NotImplementedError
 
@@ -145,7 +124,7 @@ def _run(client: _RawClient, script: str, sha: str, full_key: str, *args: Any) -
         return client.eval(script, 2, *keys, *args)
 
 
-class DjangoRedisStore(FencedStore):
+class DjangoRedisStore(ScriptStore):
     """``django.core.cache.backends.redis.RedisCache`` (Django's own)."""
 
     def full_key(self, key: str) -> str:
@@ -162,7 +141,7 @@ class DjangoRedisStore(FencedStore):
         return self.backend._cache._serializer.loads(raw)  # type: ignore[attr-defined]
 
 
-class JazzbandRedisStore(FencedStore):
+class JazzbandRedisStore(ScriptStore):
     """``django_redis.cache.RedisCache`` (django-redis) with its default or sentinel client."""
 
     def full_key(self, key: str) -> str:
@@ -202,10 +181,17 @@ def _store_class(alias: str, backend: BaseCache, client: Any) -> type[FencedStor
 
     if isinstance(backend, RedisCache):
         return DjangoRedisStore
-    from django_redis.cache import RedisCache as JazzbandCache
-    from django_redis.client import DefaultClient, HerdClient, ShardClient
+    from django.core.cache.backends.locmem import LocMemCache
 
-    if isinstance(backend, JazzbandCache):
+    if isinstance(backend, LocMemCache):
+        return LocalStore
+    try:
+        from django_redis.cache import RedisCache as JazzbandCache
+        from django_redis.client import DefaultClient, HerdClient, ShardClient
+    except ImportError:  # the django-redis extra is not installed: not one of its caches
+        JazzbandCache = None
+
+    if JazzbandCache is not None and isinstance(backend, JazzbandCache):
         if isinstance(client, DefaultClient) and not isinstance(client, HerdClient | ShardClient):
             return JazzbandRedisStore
         raise ImproperlyConfigured(

@@ -30,6 +30,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from types import FrameType
 from typing import Any
 
 from ..exceptions import LockError, LockNotAcquired, NodesUnavailable
+from ..locking.block import MIN_HOLD_GRANULARITY
 from ..locking.lease import Lease
 from ..locking.manager import LockManager
 from .keeper import (
@@ -97,6 +99,8 @@ class RunRequest:
     timeout: float | None = 0.0
     skip_busy: bool = False
     kill_after: float = 10.0
+    #: seconds the name stays taken after the job started, when it exits 0 (``--min-hold``)
+    min_hold: float | None = None
 
 
 @dataclass(frozen=True)
@@ -161,12 +165,16 @@ def run_locked(manager: LockManager, request: RunRequest, front: FrontLink | Non
     except NodesUnavailable as exc:
         return Outcome(EX_NO_QUORUM, "no_quorum", None, f"{exc}")
     supervisor = _Supervisor(lease, request, front)
+    started = time.monotonic()
+    status: int | None = None
     try:
         status = supervisor.run()
     except RunError as exc:
         return Outcome(exc.status, "not_started", None, str(exc))
     finally:
-        still_held = _release(lease)
+        left = (request.min_hold or 0.0) - (time.monotonic() - started)
+        kept = status == 0 and not supervisor.lost and _kept_for(lease, left)
+        still_held = kept or _release(lease)
     if supervisor.keeper_died:
         message = f"the keeper of {request.command[0]!r} died; SIGKILLed every process of the job"
         return Outcome(EX_LOST, "lost", status, message)
@@ -177,6 +185,18 @@ def run_locked(manager: LockManager, request: RunRequest, front: FrontLink | Non
         )
         return Outcome(EX_LOST, "lost", status, message)
     return Outcome(status, "ran", status)
+
+
+def _kept_for(lease: Lease, seconds: float) -> bool:
+    """``--min-hold``: leave the name taken ``seconds`` more (the lease renewed to that TTL and
+    not released); False when there is too little left, or the renewal failed."""
+    if seconds < MIN_HOLD_GRANULARITY:
+        return False
+    try:
+        lease.extend(ttl=seconds)
+    except LockError:  # lost, or no quorum renewed it: released (or given back) as usual
+        return False
+    return True
 
 
 def _release(lease: Lease) -> bool:

@@ -323,17 +323,18 @@ def test_bad_input_fails_before_anything_is_written(
 
 
 def test_other_cache_backends_are_refused(settings: Any, cache_node: RedisNode, key: str) -> None:
-    """locmem (and any backend but the two Redis ones, or django-redis with a client that
-    wraps or spreads values) is an ImproperlyConfigured naming the supported backends."""
+    """The file-based cache (and any backend but the two Redis ones and locmem, or
+    django-redis with a client that wraps or spreads values) is an ImproperlyConfigured naming
+    the supported backends."""
     settings.CACHES = {
-        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "default": {"BACKEND": "django.core.cache.backends.dummy.DummyCache"},
         "herd": {
             "BACKEND": "django_redis.cache.RedisCache",
             "LOCATION": cache_node.url,
             "OPTIONS": {"CLIENT_CLASS": "django_redis.client.HerdClient"},
         },
     }
-    with pytest.raises(ImproperlyConfigured, match=r"LocMemCache.*Supported: django\.core"):
+    with pytest.raises(ImproperlyConfigured, match=r"DummyCache.*Supported: django\.core"):
         get_or_set(key, _never, 30)
     with pytest.raises(ImproperlyConfigured, match="HerdClient"):
         get_or_set(key, _never, 30, cache="herd")

@@ -377,14 +377,26 @@ def test_force_release_during_workload(
 ERROR_FAULTS = ["client-pause-write", "debug-sleep", "oom", "readonly"]
 
 
-def _until_asleep(node: Any) -> None:
-    """Until ``node`` stops answering (its ``DEBUG SLEEP`` began): a ``PING`` times out."""
-    probe = node.client(socket_timeout=0.05)
-    for _ in range(200):
+def _sleep_node(node: Any, seconds: float) -> threading.Thread:
+    """A thread that sends ``DEBUG SLEEP seconds`` to ``node``; returned once the node stopped
+    answering (a ``PING`` on another connection gets no reply in 0.3 s)."""
+    connected = threading.Event()
+
+    def sleep() -> None:
+        client = node.client(socket_timeout=seconds + 5)
+        client.ping()  # the connection is up: the command goes out right after the event
+        connected.set()
+        client.execute_command("DEBUG", "SLEEP", seconds)
+
+    sleeper = threading.Thread(target=sleep)
+    sleeper.start()
+    assert connected.wait(10), "the sleeper never connected"
+    probe = node.client(socket_timeout=0.3)
+    for _ in range(100):
         try:
             probe.ping()
         except redis.TimeoutError:
-            return
+            return sleeper
         time.sleep(0.002)
     raise AssertionError("the node never went to sleep")
 
@@ -396,12 +408,8 @@ def _inject(kind: str, node: Any, spare: Any) -> Callable[[], None]:
         client.execute_command("CLIENT", "PAUSE", 2000, "WRITE")
         return lambda: client.execute_command("CLIENT", "UNPAUSE")
     if kind == "debug-sleep":
-        sleeper = threading.Thread(
-            target=lambda: node.client(socket_timeout=5).execute_command("DEBUG", "SLEEP", 0.5)
-        )
-        sleeper.start()
-        _until_asleep(node)
-        return sleeper.join
+        # 1.5 s: the acquire that follows falls inside the sleep even on a loaded machine
+        return _sleep_node(node, 1.5).join
     if kind == "oom":
         client.config_set("maxmemory-policy", "noeviction")
         client.config_set("maxmemory", 1)

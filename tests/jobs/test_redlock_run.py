@@ -186,6 +186,8 @@ def test_command_that_is_not_executable_is_126(
         (["job", "--kill-after", "nan", "--", "true"], "--kill-after"),
         (["job", "--kill-after", "inf", "--", "true"], "--kill-after"),
         (["job", "--timeout", "nan", "--", "true"], "timeout"),
+        (["job", "--min-hold", "0", "--", "true"], "--min-hold must be > 0"),
+        (["job", "--min-hold", "inf", "--", "true"], "--min-hold must be a finite"),
         (["__fence__", "--", "true"], "__"),
     ],
 )
@@ -246,3 +248,35 @@ def test_status_file_tells_a_child_exiting_75_from_busy(
     assert json.loads(status.read_text()) == {
         "outcome": "lost", "child_status": 128 + signal.SIGTERM, "exit_status": 70,
     }  # fmt: skip
+
+
+def test_min_hold_keeps_the_name_after_a_short_job(
+    wrapper: tuple[Wrapper, LockManager], tmp_path: Path
+) -> None:
+    """--min-hold 30 and a job that exits 0 at once: the name stays taken (the copy another
+    server's cron started for the same tick is busy: 75, or 0 without running under
+    --skip-busy) and expires within the 30 s counted from the job's start, on the nodes'
+    clocks; without --min-hold it is released at once."""
+    run, manager = wrapper
+    ran = tmp_path / "ran"
+    first = run.run("tick", "pass", "--min-hold", "30")
+    assert (first.returncode, first.stderr) == (0, "")
+    key = f"{manager.config.key_prefix}tick"
+    assert all(0 < pttl <= 30_000 for pttl in pttls(manager, key)), pttls(manager, key)
+    copy = run.run("tick", f"open({str(ran)!r}, 'w')", "--skip-busy")
+    assert (copy.returncode, copy.stderr) == (0, "") and not ran.exists()
+    assert run.run("tick", "pass").returncode == 75
+    plain = run.run("plain", "pass")
+    assert plain.returncode == 0
+    free_now(manager, "plain")
+
+
+def test_min_hold_releases_at_once_after_a_failed_job(
+    wrapper: tuple[Wrapper, LockManager],
+) -> None:
+    """A job that exits non-zero leaves the name free (the next tick may retry it), like
+    @lock(min_hold=) after an exception."""
+    run, manager = wrapper
+    done = run.run("failing", "raise SystemExit(4)", "--min-hold", "30")
+    assert done.returncode == 4
+    free_now(manager, "failing")

@@ -32,7 +32,7 @@ from ...jobs import front
 from ...jobs.runner import RunRequest
 from ...locking.ordering import shared as order_records
 from ...locking.registry import locks
-from ...locking.validation import check_name, check_timeout, check_ttl
+from ...locking.validation import check_max_hold, check_name, check_timeout, check_ttl
 from ...testing.simulated_engine import SimulatedEngine
 from ...testing.simulation import simulation_from_environment
 from ..effects import EFFECT_HEADERS, effect_document, effect_row, ledger_rows
@@ -184,6 +184,13 @@ class Command(BaseCommand):
         )
         p.add_argument(
             "--skip-busy", action="store_true", help="Exit 0 silently when the lock is busy."
+        )
+        p.add_argument(
+            "--min-hold",
+            type=float,
+            metavar="SECONDS",
+            help="After the command exits 0, keep the name taken until SECONDS after it started "
+            "(other servers' copies of the same cron tick stay busy).",
         )
         p.add_argument(
             "--kill-after",
@@ -365,9 +372,11 @@ class Command(BaseCommand):
             timeout=options["timeout"],
             skip_busy=options["skip_busy"],
             kill_after=kill_after,
+            min_hold=options["min_hold"],
         )
         try:  # checked before anything runs, so that nothing is taken
             check_name(request.name)
+            check_max_hold(request.min_hold, "--min-hold")
             if request.ttl is not None:
                 check_ttl(request.ttl, manager.config.drift_factor)
             check_timeout(request.timeout)
