@@ -117,6 +117,8 @@ class Engine(ChannelPools):
         #: pinned by a lease, so a wait never delays another lease's renewal
         self._blocking_free: list[Channel] = []
         self._blocking_all: list[Channel] = []
+        self._aside: Channel | None = None
+        self._aside_mutex = threading.Lock()
         #: False once a node refused a piped ``BLPOP`` (an ACL without it): wait the old way
         self._piping = True
 
@@ -166,7 +168,7 @@ class Engine(ChannelPools):
             return self._acquire_target(target, timeout)
         finally:
             if self.state.owed:  # give-backs whose connection broke: sent in the background
-                giveback.settle_owed(self.state, self._run_first)
+                giveback.settle_owed(self.state, self._run_aside)
 
     def _acquire_target(self, target: Target, timeout: float | None) -> Any:
         if self.generation != forks.current:  # a forked child: start afresh
@@ -295,8 +297,8 @@ class Engine(ChannelPools):
         if lease.handed_off:
             self._handed_off(lease)
         if self.state.owed:
-            giveback.settle_owed(self.state, self._run_first)
-        return giveback.confirm(self.state, lease, held, self._run_first)
+            giveback.settle_owed(self.state, self._run_aside)
+        return giveback.confirm(self.state, lease, held, self._run_first, self._run_aside)
 
     def _run_first(self, plan: PlanMaker[Any]) -> Any:
         return self._run(plan)[0]
@@ -311,7 +313,9 @@ class Engine(ChannelPools):
         plan = self._release_many_plan(leases)
         held = self._run(lambda nodes: plan(self.state, nodes, leases), pinned)[0]
         return [
-            giveback.confirm(self.state, lease, self._released(lease, ok), self._run_first)
+            giveback.confirm(
+                self.state, lease, self._released(lease, ok), self._run_first, self._run_aside
+            )
             for lease, ok in zip(leases, held, strict=True)
         ]
 
@@ -399,7 +403,7 @@ class Engine(ChannelPools):
             return await self._aacquire_target(target, timeout)
         finally:
             if self.state.owed:  # give-backs whose connection broke: sent in the background
-                giveback.settle_owed(self.state, self._run_first)
+                giveback.settle_owed(self.state, self._run_aside)
 
     async def _aacquire_target(self, target: Target, timeout: float | None) -> Any:
         self._check_fork()
@@ -452,7 +456,7 @@ class Engine(ChannelPools):
         """Asyncio twin of :meth:`release`."""
         plan = lambda nodes: release_plan(self.state, nodes, lease)  # noqa: E731
         held = self._released(lease, (await self._arun(plan, lease.pinned))[0])
-        return await giveback.aconfirm(self.state, lease, held, self._arun_first, self._run_first)
+        return await giveback.aconfirm(self.state, lease, held, self._arun_first, self._run_aside)
 
     async def arelease_many(self, leases: Sequence[LeaseRecord]) -> list[bool]:
         """Asyncio twin of :meth:`release_many`."""
@@ -462,7 +466,7 @@ class Engine(ChannelPools):
         held = (await self._arun(plan, pinned))[0]
         return [
             await giveback.aconfirm(
-                self.state, lease, self._released(lease, ok), self._arun_first, self._run_first
+                self.state, lease, self._released(lease, ok), self._arun_first, self._run_aside
             )
             for lease, ok in zip(leases, held, strict=True)
         ]

@@ -41,33 +41,38 @@ Run = Callable[[Callable[[Any], Any]], bool]
 ARun = Callable[[Callable[[Any], Any]], Awaitable[bool]]
 
 
-def _again(state: AliasState, lease: LeaseRecord) -> Callable[[Any], Any]:
-    return lambda nodes: release_again_plan(state, nodes, lease)
+def _again(
+    state: AliasState, lease: LeaseRecord, *, background: bool = False
+) -> Callable[[Any], Any]:
+    return lambda nodes: release_again_plan(state, nodes, lease, background=background)
 
 
-def confirm(state: AliasState, lease: LeaseRecord, held: bool, run: Run) -> bool:
+def confirm(state: AliasState, lease: LeaseRecord, held: bool, run: Run, background: Run) -> bool:
     """``held`` (the release's outcome), once the release is confirmed where it was not:
-    sent again now, then in the background (see the module docstring)."""
-    if _answered(state, lease, run):
+    sent again now with ``run``, then in the background with ``background`` (see the module
+    docstring)."""
+    if _answered(state, lease, background):
         return held
     try:
         confirmed = run(_again(state, lease))
     except Exception as exc:  # the nodes are down: the background give-back keeps trying
         logger.debug("Release of %r: sending it again failed: %r", lease.name, exc)
         confirmed = False
-    return _settled(state, lease, confirmed, run)
+    return _settled(state, lease, confirmed, background)
 
 
-async def aconfirm(state: AliasState, lease: LeaseRecord, held: bool, arun: ARun, run: Run) -> bool:
+async def aconfirm(
+    state: AliasState, lease: LeaseRecord, held: bool, arun: ARun, background: Run
+) -> bool:
     """Asyncio twin of :func:`confirm` (the background give-back runs in a thread)."""
-    if _answered(state, lease, run):
+    if _answered(state, lease, background):
         return held
     try:
         confirmed = await arun(_again(state, lease))
     except Exception as exc:
         logger.debug("Release of %r: sending it again failed: %r", lease.name, exc)
         confirmed = False
-    return _settled(state, lease, confirmed, run)
+    return _settled(state, lease, confirmed, background)
 
 
 def _answered(state: AliasState, lease: LeaseRecord, run: Run) -> bool:
@@ -132,7 +137,7 @@ class GiveBack(threading.Thread):
                 sleep(min(pause, max(0.0, lease.deadline - monotonic())))
                 pause = min(pause * 2, RETRY_AT_MOST)
                 try:
-                    if self._run(_again(self._state, lease)):
+                    if self._run(_again(self._state, lease, background=True)):
                         break
                 except Exception:
                     continue
@@ -176,7 +181,7 @@ class Stragglers(threading.Thread):
                 self._waiting[:] = due
             for lease in due:
                 try:
-                    self._run(_again(self._state, lease))
+                    self._run(_again(self._state, lease, background=True))
                 except Exception as exc:  # no traceback: formatting one races other threads'
                     logger.debug("Release of %r: a straggler failed: %r", lease.name, exc)
             with Stragglers._lock:

@@ -91,8 +91,8 @@ class LoopPools:
         self.loop.call_soon(functools.partial(self.budget.give, nodes, blocking=blocking))
 
     async def _disconnect_and_give(self, conn: Any, node: int) -> None:
-        await _disconnect(conn)
-        self.budget.give((node,), blocking=True)
+        await _disconnect(conn)  # its socket is closed on the loop's next turn
+        self.give_soon((node,), blocking=True)
 
     def evict_soon(self) -> None:
         """Another pool starves: close one idle connection of this loop (any thread)."""

@@ -58,6 +58,9 @@ class ChannelPools:
     #: channels for waits piped with the next attempt; never pinned by a lease
     _blocking_free: list[Channel]
     _blocking_all: list[Channel]
+    #: the background give-backs' channel (see :meth:`_run_aside`), made on first use
+    _aside: Channel | None
+    _aside_mutex: threading.Lock
 
     def _spent(self) -> str:
         """Why a call that found no connection in time fails (its nodes count as down)."""
@@ -203,6 +206,50 @@ class ChannelPools:
         channel.idle_since = -1.0
         return channel
 
+    # -- background give-backs ------------------------------------------------------------
+    def _run_aside(self, make_plan: PlanMaker[T]) -> T:
+        """Run a background give-back's plan on a channel of its own, outside the pool, so a
+        node that does not answer holds that channel (for ``NODE_TIMEOUT`` per send), never
+        the callers' (a caller would open another meanwhile, and wait for that node to
+        connect). The channel takes a slot of the budget like any other and is closed when
+        idle; with no slot to spare the plan runs on a pooled channel."""
+        self._check_fork()
+        with self._aside_mutex:
+            if self.state.closed:  # the give-backs stop; their keys expire by TTL
+                raise ConnectionError("the engine is closed")
+            channel, opened = self._aside, False
+            if channel is None and self.budget.take(self._every):
+                channel = self._aside = Channel(self.labels, self._factories, self.state.busy_poll)
+                opened = True
+            if channel is not None:
+                try:
+                    with channel.mutex:
+                        return drive(make_plan, channel)
+                finally:
+                    channel.idle_since = time.monotonic()
+                    if opened:
+                        self._opened()
+        return self._run(make_plan)[0]
+
+    def _reap_aside(self, idle_before: float, *, now: bool = False) -> float | None:
+        """Close the give-backs' channel if idle since before ``idle_before`` (``now``: if
+        idle at all); returns its ``idle_since`` while it stays open."""
+        if not self._aside_mutex.acquire(blocking=False):
+            return None  # in use right now
+        try:
+            channel = self._aside
+            if channel is None:
+                return None
+            if now or channel.idle_since < idle_before:
+                self._aside = None
+                with channel.mutex:
+                    channel.close()
+                self.budget.give(self._every)
+                return None
+            return channel.idle_since
+        finally:
+            self._aside_mutex.release()
+
     # -- idle connections (sync) -----------------------------------------------------------
     def _opened(self) -> None:
         """A sync connection was opened: make sure the idle reaper runs."""
@@ -218,7 +265,8 @@ class ChannelPools:
         while generation == self.generation:
             oldest = self._reap(time.monotonic() - timeout)
             with self._mutex:
-                if oldest is None and not (self._all or self._blocking_all or self.waiter.open):
+                idle = not (self._all or self._blocking_all or self.waiter.open or self._aside)
+                if oldest is None and idle:
                     self._reaping = False
                     return
             due = timeout if oldest is None else oldest + timeout - time.monotonic()
@@ -248,8 +296,13 @@ class ChannelPools:
             self.budget.give(self._every, blocking=blocking)
         if one and closed:
             return oldest
+        had_aside = self._aside is not None
+        aside = self._reap_aside(idle_before, now=one)
+        if one and had_aside and self._aside is None:  # the one closed
+            return oldest
         waiting = self.waiter.reap(idle_before, one=one)
-        return waiting if oldest is None else min(oldest, waiting or oldest)
+        left = [t for t in (oldest, waiting, aside) if t is not None]
+        return min(left) if left else None
 
     def _evict_one(self) -> None:
         """Another pool starves: close one idle sync connection, if any."""
@@ -409,6 +462,7 @@ class ChannelPools:
             with channel.mutex:
                 channel.close()
             self.budget.give(self._every, blocking=channel in blocking)
+        self._reap_aside(0.0, now=True)
         self._reaper_wake.set()
 
 

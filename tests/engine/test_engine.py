@@ -219,6 +219,30 @@ def busy_poll(request: pytest.FixtureRequest) -> Any:
         yield request.param
 
 
+def test_background_give_backs_leave_the_pool_to_callers(redis_node_factory, redlock_alias):
+    """One of five nodes SIGSTOPped: each release leaves it a straggler, sent to again in the
+    background, on a connection of the give-backs' own. The callers keep the pooled one to
+    themselves, so none opens another, whose connect would wait for the paused node (four
+    NODE_TIMEOUTs: 4 s here); no pair waits half that. Before, a background send took the
+    pooled connection for NODE_TIMEOUT now and then, and a pair waited for the new
+    connection's handshake (80 s in test_one_paused_node_costs_at_most_node_timeout)."""
+    nodes = redis_node_factory(5)
+    manager = redlock_alias(nodes, TTL=5, NODE_TIMEOUT=1.0)
+    manager.acquire("warm", timeout=0).release()
+    nodes[4].pause()
+    slowest = 0.0
+    try:
+        for i in range(12):
+            started = time.monotonic()
+            lease = manager.acquire(f"s{i}", timeout=0)
+            assert lease.release() is True
+            slowest = max(slowest, time.monotonic() - started)
+            time.sleep(0.15)  # the stragglers' thread wakes (every 0.1 s at first) and sends
+    finally:
+        nodes[4].resume()
+    assert slowest < 2.0  # half the paused node's connect timeout: no pair waited for it
+
+
 @pytest.mark.parametrize("busy_poll", [0.0, 0.0001], indirect=True)
 def test_one_paused_node_costs_at_most_node_timeout(busy_poll, redis_node_factory, redlock_alias):
     """With one of five nodes SIGSTOPped, every acquire+release pair succeeds without waiting

@@ -105,20 +105,26 @@ def note_unsure(lease: LeaseRecord, nodes: Sequence[Labelled], replies: Sequence
 
 
 def release_again_plan(
-    state: AliasState, nodes: Sequence[NodeView], lease: LeaseRecord
+    state: AliasState, nodes: Sequence[NodeView], lease: LeaseRecord, *, background: bool = False
 ) -> Plan[bool]:
     """Send a release once more to the nodes that did not confirm it (``lease.unsure``), each
     on the connection this call got (a new one where the old one broke). Compare-and-delete by
     the owner value runs at most once in effect: a node that says "not yours" while the lease
     is still valid had run the earlier send (or an operator force-released the name). True
     once a quorum confirmed it (``lease.settled``); nodes still in ``lease.unsure`` then are
-    stragglers, sent to again until the lease's validity ends."""
+    stragglers, sent to again until the lease's validity ends.
+
+    ``background`` (a give-back thread's send): a node that is ``behind`` on this connection
+    (calls sent to it still unanswered: paused, or slow) is left for a later round instead of
+    being waited for, so a background send never holds a pooled connection for
+    ``NODE_TIMEOUT`` (a caller would open another meanwhile, and wait for that node to
+    connect)."""
     total = len(nodes)
     waking = wake_node(lease.name, total)
     unsure = set(lease.unsure)
     calls: list[Call | None] = [
         _release_of(state, lease, wakes=i == waking, unsure=i not in lease.voters)
-        if i in unsure and node.run_id is not None
+        if i in unsure and node.run_id is not None and not (background and node.behind)
         else None
         for i, node in enumerate(nodes)
     ]
