@@ -227,7 +227,11 @@ class ChannelPools:
                         return drive(make_plan, channel)
                 finally:
                     channel.idle_since = time.monotonic()
-                    if opened:
+                    if self.state.closed:  # closed meanwhile: close() could not take it
+                        self._aside = None
+                        channel.close()
+                        self.budget.give(self._every)
+                    elif opened:
                         self._opened()
         return self._run(make_plan)[0]
 
