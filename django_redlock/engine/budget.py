@@ -11,6 +11,8 @@ is given back) and asks the pools holding idle connections to close one.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import threading
 from collections.abc import Callable, Sequence
 
@@ -99,6 +101,12 @@ class Budget:
             listeners, self._listeners = self._listeners, {}
         for wake in listeners.values():
             wake()
+
+    def give_after_close(self, nodes: Sequence[int], *, blocking: bool = False) -> None:
+        """:meth:`give` on the running event loop's next turn, once the sockets just closed
+        there are closed (a transport closes its socket then): a new connection never
+        overlaps the old one."""
+        asyncio.get_running_loop().call_soon(functools.partial(self.give, nodes, blocking=blocking))
 
     def forget(self, listener: object) -> None:
         """Drop ``listener``'s wake-up (it got a connection another way, or gave up)."""

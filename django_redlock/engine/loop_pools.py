@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import time
 from collections import deque
 from typing import Any
@@ -86,12 +85,12 @@ class LoopPools:
             self._timer = self.loop.call_later(max(delay, 0.001), self.reap)
 
     def give_soon(self, nodes: tuple[int, ...], *, blocking: bool = False) -> None:
-        """Give slots back once the sockets just closed are closed (the transport closes
-        them on the loop's next turn): a new connection never overlaps the old one."""
-        self.loop.call_soon(functools.partial(self.budget.give, nodes, blocking=blocking))
+        """Give slots back once the sockets just closed are closed (see
+        :meth:`~.budget.Budget.give_after_close`)."""
+        self.budget.give_after_close(nodes, blocking=blocking)
 
     async def _disconnect_and_give(self, conn: Any, node: int) -> None:
-        await _disconnect(conn)  # its socket is closed on the loop's next turn
+        await _disconnect(conn)
         self.give_soon((node,), blocking=True)
 
     def evict_soon(self) -> None:

@@ -228,9 +228,7 @@ class ChannelPools:
                 finally:
                     channel.idle_since = time.monotonic()
                     if self.state.closed:  # closed meanwhile: close() could not take it
-                        self._aside = None
-                        channel.close()
-                        self.budget.give(self._every)
+                        self._close_aside()
                     elif opened:
                         self._opened()
         return self._run(make_plan)[0]
@@ -245,14 +243,19 @@ class ChannelPools:
             if channel is None:
                 return None
             if now or channel.idle_since < idle_before:
-                self._aside = None
-                with channel.mutex:
-                    channel.close()
-                self.budget.give(self._every)
+                self._close_aside()
                 return None
             return channel.idle_since
         finally:
             self._aside_mutex.release()
+
+    def _close_aside(self) -> None:
+        """Close the give-backs' channel and give its slot back (hold ``_aside_mutex``)."""
+        channel, self._aside = self._aside, None
+        if channel is not None:
+            with channel.mutex:
+                channel.close()
+            self.budget.give(self._every)
 
     # -- idle connections (sync) -----------------------------------------------------------
     def _opened(self) -> None:

@@ -38,7 +38,7 @@ from types import FrameType
 from typing import Any
 
 from ..exceptions import LockError, LockNotAcquired, NodesUnavailable
-from ..locking.block import MIN_HOLD_GRANULARITY
+from ..locking.block import min_hold_left
 from ..locking.lease import Lease
 from ..locking.manager import LockManager
 from .keeper import (
@@ -172,7 +172,7 @@ def run_locked(manager: LockManager, request: RunRequest, front: FrontLink | Non
     except RunError as exc:
         return Outcome(exc.status, "not_started", None, str(exc))
     finally:
-        left = (request.min_hold or 0.0) - (time.monotonic() - started)
+        left = min_hold_left(request.min_hold, started)
         kept = status == 0 and not supervisor.lost and _kept_for(lease, left)
         still_held = kept or _release(lease)
     if supervisor.keeper_died:
@@ -189,8 +189,8 @@ def run_locked(manager: LockManager, request: RunRequest, front: FrontLink | Non
 
 def _kept_for(lease: Lease, seconds: float) -> bool:
     """``--min-hold``: leave the name taken ``seconds`` more (the lease renewed to that TTL and
-    not released); False when there is too little left, or the renewal failed."""
-    if seconds < MIN_HOLD_GRANULARITY:
+    not released); False when nothing is left, or the renewal failed."""
+    if not seconds:
         return False
     try:
         lease.extend(ttl=seconds)

@@ -41,6 +41,14 @@ ON_BUSY_CHOICES = ("raise", "skip")
 #: a ``min_hold`` with less than this left releases at once
 MIN_HOLD_GRANULARITY = 0.1
 
+
+def min_hold_left(min_hold: float | None, started: float) -> float:
+    """Seconds a ``min_hold`` keeps a name taken after a run that started at ``started``
+    (``time.monotonic()``); 0.0 when less than :data:`MIN_HOLD_GRANULARITY` is left."""
+    left = (min_hold or 0.0) - (time.monotonic() - started)
+    return left if left >= MIN_HOLD_GRANULARITY else 0.0
+
+
 logger = logging.getLogger("django_redlock")  # docs/index.md: one logger name
 
 
@@ -223,8 +231,8 @@ class LockBlock:
             context.push_findable(lease, pending)  # ... but this transaction re-enters it
             check_lost(lease, exc_type)
             return True
-        left = (self._options.min_hold or 0.0) - (time.monotonic() - entry.started)
-        if exc_type is None and left >= MIN_HOLD_GRANULARITY:
+        left = min_hold_left(self._options.min_hold, entry.started)
+        if exc_type is None and left:
             context.deactivate(entry.lease)
             entry.lease.stop_auto_extend()
             entry.hold_for = left

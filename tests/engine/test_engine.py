@@ -219,6 +219,26 @@ def busy_poll(request: pytest.FixtureRequest) -> Any:
         yield request.param
 
 
+def _slowest_pair_with_one_paused(
+    manager: Any, nodes: RedisNodes, prefix: str, pairs: int, between: float = 0.0
+) -> float:
+    """Seconds of the slowest of ``pairs`` acquire+release pairs (each release confirmed once
+    a quorum answered) made while the last node is SIGSTOPped, ``between`` seconds apart."""
+    manager.acquire("warm", timeout=0).release()
+    nodes[-1].pause()
+    slowest = 0.0
+    try:
+        for i in range(pairs):
+            started = time.monotonic()
+            lease = manager.acquire(f"{prefix}{i}", timeout=0)
+            assert lease.release() is True  # returns once a quorum answered
+            slowest = max(slowest, time.monotonic() - started)
+            time.sleep(between)
+    finally:
+        nodes[-1].resume()
+    return slowest
+
+
 def test_background_give_backs_leave_the_pool_to_callers(redis_node_factory, redlock_alias):
     """One of five nodes SIGSTOPped: each release leaves it a straggler, sent to again in the
     background, on a connection of the give-backs' own. The callers keep the pooled one to
@@ -228,18 +248,8 @@ def test_background_give_backs_leave_the_pool_to_callers(redis_node_factory, red
     connection's handshake (80 s in test_one_paused_node_costs_at_most_node_timeout)."""
     nodes = redis_node_factory(5)
     manager = redlock_alias(nodes, TTL=5, NODE_TIMEOUT=1.0)
-    manager.acquire("warm", timeout=0).release()
-    nodes[4].pause()
-    slowest = 0.0
-    try:
-        for i in range(12):
-            started = time.monotonic()
-            lease = manager.acquire(f"s{i}", timeout=0)
-            assert lease.release() is True
-            slowest = max(slowest, time.monotonic() - started)
-            time.sleep(0.15)  # the stragglers' thread wakes (every 0.1 s at first) and sends
-    finally:
-        nodes[4].resume()
+    # between pairs, the stragglers' thread wakes (every 0.1 s at first) and sends
+    slowest = _slowest_pair_with_one_paused(manager, nodes, "s", 12, between=0.15)
     assert slowest < 2.0  # half the paused node's connect timeout: no pair waited for it
 
 
@@ -253,17 +263,7 @@ def test_one_paused_node_costs_at_most_node_timeout(busy_poll, redis_node_factor
     nodes = redis_node_factory(5)
     manager = redlock_alias(nodes, TTL=5, NODE_TIMEOUT=20.0)
     assert manager.engine.state.busy_poll == busy_poll
-    manager.acquire("warm", timeout=0).release()
-    nodes[4].pause()
-    slowest = 0.0
-    try:
-        for i in range(50):
-            started = time.monotonic()
-            lease = manager.acquire(f"p{i}", timeout=0)
-            assert lease.release() is True  # returns once a quorum answered
-            slowest = max(slowest, time.monotonic() - started)
-    finally:
-        nodes[4].resume()
+    slowest = _slowest_pair_with_one_paused(manager, nodes, "p", 50)
     assert slowest < 10.0  # half a NODE_TIMEOUT: no call waited for the paused node
     manager.acquire("flush", timeout=0).release()  # drains the queued replies
     until(lambda: _keys(nodes, f"{manager.config.key_prefix}p*") == [[]] * 5, 10, "no key left")

@@ -26,36 +26,31 @@ Nodes = Callable[..., RedisNodes]
 Alias = Callable[..., LockManager]
 
 CAP = 10
-INSPECTOR = "inspector"
 WORKERS = 200
 
 
-def _ours(node: RedisNode, inspector: Any) -> int:
+def _ours(node: RedisNode) -> int:
     """How many connections to the node this process holds open (each test starts its own
-    nodes; ``inspector`` is not used by this count). Counted on the client's side: a
+    nodes). Counted on the client's side: a
     connection the client closed is gone from there at once, while a loaded node may still
     list it for a moment."""
     assert node.port is not None
     return open_sockets_to(node.port)
 
 
-def _inspector(node: RedisNode) -> Any:
-    return node.client(client_name=INSPECTOR)
-
-
 class _Peak:
     """Samples every node's client count in the background; ``peak`` is the highest seen."""
 
     def __init__(self, nodes: RedisNodes) -> None:
-        self._probes = [(node, _inspector(node)) for node in nodes]
+        self._nodes = list(nodes)
         self.peak = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            for node, inspector in self._probes:
-                self.peak = max(self.peak, _ours(node, inspector))
+            for node in self._nodes:
+                self.peak = max(self.peak, _ours(node))
             self._stop.wait(0.005)
 
     def __enter__(self) -> _Peak:
@@ -65,11 +60,11 @@ class _Peak:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        for node, inspector in self._probes:  # once more, at the end
-            self.peak = max(self.peak, _ours(node, inspector))
+        for node in self._nodes:  # once more, at the end
+            self.peak = max(self.peak, _ours(node))
 
     def now(self) -> list[int]:
-        return [_ours(node, inspector) for node, inspector in self._probes]
+        return [_ours(node) for node in self._nodes]
 
 
 def _until(test: Callable[[], bool], seconds: float) -> bool:
@@ -210,7 +205,7 @@ def test_idle_connections_close_after_idle_timeout(three: RedisNodes, redlock_al
         for t in threads:
             t.join()
     assert peak.peak > 1
-    probe = _Peak(three)  # its own inspecting connections (the sampler had others)
+    probe = _Peak(three)
     assert _until(lambda: probe.now() == [0, 0, 0], 3.0), probe.now()
 
 

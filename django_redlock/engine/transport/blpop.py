@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import select
 import ssl
 import threading
@@ -245,7 +244,7 @@ class ReleaseWaiter:
                         with contextlib.suppress(Exception):
                             await asyncio.shield(conn.disconnect(nowait=True))
                 finally:
-                    self._give_after_close(node)
+                    self._budget.give_after_close((node,), blocking=True)
                 raise
             except Exception as exc:  # RedisError, OSError, TimeoutError, a raising factory
                 if conn is not None:
@@ -256,15 +255,9 @@ class ReleaseWaiter:
                     break
                 # the pooled connection had gone stale: one more try on a fresh one
                 pooled, conn = False, None
-        self._give_after_close(node)
+        self._budget.give_after_close((node,), blocking=True)
         await asyncio.sleep(max(0.0, seconds - (time.monotonic() - started)))
         return False
-
-    def _give_after_close(self, node: int) -> None:
-        """Give ``node``'s blocking slot back once the socket just closed is closed (the
-        transport closes it on the loop's next turn): a new connection never overlaps it."""
-        give = functools.partial(self._budget.give, (node,), blocking=True)
-        asyncio.get_running_loop().call_soon(give)
 
     def new_idle(self) -> list[list[Any]]:
         return [[] for _ in self._async_factories]
