@@ -63,8 +63,7 @@ class LoopPools:
                     continue
                 if one or channel.idle_since < idle_before:
                     pool.remove(channel)
-                    channel.close_now()
-                    self.give_soon(self.every, blocking=blocking)
+                    self.retire(channel, blocking=blocking)
                     if one:
                         return
                 else:
@@ -83,6 +82,23 @@ class LoopPools:
         if oldest is not None or self.channels or self.blocking:
             delay = self.budget.idle_timeout if oldest is None else oldest - idle_before
             self._timer = self.loop.call_later(max(delay, 0.001), self.reap)
+
+    def retire(self, channel: AsyncChannel, *, blocking: bool = False) -> None:
+        """Close ``channel`` (no longer in a pool); its slots come back once its sockets are
+        closed, the ones of reconnects it cancelled included."""
+        stopped = [task for task in channel.close_now() if not task.done()]
+        if not stopped:
+            self.give_soon(self.every, blocking=blocking)
+            return
+        left = [len(stopped)]
+
+        def one_stopped(_: object) -> None:
+            left[0] -= 1
+            if left[0] == 0:  # each closed its socket in its last step, before this
+                self.give_soon(self.every, blocking=blocking)
+
+        for task in stopped:
+            task.add_done_callback(one_stopped)
 
     def give_soon(self, nodes: tuple[int, ...], *, blocking: bool = False) -> None:
         """Give slots back once the sockets just closed are closed (see
@@ -104,39 +120,48 @@ class LoopPools:
         self.reap(one=True)
         self.opened()  # reap(one=True) leaves the timer off
 
-    def reclaim(self) -> list[asyncio.Task[bool]]:
-        """Forget every connection (closing what can be) and give their slots back; returns
-        the background reconnects it cancelled."""
+    def reclaim(self) -> None:
+        """The loop closed without closing its pools: forget every connection (closing
+        what can be) and give their slots back."""
+        self._forget_all()
+        self._give_all()
+
+    def _forget_all(self) -> list[asyncio.Task[bool]]:
+        """Close every lock channel and forget them; returns the reconnects it cancelled."""
         self.budget.remove_evictor(self)
-        channels, blocking = list(self.channels), list(self.blocking)
-        self.channels.clear()
-        self.blocking.clear()
         stopped: list[asyncio.Task[bool]] = []
-        for channel in channels:
+        for channel in self.channels + self.blocking:
             with contextlib.suppress(Exception):
                 stopped += channel.close_now()
-            self.budget.give(self.every)
-        for channel in blocking:
-            with contextlib.suppress(Exception):
-                stopped += channel.close_now()
-            self.budget.give(self.every, blocking=True)
+        return stopped
+
+    def _give_all(self) -> None:
+        """Give back the slots of every connection :meth:`_forget_all` closed."""
+        for pool, blocking in ((self.channels, False), (self.blocking, True)):
+            while pool:
+                pool.pop()
+                self.budget.give(self.every, blocking=blocking)
         for node, conns in enumerate(self.waiting):
             while conns:
                 conns.pop()
                 self.budget.give((node,), blocking=True)
-        return stopped
 
     async def close(self) -> None:
-        """Close every connection of this loop (at the loop's shutdown)."""
+        """Close every connection of this loop (at the loop's shutdown); the slots come back
+        once the sockets are closed."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         conns = [c for per_node in self.waiting for c in per_node]
-        stopped = self.reclaim()
-        for conn in conns:
-            await _disconnect(conn)
-        if stopped:  # let each cancelled reconnect close its socket before the loop closes
-            await asyncio.gather(*stopped, return_exceptions=True)
+        stopped = self._forget_all()
+        try:
+            for conn in conns:
+                await _disconnect(conn)
+            if stopped:  # let each cancelled reconnect close its socket before the loop closes
+                await asyncio.gather(*stopped, return_exceptions=True)
+            await asyncio.sleep(0)  # the transports closed above close their sockets now
+        finally:
+            self._give_all()
 
 
 def _finish(future: asyncio.Future[None]) -> None:

@@ -340,19 +340,29 @@ class ChannelPools:
                     yield pinned
             if still:
                 return
-        channel = next((c for c in reversed(pools.channels) if not c.mutex.locked()), None)
-        if channel is None:
-            channel = await self._acheckout(pools, until)
-            if channel is None:  # a new one: held while connecting so no other task uses it
-                async with self._aopen(pools) as channel:
+        while True:
+            channel = next((c for c in reversed(pools.channels) if not c.mutex.locked()), None)
+            if channel is None:
+                channel = await self._acheckout(pools, until)
+                if channel is None:  # a new one: held while connecting so no other task uses it
+                    async with self._aopen(pools) as channel:
+                        yield channel
+                    return
+                if channel.idle_since < 0:  # a stand-in
                     yield channel
-                return
-            if channel.idle_since < 0:  # a stand-in
-                yield channel
-                return
+                    return
+            # An unlocked channel with a task already woken for it makes this task wait for
+            # its mutex; meanwhile the channel may be closed (idle, or evicted for a starving
+            # pool): then it is not ours to use, pick again.
+            await channel.mutex.acquire()
+            if channel in pools.channels:
+                break
+            channel.mutex.release()
         try:
-            async with channel.mutex:
+            try:
                 yield channel
+            finally:
+                channel.mutex.release()
         finally:
             self._areturn(pools, channel)
 
@@ -360,8 +370,7 @@ class ChannelPools:
         """``channel`` is free again: pooled, or closed while another kind starves."""
         if self.budget.hungry and len(pools.channels) > 1 and channel in pools.channels:
             pools.channels.remove(channel)
-            channel.close_now()
-            pools.give_soon(self._every)
+            pools.retire(channel)
             return
         channel.idle_since = time.monotonic()
         if pools.waiters:
@@ -453,8 +462,9 @@ class ChannelPools:
                 pools.blocking.append(channel)
             else:  # given up mid-call (cancelled) or a reply still due: never reused
                 if channel is not None:
-                    channel.close_now()
-                pools.give_soon(self._every, blocking=True)
+                    pools.retire(channel, blocking=True)
+                else:
+                    pools.give_soon(self._every, blocking=True)
 
     def close(self) -> None:
         """Close every blocking connection (asyncio ones are closed with their event loop)

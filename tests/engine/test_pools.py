@@ -116,13 +116,6 @@ def test_200_threads_on_3_nodes_stay_within_max_connections(
 
 
 @pytest.mark.slow  # the cap: test_threads_and_tasks_share_one_budget (default profile)
-@pytest.mark.xfail(
-    strict=False,
-    reason="known defect, being fixed: now and then one connection over MAX_CONNECTIONS for a "
-    "moment (counted on the client's side), and connections left to the collector when the "
-    "event loop closes (StreamWriter 'loop is closed'); absent from the last landed release, "
-    "present since the give-back work",
-)
 def test_200_tasks_on_3_nodes_stay_within_max_connections(
     three: RedisNodes, redlock_alias: Alias
 ) -> None:
@@ -284,3 +277,77 @@ def test_pool_settings_defaults_and_values() -> None:
     assert (config.max_connections, config.idle_timeout) == (50, 300.0)
     config = parse_alias("ok", {"NODES": [URL], "MAX_CONNECTIONS": 1, "IDLE_TIMEOUT": 0.5})
     assert (config.max_connections, config.idle_timeout) == (1, 0.5)
+
+
+def test_a_channel_closed_while_a_task_waits_for_it_is_not_used(
+    three: RedisNodes, redlock_alias: Alias
+) -> None:
+    """A task that picked a free channel but had to wait for its mutex (another task was
+    woken for it first, then cancelled) must not use it if it was closed meanwhile (evicted
+    for a starving pool): it picks again. Before, it used the closed channel, whose links
+    reconnected outside the budget and stayed open after the loop closed."""
+    manager = redlock_alias(three, MAX_CONNECTIONS=2, TTL=10.0)
+    engine = manager.engine
+
+    async def main() -> bool:
+        (await manager.aacquire("warm", timeout=0)).release()  # one channel, idle
+        pools = await engine._loop_pools()
+        [channel] = pools.channels
+        await channel.mutex.acquire()  # "another task" holds it
+        first = asyncio.ensure_future(channel.mutex.acquire())  # a task waiting for it
+        await asyncio.sleep(0)
+        user = asyncio.ensure_future(manager.aacquire("x", timeout=5))  # runs before `first`
+        channel.mutex.release()  # wakes `first`...
+        first.cancel()  # ...which is cancelled before it runs: it passes the mutex on
+        await asyncio.sleep(0)  # `user` picked the channel and waits for its mutex
+        pools.reap(one=True)  # evicted before `user` runs: closed, out of the pool
+        lease = await user
+        ok = await lease.arelease()
+        reused = any(link.connected for link in channel.links)
+        return ok and not reused
+
+    assert asyncio.run(main())
+    assert [_ours(node) for node in three] == [0, 0, 0]  # all closed with the loop
+
+
+def test_a_connect_in_flight_when_its_channel_closes_drops_its_socket(
+    three: RedisNodes, redlock_alias: Alias
+) -> None:
+    """A link whose channel closes while it connects (a background reconnect, sync or
+    asyncio, waiting for a slow node) closes what that connect makes: a closed channel holds
+    no socket outside the budget, and never reconnects."""
+    from django_redlock.engine.transport.aio import AsyncLink
+    from django_redlock.engine.transport.sync import Link
+
+    manager = redlock_alias(three, TTL=10.0)
+    engine = manager.engine
+    node = three[0]
+    link = Link("n0", engine._factories[0])
+    node.pause()  # the TCP connect completes (the kernel's backlog), the handshake waits
+    try:
+        connecting = threading.Thread(target=link.connect_detached)
+        connecting.start()
+        assert _until(lambda: _ours(node) == 1, 5)
+        link.close_link()
+    finally:
+        node.resume()
+    connecting.join(10)
+    assert not link.connected and _ours(node) == 0
+    assert link.usable() is False  # and it never tries again
+
+    async def main() -> bool:
+        alink = AsyncLink("n0", engine._async_factories[0], 5.0)
+        node.pause()
+        try:
+            connect = asyncio.ensure_future(alink.connect())
+            while _ours(node) == 0:
+                await asyncio.sleep(0.01)
+            alink.close_link()
+        finally:
+            node.resume()
+        ok = await connect
+        await asyncio.sleep(0)
+        return ok or alink.connected or alink.usable()
+
+    assert asyncio.run(main()) is False
+    assert _ours(node) == 0

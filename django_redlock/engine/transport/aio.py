@@ -79,10 +79,11 @@ class AsyncLink(LinkBase):
                 await conn.disconnect(nowait=True)
             self._down(describe(exc))
             return False
-        self._learn(replies[0])
-        if self._transport is not None:  # another connect won the race; keep that one
+        if self.retired or self._transport is not None:
+            # its channel closed meanwhile, or another connect won the race (keep that one)
             await conn.disconnect(nowait=True)
-            return True
+            return self._transport is not None
+        self._learn(replies[0])
         self._ready()
         transport.set_protocol(_Replies(self))
         self._conn = conn
@@ -268,4 +269,8 @@ class AsyncChannel:
         return stopped
 
     async def close(self) -> None:
-        self.close_now()
+        """Close every connection and wait until their sockets are closed."""
+        stopped = self.close_now()
+        if stopped:
+            await asyncio.gather(*stopped, return_exceptions=True)
+        await asyncio.sleep(0)  # a transport closes its socket on the loop's next turn

@@ -128,6 +128,8 @@ class LinkBase:
         self._retry_at = 0.0
         self._fresh_failure = False
         self.last_error = ""
+        #: closed for good with its channel: never reconnects (see :meth:`close_link`)
+        self.retired = False
 
     # -- what the transport implements ---------------------------------------------------
     def _drop(self) -> None:
@@ -167,7 +169,7 @@ class LinkBase:
         self._backoff = min(RECONNECT_MAX, self._backoff * 2)
 
     def _retry_due(self) -> bool:
-        return time.monotonic() >= self._retry_at
+        return not self.retired and time.monotonic() >= self._retry_at
 
     def never(self, reason: str) -> None:
         """Stay down with ``reason``, never trying to connect (a stand-in channel)."""
@@ -183,9 +185,15 @@ class LinkBase:
         self._down(reason)
 
     def close_link(self) -> None:
-        """Close the connection; its unread calls fail ("closed"), so a fire-and-forget
-        give-back among them is reported unanswered and sent again elsewhere (a blocking
-        connection closed while blocked: the server drops what came after the ``BLPOP``)."""
+        """Close the connection for good (its channel is closed): it never reconnects, and a
+        connect still in flight drops what it makes, so a closed channel holds no socket
+        outside the connection budget. Its unread calls fail ("closed"), so a
+        fire-and-forget give-back among them is reported unanswered and sent again
+        elsewhere (a blocking connection closed while blocked: the server drops what came
+        after the ``BLPOP``)."""
+        self.retired = True
+        self.never("closed")
+        self._fresh_failure = False
         self._drop()
         while self._unread:
             slot = self._unread.popleft()

@@ -94,6 +94,9 @@ class Link(LinkBase):
         self.fd = sock.fileno()
         self._output = sock.sendall
         self.connected = True  # last: a sender that sees it sees everything above
+        if self.retired:  # its channel closed meanwhile (set before that close's drop)
+            self._drop()
+            return False
         return True
 
     def revive(self) -> None:
@@ -458,5 +461,12 @@ class Channel:
             return reply
 
     def close(self) -> None:
+        """Close every connection; returns once none of them has a socket open, a connect
+        under way (a background reconnect) included: it closes what it made, then this
+        returns, so the caller gives the slot back only then."""
         for link in self.links:
             link.close_link()
+        for link in self.links:
+            if link.mutex.locked():  # a connect under way: wait for it to drop its socket
+                with link.mutex:
+                    pass
