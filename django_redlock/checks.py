@@ -35,6 +35,7 @@ from .conf import (
 )
 from .nodes.cluster_checks import cluster_checks
 from .nodes.probe import UNKNOWN, probe_alias
+from .schedules.entries import schedule_setting
 
 #: ``manage.py check --tag django_redlock`` runs only these checks (and the request-lock ones).
 TAG = "django_redlock"
@@ -92,7 +93,37 @@ def check_settings(
         check_order_setting()
     except ImproperlyConfigured as exc:
         errors.append(checks.Error(str(exc), id="django_redlock.E006"))
-    return errors + _shared_node_prefixes(configs) + _unknown_settings()
+    return errors + _shared_node_prefixes(configs) + _unknown_settings() + _schedule(configs)
+
+
+def _schedule(configs: list[AliasConfig]) -> list[checks.CheckMessage]:
+    """``REDLOCK_SCHEDULE``: well-formed entries (E031), on known aliases (E032), whose
+    ``CALL`` imports as a callable (E033); docs/schedules.md."""
+    try:
+        entries = schedule_setting()
+    except (TypeError, ValueError) as exc:
+        return [checks.Error(str(exc), id="django_redlock.E031")]
+    aliases = {config.alias for config in configs}
+    messages: list[checks.CheckMessage] = []
+    for entry in entries:
+        where = f"REDLOCK_SCHEDULE[{entry.name!r}]"
+        if entry.using not in aliases:
+            messages.append(
+                checks.Error(
+                    f"{where}['USING'] is {entry.using!r}, not an alias of REDLOCK.",
+                    id="django_redlock.E032",
+                )
+            )
+        try:
+            entry.function()
+        except (ImportError, TypeError, ValueError) as exc:
+            messages.append(
+                checks.Error(
+                    f"{where}['CALL'] {entry.call!r} does not import as a callable: {exc}",
+                    id="django_redlock.E033",
+                )
+            )
+    return messages
 
 
 def _unknown_settings() -> list[checks.CheckMessage]:

@@ -252,6 +252,7 @@ SETTING_NAMES = (
     "REDLOCK_CHECK_ORDER",
     "REDLOCK_IDEMPOTENCY",
     "REDLOCK_REQUEST_LOCKS",
+    "REDLOCK_SCHEDULE",
 )
 
 #: Default of ``REDLOCK_BUSY_POLL``, seconds; and the largest value it accepts.

@@ -7,6 +7,7 @@ from django.db import models
 from .effects.model import Effect as Effect
 from .fencing import FencedModel as FencedModel
 from .fencing.tombstones import FenceTombstone as FenceTombstone
+from .schedules.model import ScheduledTick as ScheduledTick
 
 
 class Lock(models.Model):

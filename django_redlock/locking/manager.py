@@ -19,6 +19,7 @@ from ..nodes.cluster import shard_of
 from . import context, ordering
 from .block import AsyncLockBlock, BlockOptions, LockBlock
 from .kind_blocks import HoldOptions, KindBlocks
+from .leader import Hook, Leadership
 from .lease import Lease, start_renewals
 from .limits import LimitsBlock, check_limits
 from .many import HeldLocks, LockManyBlock, check_names
@@ -212,6 +213,47 @@ class LockManager(KindBlocks):
             ttl, timeout, auto_extend, max_hold, reentrant, until_commit, on_lost, on_busy, min_hold
         )
         return AsyncLockBlock(lambda: self, name, options)
+
+    def leader(
+        self,
+        name: str,
+        *,
+        ttl: float | None = None,
+        on_elected: Hook | None = None,
+        on_demoted: Hook | None = None,
+    ) -> Leadership:
+        """Campaign for the leadership ``name`` (``with``): waits until elected, renews it
+        while the block runs; ``.is_leader``, ``.term`` (the fencing token); ``on_demoted``
+        runs at once when it is lost (docs/leaders.md)."""
+        return self._leadership(name, ttl, on_elected, on_demoted, is_async=False)
+
+    def aleader(
+        self,
+        name: str,
+        *,
+        ttl: float | None = None,
+        on_elected: Hook | None = None,
+        on_demoted: Hook | None = None,
+    ) -> Leadership:
+        """Asyncio twin of :meth:`leader` (``async with``; renewed from an asyncio task)."""
+        return self._leadership(name, ttl, on_elected, on_demoted, is_async=True)
+
+    def _leadership(
+        self,
+        name: str,
+        ttl: float | None,
+        on_elected: Hook | None,
+        on_demoted: Hook | None,
+        *,
+        is_async: bool,
+    ) -> Leadership:
+        """A leadership, its name and TTL checked before any campaign."""
+        check_name(name)
+        if ttl is not None:
+            check_ttl(ttl, self.config.drift_factor)
+        return Leadership(
+            self, name, ttl=ttl, on_elected=on_elected, on_demoted=on_demoted, is_async=is_async
+        )
 
     # -- several names at once ---------------------------------------------------------------
     def acquire_many(

@@ -45,10 +45,13 @@ class Wrapper:
             "PYTHONPATH": str(ROOT),
         }
         self.started: list[subprocess.Popen[str]] = []
+        #: ``run``, or ``leader`` (a run that campaigns: docs/leaders.md)
+        self.subcommand = "run"
 
     def argv_of(self, name: str, command: Sequence[str], *options: str) -> list[str]:
         """The argv of ``redlock run NAME --using ALIAS OPTIONS -- COMMAND``."""
-        argv = [sys.executable, "-m", "django", "redlock", "run", name, "--using", self.alias]
+        argv = [sys.executable, "-m", "django", "redlock", self.subcommand, name]
+        argv += ["--using", self.alias]
         return [*argv, *options, "--", *command]
 
     @staticmethod

@@ -10,6 +10,9 @@ import os
 from tests.settings import *  # noqa: F403
 
 REDLOCK = json.loads(os.environ.get("REDLOCK_JSON", '{"default": {}}'))
+# A scheduler process of a test (tests/schedules) runs that test's entries.
+if os.environ.get("REDLOCK_SCHEDULE_JSON"):
+    REDLOCK_SCHEDULE = json.loads(os.environ["REDLOCK_SCHEDULE_JSON"])
 
 # A worker process of a test (tests/jobs) uses that test's database.
 if os.environ.get("TEST_DATABASE_NAME"):

@@ -16,6 +16,7 @@ import contextlib
 import json
 import math
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -33,6 +34,9 @@ from ...jobs.runner import RunRequest
 from ...locking.ordering import shared as order_records
 from ...locking.registry import locks
 from ...locking.validation import check_max_hold, check_name, check_timeout, check_ttl
+from ...schedules.entries import schedule_setting
+from ...schedules.report import entry_report, report_lines
+from ...schedules.scheduler import Scheduler
 from ...testing.simulated_engine import SimulatedEngine
 from ...testing.simulation import simulation_from_environment
 from ..effects import EFFECT_HEADERS, effect_document, effect_row, ledger_rows
@@ -49,6 +53,8 @@ from ..rendering import (
     table,
 )
 
+#: Subcommands that run under ``simulate`` too (they take locks, or read only the database).
+LIVE = ("run", "leader", "scheduler", "schedule")
 #: ``clear`` lists and releases locks in batches of this many names.
 CLEAR_BATCH = 500
 #: ``order --check``: the exit status when an inverted pair is recorded (1 is an error).
@@ -112,6 +118,24 @@ def _failure(problems: Sequence[NodeError | Failure]) -> Failure | None:
     return Failure(f"{first}{more}", first.code if isinstance(first, Failure) else "unreachable")
 
 
+def _holding_options(parser: CommandParser, using_help: str) -> None:
+    """The options ``run`` and ``leader`` share: what to hold, and what to do on a loss."""
+    parser.add_argument("name")
+    parser.add_argument("--using", default="default", help=using_help)
+    parser.add_argument("--ttl", type=float, help="Lease TTL in seconds (default: the alias's).")
+    parser.add_argument(
+        "--kill-after",
+        type=float,
+        default=10.0,
+        help="After a lost lease, SIGKILL the command this many seconds after SIGTERM.",
+    )
+    parser.add_argument(
+        "--status-file",
+        metavar="PATH",
+        help='Write {"outcome": ..., "child_status": ..., "exit_status": ...} there (JSON).',
+    )
+
+
 class Command(BaseCommand):
     help = "List, show, release and clear held locks; show node health."
     requires_system_checks: list[str] = []  # must work while nodes or settings are broken
@@ -125,11 +149,11 @@ class Command(BaseCommand):
         def parse_args(args: Sequence[str] | None = None, namespace: Any = None) -> Any:
             given = list(sys.argv[2:] if args is None else args)
             command: list[str] | None = None
-            if "--" in given and "run" in given[: given.index("--")]:
+            if "--" in given and {"run", "leader"} & set(given[: given.index("--")]):
                 cut = given.index("--")
                 given, command = given[:cut], given[cut + 1 :]
             parsed = parse(given, namespace)
-            if command is not None and getattr(parsed, "subcommand", None) == "run":
+            if command is not None and getattr(parsed, "subcommand", None) in ("run", "leader"):
                 parsed.command = [*parsed.command, *command]
             return parsed
 
@@ -176,9 +200,7 @@ class Command(BaseCommand):
             usage="manage.py redlock run NAME [options] -- COMMAND [ARG ...]",
             description="Exit status: the command's; 75 busy, 69 no quorum, 70 lease lost.",
         )
-        p.add_argument("name")
-        p.add_argument("--using", default="default", help=one)
-        p.add_argument("--ttl", type=float, help="Lease TTL in seconds (default: the alias's).")
+        _holding_options(p, one)
         p.add_argument(
             "--timeout", type=float, default=0.0, help="Seconds to wait for the lock (default 0)."
         )
@@ -192,18 +214,27 @@ class Command(BaseCommand):
             help="After the command exits 0, keep the name taken until SECONDS after it started "
             "(other servers' copies of the same cron tick stay busy).",
         )
-        p.add_argument(
-            "--kill-after",
-            type=float,
-            default=10.0,
-            help="After a lost lease, SIGKILL the command this many seconds after SIGTERM.",
-        )
-        p.add_argument(
-            "--status-file",
-            metavar="PATH",
-            help='Write {"outcome": ..., "child_status": ..., "exit_status": ...} there (JSON).',
-        )
         p.add_argument("command", nargs="*", help="-- COMMAND [ARG ...]")
+
+        p = sub.add_parser(
+            "leader",
+            help="Campaign for a leadership; run a command while elected (SIGTERM on loss).",
+            usage="manage.py redlock leader NAME [options] -- COMMAND [ARG ...]",
+            description="Waits until elected. Exit status: the command's; 69 no quorum, 70 "
+            "leadership lost.",
+        )
+        _holding_options(p, one)
+        p.add_argument("command", nargs="*", help="-- COMMAND [ARG ...]")
+
+        p = sub.add_parser(
+            "scheduler",
+            help="Run REDLOCK_SCHEDULE: start it on every server; each tick runs once.",
+            description="Runs until SIGTERM/SIGINT (or --for SECONDS); docs/schedules.md.",
+        )
+        p.add_argument("--for", dest="seconds", type=float, help="Stop after SECONDS.")
+
+        p = sub.add_parser("schedule", help="Each REDLOCK_SCHEDULE entry's last and next tick.")
+        p.add_argument("--json", action="store_true", help="Print one JSON list.")
 
         p = sub.add_parser(
             "prune-tombstones",
@@ -244,6 +275,9 @@ class Command(BaseCommand):
             "clear": self.clear,
             "nodes": self.nodes,
             "run": self.run_command,
+            "leader": self.run_command,
+            "scheduler": self.scheduler,
+            "schedule": self.schedule,
             "prune-tombstones": self.prune_tombstones,
             "effects": self.effects,
             "order": self.order,
@@ -256,7 +290,7 @@ class Command(BaseCommand):
             except ValueError as exc:
                 raise Failure(exc, "bad_settings") from exc
             with simulation or contextlib.nullcontext():
-                if options["subcommand"] != "run" and self._simulated(options):
+                if options["subcommand"] not in LIVE and self._simulated(options):
                     return
                 commands[options["subcommand"]](options)
         except Failure as exc:
@@ -352,27 +386,31 @@ class Command(BaseCommand):
 
     # -- subcommands -----------------------------------------------------------------------
     def run_command(self, options: dict[str, Any]) -> None:
-        """``run NAME -- COMMAND``: exits with the command's status (see docs/jobs.md)."""
+        """``run NAME -- COMMAND``: exits with the command's status (see docs/jobs.md).
+        ``leader NAME -- COMMAND`` is a run that waits for ever for the name (the election),
+        then holds it while the command runs (docs/leaders.md)."""
+        what = f"redlock {options['subcommand']}"
         command = list(options["command"])
         if not command:
-            raise CommandError("redlock run: give the command after --", returncode=2)
+            raise CommandError(f"{what}: give the command after --", returncode=2)
         kill_after = options["kill_after"]
         if not (math.isfinite(kill_after) and kill_after >= 0):
-            raise CommandError("redlock run: --kill-after must be a number >= 0", returncode=2)
+            raise CommandError(f"{what}: --kill-after must be a number >= 0", returncode=2)
         try:
             alias = self._one_alias(options["using"])
         except Failure as exc:
             status = 2 if exc.code == "unknown_alias" else 1  # a typo, or broken settings
-            raise CommandError(f"redlock run: {exc}", returncode=status) from exc
+            raise CommandError(f"{what}: {exc}", returncode=status) from exc
         manager = locks[alias]
+        campaign = options["subcommand"] == "leader"
         request = RunRequest(
             name=options["name"],
             command=command,
             ttl=options["ttl"],
-            timeout=options["timeout"],
-            skip_busy=options["skip_busy"],
+            timeout=None if campaign else options["timeout"],
+            skip_busy=False if campaign else options["skip_busy"],
             kill_after=kill_after,
-            min_hold=options["min_hold"],
+            min_hold=None if campaign else options["min_hold"],
         )
         try:  # checked before anything runs, so that nothing is taken
             check_name(request.name)
@@ -381,7 +419,7 @@ class Command(BaseCommand):
                 check_ttl(request.ttl, manager.config.drift_factor)
             check_timeout(request.timeout)
         except (TypeError, ValueError) as exc:
-            raise CommandError(f"redlock run: {exc}", returncode=2) from exc
+            raise CommandError(f"{what}: {exc}", returncode=2) from exc
         status_file: str | None = options["status_file"]
         if status_file:  # a file left from an earlier run must not be mistaken for this one's
             with contextlib.suppress(FileNotFoundError):
@@ -390,9 +428,46 @@ class Command(BaseCommand):
         if status_file:
             outcome.write_status(status_file)
         if outcome.message is not None:
-            raise CommandError(f"redlock run: {outcome.message}", returncode=outcome.status)
+            raise CommandError(f"{what}: {outcome.message}", returncode=outcome.status)
         if outcome.status:
             sys.exit(outcome.status)
+
+    def scheduler(self, options: dict[str, Any]) -> None:
+        """``scheduler [--for SECONDS]``: run the schedule until stopped."""
+        seconds = options["seconds"]
+        if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
+            raise CommandError("redlock scheduler: --for must be a number > 0", returncode=2)
+        try:
+            entries = schedule_setting()
+        except (TypeError, ValueError) as exc:
+            raise CommandError(f"redlock scheduler: {exc}", returncode=2) from exc
+        if not entries:
+            raise CommandError("redlock scheduler: REDLOCK_SCHEDULE has no entries", returncode=2)
+        running = Scheduler(entries, say=lambda line: self.stdout.write(line))
+        stop = lambda *_: running.stop()  # noqa: E731
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+        self.stdout.write(
+            f"redlock scheduler {running.host}: {len(entries)} entr"
+            f"{'y' if len(entries) == 1 else 'ies'}: {', '.join(e.name for e in entries)}"
+        )
+        try:
+            running.run(seconds)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def schedule(self, options: dict[str, Any]) -> None:
+        """``schedule [--json]``: each entry's last tick, outcome, host and next tick."""
+        try:
+            entries = schedule_setting()
+        except (TypeError, ValueError) as exc:
+            raise Failure(exc, "bad_settings") from exc
+        reports = [entry_report(entry) for entry in entries]
+        if options["json"]:
+            self.stdout.write(json.dumps(reports))
+        else:
+            for line in report_lines(reports):
+                self.stdout.write(line)
 
     def prune_tombstones(self, options: dict[str, Any]) -> None:
         """Delete the tombstones of deletes older than ``--days`` (a database, not Redis)."""

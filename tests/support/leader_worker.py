@@ -1,0 +1,60 @@
+"""A process campaigning for a leadership (tests/leaders/test_leader_processes.py).
+
+``python -m tests.support.leader_worker NAME LOG TTL CODE``, with the subprocess settings:
+campaigns for NAME; once elected, writes the ``Coupon`` row CODE under its term every 20 ms
+while it is the leader, and appends one line per event to LOG (``elected``, ``wrote``,
+``demoted``, ``late-refused``/``late-accepted``: a write tried after the demotion), each
+``EVENT PID TERM TIME``. SIGTERM ends it (exit 0).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+
+def main(name: str, log_path: str, ttl: str, code: str) -> None:
+    import django
+
+    django.setup()
+    from django_redlock import locks
+    from django_redlock.exceptions import LockError, StaleTokenError
+    from tests.fencing_app.models import Coupon
+
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def note(event: str, term: int | None) -> None:
+        os.write(log, f"{event} {os.getpid()} {term} {time.time():.6f}\n".encode())
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    with locks["default"].leader(
+        name, ttl=float(ttl), on_demoted=lambda lead: note("demoted", lead.term)
+    ) as lead:
+        note("elected", lead.term)
+        while lead.is_leader:
+            try:
+                coupon = Coupon.objects.claim(pk=Coupon.objects.get(code=code).pk)
+                coupon.amount = lead.term or 0
+                coupon.save()
+            except (StaleTokenError, LockError):
+                pass  # demoted meanwhile: the loop's check says so
+            else:
+                note("wrote", lead.term)
+            time.sleep(0.02)
+        lead.wait_demoted(60)
+        try:  # what a deposed leader that did not look would do: write under its term
+            coupon = Coupon.objects.claim(pk=Coupon.objects.get(code=code).pk, token=lead.term)
+            coupon.amount = -1
+            coupon.save()
+        except StaleTokenError:
+            note("late-refused", lead.term)
+        else:
+            note("late-accepted", lead.term)
+        while True:  # stay, as a process would, until told to stop
+            time.sleep(1)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:5])
