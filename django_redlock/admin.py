@@ -29,7 +29,7 @@ from django.utils.translation import gettext, ngettext
 
 from . import inspection
 from .locking.validation import check_name
-from .models import Effect, Lock
+from .models import Effect, Lock, ScheduledTick
 
 if TYPE_CHECKING:
     _LockAdminBase = admin.ModelAdmin[Lock]
@@ -346,4 +346,37 @@ class EffectAdmin(_EffectAdminBase):
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Effect | None = None) -> bool:
+        return False
+
+
+if TYPE_CHECKING:
+    _TickAdminBase = admin.ModelAdmin[ScheduledTick]
+else:
+    _TickAdminBase = admin.ModelAdmin
+
+
+@admin.register(ScheduledTick)
+class ScheduledTickAdmin(_TickAdminBase):
+    """What became of each tick of ``REDLOCK_SCHEDULE`` (docs/schedules.md), read-only: the
+    scheduler writes these rows under the entry's lease."""
+
+    list_display = ("entry", "tick", "outcome", "host", "token", "started_at", "finished_at")
+    list_filter = ("outcome", "entry")
+    search_fields = ("entry", "host", "note")
+    date_hierarchy = "tick"
+    readonly_fields = (
+        "entry",
+        "tick",
+        "outcome",
+        "host",
+        "token",
+        "started_at",
+        "finished_at",
+        "note",
+    )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: ScheduledTick | None = None) -> bool:
         return False

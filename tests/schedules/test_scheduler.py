@@ -5,13 +5,15 @@ ticks nobody ran in time are reported missed, and made up by one run with CATCH_
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.test import override_settings
+from django.core.management import call_command
+from django.test import Client, override_settings
 
 from django_redlock import locks
 from django_redlock.models import Effect, ScheduledTick
@@ -108,3 +110,25 @@ def test_ticks_nobody_ran_are_missed_and_made_up_once_with_catch_up(
     else:
         assert caught == []
     assert set(_runs(log).values()) == {1}
+
+
+def test_schedule_command_and_admin_report_the_ticks(
+    log: Path, unique_name: str, admin_client: Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    entry = unique_name.replace(":", "-")
+    setting = {entry: {"CALL": JOB, "EVERY": 1, "KWARGS": {"seconds": 0.01}}}
+    _run_schedulers(setting, 1, 1.3)
+    ran = ScheduledTick.objects.filter(entry=entry).first()
+    assert ran is not None and ran.outcome == "done"
+    with override_settings(REDLOCK_SCHEDULE=setting):
+        call_command("redlock", "schedule", "--json")
+        [report] = json.loads(capsys.readouterr().out)
+        call_command("redlock", "schedule")
+        text = capsys.readouterr().out
+    assert report["entry"] == entry and report["outcome"] == "done"
+    assert report["last_tick"] == ran.tick.isoformat() and report["ran_by"] == ran.host
+    assert report["next_tick"] > report["last_tick"] and report["missed"] == 0
+    assert f"{entry}: every 1 s -> {JOB}" in text and "last tick:" in text
+    page = admin_client.get("/admin/django_redlock/scheduledtick/")
+    assert page.status_code == 200 and entry in page.content.decode()
+    assert admin_client.get("/admin/django_redlock/scheduledtick/add/").status_code == 403
