@@ -115,7 +115,10 @@ class Scheduler:
         ttl = entry.ttl if entry.ttl is not None else manager.config.ttl
         try:
             lease = manager.acquire(lock_name(entry.name), ttl=ttl, timeout=0, auto_extend=True)
-        except LockNotAcquired:  # another scheduler handles it now
+        except LockNotAcquired:  # another scheduler handles it now: look again at the next
+            # tick, or sooner (a quarter of the TTL) in case that scheduler dies holding it
+            wait = timedelta(seconds=ttl / 4)
+            self._not_before[entry.name] = min(entry.next_tick(now), now + wait)
             return
         except NodesUnavailable as exc:
             logger.warning("Schedule %r: no quorum to take the entry: %s", entry.name, exc)
