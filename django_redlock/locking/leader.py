@@ -52,7 +52,12 @@ class Leadership:
         self._demoted = threading.Event()
 
     def __repr__(self) -> str:
-        state = "leader" if self.is_leader else ("demoted" if self.demoted else "campaigning")
+        if self.is_leader:
+            state = "leader"
+        elif self.demoted:
+            state = "demoted"
+        else:
+            state = "campaigning" if self._lease is None else "stepped down"
         return f"<Leadership {self.name!r} alias={self.alias!r} {state} term={self.term}>"
 
     @property

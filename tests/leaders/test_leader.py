@@ -114,3 +114,4 @@ def test_repr_shows_the_state_and_never_the_owner(
     with lead:
         assert "leader" in repr(lead) and f"term={lead.term}" in repr(lead)
         assert lead.lease is not None and lead.lease._record.owner not in repr(lead)
+    assert "stepped down" in repr(lead)
