@@ -33,6 +33,7 @@ from .conf import (
     redlock_settings,
     url_identity,
 )
+from .locking.validation import check_ttl
 from .nodes.cluster_checks import cluster_checks
 from .nodes.probe import UNKNOWN, probe_alias
 from .schedules.entries import schedule_setting
@@ -96,6 +97,12 @@ def check_settings(
     return errors + _shared_node_prefixes(configs) + _unknown_settings() + _schedule(configs)
 
 
+def schedule_errors() -> list[checks.CheckMessage]:
+    """The check errors of ``REDLOCK_SCHEDULE`` (E031-E033): ``redlock scheduler`` refuses to
+    start with any."""
+    return _schedule(valid_aliases()[0])
+
+
 def _schedule(configs: list[AliasConfig]) -> list[checks.CheckMessage]:
     """``REDLOCK_SCHEDULE``: well-formed entries (E031), on known aliases (E032), whose
     ``CALL`` imports as a callable (E033); docs/schedules.md."""
@@ -103,17 +110,23 @@ def _schedule(configs: list[AliasConfig]) -> list[checks.CheckMessage]:
         entries = schedule_setting()
     except (TypeError, ValueError) as exc:
         return [checks.Error(str(exc), id="django_redlock.E031")]
-    aliases = {config.alias for config in configs}
+    by_alias = {config.alias: config for config in configs}
     messages: list[checks.CheckMessage] = []
     for entry in entries:
         where = f"REDLOCK_SCHEDULE[{entry.name!r}]"
-        if entry.using not in aliases:
+        config = by_alias.get(entry.using)
+        if config is None:
             messages.append(
                 checks.Error(
                     f"{where}['USING'] is {entry.using!r}, not an alias of REDLOCK.",
                     id="django_redlock.E032",
                 )
             )
+        elif entry.ttl is not None:
+            try:  # what the entry's lease will be asked for
+                check_ttl(entry.ttl, config.drift_factor)
+            except ValueError as exc:
+                messages.append(checks.Error(f"{where}['TTL']: {exc}", id="django_redlock.E031"))
         try:
             entry.function()
         except (ImportError, TypeError, ValueError) as exc:

@@ -23,6 +23,9 @@ MAX_ENTRY_NAME = 100
 #: The shortest and longest ``EVERY``, seconds.
 MIN_EVERY = 0.5
 MAX_EVERY = 366 * 24 * 3600.0
+#: The longest ``TTL``: a killed scheduler's entry waits that long (and the lease's renewal
+#: thread cannot wait much longer than ~9e9 s).
+MAX_TTL = MAX_EVERY
 
 
 @dataclass(frozen=True)
@@ -149,9 +152,11 @@ def _entry(name: object, raw: object, default_timezone: str) -> Entry:
         raise TypeError(f"{where}['USING'] must be an alias of REDLOCK, got {using!r}.")
     ttl = raw.get("TTL")
     if ttl is not None and (
-        isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < math.inf
+        isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= MAX_TTL
     ):
-        raise ValueError(f"{where}['TTL'] must be a number of seconds > 0, got {ttl!r}.")
+        raise ValueError(
+            f"{where}['TTL'] must be a number of seconds > 0, at most a year, got {ttl!r}."
+        )
     timezone = raw.get("TIMEZONE", default_timezone)
     try:
         ZoneInfo(timezone)

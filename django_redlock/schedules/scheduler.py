@@ -71,6 +71,10 @@ def from_db(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
+class _Unfinished(Exception):
+    """Leaves a settled tick's effect begun (see :meth:`Scheduler._settle_stale`)."""
+
+
 def lock_name(entry: str) -> str:
     return f"schedule:{entry}"
 
@@ -140,11 +144,11 @@ class Scheduler:
             first = self.started - timedelta(milliseconds=1)  # no history: from our start on
             after = from_db(last.tick) if last is not None else first
             now = utcnow()
-            missed, due = self._due(entry, after, now, ttl)
+            missed, count, due = self._due(entry, after, now, ttl)
             if missed:
-                self._missed(entry, lease, missed)
+                self._missed(entry, lease, missed, count)
             for tick in due:
-                if lease.lost:
+                if lease.lost or self._stop.is_set():  # stopping: only the run under way ends
                     break
                 self._run(entry, lease, tick, DONE)
             self._not_before[entry.name] = entry.next_tick(utcnow())
@@ -159,27 +163,35 @@ class Scheduler:
 
     def _due(
         self, entry: Entry, after: datetime, now: datetime, ttl: float
-    ) -> tuple[list[datetime], list[datetime]]:
-        """(missed ticks, the most recent :data:`MAX_MISSED_ROWS` of them; ticks to run)."""
+    ) -> tuple[list[datetime], int, list[datetime]]:
+        """(the most recent :data:`MAX_MISSED_ROWS` missed ticks, how many were missed in all;
+        ticks to run)."""
         missed: list[datetime] = []
+        count = 0
         due: list[datetime] = []
         for scanned, tick in enumerate(entry.ticks_after(after)):
             if tick > now or scanned >= MAX_SCAN:
                 break
             if now - tick > late_limit(entry, ttl, tick):
+                count += 1
                 missed.append(tick)
                 del missed[:-MAX_MISSED_ROWS]
             else:
                 due.append(tick)
-        return missed, due
+        return missed, count, due
 
     def _settle_stale(self, entry: Entry, lease: Lease) -> None:
         """Rows left ``running`` by a scheduler that lost the entry: interrupted, unless the
         ledger says their run finished."""
         for row in ScheduledTick.objects.filter(entry=entry.name, outcome=RUNNING):
             tick = from_db(row.tick)
-            with lease.once(tick_key(entry.name, tick)) as effect:
+            # Beginning the effect under this lease fences the lost run's completion; leaving
+            # the block by an exception keeps it begun: the ledger must never say done for a
+            # run nobody finished (a later settle would report it done).
+            with contextlib.suppress(_Unfinished), lease.once(tick_key(entry.name, tick)) as effect:
                 outcome = DONE if effect.done else INTERRUPTED
+                if outcome == INTERRUPTED:
+                    raise _Unfinished
             ScheduledTick.objects.filter(pk=row.pk, outcome=RUNNING).update(
                 outcome=outcome, finished_at=db_time(utcnow())
             )
@@ -192,15 +204,15 @@ class Scheduler:
                     row.host,
                 )
 
-    def _missed(self, entry: Entry, lease: Lease, missed: list[datetime]) -> None:
+    def _missed(self, entry: Entry, lease: Lease, missed: list[datetime], count: int) -> None:
         logger.warning(
             "Schedule %r: %d tick(s) missed (no scheduler ran them in time), the last %s%s",
             entry.name,
-            len(missed),
+            count,
             missed[-1].isoformat(),
             "; catching up with one run" if entry.catch_up else "",
         )
-        self._say(f"{entry.name}: {len(missed)} tick(s) missed, the last {missed[-1]}")
+        self._say(f"{entry.name}: {count} tick(s) missed, the last {missed[-1]}")
         for tick in missed[:-1] if entry.catch_up else missed:
             ScheduledTick.objects.get_or_create(
                 entry=entry.name,
@@ -208,7 +220,7 @@ class Scheduler:
                 defaults={"outcome": MISSED, "host": self.host, "token": lease.token},
             )
         if entry.catch_up:
-            self._run(entry, lease, missed[-1], CAUGHT_UP, note=f"made up {len(missed)} tick(s)")
+            self._run(entry, lease, missed[-1], CAUGHT_UP, note=f"made up {count} tick(s)")
 
     def _run(self, entry: Entry, lease: Lease, tick: datetime, ran: str, note: str = "") -> None:
         """Run ``tick`` once: the ledger effect decides; the row reports."""
@@ -247,7 +259,7 @@ class Scheduler:
         token = set_tick(tick)
         try:
             entry.function()(*entry.args, **entry.kwargs)
-        except Exception as exc:
+        except BaseException as exc:  # sys.exit() or KeyboardInterrupt from a job: it failed
             logger.exception("Schedule %r: tick %s failed", entry.name, tick.isoformat())
             return FAILED, f"{type(exc).__name__}: {exc}"[:2000]
         finally:

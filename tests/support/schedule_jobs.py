@@ -30,3 +30,15 @@ def record(seconds: float = 0.3) -> None:
 def fail() -> None:
     _write(f"fail {current_tick()} {os.getpid()}")
     raise RuntimeError("the job failed on purpose")
+
+
+def exit_job() -> None:
+    """Calls ``sys.exit(3)``: a ``BaseException`` the scheduler must record as a failed run."""
+    _write(f"exit {current_tick()} {os.getpid()}")
+    raise SystemExit(3)
+
+
+def interrupt() -> None:
+    """Raises ``KeyboardInterrupt`` (a ``BaseException``) from the job itself."""
+    _write(f"interrupt {current_tick()} {os.getpid()}")
+    raise KeyboardInterrupt

@@ -27,6 +27,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import inspection
+from ...checks import schedule_errors
 from ...fencing import tombstones
 from ...inspection import LockInfo, NodeError, NodeHealth
 from ...jobs import front
@@ -443,6 +444,12 @@ class Command(BaseCommand):
             raise CommandError(f"redlock scheduler: {exc}", returncode=2) from exc
         if not entries:
             raise CommandError("redlock scheduler: REDLOCK_SCHEDULE has no entries", returncode=2)
+        errors = schedule_errors()  # E031-E033: an unknown alias, a CALL that does not import
+        if errors:
+            raise CommandError(
+                "redlock scheduler: " + " ".join(f"({e.id}) {e.msg}" for e in errors),
+                returncode=2,
+            )
         running = Scheduler(entries, say=lambda line: self.stdout.write(line))
         stop = lambda *_: running.stop()  # noqa: E731
         previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
