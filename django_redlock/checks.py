@@ -98,18 +98,18 @@ def check_settings(
 
 
 def schedule_errors() -> list[checks.CheckMessage]:
-    """The check errors of ``REDLOCK_SCHEDULE`` (E031-E033): ``redlock scheduler`` refuses to
+    """The check errors of ``REDLOCK_SCHEDULE`` (E040-E042): ``redlock scheduler`` refuses to
     start with any."""
     return _schedule(valid_aliases()[0])
 
 
 def _schedule(configs: list[AliasConfig]) -> list[checks.CheckMessage]:
-    """``REDLOCK_SCHEDULE``: well-formed entries (E031), on known aliases (E032), whose
-    ``CALL`` imports as a callable (E033); docs/schedules.md."""
+    """``REDLOCK_SCHEDULE``: well-formed entries (E040), on known aliases (E041), whose
+    ``CALL`` imports as a callable (E042); docs/schedules.md."""
     try:
         entries = schedule_setting()
     except (TypeError, ValueError) as exc:
-        return [checks.Error(str(exc), id="django_redlock.E031")]
+        return [checks.Error(str(exc), id="django_redlock.E040")]
     by_alias = {config.alias: config for config in configs}
     messages: list[checks.CheckMessage] = []
     for entry in entries:
@@ -119,21 +119,21 @@ def _schedule(configs: list[AliasConfig]) -> list[checks.CheckMessage]:
             messages.append(
                 checks.Error(
                     f"{where}['USING'] is {entry.using!r}, not an alias of REDLOCK.",
-                    id="django_redlock.E032",
+                    id="django_redlock.E041",
                 )
             )
         elif entry.ttl is not None:
             try:  # what the entry's lease will be asked for
                 check_ttl(entry.ttl, config.drift_factor)
             except ValueError as exc:
-                messages.append(checks.Error(f"{where}['TTL']: {exc}", id="django_redlock.E031"))
+                messages.append(checks.Error(f"{where}['TTL']: {exc}", id="django_redlock.E040"))
         try:
             entry.function()
         except (ImportError, TypeError, ValueError) as exc:
             messages.append(
                 checks.Error(
                     f"{where}['CALL'] {entry.call!r} does not import as a callable: {exc}",
-                    id="django_redlock.E033",
+                    id="django_redlock.E042",
                 )
             )
     return messages

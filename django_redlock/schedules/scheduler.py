@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
@@ -52,8 +54,6 @@ logger = logging.getLogger("django_redlock")
 ROUND = 0.1
 #: At most this many missed ticks of one entry get a row each (the most recent ones).
 MAX_MISSED_ROWS = 100
-#: At most this many ticks are looked at in one handling (a long outage of a frequent entry).
-MAX_SCAN = 100_000
 
 
 def utcnow() -> datetime:
@@ -165,20 +165,30 @@ class Scheduler:
         self, entry: Entry, after: datetime, now: datetime, ttl: float
     ) -> tuple[list[datetime], int, list[datetime]]:
         """(the most recent :data:`MAX_MISSED_ROWS` missed ticks, how many were missed in all;
-        ticks to run)."""
-        missed: list[datetime] = []
+        ticks to run). After a long outage an ``EVERY`` entry's missed ticks are counted by
+        arithmetic, not one by one; a ``CRON`` entry ticks at most once a minute."""
         count = 0
+        if entry.every is not None:
+            step = entry.every
+            cutoff = now - late_limit(entry, ttl, entry.next_tick(now))  # a tick: one period
+            skip = math.floor(cutoff.timestamp() / step) - math.floor(after.timestamp() / step)
+            skip -= MAX_MISSED_ROWS
+            if skip > 0:  # all missed: jump to the last MAX_MISSED_ROWS before the cutoff
+                count = skip
+                after = datetime.fromtimestamp(
+                    (math.floor(after.timestamp() / step) + skip) * step, UTC
+                )
+        missed: deque[datetime] = deque(maxlen=MAX_MISSED_ROWS)
         due: list[datetime] = []
-        for scanned, tick in enumerate(entry.ticks_after(after)):
-            if tick > now or scanned >= MAX_SCAN:
+        for tick in entry.ticks_after(after):
+            if tick > now:
                 break
             if now - tick > late_limit(entry, ttl, tick):
                 count += 1
                 missed.append(tick)
-                del missed[:-MAX_MISSED_ROWS]
             else:
                 due.append(tick)
-        return missed, count, due
+        return list(missed), count, due
 
     def _settle_stale(self, entry: Entry, lease: Lease) -> None:
         """Rows left ``running`` by a scheduler that lost the entry: interrupted, unless the

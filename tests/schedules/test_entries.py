@@ -76,12 +76,29 @@ def test_bad_entries_are_refused_naming_the_entry_and_key(setting: object, messa
 
 def test_system_checks_report_the_schedule() -> None:
     with override_settings(REDLOCK_SCHEDULE={"a": {"CALL": JOB, "CRON": "bad"}}):
-        assert "django_redlock.E031" in [m.id for m in check_settings()]
+        assert "django_redlock.E040" in [m.id for m in check_settings()]
     bad_alias = {"a": {"CALL": JOB, "EVERY": 1, "USING": "nope"}}
     with override_settings(REDLOCK_SCHEDULE=bad_alias):
-        assert "django_redlock.E032" in [m.id for m in check_settings()]
+        assert "django_redlock.E041" in [m.id for m in check_settings()]
     with override_settings(REDLOCK_SCHEDULE={"a": {"CALL": "tests.nowhere.job", "EVERY": 1}}):
         messages = check_settings()
-        assert [m.id for m in messages if m.level >= checks.ERROR] == ["django_redlock.E033"]
+        assert [m.id for m in messages if m.level >= checks.ERROR] == ["django_redlock.E042"]
     with override_settings(REDLOCK_SCHEDULE={"a": {"CALL": JOB, "EVERY": 1}}):
         assert check_settings() == []
+
+
+def test_a_long_outage_is_counted_whole_and_keeps_the_last_missed_ticks() -> None:
+    """Eight days without a scheduler, EVERY 0.5 s: 1.38 million missed ticks are counted
+    (by arithmetic, at once), the last 100 kept for rows, and the recent ticks still due."""
+    from django_redlock.schedules.scheduler import MAX_MISSED_ROWS, Scheduler
+
+    [entry] = parse_schedule({"fast": {"CALL": JOB, "EVERY": 0.5}})
+    now = datetime(2026, 12, 5, 8, 0, 0, 250000, tzinfo=UTC)
+    after = now - timedelta(days=8)
+    missed, count, due = Scheduler([entry])._due(entry, after, now, ttl=1.0)
+    limit = late_limit(entry, 1.0, due[0])  # 2.5 s: the ticks of the last 2.5 s are still due
+    assert limit == timedelta(seconds=2.5)
+    assert len(due) == 5 and all(now - t <= limit for t in due)
+    assert count == 8 * 86400 * 2 - 5  # every other tick of the eight days
+    assert len(missed) == MAX_MISSED_ROWS and missed[-1] < due[0]
+    assert missed == sorted(missed) and (due[0] - missed[-1]).total_seconds() == 0.5

@@ -123,11 +123,11 @@ def test_a_settled_interrupted_tick_stays_unfinished_in_the_ledger(
 @pytest.mark.parametrize(
     ("extra", "code"),
     [
-        ({"USING": "no-such-alias"}, "E032"),
-        ({"CALL": "tests.support.schedule_jobs.no_such_job"}, "E033"),
-        ({"CALL": "tests.support.schedule_jobs.os"}, "E033"),
-        ({"TTL": 0.0001}, "E031"),
-        ({"TTL": 1e12}, "E031"),
+        ({"USING": "no-such-alias"}, "E041"),
+        ({"CALL": "tests.support.schedule_jobs.no_such_job"}, "E042"),
+        ({"CALL": "tests.support.schedule_jobs.os"}, "E042"),
+        ({"TTL": 0.0001}, "E040"),
+        ({"TTL": 1e12}, "E040"),
     ],
 )
 def test_a_bad_schedule_is_refused_before_the_scheduler_starts(

@@ -444,7 +444,7 @@ class Command(BaseCommand):
             raise CommandError(f"redlock scheduler: {exc}", returncode=2) from exc
         if not entries:
             raise CommandError("redlock scheduler: REDLOCK_SCHEDULE has no entries", returncode=2)
-        errors = schedule_errors()  # E031-E033: an unknown alias, a CALL that does not import
+        errors = schedule_errors()  # E040-E042: an unknown alias, a CALL that does not import
         if errors:
             raise CommandError(
                 "redlock scheduler: " + " ".join(f"({e.id}) {e.msg}" for e in errors),
