@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .engine import GLOB_CHARACTERS, MAX_NAME_LENGTH, TOKEN_LIMIT, quorum
 from .engine.budget import DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS
-from .locking.validation import ttl_problem
+from .locking.validation import MAX_TTL, ttl_problem
 from .nodes.cluster import shard_prefixes
 from .nodes.node_settings import URL_SCHEMES, hash_tag, parse_node
 from .nodes.node_settings import setting_error as _error
@@ -115,8 +115,10 @@ def _number(alias: str, key: str, value: Any, *, allow_zero: bool = False) -> fl
 
 def _ttl(alias: str, raw: Any, drift_factor: float) -> float:
     ttl = _number(alias, "TTL", raw)
-    if ttl * 1000 >= TOKEN_LIMIT:
-        raise _error(alias, "TTL", f"{raw!r} seconds is too large for a lease.")
+    if ttl > MAX_TTL or ttl * 1000 >= TOKEN_LIMIT:
+        raise _error(
+            alias, "TTL", f"{raw!r} seconds is too large for a lease (at most {MAX_TTL:g} s)."
+        )
     problem = ttl_problem(ttl, drift_factor)
     if problem is not None:
         raise _error(alias, "TTL", problem)

@@ -69,6 +69,11 @@ def ttl_problem(ttl: float, drift_factor: float) -> str | None:
     )
 
 
+#: The longest lease, seconds: its renewals wait a third of it, which a thread can (about 31
+#: years; a longer wait overflows ``threading``'s timeout, and no lease needs one).
+MAX_TTL = 1e9
+
+
 def check_ttl(ttl: Any, drift_factor: float = DEFAULT_DRIFT_FACTOR) -> float:
     """A lease TTL in seconds: a finite number > 0 that leaves some validity after the
     alias's clock-drift allowance (see :func:`ttl_problem`)."""
@@ -76,8 +81,8 @@ def check_ttl(ttl: Any, drift_factor: float = DEFAULT_DRIFT_FACTOR) -> float:
         raise TypeError(f"ttl must be a number of seconds, not {type(ttl).__name__}.")
     if not math.isfinite(ttl) or ttl <= 0:
         raise ValueError(f"ttl must be a finite number of seconds > 0, got {ttl!r}.")
-    if ttl * 1000 >= TOKEN_LIMIT:
-        raise ValueError(f"ttl {ttl!r} is too large.")
+    if ttl > MAX_TTL or ttl * 1000 >= TOKEN_LIMIT:
+        raise ValueError(f"ttl {ttl!r} is too large: at most {MAX_TTL:g} s (about 31 years).")
     problem = ttl_problem(ttl, drift_factor)
     if problem is not None:
         raise ValueError(f"ttl {problem}")

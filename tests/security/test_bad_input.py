@@ -174,6 +174,7 @@ BAD_ARGS: dict[str, tuple[dict[str, Any], type[Exception]]] = {
     "ttl-nan": ({"ttl": math.nan}, ValueError),
     "ttl-inf": ({"ttl": math.inf}, ValueError),
     "ttl-huge": ({"ttl": 1e300}, ValueError),
+    "ttl-over-31-years": ({"ttl": 1e12, "auto_extend": True}, ValueError),
     "ttl-string": ({"ttl": "5"}, TypeError),
     "ttl-bool": ({"ttl": True}, TypeError),
     "ttl-2ms": ({"ttl": 0.002}, ValueError),
