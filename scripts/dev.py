@@ -304,6 +304,8 @@ def cmd_demo(args: list[str]) -> int:
             say('"a nightly job on three servers": three start it at once, as their cron would')
             for flags in (["--no-lock"], []):
                 manage(python, env, "nightly", *flags)
+            say("the same job on REDLOCK_SCHEDULE: three servers run the scheduler, one killed")
+            manage(python, env, "nightly", "--scheduler")
             say("the same job sent by two celery beat schedulers to a Celery worker")
             for flags in (["--no-lock"], []):
                 manage(python, env, "nightly", "--celery", *flags)

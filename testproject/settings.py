@@ -9,6 +9,7 @@ django-prometheus and ``django_redlock.contrib.prometheus`` (``/metrics``; needs
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -35,6 +36,9 @@ INSTALLED_APPS = [
 ]
 if os.environ.get("REDLOCK_DEMO_METRICS") == "1":
     INSTALLED_APPS += ["django_prometheus", "django_redlock.contrib.prometheus"]
+# `manage.py nightly --scheduler` gives its scheduler processes their schedule (JSON)
+if os.environ.get("DEMO_SCHEDULE"):
+    REDLOCK_SCHEDULE = json.loads(os.environ["DEMO_SCHEDULE"])
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

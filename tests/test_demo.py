@@ -111,6 +111,16 @@ def test_nightly_job_on_three_servers_runs_once_with_redlock_run(
     assert (locked["reports"], locked["exit_statuses"]) == (1, [0, 0, 0])
 
 
+def test_nightly_job_on_three_schedulers_runs_each_tick_once(demo_env: dict[str, str]) -> None:
+    """Three "servers" run `redlock scheduler` (every second) and the one running the first
+    report is SIGKILLed in the middle of it: every other tick's report is written once, the
+    killed run is never run again, no tick twice."""
+    out = outcome(demo_env, "nightly", "--scheduler", "--seconds", "5")
+    assert out["duplicates"] == 0 and out["runs_started"] == out["ticks"] >= 3, out
+    assert out["interrupted"] == [out["killed_tick"]], out
+    assert out["reports"] == out["ticks"] - 1
+
+
 def test_checkout_of_carts_sells_exactly_the_stock_with_lock_many(
     demo_env: dict[str, str],
 ) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,12 @@ class Command(BaseCommand):
         parser.add_argument("--servers", type=int, default=3, help="How many start it (3).")
         parser.add_argument("--work", type=float, default=1.0, help="Seconds the job works.")
         parser.add_argument(
+            "--scheduler",
+            action="store_true",
+            help="Three servers run `redlock scheduler` (REDLOCK_SCHEDULE, every second) instead; "
+            "one is SIGKILLed in the middle of a run.",
+        )
+        parser.add_argument(
             "--celery",
             action="store_true",
             help="Two celery beat schedulers send the job to a Celery worker instead.",
@@ -53,6 +60,9 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["scheduler"]:
+            self.with_scheduler(options)
+            return
         if options["celery"]:
             self.with_celery(options)
             return
@@ -127,6 +137,58 @@ class Command(BaseCommand):
         line = (
             f"nightly report, two celery beat schedulers every {BEAT_EVERY:g} s for "
             f"{options['seconds']:g} s, {label}: {written} report(s) written in {ticks} tick(s)"
+        )
+        emit_result(self, line, result, options["json"])
+
+    def with_scheduler(self, options: dict[str, Any]) -> None:
+        """``--servers`` processes run ``manage.py redlock scheduler`` with one entry, every
+        second, for ``--seconds``; the one running the first report is SIGKILLed in the
+        middle of it. Each tick's report is written once; the killed run is not run again."""
+        servers, seconds = options["servers"], options["seconds"]
+        manage = [sys.executable, sys.argv[0]] if sys.argv[0].endswith("manage.py") else [
+            sys.executable, "-m", "django"]  # fmt: skip
+        with tempfile.TemporaryDirectory(prefix="nightly-scheduler-") as scratch:
+            entry = {"CALL": "testproject.inventory.jobs.report", "EVERY": 1, "TTL": 2}
+            entry["ARGS"] = [scratch]
+            env = {**os.environ, "DEMO_SCHEDULE": json.dumps({"nightly-report": entry})}
+            command = [*manage, "redlock", "scheduler", "--for", f"{seconds:g}"]
+            processes = [_start(command, env) for _ in range(servers)]
+            killed = None
+            try:
+                deadline = time.monotonic() + 30
+                while not (starts := list(Path(scratch).glob("start-*"))):
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.01)
+                if starts:  # the scheduler running the first report dies in the middle of it
+                    _, killed_tick, pid = starts[0].name.split("-")
+                    killed = (killed_tick, int(pid))
+                    os.kill(int(pid), signal.SIGKILL)
+                for process in processes:
+                    process.wait(seconds + 60)
+            finally:
+                for process in processes:
+                    stop_group(process)
+            started = [p.name.split("-")[1] for p in Path(scratch).glob("start-*")]
+            reports = [p.name.split("-")[1] for p in Path(scratch).glob("report-*.txt")]
+        per_tick = {tick: reports.count(tick) for tick in started}
+        duplicates = sum(1 for count in per_tick.values() if count > 1)
+        interrupted = sorted(tick for tick, count in per_tick.items() if count == 0)
+        result = {
+            "schedulers": servers,
+            "scheduler": True,
+            "ticks": len(set(started)),
+            "runs_started": len(started),
+            "reports": len(reports),
+            "duplicates": duplicates,
+            "interrupted": interrupted,
+            "killed_tick": None if killed is None else killed[0],
+        }
+        line = (
+            f"nightly report, {servers} servers running redlock scheduler every 1 s for "
+            f"{seconds:g} s, one SIGKILLed in the middle of a run: {len(set(started))} ticks, "
+            f"{len(reports)} report(s), {duplicates} tick(s) run twice, interrupted (not run "
+            f"again): {', '.join(interrupted) or 'none'}"
         )
         emit_result(self, line, result, options["json"])
 
