@@ -257,10 +257,15 @@ def ninja_response(
         return result
     operation = _ninja_operation_of(wrapper, request)
     if operation is None:
+        hint = (
+            " (on a django-ninja operation, put @request_lock right under its @api.post/"
+            "@router.post decorator; see docs/api-frameworks.md)"
+            if "ninja" in sys.modules
+            else ""
+        )
         raise TypeError(
-            f"A view under @request_lock returned {type(result).__name__}, not an HttpResponse "
-            "(on a django-ninja operation, put @request_lock right under its @api.post/"
-            "@router.post decorator; see docs/api-frameworks.md)."
+            f"A view under @request_lock returned {type(result).__name__}, not an HttpResponse"
+            f"{hint}: return a response, as any Django view must."
         )
     given = [value for value in kwargs.values() if isinstance(value, HttpResponseBase)]
     temporal = given[0] if given else operation.api.create_temporal_response(request)
