@@ -8,11 +8,14 @@ so a deposed leader's writes to ``FencedModel`` rows are refused once a newer le
 
 from __future__ import annotations
 
+import inspect
+import sys
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..exceptions import LockLost
+from ..exceptions import LockError, LockLost
+from . import context
 from .block import AsyncLockBlock, BlockOptions, LockBlock
 
 if TYPE_CHECKING:
@@ -41,6 +44,12 @@ class Leadership:
         for hook, what in ((on_elected, "on_elected"), (on_demoted, "on_demoted")):
             if hook is not None and not callable(hook):
                 raise TypeError(f"leader({name!r}): {what} must be callable, got {hook!r}")
+            if inspect.iscoroutinefunction(hook):
+                raise TypeError(
+                    f"leader({name!r}): {what} is a coroutine function; hooks are called, "
+                    "never awaited (on_demoted from the renewal thread or task), so it would "
+                    "not run: pass a plain function (it may schedule a task)"
+                )
         options = BlockOptions(ttl, None, True, None, False, False)  # wait for ever, renew
         block_type = AsyncLockBlock if is_async else LockBlock
         self._block: LockBlock = block_type(lambda: manager, name, options)
@@ -50,6 +59,9 @@ class Leadership:
         self._on_demoted = on_demoted
         self._lease: Lease | None = None
         self._demoted = threading.Event()
+        self._demoting = threading.Lock()
+        #: between entering and leaving the block (campaigning or elected)
+        self._active = False
 
     def __repr__(self) -> str:
         if self.is_leader:
@@ -99,27 +111,73 @@ class Leadership:
             raise TypeError(
                 f"aleader({self.name!r}) is for `async with`; use leader() in synchronous code"
             )
-        self._elected(self._block.__enter__())
+        self._campaign()
+        try:
+            lease = self._block.__enter__()
+        except BaseException:
+            self._active = False
+            raise
+        try:
+            self._elected(lease)
+        except BaseException:  # on_elected raised: the block never runs, so step down here
+            self._leave(sys.exc_info())
+            raise
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        self._leave((exc_type, *rest))
+
+    def _leave(self, exc_info: tuple[Any, ...]) -> None:
+        self._active = False
         try:
-            self._block.__exit__(exc_type, *rest)
+            self._block.__exit__(*exc_info)
         except LockLost:
-            if exc_type is not None or not self.demoted:
+            if exc_info[0] is not None or not self.demoted:
                 raise
             # a demoted leader leaves its block quietly: on_demoted already told it
 
     async def __aenter__(self) -> Leadership:
-        self._elected(await self._block.__aenter__())
+        self._campaign()
+        try:
+            lease = await self._block.__aenter__()
+        except BaseException:
+            self._active = False
+            raise
+        try:
+            self._elected(lease)
+        except BaseException:
+            await self._aleave(sys.exc_info())
+            raise
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        await self._aleave((exc_type, *rest))
+
+    async def _aleave(self, exc_info: tuple[Any, ...]) -> None:
+        self._active = False
         try:
-            await self._block.__aexit__(exc_type, *rest)
+            await self._block.__aexit__(*exc_info)
         except LockLost:
-            if exc_type is not None or not self.demoted:
+            if exc_info[0] is not None or not self.demoted:
                 raise
+
+    def _campaign(self) -> None:
+        """Refuse a campaign that would wait for itself for ever (this thread or task holds
+        the name already); start a new term's state when the object is entered again."""
+        if self._active:
+            raise LockError(
+                f"leader({self.name!r}) (alias {self.alias!r}) is entered already; a "
+                "Leadership campaigns in one block at a time (it would wait for itself)"
+            )
+        if context.held(self.alias, self.name):
+            raise LockError(
+                f"leader({self.name!r}) (alias {self.alias!r}): this thread or task holds "
+                "the name already; campaigning again would wait for itself for ever"
+            )
+        self._active = True
+        self._lease = None
+        if self._demoted.is_set():  # entered again after a demotion: a new campaign
+            self._demoted = threading.Event()
 
     def _elected(self, lease: Lease) -> None:
         self._lease = lease
@@ -138,8 +196,9 @@ class Leadership:
             self._on_elected(self)
 
     def _demote(self) -> None:
-        if self._demoted.is_set():
-            return
-        self._demoted.set()
+        with self._demoting:  # the renewal thread and _elected() may both get here
+            if self._demoted.is_set():
+                return
+            self._demoted.set()
         if self._on_demoted is not None:
             self._on_demoted(self)

@@ -73,7 +73,8 @@ class RenewalThread(threading.Thread):
         for lease in self._runs:
             self._advance(lease, due)
         while due:
-            if self._wakeup.wait(max(0.0, min(due.values()) - time.monotonic())):
+            pause = min(due.values()) - time.monotonic()
+            if self._wakeup.wait(min(max(0.0, pause), threading.TIMEOUT_MAX)):
                 with self._renewing:
                     if len(self._stopped) == len(self._runs):
                         return  # every lease was stopped

@@ -11,9 +11,10 @@ from collections.abc import Callable
 
 import pytest
 
+from django_redlock.exceptions import LockError
 from django_redlock.locking.leader import Leadership
 from django_redlock.locking.manager import LockManager
-from django_redlock.testing import RedisNodes
+from django_redlock.testing import RedisNode, RedisNodes
 
 Alias = Callable[..., LockManager]
 
@@ -115,3 +116,89 @@ def test_repr_shows_the_state_and_never_the_owner(
         assert "leader" in repr(lead) and f"term={lead.term}" in repr(lead)
         assert lead.lease is not None and lead.lease._record.owner not in repr(lead)
     assert "stepped down" in repr(lead)
+
+
+def test_a_hook_that_raises_on_election_steps_down(
+    redis_node: RedisNode, redlock_alias: Alias, unique_name: str
+) -> None:
+    """``on_elected`` raising (a bug, a KeyboardInterrupt) propagates out of the ``with`` and
+    steps down: the block is never entered, so nothing else would release the name, and its
+    renewal would keep it taken for as long as the process lives."""
+    manager = redlock_alias([redis_node.url])
+
+    def boom(lead: Leadership) -> None:
+        raise RuntimeError("on_elected failed")
+
+    lead = manager.leader(unique_name, ttl=0.6, on_elected=boom)
+    with pytest.raises(RuntimeError, match="on_elected failed"), lead:
+        pytest.fail("the block ran")
+    assert not lead.is_leader
+    time.sleep(0.5)  # past a renewal: it did not take the name back either
+    assert manager.acquire(unique_name, timeout=0).release()
+
+    async def main() -> None:
+        with pytest.raises(RuntimeError, match="on_elected failed"):
+            async with manager.aleader(unique_name, ttl=0.6, on_elected=boom):
+                pytest.fail("the block ran")
+        await asyncio.sleep(0.5)
+        assert manager.acquire(unique_name, timeout=0).release()
+
+    asyncio.run(main())
+
+
+def test_async_hooks_are_refused(
+    redis_node: RedisNode, redlock_alias: Alias, unique_name: str
+) -> None:
+    """A hook is called, never awaited: a coroutine function would silently not run."""
+    manager = redlock_alias([redis_node.url])
+
+    async def hook(lead: Leadership) -> None:  # pragma: no cover - never called
+        pass
+
+    for make in (manager.leader, manager.aleader):
+        with pytest.raises(TypeError, match="coroutine function"):
+            make(unique_name, on_elected=hook)
+        with pytest.raises(TypeError, match="coroutine function"):
+            make(unique_name, on_demoted=hook)
+
+
+def test_campaigning_for_a_name_this_thread_leads_is_refused(
+    redis_node: RedisNode, redlock_alias: Alias, unique_name: str
+) -> None:
+    """A second campaign for a name this thread holds would wait for itself for ever."""
+    manager = redlock_alias([redis_node.url])
+    with manager.leader(unique_name, ttl=1.0) as lead:
+        with pytest.raises(LockError, match="wait for itself"), manager.leader(unique_name):
+            pytest.fail("elected twice")
+        with pytest.raises(LockError, match="wait for itself"), lead:
+            pytest.fail("elected twice")
+        assert lead.is_leader
+    assert manager.acquire(unique_name, timeout=0).release()
+
+
+def test_a_leadership_entered_again_campaigns_afresh(
+    redis_node: RedisNode, redlock_alias: Alias, unique_name: str
+) -> None:
+    """Entering a demoted ``Leadership`` again is a new campaign: once elected it is the
+    leader (it used to hold the name with ``is_leader`` False and ``demoted`` True)."""
+    manager = redlock_alias([redis_node.url])
+    lead = manager.leader(unique_name, ttl=0.6)
+    with lead:
+        first = lead.term
+        manager.force_release(unique_name)
+        assert lead.wait_demoted(3)
+    with lead:
+        assert lead.is_leader and not lead.demoted and not lead.wait_demoted(0)
+        assert lead.term is not None and first is not None and lead.term > first
+    assert not lead.is_leader and not lead.demoted
+
+
+def test_a_ttl_beyond_the_thread_timeout_limit_is_refused(
+    redis_node: RedisNode, redlock_alias: Alias, unique_name: str
+) -> None:
+    """A third of such a TTL over ``threading.TIMEOUT_MAX`` used to kill the renewal thread
+    with ``OverflowError``; a TTL over 1e9 s is refused before anything is taken."""
+    manager = redlock_alias([redis_node.url])
+    with pytest.raises(ValueError, match="too large"):
+        manager.leader(unique_name, ttl=threading.TIMEOUT_MAX * 4)
+    assert manager.acquire(unique_name, timeout=0).release()
