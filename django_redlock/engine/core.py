@@ -59,6 +59,21 @@ HANDOFFS_KEPT = 1024
 PIPE_MARGIN = 0.25
 
 
+def _not_waited(
+    ahead: list[Any], step: AwaitRelease, started: float, waiting: Waiting | None
+) -> float:
+    """How long a piped wait whose ``BLPOP`` failed (the node down or gone: it did not block)
+    still has to wait, so that a waiter on a dead node waits its step instead of spinning;
+    0.0 when it blocked (or was woken). Never past the caller's deadline."""
+    if ahead and not isinstance(waited_reply(ahead), NodeFailure):
+        return 0.0  # it was sent and blocked, or was woken (nothing sent: the link is down)
+    now = time.monotonic()
+    rest = step.seconds - (now - started)
+    if waiting is not None and waiting.deadline is not None:
+        rest = min(rest, waiting.deadline - now)
+    return max(rest, 0.0)
+
+
 class Engine(ChannelPools):
     """Acquires, renews and releases the locks of one alias. Thread-safe; knows no Django."""
 
@@ -233,7 +248,10 @@ class Engine(ChannelPools):
         channel = None if plan is None else self._blocking_channel()
         if plan is None or channel is None:  # no blocking connection to be had: wait by polling
             return None
-        return self._piped_outcome(target, *self._run_blocking(plan, channel))
+        started = time.monotonic()
+        outcome, ahead = self._run_blocking(plan, channel)
+        time.sleep(_not_waited(ahead, step, started, waiting))
+        return self._piped_outcome(target, outcome, ahead)
 
     async def _apiped_wait(
         self, target: Target, waiting: Waiting | None, step: AwaitRelease
@@ -248,7 +266,10 @@ class Engine(ChannelPools):
             if not self.budget.take(self._every, blocking=True):
                 return None  # no blocking connection to be had: wait by polling
             pools.opened()
-        return self._piped_outcome(target, *await self._arun_blocking(plan, pools, channel))
+        started = time.monotonic()
+        outcome, ahead = await self._arun_blocking(plan, pools, channel)
+        await asyncio.sleep(_not_waited(ahead, step, started, waiting))
+        return self._piped_outcome(target, outcome, ahead)
 
     def _piped_plan(
         self, target: Target, waiting: Waiting | None, step: AwaitRelease
