@@ -1,4 +1,5 @@
-"""What the effect ledger (``lease.once(key)``) costs a lock block (issue 30): a table, same run.
+"""What the effect ledger (``lease.once(key)``, docs/effects.md) costs a lock block: a table,
+same run.
 
 One thread, a real redis-server node; the cases take turns call by call and each prints its
 median time per block:

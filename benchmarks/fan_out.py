@@ -1,4 +1,4 @@
-"""Issue 18's acquire targets, same run: prints two tables.
+"""The acquire and hand-off targets (docs/benchmarks.md), same run: prints two tables.
 
 1. Acquire p50/p99 and acquire+release pairs/s on 1 node, on 5 nodes with ``FAN_OUT = "all"``
    and on 5 nodes with ``FAN_OUT = "quorum"`` (interleaved rounds, medians of rounds), with

@@ -1,4 +1,4 @@
-"""What the tombstone check costs a FencedModel insert, and the tombstone a delete (FINDINGS A6).
+"""What the tombstone check costs a FencedModel insert, and the tombstone a delete.
 
 One thread, one lease, a real redis-server node; the cases take turns op by op (this VM's
 speed drifts between blocks of operations) and each prints its median time per operation:

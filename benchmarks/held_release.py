@@ -1,4 +1,4 @@
-"""What one release costs while the process holds many other leases (FINDINGS D2): a table.
+"""What one release costs while the process holds many other leases: a table.
 
 For each count of leases held (each taken with ``acquire()``, so each is an active lease of
 this thread), times ``--pairs`` acquire + release pairs of one more name, and the release

@@ -1,4 +1,4 @@
-"""What one uncontended lock costs (issue 29): a table, same run.
+"""What one uncontended lock costs (docs/benchmarks.md, "The hot path"): a table, same run.
 
 Per contender, acquire (one attempt) + release of free names, back to back, on 1 node and on
 5 nodes: pairs/s; acquire p50; client CPU per pair (``time.process_time``); server CPU per

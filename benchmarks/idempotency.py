@@ -1,4 +1,4 @@
-"""What idempotent requests cost (issue 30): prints a table.
+"""What idempotent requests cost (docs/middleware.md): prints a table.
 
 Django's test client sends POSTs to four views in one process, on a one-node alias and on a
 three-node Redlock set (real redis-server processes on free loopback ports, stopped at the

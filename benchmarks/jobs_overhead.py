@@ -1,4 +1,4 @@
-"""What running a job under a lock costs (issue 14): prints a table.
+"""What running a job under a lock costs (docs/jobs.md): prints a table.
 
 1. ``@lock(...)``-decorated function vs the same plain function, called back to back in one
    process (one node; each call acquires, runs an empty body and releases).

@@ -1,4 +1,4 @@
-"""What the observability apps cost per lock (issue 17): prints a table.
+"""What the observability apps cost per lock (docs/observability.md): prints a table.
 
 One process makes acquire (one attempt, ``timeout=0``) + release pairs back to back, on one
 node and on three, in interleaved rounds of five cases:

@@ -1,4 +1,4 @@
-"""What the lock-order checker costs per lock block (issue 31): prints a table.
+"""What the lock-order checker costs per lock block (docs/production.md): prints a table.
 
 One process enters and leaves an uncontended ``with manager.lock(name, timeout=0)`` block on
 one node, back to back, in interleaved and rotated rounds of these cases:

@@ -1,4 +1,4 @@
-"""What the connection cap costs an uncontended lock (FINDINGS D5): a table.
+"""What the connection cap costs an uncontended lock (docs/production.md): a table.
 
 Times ``--pairs`` acquire + release pairs of free names, sync and asyncio, on 1 and 3
 nodes, with this tree (``MAX_CONNECTIONS`` 50, the default, and 1) and with the tree of

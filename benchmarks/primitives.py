@@ -1,4 +1,4 @@
-"""What a semaphore permit costs against a lock (issue 15): prints two tables.
+"""What a semaphore permit costs against a lock (docs/primitives.md): prints two tables.
 
 1. Acquire + release pairs, one thread, on 1 and on 5 nodes (same run, interleaved rounds):
    ``acquire(name)`` + ``release()`` against ``acquire(name, permits=3)`` + ``release()``.

@@ -222,7 +222,7 @@ def targets_table(report: Report) -> Table:
     c = {r.label: r for r in report.contended}
     prl = c.get("python-redis-lock")
     pot5 = c.get("pottery")
-    # Issue 3: "8 processes on one name: hand-off p50/p99, sections/s >= python-redis-lock's
+    # The targets: "8 processes on one name: hand-off p50/p99, sections/s >= python-redis-lock's
     # (a single-node lock), max/min <= 1.5; on 5 nodes >= 5x pottery's sections/s". The
     # single-node targets are checked on 1 node; on 5 nodes, pottery's and the fairness bound.
     for label in ("django-redlock", "django-redlock 5 nodes"):

@@ -1,4 +1,4 @@
-"""Scale benchmarks (issue 18): how the cost grows with held locks, names ever locked, processes
+"""Scale benchmarks: how the cost grows with held locks, names ever locked, processes
 and nodes. Prints Markdown tables; ``--plot`` writes a chart.
 
 1. **Held locks**: ``--held`` (100,000) locks acquired *through the library* (4 spawned

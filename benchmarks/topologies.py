@@ -1,4 +1,5 @@
-"""What a sentinel node and a cluster node cost against a plain node (issue 16): three tables.
+"""What a sentinel node and a cluster node cost against a plain node (docs/topologies.md):
+three tables.
 
 1. Acquire + release pairs, one thread, interleaved rounds: a plain URL node against a
    sentinel node naming the same master (target: sentinel <= 1.1x the plain node's time).

@@ -1,4 +1,4 @@
-"""What a unique enqueue costs (issue 30): prints a table.
+"""What a unique enqueue costs (docs/effects.md): prints a table.
 
 For django-tasks (the database backend, SQLite in memory) and RQ (a redis-server of its own),
 per enqueue, in one process, one lock node: the plain ``enqueue``; a unique enqueue of a new

@@ -136,7 +136,7 @@ def _pair(url_a: object, url_b: object, prefix_b: str = "x:y:") -> dict[str, obj
     ],
 )
 def test_e003_sees_one_server_behind_two_spellings(a: object, b: object) -> None:
-    """L10: the same server reached as localhost, 127.0.0.1 or ::1 (or as a django-redis
+    """The same server reached as localhost, 127.0.0.1 or ::1 (or as a django-redis
     CACHES alias on the same URL) is one node for E003 (was: nested prefixes missed)."""
     caches = {
         "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
@@ -159,7 +159,7 @@ def test_e003_sees_one_server_behind_two_spellings(a: object, b: object) -> None
     ],
 )
 def test_e003_and_e005_ignore_aliases_on_different_dbs(a: str, b: str) -> None:
-    """L10: different DB numbers of one server share no keys: no E003 for nested prefixes,
+    """Different DB numbers of one server share no keys: no E003 for nested prefixes,
     no E005 for one prefix on overlapping server lists (was: a spurious E003)."""
     with override_settings(REDLOCK=_pair(a, b)):
         assert checks.check_settings() == []
@@ -169,7 +169,7 @@ def test_e003_and_e005_ignore_aliases_on_different_dbs(a: str, b: str) -> None:
 
 
 def test_e005_sees_one_server_behind_two_spellings() -> None:
-    """L10: E005 uses the same node identity: localhost and 127.0.0.1 overlap."""
+    """E005 uses the same node identity: localhost and 127.0.0.1 overlap."""
     a, b = "redis://127.0.0.1:7301/0", "redis://127.0.0.1:7302/0"
     same = {"p": {"NODES": [a]}, "q": {"NODES": [a.replace("127.0.0.1", "localhost"), b, b]}}
     with override_settings(REDLOCK=same):
@@ -177,7 +177,7 @@ def test_e005_sees_one_server_behind_two_spellings() -> None:
 
 
 def test_e002_and_w005_mask_query_passwords() -> None:
-    """M2: a password given as ``?password=`` or ``unix://:pw@`` is masked in E002 and W005."""
+    """A password given as ``?password=`` or ``unix://:pw@`` is masked in E002 and W005."""
     bad = {
         "a": {"NODES": ["unix://:supersecret@"]},
         "b": {"NODES": ["redis://127.0.0.1:0/0?password=supersecret"]},
@@ -194,7 +194,7 @@ def test_e002_and_w005_mask_query_passwords() -> None:
 
 
 def test_check_deploy_never_crashes() -> None:
-    """M6: a node URL redis-py rejects is E002 under ``check`` (was: missed, then
+    """A node URL redis-py rejects is E002 under ``check`` (was: missed, then
     ``check --deploy`` crashed with ValueError), and a node whose probe raises anything (here a
     CACHE alias whose server is down) is a W005 naming the node; a CACHE alias that is not a
     Redis cache is an E002 naming the alias and the key."""
@@ -223,7 +223,7 @@ def test_check_deploy_never_crashes() -> None:
 
 
 def test_deploy_checks_with_the_documented_acl_user(redis_node_factory) -> None:
-    """L11: the ACL user of docs/algorithm.md (no CONFIG) gets no W005 "cannot be reached" from
+    """The ACL user of docs/algorithm.md (no CONFIG) gets no W005 "cannot be reached" from
     a node that answers: its policy is read from INFO memory (W004 if it evicts). A user denied
     INFO and CONFIG gets W006 (reachable, policy unknown), not W005."""
     nodes: RedisNodes = redis_node_factory(2)

@@ -140,7 +140,7 @@ def test_unreachable_nodes_raise_nodes_unavailable_not_redis_errors(redlock_alia
     ],
 )  # fmt: skip
 def test_query_and_userinfo_passwords_are_masked(url: str, masked: str) -> None:
-    """M2: ``?password=`` (and ``ssl_password``), ``unix://:pw@`` and ``user:pw@`` are masked
+    """``?password=`` (and ``ssl_password``), ``unix://:pw@`` and ``user:pw@`` are masked
     by the one masking function, so node labels never show them."""
     assert mask_url(url) == masked
     if "Password" not in url:  # redis-py rejects that key (see test_node_urls.py)
@@ -160,7 +160,7 @@ def test_query_and_userinfo_passwords_are_masked(url: str, masked: str) -> None:
     ],
 )
 def test_bad_url_errors_mask_passwords(url: str) -> None:
-    """M2: the ImproperlyConfigured of a bad URL names the alias and key without the password."""
+    """The ImproperlyConfigured of a bad URL names the alias and key without the password."""
     with pytest.raises(ImproperlyConfigured) as info:
         parse_alias("x", {"NODES": [url]})
     assert "s3cret" not in str(info.value) and "'NODES[0]'" in str(info.value)
@@ -185,7 +185,7 @@ REFUSED = {
 def test_settings_that_cannot_grant_or_that_hammer_redis_are_refused(
     raw: dict[str, object], key: str, rule: str
 ) -> None:
-    """L6: a TTL at or below its drift allowance (TTL * DRIFT_FACTOR + 2 ms), a DRIFT_FACTOR
+    """A TTL at or below its drift allowance (TTL * DRIFT_FACTOR + 2 ms), a DRIFT_FACTOR
     above 0.5, NODE_TIMEOUT outside [1 ms, 60 s] and RETRY_DELAY below 1 ms are refused at
     parse time, naming the alias and key and stating the rule."""
     with pytest.raises(ImproperlyConfigured) as info:
@@ -195,7 +195,7 @@ def test_settings_that_cannot_grant_or_that_hammer_redis_are_refused(
 
 
 def test_bounds_themselves_are_accepted() -> None:
-    """L6: the bounds are inclusive where they are stated as "at least"/"at most"."""
+    """The bounds are inclusive where they are stated as "at least"/"at most"."""
     config = parse_alias(
         "x", {"TTL": 0.003, "NODE_TIMEOUT": 0.001, "RETRY_DELAY": 0.001, "DRIFT_FACTOR": 0.0}
     )
@@ -205,7 +205,7 @@ def test_bounds_themselves_are_accepted() -> None:
 
 @pytest.mark.parametrize("ttl", [0.002, 0.001, 0.0001])
 def test_ttl_argument_without_validity_is_refused(ttl: float) -> None:
-    """L6: a ttl= at or below its drift allowance can never be granted: ValueError stating the
+    """A ttl= at or below its drift allowance can never be granted: ValueError stating the
     rule, before any network call (was: a "busy (1/1 votes)" on a free name)."""
     with pytest.raises(ValueError, match=r"TTL \* DRIFT_FACTOR \+ 2 ms"):
         locks["default"].acquire("no-validity", ttl=ttl, timeout=0)
@@ -214,7 +214,7 @@ def test_ttl_argument_without_validity_is_refused(ttl: float) -> None:
 
 
 def test_nodes_unavailable_hint_names_every_cause_of_quarantine() -> None:
-    """L13: a node is quarantined not only after a restart but also after FLUSHALL, REPLICAOF
+    """A node is quarantined not only after a restart but also after FLUSHALL, REPLICAOF
     or eviction of its fence hash (allkeys-lru); the hint says so and points at check W004
     (was: "a restarted node votes again one lease TTL after its restart")."""
     from django_redlock.exceptions import NodesUnavailable

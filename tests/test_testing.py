@@ -470,7 +470,7 @@ def test_serve_command(how: str) -> None:
     assert wait_all_dead(pids, within=1) == []
 
 
-# -- ports= of SentinelGroup.start and ClusterGroup.start (issue 27 item 6)
+# -- ports= of SentinelGroup.start and ClusterGroup.start
 
 
 def test_sentinel_group_starts_on_the_given_ports() -> None:

@@ -1,7 +1,8 @@
 """The counterexamples the composition machine found, each as a plain test (minimal steps).
 
-The ids are those of /work/shared/FINDINGS.md (stage 3) for known defects, ``N<k>`` for the
-new ones (tests/composition's counterexample list). A test of a defect still open is
+Each test is named by a short id, which its docstring repeats and ``machine.KNOWN_OPEN`` uses:
+a letter and a number (A1, B5, D3, ...) for a defect known before the machine ran, ``N<k>``
+for one the machine found. A test of a defect still open is
 ``xfail(strict=True)``: it starts passing, and so failing the suite, once the fix lands.
 """
 
@@ -55,7 +56,7 @@ def hold_in_thread(alias: str, name: str, seconds: float) -> threading.Event:
     return holding
 
 
-# -- known defects (stage 3), fixed on main ------------------------------------------------------
+# -- defects known before the machine ran, fixed on main ----------------------------------------
 
 
 @pytest.mark.parametrize("alias", ALIASES)

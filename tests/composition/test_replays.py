@@ -1,6 +1,7 @@
 """Minimal step lists of the machine's counterexamples, replayed rule by rule with the
 invariants checked after each step: the oracle must accept what the library does there
-(the random-seed triage: model bugs fixed in machine.py, library defects N9-N11)."""
+(the random-seed triage: model bugs fixed in machine.py, library defects N9-N11 of
+test_regressions.py)."""
 
 from __future__ import annotations
 

@@ -687,7 +687,7 @@ def test_node_wiped_without_restart_is_quarantined(redis_node_factory, redlock_a
 def test_a_node_whose_connection_factory_raises_is_down_with_its_reason() -> None:
     """A connection factory that raises (an invalid TLS option, a timeout that overflows) makes
     the node "down" with that reason, with backoff: no thread dies with a traceback per call
-    (pytest turns one into an error) and the reason reaches the failure's errors (L1)."""
+    (pytest turns one into an error) and the reason reaches the failure's errors."""
     from django_redlock.engine import AcquireFailure, AliasState, Engine
 
     def factory() -> Any:
@@ -730,7 +730,7 @@ def _until(test: Any, seconds: float = 10.0) -> None:
 def test_timeout_zero_succeeds_after_the_woken_waiter_released(
     alias: str, holds: float, flavour: str, unique_name: str
 ) -> None:
-    """F5: A holds, B waits; A's release wakes B, B takes the name and releases it. Nobody
+    """A holds, B waits; A's release wakes B, B takes the name and releases it. Nobody
     holds or waits for it now, so C's acquire(timeout=0) right after must succeed: B stopped
     counting as a waiter when it won (its registration must not make B's release reserve the
     name for nobody)."""

@@ -1,6 +1,7 @@
 """A waiter on a single node sends its ``BLPOP`` and its next attempt in one write, so the
 server runs the attempt the moment a release wakes it: the hand-off needs no round trip from
-the waiter after the wake-up (issue 18). Real nodes and processes."""
+the waiter after the wake-up (docs/benchmarks.md, "The piped hand-off and quorum-first"). Real
+nodes and processes."""
 
 from __future__ import annotations
 

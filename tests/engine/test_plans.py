@@ -494,7 +494,7 @@ def test_acquire_decided_early_does_not_blame_the_node_not_awaited(
     state: AliasState,
 ) -> None:
     """Two busy answers settle a 3-node attempt; the healthy third node was only not waited
-    for: it is neither reported as timed out nor counted as failing (L13)."""
+    for: it is neither reported as timed out nor counted as failing."""
     run = drive(
         plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
         [
@@ -1182,7 +1182,7 @@ def test_extend_lost(state: AliasState, replies: tuple[Any, ...], released: list
 )
 def test_extend_unconfirmed_keeps_the_lease(state: AliasState, replies: tuple[Any, ...]) -> None:
     """Too few answers in time (slow, down or restarted nodes) but no quorum of "not held":
-    the lease stays valid for the validity it had, and nothing is deleted (F2)."""
+    the lease stays valid for the validity it had, and nothing is deleted."""
     lease = lease_for()
     deadline = lease.deadline
     run = drive(plans.extend_plan(state, fake_nodes(3), lease, 5.0), [answer(EXTEND, *replies)])

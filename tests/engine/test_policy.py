@@ -193,7 +193,7 @@ def test_renewal_renews_every_third_of_the_ttl_until_a_renewal_finds_it_lost(
 
 def test_unconfirmed_renewal_is_retried_until_the_validity_runs_out(clock: Clock) -> None:
     """A renewal that merely timed out is retried every tenth of the TTL (at most half the
-    validity left) while the lease is valid; then the policy reports that it ran out (F2)."""
+    validity left) while the lease is valid; then the policy reports that it ran out."""
     lease = won(ttl=10.0)
     lease.deadline = clock.now + 5.0
     run = Stepper(renewal_policy(lease, RenewalBound(None)))

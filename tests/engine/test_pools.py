@@ -1,4 +1,4 @@
-"""Bounded pools (docs/production.md, FINDINGS D5): at most ``MAX_CONNECTIONS`` connections per node
+"""Bounded pools (docs/production.md): at most ``MAX_CONNECTIONS`` connections per node
 and process, waiting connections included, and idle ones closed after ``IDLE_TIMEOUT``.
 Real redis-server nodes; connections counted with ``CLIENT LIST`` on each node."""
 

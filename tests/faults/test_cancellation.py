@@ -1,7 +1,6 @@
 """Cancellation (docs/production.md): cancelling ``aacquire()`` at any point leaves no key behind
 longer
-than the round trip that was in flight, and never leaves a node looking down (FINDINGS F3,
-F9)."""
+than the round trip that was in flight, and never leaves a node looking down."""
 
 from __future__ import annotations
 

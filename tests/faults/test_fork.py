@@ -1,4 +1,4 @@
-"""Fork safety (docs/production.md, FINDINGS F1): a lock manager used before ``os.fork()`` keeps
+"""Fork safety (docs/production.md): a lock manager used before ``os.fork()`` keeps
 working in
 the parent and in every child; no process reads a reply meant for another; a lease acquired
 by the parent stays the parent's (in a child, releasing it raises ``LockError`` and sends

@@ -1,7 +1,7 @@
 """Loss means loss (docs/production.md): a node that answers late (frozen with SIGSTOP for a
 moment) during
 ``extend()``, an auto-extend renewal or a release never forfeits a valid lease, never deletes its
-key, and is never reported as a lost lease (FINDINGS F2, M5)."""
+key, and is never reported as a lost lease."""
 
 from __future__ import annotations
 

@@ -505,7 +505,7 @@ def test_async_stale_save_and_delete_are_rejected(product: Product, unique_name:
     assert row(product.pk) == {"name": "widget", "stock": 1, "fence_token": new}
 
 
-# -- upserts (FINDINGS H1) ---------------------------------------------------------------------
+# -- upserts -----------------------------------------------------------------------------------
 
 UPSERT: dict[str, Any] = {
     "update_conflicts": True,
@@ -546,7 +546,7 @@ def test_unguarded_upsert_never_writes_the_token(product: Product, unique_name: 
         )
 
 
-# -- the base manager (FINDINGS L2) -------------------------------------------------------------
+# -- the base manager ---------------------------------------------------------------------------
 
 
 def test_base_manager_writes_are_fenced(
@@ -572,7 +572,7 @@ def test_base_manager_writes_are_fenced(
     assert row(product.pk) == {"name": "widget", "stock": 6, "fence_token": lease.token}
 
 
-# -- no-op saves (FINDINGS M7) -------------------------------------------------------------------
+# -- no-op saves ---------------------------------------------------------------------------------
 
 
 def test_empty_update_fields_leaves_the_loaded_token_alone(product: Product, unique_name: str):
@@ -585,7 +585,7 @@ def test_empty_update_fields_leaves_the_loaded_token_alone(product: Product, uni
     assert row(product.pk) == {"name": "widget", "stock": 9, "fence_token": lease.token}
 
 
-# -- nested leases and aliases (FINDINGS L3) -----------------------------------------------------
+# -- nested leases and aliases -------------------------------------------------------------------
 
 
 def test_nested_lease_write_rejects_the_outer_lease_and_says_why(
@@ -654,7 +654,7 @@ def test_fence_alias_refuses_leases_of_another_alias_before_any_sql(
     assert row(product.pk) == {"name": "widget", "stock": 4, "fence_token": lease.token}
 
 
-# -- multi-table inheritance (FINDINGS L4) -------------------------------------------------------
+# -- multi-table inheritance ---------------------------------------------------------------------
 
 
 @pytest.mark.django_db(transaction=True)
@@ -698,7 +698,7 @@ def test_multi_table_child_passes_checks_and_is_fenced(unique_name: str):
                 editor.delete_model(Item)
 
 
-# -- tokens stored by unguarded inserts (FINDINGS L6) --------------------------------------------
+# -- tokens stored by unguarded inserts ----------------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -164,7 +164,7 @@ def _wait_for_a_lock_waiter(timeout: float = 30) -> None:
 
 
 def test_stale_insert_waiting_on_an_uncommitted_delete_is_refused(unique_name: str):
-    """FINDINGS A6 across processes: a stale lease's create() sent while a newer lease's delete
+    """Across processes: a stale lease's create() sent while a newer lease's delete
     of the same key is still uncommitted waits for it (PostgreSQL: the unique index; SQLite:
     the database lock) and is then refused. A check made before the INSERT would have missed
     the tombstone and let the row back in."""

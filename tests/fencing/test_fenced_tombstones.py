@@ -1,5 +1,5 @@
 """Deleted rows stay deleted (docs/fencedmodel.md): a row deleted under token T is not inserted
-again under a token below T, whichever insert path the stale lease takes (FINDINGS A6).
+again under a token below T, whichever insert path the stale lease takes.
 
 The stale lease is a real one: acquired, then force-released (an operator, or its TTL ran out
 while its holder was paused), so that a newer lease takes the name and deletes the row; the
@@ -83,7 +83,7 @@ def delete_coupon() -> None:
 def test_zombie_update_or_create_does_not_bring_back_a_deleted_row(
     coupon: Coupon, unique_name: str
 ):
-    """FINDINGS A6: update_or_create() of a stale lease, after a newer lease deleted the row,
+    """update_or_create() of a stale lease, after a newer lease deleted the row,
     raises StaleTokenError and inserts nothing."""
     with zombie(unique_name, delete_coupon) as (stale, newer), refused(stale, newer) as caught:
         Coupon.objects.update_or_create(code="rs-1", defaults={"amount": 99})

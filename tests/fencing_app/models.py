@@ -8,7 +8,7 @@ from django_redlock.models import FencedModel
 
 
 class Coupon(FencedModel):
-    """A coupon identified by its unique ``code`` (the FINDINGS' ``sku``)."""
+    """A coupon identified by its unique ``code``."""
 
     code = models.CharField(max_length=50, unique=True)
     amount = models.IntegerField(default=0)

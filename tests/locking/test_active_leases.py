@@ -1,4 +1,4 @@
-"""Which lease guards a write, and acting on loss (docs/production.md, FINDINGS M4): a lease from
+"""Which lease guards a write, and acting on loss (docs/production.md): a lease from
 ``acquire()``/``aacquire()`` guards FencedModel writes in the thread or task that acquired it
 until it is released; ``lease.check()`` raises once it is lost; ``alock(on_lost="cancel")``
 cancels the block's task when the lease is lost."""

@@ -1,4 +1,4 @@
-"""Reentrancy (docs/production.md, FINDINGS F8): inside an active lease the same thread or task
+"""Reentrancy (docs/production.md): inside an active lease the same thread or task
 entering
 ``lock()``/``alock()``/``@lock``/``@request_lock`` again for the same alias and name gets the
 same lease without waiting; only the outermost exit releases. ``reentrant=False`` waits like

@@ -1,4 +1,4 @@
-"""Transactions (docs/production.md, FINDINGS F4): a lease that would be released inside an open
+"""Transactions (docs/production.md): a lease that would be released inside an open
 ``atomic()`` block is released after the outermost transaction commits, at once when it rolls
 back, and kept alive meanwhile; the next holder never reads rows its predecessor had not
 committed. ``TestCase``'s own atomic blocks do not count."""

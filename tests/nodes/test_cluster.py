@@ -323,7 +323,7 @@ def test_the_health_check_of_a_spread_alias_sees_every_shard(cluster: ClusterGro
     assert status.problems() == ["node 0 in the restart quarantine"]
 
 
-# -- one-node cluster: the empty host, CLUSTER SHARDS, address remapping (FINDINGS D11)
+# -- one-node cluster: the empty host, CLUSTER SHARDS, address remapping
 
 
 @pytest.fixture(scope="module")

@@ -72,7 +72,7 @@ def test_evicting_nodes_behind_an_acl_user_without_config_fail_everywhere(
     redis_node_factory: Callable[..., RedisNodes],
     redlock_alias: Callable[..., LockManager],
 ) -> None:
-    """D4: two allkeys-lru nodes of three, reached as a user with +info and no +config, are
+    """Two allkeys-lru nodes of three, reached as a user with +info and no +config, are
     read as allkeys-lru (not "unknown"): they cannot vote, so the health view answers 503
     naming them, check --deploy warns W004 for each, and `redlock nodes` (table and JSON) and
     the admin's node panel show them as evicting; the noeviction node is not flagged."""
@@ -119,7 +119,7 @@ def test_noeviction_nodes_behind_the_same_acl_user_read_healthy(
     redis_node_factory: Callable[..., RedisNodes],
     redlock_alias: Callable[..., LockManager],
 ) -> None:
-    """D4: three noeviction nodes reached as the same user (after a lock was taken, so the
+    """Three noeviction nodes reached as the same user (after a lock was taken, so the
     run ids are compared with the fence marks) read healthy everywhere: 200 with every node
     voting, no W004/W005/W006, `redlock nodes` and the admin show noeviction, not evicting."""
     manager = acl_alias(redis_node_factory(3), redlock_alias)
@@ -209,7 +209,7 @@ def _most_at_once(ports: set[int], call: Callable[[], T]) -> tuple[T, int]:
 def test_paused_nodes_are_probed_at_the_same_time(
     redis_node_factory: Callable[..., RedisNodes], redlock_alias: Callable[..., LockManager]
 ) -> None:
-    """C12: with three of five nodes SIGSTOPped, the health check and `redlock nodes`/the
+    """With three of five nodes SIGSTOPped, the health check and `redlock nodes`/the
     admin's reading return, report those three down, and waited on all three at once (three
     connections to the paused nodes open together), so they cost one timeout, not three."""
     nodes = redis_node_factory(5)

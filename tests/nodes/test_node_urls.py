@@ -116,7 +116,7 @@ MISREAD_URLS = {
 
 @pytest.mark.parametrize(("url", "says"), list(MISREAD_URLS.values()), ids=list(MISREAD_URLS))
 def test_urls_redis_py_would_misread_or_reject_are_refused(url: str, says: str) -> None:
-    """M6: a URL that redis-py would silently rewrite (port 0 -> 6379, a db path that is not a
+    """A URL that redis-py would silently rewrite (port 0 -> 6379, a db path that is not a
     number -> db 0) or reject later (bad or unknown query parameters) is ImproperlyConfigured
     at parse time, naming the alias, ``NODES[i]`` and the problem, never the password."""
     with pytest.raises(ImproperlyConfigured) as info:
@@ -140,5 +140,5 @@ def test_urls_redis_py_would_misread_or_reject_are_refused(url: str, says: str) 
     ],
 )
 def test_urls_redis_py_reads_as_written_are_accepted(url: str) -> None:
-    """M6: the forms redis-py documents (and reads as written) still parse."""
+    """The forms redis-py documents (and reads as written) still parse."""
     assert parse_alias("x", {"NODES": [url]}).nodes[0].url == url

@@ -1,6 +1,5 @@
 """Signals (docs/index.md): who gets what, and a receiver that raises never changes what the lock
-call does (FINDINGS M3: a raising ``lock_acquired`` receiver used to leak the lock for its
-whole TTL)."""
+call does (a raising ``lock_acquired`` receiver used to leak the lock for its whole TTL)."""
 
 from __future__ import annotations
 

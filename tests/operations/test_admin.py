@@ -290,7 +290,7 @@ def test_action_needs_a_choice_and_a_selection(admin_client: Client, held: Any) 
 
 @pytest.mark.parametrize("via", ["release-url", "action"])
 def test_tampered_values_never_give_500(admin_client: Client, held: Any, via: str) -> None:
-    """L8: an unknown alias is refused with a message on both POSTs; malformed values (not
+    """An unknown alias is refused with a message on both POSTs; malformed values (not
     JSON, wrong shape, reserved or invalid names) are dropped: never a 500."""
 
     def post(values: list[str], **extra: str) -> Any:

@@ -126,7 +126,7 @@ def test_login_see_and_force_release(
 
 @pytest.mark.parametrize("ci", ["true", ""], ids=["ci", "developer"])
 def test_without_a_browser_ci_fails_and_a_developer_skips(ci: str, tmp_path: Path) -> None:
-    """F7: with no chromium on PATH (nor ``$CHROMIUM``), the browser test fails when ``$CI``
+    """With no chromium on PATH (nor ``$CHROMIUM``), the browser test fails when ``$CI``
     is set and is skipped otherwise."""
     hidden = ("CI", "CHROMIUM", "DATABASE_URL")  # the child uses SQLite files of its own
     env = {key: value for key, value in os.environ.items() if key not in hidden}

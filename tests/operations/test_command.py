@@ -235,7 +235,7 @@ def test_release_on_unreachable_nodes_says_unreachable(
 
 
 def test_broken_settings_in_a_subprocess(redis_nodes: RedisNodes) -> None:
-    """The L7 reproduction: ``redlock list`` with TTL -1 prints one stderr line, exit 1."""
+    """Broken settings: ``redlock list`` with TTL -1 prints one stderr line, exit 1."""
     broken = {"default": {"NODES": redis_nodes.urls[:1], "TTL": -1}}
     env = {
         **os.environ,

@@ -295,7 +295,7 @@ def test_node_down_is_reported_and_locks_still_listed(
 def test_policy_read_from_info_when_acl_denies_config(
     redis_node: RedisNode, redlock_alias: Callable[..., LockManager]
 ) -> None:
-    """D4: a user denied CONFIG still gets the policy, from INFO memory (it was "unknown")."""
+    """A user denied CONFIG still gets the policy, from INFO memory (it was "unknown")."""
     manager = redlock_alias([redis_node.url])
     redis_node.client().acl_setuser(
         "default",

@@ -42,7 +42,7 @@ def post(client: Client, url: str, key: str, body: str = "{}", **headers: str) -
     )
 
 
-# -- D1: a rule placed before AuthenticationMiddleware ------------------------------------------
+# -- a rule placed before AuthenticationMiddleware ----------------------------------------------
 def test_an_idempotent_rule_before_authentication_is_refused(
     client: Client, settings: Any, item_id: int, key: str, django_user_model: Any
 ) -> None:
@@ -82,7 +82,7 @@ def test_an_idempotent_rule_after_authentication_scopes_keys_by_user(
     assert answer.json()["user"] == str(bob_user.pk)
 
 
-# -- D2: template responses ------------------------------------------------------------------
+# -- template responses ----------------------------------------------------------------------
 @pytest.mark.parametrize("url", ["/template/{}/", "/cbv/{}/"])
 def test_a_template_response_is_rendered_kept_and_replayed(
     client: Client, item_id: int, key: str, url: str
@@ -121,7 +121,7 @@ def test_a_template_that_fails_to_render_releases_the_lock(
     assert RUNS == {"bad_template": 2}
 
 
-# -- D3: MAX_BYTES bounded by what the engine's transport writes and reads reliably -------------
+# -- MAX_BYTES bounded by what the engine's transport writes and reads reliably -----------------
 def test_max_bytes_over_one_mib_is_refused(settings: Any) -> None:
     """Raised to 64 MB, an 8 MB record failed to write (EAGAIN on the engine's non-blocking
     socket, counted as a node down) or took longer than NODE_TIMEOUT to read back (503 for the
@@ -154,7 +154,7 @@ def test_a_record_near_the_cap_is_kept_and_replayed(client: Client, item_id: int
     assert RUNS == {"sized": 1, "asized": 1}
 
 
-# -- D4: a rule's view rolled back by ATOMIC_REQUESTS --------------------------------------------
+# -- a rule's view rolled back by ATOMIC_REQUESTS ------------------------------------------------
 @pytest.fixture
 def atomic_requests() -> Iterator[None]:
     connections["default"].settings_dict["ATOMIC_REQUESTS"] = True
@@ -216,7 +216,7 @@ def test_a_rule_keeps_nothing_when_atomic_requests_rolled_back_under_asgi(
     assert RUNS == {"rolled_back": 3}
 
 
-# -- D5: answers the view did not produce -----------------------------------------------------
+# -- answers the view did not produce ---------------------------------------------------------
 def test_a_rule_keeps_nothing_when_the_view_raised(
     client: Client, settings: Any, item_id: int, key: str
 ) -> None:
@@ -251,7 +251,7 @@ def test_a_csrf_rejection_is_not_kept(settings: Any, item_id: int, key: str) -> 
     assert RUNS == {"csrf": 1}
 
 
-# -- D6, D8: multipart uploads -----------------------------------------------------------------
+# -- multipart uploads -------------------------------------------------------------------------
 def _upload(client: Client, item_id: int, key: str, content: bytes, kind: str) -> Any:
     data = {"f": SimpleUploadedFile("a.bin", content, content_type=kind)}
     headers = {**JSON, "Idempotency-Key": key}
@@ -287,7 +287,7 @@ def test_a_file_with_another_content_type_is_another_request(
     assert _upload(client, item_id, key, b"1", "image/png").status_code == 422
 
 
-# -- D7: a replay is the response as it was -----------------------------------------------------
+# -- a replay is the response as it was ---------------------------------------------------------
 @pytest.mark.parametrize("query", ["?kind=304", ""])
 def test_a_replay_adds_no_content_type(client: Client, item_id: int, key: str, query: str) -> None:
     """A response without a Content-Type (a 304, or one whose header the view removed) was
@@ -301,7 +301,7 @@ def test_a_replay_adds_no_content_type(client: Client, item_id: int, key: str, q
     assert RUNS == {"bare": 1}
 
 
-# -- D9: MAX_BYTES bounds the whole record ----------------------------------------------------
+# -- MAX_BYTES bounds the whole record --------------------------------------------------------
 def test_max_bytes_counts_the_headers_too(
     client: Client, settings: Any, item_id: int, key: str
 ) -> None:

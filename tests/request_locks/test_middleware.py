@@ -336,7 +336,7 @@ def test_invalid_rules_fail_when_the_middleware_loads(
         client.post("/orders/1/pay/")
 
 
-# -- key templates: any URL value gives a valid, distinct name (M1, L5) ------------------------
+# -- key templates: any URL value gives a valid, distinct name ---------------------------------
 TRICKY = ["__fence__", "__x", "_", "_a", "{slug}", "%", "%25", "%-", "a:b", "a%3Ab", "x" * 600]
 
 
@@ -379,7 +379,7 @@ def test_crafted_values_do_not_take_another_values_lock(
     django_user_model: Any,
     hold: Any,
 ) -> None:
-    """L5: neither the hashed name of a long value (nor its old ``name[:447] + "#" + sha256``
+    """Neither the hashed name of a long value (nor its old ``name[:447] + "#" + sha256``
     form), nor a value holding the template's separator, gives another request's lock name:
     holding one does not make the other busy."""
     victim = f"{uuid.uuid4().hex}{'x' * 600}"

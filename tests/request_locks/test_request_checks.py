@@ -74,9 +74,9 @@ def test_fill_is_injective_and_always_valid(template: str) -> None:
 
 
 def test_reported_collisions_are_gone() -> None:
-    """The L5 reproductions: a crafted value equal to a long value's hashed name (or to its old
+    """The reported collisions: a crafted value equal to a long value's hashed name (or to its old
     ``name[:447] + "#" + sha256`` form) and a separator in a value no longer collide; an empty
-    value does not give the template itself (M1)."""
+    value does not give the template itself."""
     order = KeyTemplate("order:{order_id}", "here")
     victim = "x" * 600
     name = order.fill({"order_id": victim})

@@ -1,4 +1,4 @@
-"""Where the features meet (FINDINGS "Stage 3"; docs/production.md "How locks combine"): a
+"""Where the features meet (docs/production.md "How locks combine"): a
 one-name set, generators, re-entry with other options, a second block of a name in one
 transaction, read-write upgrades, sets and blocks of one name in one thread, ``on_busy="skip"``
 and argument checks. Every test here failed before its fix."""
@@ -36,7 +36,7 @@ def key_of(name: str, alias: str = "default") -> str:
     return f"{settings.REDLOCK[alias]['KEY_PREFIX']}{name}"
 
 
-# -- A1: lock_many of one name
+# -- lock_many of one name
 @pytest.mark.parametrize("alias", ["default", "multi"])
 def test_lock_many_of_one_name_holds_and_releases_it(alias: str, unique_name: str) -> None:
     """A one-item cart: the set holds its one name, and leaving the block frees it (before:
@@ -65,7 +65,7 @@ def test_lock_many_counts_a_repeated_name_once(unique_name: str) -> None:
     assert free_elsewhere(names[0]) and free_elsewhere(names[1])
 
 
-# -- A2: generators
+# -- generators
 def test_a_locked_generator_holds_the_lock_while_it_runs(unique_name: str) -> None:
     """Two threads iterating an @lock generator never run its body at once (before: the lock
     was released when the generator object was made, before its body ran)."""
@@ -148,7 +148,7 @@ def test_a_locked_async_generator_holds_the_lock_while_it_runs(unique_name: str)
     assert seen == [False] * 4
 
 
-# -- A3: re-entry with other options
+# -- re-entry with other options
 def test_reentry_asking_a_longer_ttl_and_auto_extend_keeps_the_lease(unique_name: str) -> None:
     """An inner block asking ttl=60 and auto_extend under an outer ttl=0.5 block: nobody else
     takes the name while the inner block runs past the outer TTL; same token."""
@@ -174,7 +174,7 @@ def test_reentry_with_auto_extend_renews_past_the_ttl(unique_name: str) -> None:
     assert free_elsewhere(unique_name)
 
 
-# -- B5: read-write upgrade in one thread
+# -- read-write upgrade in one thread
 def test_upgrading_a_read_lease_raises_at_once(unique_name: str) -> None:
     """write_lock under its own read lease (or read_lock under its own write lease) raises
     LockError at once, whatever the timeout (before: it waited for itself, keeping every
@@ -206,7 +206,7 @@ def test_nested_read_blocks_reenter_the_read_lease(unique_name: str) -> None:
         assert not outer.released
 
 
-# -- B6: a second block of one name in one transaction
+# -- a second block of one name in one transaction
 @pytest.mark.django_db(transaction=True)
 def test_second_block_of_a_name_in_one_transaction_reenters(unique_name: str) -> None:
     """Two service calls of one transaction lock the same name one after the other: the
@@ -232,7 +232,7 @@ def test_a_lease_kept_for_one_transaction_is_not_reentered_by_the_next(unique_na
         assert after is not first and after.token > first.token
 
 
-# -- B8: lock_many and lock() of one name in one thread
+# -- lock_many and lock() of one name in one thread
 def test_lock_inside_lock_many_reenters_the_sets_lease(unique_name: str) -> None:
     """A per-product service locking product:3 inside a cart's lock_many re-enters the set's
     lease (before: LockNotAcquired after its timeout)."""
@@ -271,7 +271,7 @@ def test_lock_many_of_a_bare_acquired_name_raises_at_once(unique_name: str) -> N
     assert free_elsewhere(unique_name + ":x")
 
 
-# -- D1: on_busy="skip"
+# -- on_busy="skip"
 def test_skip_makes_one_attempt(unique_name: str) -> None:
     """@lock(on_busy="skip") does not wait the alias TIMEOUT for a busy name: it skips at once
     (before: it waited for the holder, then ran). An explicit timeout= still waits."""
@@ -305,7 +305,7 @@ def test_skip_makes_one_attempt(unique_name: str) -> None:
         holder.release()
 
 
-# -- D9 and C9: a lease kept for a commit that never comes
+# -- a lease kept for a commit that never comes
 @pytest.mark.django_db(transaction=True)
 def test_rollback_releases_even_while_the_callback_is_referenced(unique_name: str) -> None:
     """A rollback whose discarded on_commit callbacks are kept alive (a traceback, PyPy) still
@@ -330,7 +330,7 @@ def test_rollback_releases_even_while_the_callback_is_referenced(unique_name: st
 @pytest.mark.django_db(transaction=True)
 def test_an_earlier_failing_commit_hook_does_not_keep_the_lease(unique_name: str) -> None:
     """An on_commit hook registered before the lock's raises: the lock's hook never runs, but
-    the lease is released by its next renewal, not kept while the exception lives (C9)."""
+    the lease is released by its next renewal, not kept while the exception lives."""
     errors: list[BaseException] = []
 
     def failing() -> None:
@@ -350,7 +350,7 @@ def test_an_earlier_failing_commit_hook_does_not_keep_the_lease(unique_name: str
     assert free_elsewhere(unique_name)
 
 
-# -- C2, C3, C4, C8: arguments refused before any network call
+# -- arguments refused before any network call
 def _one(a: int) -> None:
     pass  # pragma: no cover
 
@@ -358,12 +358,12 @@ def _one(a: int) -> None:
 @pytest.mark.parametrize(
     ("make", "error", "message"),
     [
-        (lambda m: m.semaphore("s", None), TypeError, "permits"),  # C2
-        (lambda m: m.lock("j", min_hold=float("inf")), ValueError, "min_hold"),  # C3
-        (lambda m: m.lock("j", min_hold=3e9), ValueError, "min_hold"),  # C3
-        (lambda m: m.alock("j", on_lost="cancel"), ValueError, "auto_extend"),  # C8
-        (lambda m: m.lock("t:{}:{}")(_one), ValueError, "positional parameter"),  # C4
-        (lambda m: m.lock("t:{}:{0}")(_one), ValueError, "one style"),  # C4
+        (lambda m: m.semaphore("s", None), TypeError, "permits"),
+        (lambda m: m.lock("j", min_hold=float("inf")), ValueError, "min_hold"),
+        (lambda m: m.lock("j", min_hold=3e9), ValueError, "min_hold"),
+        (lambda m: m.alock("j", on_lost="cancel"), ValueError, "auto_extend"),
+        (lambda m: m.lock("t:{}:{}")(_one), ValueError, "positional parameter"),
+        (lambda m: m.lock("t:{}:{0}")(_one), ValueError, "one style"),
     ],
 )
 def test_bad_arguments_are_refused_when_the_block_is_made(
@@ -378,7 +378,7 @@ def test_bad_arguments_are_refused_when_the_block_is_made(
     manager.lock("t:{}")(_one)  # one field, one argument: fine
 
 
-# -- C13: a parent's lease in a forked child
+# -- a parent's lease in a forked child
 def _child_view(lease: Any, out: Any) -> None:
     try:
         lease.check()
@@ -404,7 +404,7 @@ def test_a_parents_lease_in_a_forked_child_is_not_valid_there(unique_name: str) 
     lease.release()
 
 
-# -- D2: releases cost the same with many leases held (the benchmark measures it; this
+# -- releases cost the same with many leases held (the benchmark measures it; this
 # checks that the bookkeeping does not grow)
 def test_bookkeeping_of_many_leases_stays_small(unique_name: str) -> None:
     """Acquiring and releasing 2,000 leases in any order leaves no active entry behind, and
@@ -448,7 +448,7 @@ def test_a_task_reenters_its_lease_after_sync_to_async(unique_name: str) -> None
 
 def test_lock_above_classmethod_is_refused_when_decorating(redlock_alias: Any) -> None:
     """@lock placed above @classmethod/@staticmethod fails when the class is defined, saying
-    which order works (C1; before: ValueError ... KeyError 'cls' at call time)."""
+    which order works (before: ValueError ... KeyError 'cls' at call time)."""
     manager = redlock_alias(["redis://127.0.0.1:1/0"])
     for wrap in (classmethod, staticmethod):
         with pytest.raises(TypeError, match=f"@{wrap.__name__} above"):

@@ -148,7 +148,7 @@ def test_bad_names_are_refused_before_any_write(
 
 
 def test_lone_surrogate_name_is_a_clear_value_error(session_nodes: RedisNodes) -> None:
-    """L9: a name with a lone surrogate (a JSON body can carry ``\\ud800``) cannot be encoded
+    """A name with a lone surrogate (a JSON body can carry ``\\ud800``) cannot be encoded
     as UTF-8: a plain ValueError saying so, counting positions in the name (not a
     UnicodeEncodeError whose position counts the key prefix), before any write."""
     manager = locks["multi"]

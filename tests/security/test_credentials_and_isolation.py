@@ -76,7 +76,7 @@ def test_query_string_password_is_masked_everywhere(
     aliases: Callable[..., LockManager],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """M2: a password given as ``?password=`` (the usual form for unix sockets) never shows in
+    """A password given as ``?password=`` (the usual form for unix sockets) never shows in
     NodesUnavailable, its errors, log lines, node health (the admin node panel and
     ``redlock nodes``, text and JSON) or check W005; the label shows ``password=***``."""
     nodes = redis_node_factory(1)

@@ -1,7 +1,6 @@
 """WSGI entry of the gunicorn ``--preload`` test server (tests/test_demo_buy_endpoint.py): the
 master process takes and releases a lock at import, as an app that warms up under a lock would,
-so its workers inherit a lock manager that was used before the fork (docs/production.md, FINDINGS
-F1)."""
+so its workers inherit a lock manager that was used before the fork (docs/production.md)."""
 
 from __future__ import annotations
 
