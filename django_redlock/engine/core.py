@@ -60,11 +60,14 @@ PIPE_MARGIN = 0.25
 
 
 def _not_waited(
-    ahead: list[Any], step: AwaitRelease, started: float, waiting: Waiting | None
+    outcome: Any, ahead: list[Any], step: AwaitRelease, started: float, waiting: Waiting | None
 ) -> float:
     """How long a piped wait whose ``BLPOP`` failed (the node down or gone: it did not block)
     still has to wait, so that a waiter on a dead node waits its step instead of spinning;
-    0.0 when it blocked (or was woken). Never past the caller's deadline."""
+    0.0 when it blocked (or was woken), or when its attempt won (the caller gets the lease
+    at once). Never past the caller's deadline."""
+    if type(outcome) is not AcquireFailure:  # a grant (one lease, or a set's)
+        return 0.0
     if ahead and not isinstance(waited_reply(ahead), NodeFailure):
         return 0.0  # it was sent and blocked, or was woken (nothing sent: the link is down)
     now = time.monotonic()
@@ -250,7 +253,9 @@ class Engine(ChannelPools):
             return None
         started = time.monotonic()
         outcome, ahead = self._run_blocking(plan, channel)
-        time.sleep(_not_waited(ahead, step, started, waiting))
+        rest = _not_waited(outcome, ahead, step, started, waiting)
+        if rest > 0:  # never after a grant: an interrupt there would lose it
+            time.sleep(rest)
         return self._piped_outcome(target, outcome, ahead)
 
     async def _apiped_wait(
@@ -268,7 +273,9 @@ class Engine(ChannelPools):
             pools.opened()
         started = time.monotonic()
         outcome, ahead = await self._arun_blocking(plan, pools, channel)
-        await asyncio.sleep(_not_waited(ahead, step, started, waiting))
+        rest = _not_waited(outcome, ahead, step, started, waiting)
+        if rest > 0:  # never after a grant (nor an await point there: a cancellation would
+            await asyncio.sleep(rest)  # land between the grant and its caller, and lose it)
         return self._piped_outcome(target, outcome, ahead)
 
     def _piped_plan(
