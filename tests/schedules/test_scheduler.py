@@ -24,13 +24,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 JOB = "tests.support.schedule_jobs.record"
 
 
-@pytest.fixture
-def log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "runs"
-    monkeypatch.setenv("SCHEDULE_LOG", str(path))
-    return path
-
-
 def _runs(log: Path) -> Counter[str]:
     lines = log.read_text().splitlines() if log.exists() else []
     return Counter(line.split()[1] for line in lines if line.startswith("end "))
