@@ -91,12 +91,6 @@ def _leader(log: Path, after: float = 0.0) -> tuple[int, int, float]:
     return pid, term, at
 
 
-@pytest.mark.xfail(
-    os.environ.get("DATABASE_URL", "").startswith("postgres"),
-    reason="open defect on PostgreSQL: the campaigners' fenced writes fail there (each process "
-    "dies right after its election; the SQLite leg runs this scenario); being investigated",
-    strict=False,
-)
 def test_one_leader_at_a_time_through_a_kill_and_a_pause(
     campaigners: tuple[list[subprocess.Popen[str]], Path], unique_name: str
 ) -> None:
@@ -134,4 +128,8 @@ def test_one_leader_at_a_time_through_a_kill_and_a_pause(
     for _, term, pid in writes:
         owners.setdefault(term, set()).add(pid)
     assert all(len(pids) == 1 for pids in owners.values())
-    assert Coupon.objects.get(code=unique_name).amount == third_term
+    coupon = Coupon.objects.get(code=unique_name)
+    assert coupon.fence_token == third_term  # the last accepted write was the third's
+    # each accepted write counted once; the SIGKILLed leader may have died between a write and
+    # its log line
+    assert len(writes) <= coupon.amount <= len(writes) + 1

@@ -46,7 +46,7 @@ def _campaign(name: str, ttl: float, code: str, note: Any) -> None:
         while lead.is_leader:
             try:
                 coupon = Coupon.objects.claim(pk=Coupon.objects.get(code=code).pk)
-                coupon.amount = lead.term or 0
+                coupon.amount += 1  # the term itself is the row's fence_token
                 coupon.save()
             except (StaleTokenError, LockError):
                 pass  # demoted meanwhile: the loop's check says so
@@ -79,7 +79,7 @@ async def _campaign_on_a_loop(name: str, ttl: float, code: str, note: Any) -> No
             try:
                 pk = (await Coupon.objects.aget(code=code)).pk
                 coupon = await Coupon.objects.aclaim(pk)
-                coupon.amount = lead.term or 0
+                coupon.amount += 1  # the term itself is the row's fence_token
                 await coupon.asave()
             except (StaleTokenError, LockError):
                 pass
