@@ -10,6 +10,7 @@ Layers, each importing only the ones below it::
     state, keyspace,     what plans know; key names, limits and the lock value format;
     kinds,               the kinds of lease in one table (lock, permit, read, write);
     scripts, replies     the Lua scripts with their reply codes; requests and replies
+    handoff              grants on their way to their holder (given back when interrupted)
     transport/           pipelined calls to the nodes: sync, asyncio, BLPOP wake-ups, and the
                          one module that touches redis-py's internals
 
@@ -19,6 +20,7 @@ this module exports.
 
 from __future__ import annotations
 
+from . import handoff
 from .core import Engine, Outcome
 from .giveback import unconfirmed as release_unconfirmed
 from .giveback import why_unconfirmed
@@ -86,6 +88,7 @@ __all__ = [
     "describe",
     "drift_allowance",
     "escape_glob",
+    "handoff",
     "note_key",
     "quorum",
     "release_unconfirmed",

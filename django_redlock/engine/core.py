@@ -328,6 +328,18 @@ class Engine(ChannelPools):
             giveback.settle_owed(self.state, self._run_aside)
         return giveback.confirm(self.state, lease, held, self._run_first, self._run_aside)
 
+    def release_unfinished(self, lease: LeaseRecord) -> None:
+        """A release an interrupt stopped (a signal handler that raised before or while it
+        was sent): it still goes out, from a background give-back, to every node it may not
+        have reached, until a quorum confirms it or the lease's validity ends."""
+        if lease.settled or (lease.released and not lease.unsure and lease.confirmed):
+            return  # a quorum confirmed it (stragglers are sent to already)
+        lease.released = True
+        if not lease.unsure:
+            lease.unsure = tuple(i for i in range(len(self.labels)) if _may_hold(lease, i))
+        if lease.unsure and id(lease) not in giveback.GiveBack.running:
+            giveback.GiveBack(self.state, lease, self._run_aside, quiet=True).start()
+
     def _run_first(self, plan: PlanMaker[Any]) -> Any:
         return self._run(plan)[0]
 
@@ -592,3 +604,8 @@ class Engine(ChannelPools):
         return await self.waiter.await_release(
             self.state.keys.wake(name), name, seconds, pools.waiting, before
         )
+
+
+def _may_hold(lease: LeaseRecord, node: int) -> bool:
+    """Whether node ``node`` may hold ``lease``'s keys (its acquire may have reached it)."""
+    return node >= len(lease.reached) or lease.reached[node]

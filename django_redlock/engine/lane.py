@@ -111,10 +111,10 @@ def lane_acquire(attempt: LaneAttempt, channel: Channel) -> Outcome:
     tail = acquire_tail(attempt, owner, ttl_ms, run_id, suffix)
     try:
         reply = channel.roundtrip(link, scripts.ACQUIRE, tail, state.node_timeout)
+        record = granted_record(state, attempt.name, ttl, owner, started, reply)
     except BaseException:  # an interrupt mid-call: the plan gives back what it may have got
         give_up(attempt.resume(Sent(owner, suffix, started, None)), channel)
         raise
-    record = granted_record(state, attempt.name, ttl, owner, started, reply)
     if record is not None:
         return record
     return drive(attempt.resume(Sent(owner, suffix, started, [reply])), channel)

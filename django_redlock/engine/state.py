@@ -11,7 +11,7 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from . import scripts
+from . import handoff, scripts
 from .keyspace import Keyspace
 from .kinds import KINDS
 from .replies import Call, Request
@@ -202,6 +202,11 @@ class LeaseRecord:
     waited: float = 0.0
     attempts: int = 0
     acquired_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        # an acquire interrupted before its caller holds the lease gives this grant back
+        if handoff.LOCAL.__dict__.get("current") is not None:
+            handoff.note_record(self)
 
     def with_kind(self, marker: str, kind: str) -> LeaseRecord:
         """This record, for a permit, a read or a write lease (``marker``: a permit's

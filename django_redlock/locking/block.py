@@ -16,9 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from ..exceptions import LockNotAcquired
+from ..engine import handoff
+from ..exceptions import LockError, LockNotAcquired
 from ..jobs.templates import CallTemplate
-from . import context, ordering
+from . import context, interrupted, ordering
 from .entries import (
     Entered,
     cancel_on_loss,
@@ -145,14 +146,33 @@ class LockBlock:
             return self._entered(held, reentered=True)
         if manager.check_order and self.order_template is not None:
             ordering.expect(self._name, self.order_template)
-        return self._entered(manager.acquire(self._name, **self._options.acquire_kwargs()))
+        # From here until this returns, an interrupt (a signal handler that raises) gives the
+        # grant back: after it returns, the with statement calls __exit__ whatever happens.
+        opened = handoff.opened()
+        try:
+            lease = self._entered(manager.acquire(self._name, **self._options.acquire_kwargs()))
+        except BaseException:
+            if opened is not None:
+                self._unenter(opened.leases)
+            interrupted.give_back(opened, interrupted.engine_finder(manager))
+            raise
+        if opened is not None:
+            handoff.LOCAL.current = None  # a store, not a call: no interrupt lands after it
+        return lease
 
     def __exit__(self, *exc_info: object) -> None:
-        entry = self._entries.pop()
-        if not self._kept(entry, exc_info[0]):
-            check_held(entry.lease, entry.lease.release(), exc_info[0])
-        elif entry.hold_for:
-            entry.lease.extend(ttl=entry.hold_for)
+        entry = self._entries[-1]  # no call: an interrupt cannot land between these two
+        del self._entries[-1]
+        try:
+            if not self._kept(entry, exc_info[0]):
+                check_held(entry.lease, entry.lease.release(), exc_info[0])
+            elif entry.hold_for:
+                entry.lease.extend(ttl=entry.hold_for)
+        except LockError:  # what the exit means to say (lost, not held, unavailable)
+            raise
+        except BaseException:  # an interrupt (a signal handler raised) on the way out
+            _left_interrupted(entry)
+            raise
 
     async def __aenter__(self) -> Lease:
         self._check_not_skipping()
@@ -177,6 +197,18 @@ class LockBlock:
         raise_if_cancelled_by_loss(entry, exc_info[1])
         if entry.hold_for:
             await entry.lease.aextend(ttl=entry.hold_for)
+
+    @property
+    def entered(self) -> bool:
+        """True while a ``with`` of this block is open (entered, not exited yet)."""
+        return bool(self._entries)
+
+    def _unenter(self, leases: list[Lease]) -> None:
+        """Undo :meth:`_entered` for an entry of one of ``leases`` (an interrupted enter)."""
+        if self._entries and any(self._entries[-1].lease is lease for lease in leases):
+            entry = self._entries.pop()
+            context.pop(entry.token)
+            entry.lease._blocks -= 1
 
     def _reentrant_lease(self, manager: Acquirer) -> Lease | None:
         """The lease this block re-enters (this thread's or task's lease of the name, of the
@@ -214,8 +246,9 @@ class LockBlock:
         that ends inside a transaction (released after the commit), or one whose ``min_hold``
         has time left (then ``entry.hold_for``: the lease is shortened to it, not released)."""
         lease = entry.lease
-        context.pop(entry.token)
         lease._blocks -= 1
+        entry.left = True
+        context.pop(entry.token)
         if lease._blocks > 0:  # another block of this lease is still open: it lets go
             if entry.renews is not None:
                 entry.renews()
@@ -389,3 +422,17 @@ class _Calls:
             left,
         )
         return False
+
+
+def _left_interrupted(entry: Entered) -> None:
+    """A block's exit was interrupted (a signal handler raised in it): the lease is released
+    (in the background if need be) unless another block of it is still open or its
+    transaction's commit releases it, as the exit would have done."""
+    lease = entry.lease
+    if not entry.left:
+        lease._blocks -= 1
+        entry.left = True
+        with contextlib.suppress(Exception):
+            context.pop(entry.token)
+    if lease._blocks <= 0 and not lease.released and lease._commit_pending is None:
+        lease._release_interrupted()

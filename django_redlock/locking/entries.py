@@ -36,6 +36,8 @@ class Entered:
     renews: Callable[[], None] | None = None
     #: a re-entry's ``on_lost`` callback to put back when it ends
     outer_on_lost: Callable[[], None] | None = None
+    #: set once its exit counted it out of the lease's open blocks
+    left: bool = False
 
 
 def refuse_other_kind(alias: str, name: str, kind: str) -> None:

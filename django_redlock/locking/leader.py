@@ -113,14 +113,11 @@ class Leadership:
             )
         self._campaign()
         try:
-            lease = self._block.__enter__()
-        except BaseException:
+            self._elected(self._block.__enter__())
+        except BaseException:  # on_elected raised, or an interrupt: the block never runs
+            if self._block.entered:
+                self._leave(sys.exc_info())  # elected meanwhile: step down here
             self._active = False
-            raise
-        try:
-            self._elected(lease)
-        except BaseException:  # on_elected raised: the block never runs, so step down here
-            self._leave(sys.exc_info())
             raise
         return self
 

@@ -4,6 +4,7 @@ drivers are in :mod:`.renewal`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -20,6 +21,7 @@ from ..engine import (
     Renewal,
     RenewalBound,
     forks,
+    handoff,
     release_unconfirmed,
     why_unconfirmed,
 )
@@ -72,6 +74,8 @@ class Lease:
         self._released_by: object = None
         #: its entries in the active-lease context (see ``context._entries_of``)
         self._redlock_context_entries: list[object] = []
+        if handoff.LOCAL.__dict__.get("current") is not None:
+            handoff.note_lease(self)  # an interrupted acquire gives it back (engine.handoff)
 
     @property
     def name(self) -> str:
@@ -220,9 +224,25 @@ class Lease:
     def release(self) -> bool:
         """Release the lock. True the first time if it was still held; never deletes a key
         that someone else owns."""
-        if not self._releasing():
-            return False
-        return self._released(self._engine.release(self._record))
+        try:
+            if not self._releasing():
+                return False
+            held = self._engine.release(self._record)
+        except BaseException:  # an interrupt: the release still goes out, from the background
+            self._release_interrupted()
+            raise
+        return self._released(held)
+
+    def _release_interrupted(self) -> None:
+        """:meth:`release` was interrupted (a signal handler raised, or the release failed):
+        the renewals stop and the engine sends the release again in the background."""
+        if self.foreign:
+            return  # the parent's lease: nothing was to be sent
+        with contextlib.suppress(Exception):
+            self.stop_auto_extend()
+        with contextlib.suppress(Exception):
+            context.deactivate(self)
+        self._engine.release_unfinished(self._record)
 
     async def arelease(self) -> bool:
         """Asyncio twin of :meth:`release`. A cancellation (``task.cancel()``, ``wait_for``)
@@ -332,9 +352,10 @@ class Lease:
         return self.stop_auto_extend
 
     def stop_auto_extend(self) -> None:
-        renewer, self._renewer = self._renewer, None
+        renewer = self._renewer
         if renewer is not None:
-            renewer.stop(self)
+            renewer.stop(self)  # first: an interrupt in it leaves the renewer to stop again
+            self._renewer = None
         task, self._renewal_task = self._renewal_task, None
         if task is not None:
             task.cancel()

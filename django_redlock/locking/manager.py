@@ -13,10 +13,18 @@ from typing import Any, TypedDict, Unpack, cast
 
 from .. import signals
 from ..conf import AliasConfig, check_order_setting
-from ..engine import MAX_NAME_LENGTH, RESERVED_MARK, AcquireFailure, Engine, LeaseRecord, Outcome
+from ..engine import (
+    MAX_NAME_LENGTH,
+    RESERVED_MARK,
+    AcquireFailure,
+    Engine,
+    LeaseRecord,
+    Outcome,
+    handoff,
+)
 from ..exceptions import LockError, LockNotAcquired, NodesUnavailable
 from ..nodes.cluster import shard_of
-from . import context, ordering
+from . import context, interrupted, ordering
 from .block import AsyncLockBlock, BlockOptions, LockBlock
 from .kind_blocks import HoldOptions, KindBlocks
 from .leader import Hook, Leadership
@@ -132,14 +140,24 @@ class LockManager(KindBlocks):
         wanted = self._wanted(name, ttl, timeout, max_hold, permits, rw)
         shapes = ordering.taking(self, (wanted.name,)) if self.check_order else None
         engine = self.engine if len(self.shards) == 1 else self.engine_for(wanted.name)
-        outcome = engine.acquire(wanted.name, wanted.ttl, wanted.timeout, wanted.permits, wanted.rw)
+        opened = handoff.opened()  # an interrupt before we return gives the grant back
+        try:
+            outcome = engine.acquire(
+                wanted.name, wanted.ttl, wanted.timeout, wanted.permits, wanted.rw
+            )
+            if type(outcome) is LeaseRecord:
+                lease = self._won(outcome, engine)
+                if shapes is not None:
+                    ordering.mark(lease, shapes[0])
+                if auto_extend:
+                    lease.start_auto_extend(wanted.max_hold)
+        except BaseException:
+            interrupted.give_back(opened, self.engine_for)
+            raise
+        if opened is not None:
+            handoff.LOCAL.current = None  # a store, not a call: no interrupt lands after it
         if type(outcome) is not LeaseRecord:
             raise self._failed(wanted, cast(AcquireFailure, outcome))
-        lease = self._won(outcome, engine)
-        if shapes is not None:
-            ordering.mark(lease, shapes[0])
-        if auto_extend:
-            lease.start_auto_extend(wanted.max_hold)
         return lease
 
     async def aacquire(

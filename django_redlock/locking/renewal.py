@@ -4,6 +4,7 @@ a ``lock_many`` set, or an asyncio task per lease."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Sequence
@@ -66,7 +67,10 @@ class RenewalThread(threading.Thread):
         if last:
             self._wakeup.set()
             if self is not threading.current_thread():
-                self.join()
+                # RuntimeError: its start() was interrupted before the thread said it runs;
+                # it ends on its own (it sees every lease stopped before it renews)
+                with contextlib.suppress(RuntimeError):
+                    self.join()
 
     def run(self) -> None:
         due: dict[Renewable, float] = {}  # when each lease's pause ends

@@ -181,6 +181,9 @@ class SimulatedEngine(Engine):
     async def arelease(self, lease: LeaseRecord) -> bool:
         return self.release(lease)
 
+    def release_unfinished(self, lease: LeaseRecord) -> None:
+        self.locks.release(lease.name, lease.owner)  # in memory: nothing to send later
+
     def release_many(self, leases: Sequence[LeaseRecord]) -> list[bool]:
         return [self.release(lease) for lease in leases]
 

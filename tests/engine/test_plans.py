@@ -425,6 +425,32 @@ def test_acquire_given_up_mid_attempt_withdraws_a_waiter_everywhere(
         plan.send([None] * 3)
 
 
+class _Interrupting:
+    """A reply field whose reading raises ``KeyboardInterrupt``: a signal handler that raised
+    while the plan's own code ran on the replies (not at one of its yields)."""
+
+    def __int__(self) -> int:
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("waiter", ["w1", ""])
+def test_acquire_interrupted_in_its_own_code_gives_back_the_grants(
+    state: AliasState, waiter: str
+) -> None:
+    """An interrupt raised inside the plan as it reads the grants (the driver is not at a
+    yield, so no ``Abandoned`` is thrown in): the plan still yields the give-back of every
+    call, then the waiter's withdrawal, and only then lets the interrupt go on."""
+    plan = plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, waiter=waiter)
+    next(plan)
+    give_back = plan.send([[scripts.GRANTED, _Interrupting()], granted(10), granted(10)])
+    assert not give_back.wait and [c.script for c in give_back.calls if c] == [RELEASE] * 3
+    if waiter:
+        withdraw = plan.send([None] * 3)
+        assert _withdraws(withdraw, ("t:__waiters__:job",), "w1") == [0, 1, 2]
+    with pytest.raises(KeyboardInterrupt):
+        plan.send([None] * 3)
+
+
 def test_acquire_given_up_during_its_write_back_withdraws_the_waiter(
     state: AliasState,
 ) -> None:

@@ -48,11 +48,20 @@ _RAISE_IN = (
 )
 
 
+def _entering_exit(frame: FrameType) -> bool:
+    """True at the very first instruction of a context manager's ``__exit__``, before any of
+    its code ran: the one window Python gives no code a way to close (CPython runs signal
+    handlers as a function starts; PEP 419). docs/algorithm.md says so."""
+    return frame.f_code.co_name in ("__exit__", "__aexit__") and frame.f_lasti == 0
+
+
 def _inside_library(frame: FrameType | None) -> bool:
     """True when the signal arrived in the call under test: the innermost frame is one of
     :data:`_RAISE_IN`, and the stack reaches the library's code without passing through
     something Python runs on the side (see :func:`_finalizing`), whose exceptions it ignores."""
     if frame is None or not any(part in frame.f_code.co_filename for part in _RAISE_IN):
+        return False
+    if _entering_exit(frame):
         return False
     while frame is not None:
         if _finalizing(frame):
@@ -61,6 +70,17 @@ def _inside_library(frame: FrameType | None) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def _stack_of(frame: FrameType | None) -> list[str]:
+    """``file:function:line`` of each of the library's frames from ``frame`` outwards."""
+    found = []
+    while frame is not None:
+        code = frame.f_code
+        if _LIBRARY in code.co_filename:
+            found.append(f"{code.co_filename.rsplit('/', 1)[-1]}:{code.co_name}:{frame.f_lineno}")
+        frame = frame.f_back
+    return found
 
 
 class Storm:
@@ -73,6 +93,8 @@ class Storm:
         self.completed = 0
         #: where the signals arrived: the innermost frame's function (the library's, or not)
         self.landed: Counter[str] = Counter()
+        #: where the last interrupt was raised: the library's frames, innermost first
+        self.last: list[str] = []
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         if frame is not None:
@@ -81,6 +103,7 @@ class Storm:
             ] += 1
         if self.armed and _inside_library(frame):
             self.armed = False
+            self.last = _stack_of(frame)
             raise Interrupted
         if self.armed:  # not inside the call yet: try again soon
             signal.setitimer(signal.ITIMER_REAL, 0.0005)

@@ -13,7 +13,6 @@ from ..kinds import KINDS, PERMIT
 from ..replies import SILENT, Call, NodeFailure, Request, Slot, granted_per_node, node_errors
 from ..state import (
     WAIT_MARK_MS,
-    Abandoned,
     AcquireFailure,
     AliasState,
     LeaseRecord,
@@ -111,7 +110,9 @@ def acquire_plan(
             first,
             sent=sent,
         )
-    except Abandoned:
+    except BaseException as given_up:  # Abandoned, or an interrupt in this code
+        if isinstance(given_up, GeneratorExit):  # closed: nothing may be yielded
+            raise
         # the caller gave up with its attempt in flight (attempt_round gave back what it may
         # have got): any node may have registered it as a waiter, for a wait that never comes
         if mark_ms:
@@ -165,7 +166,9 @@ def acquire_plan(
         if mark_ms and not waits:
             yield from _withdraw(state, nodes, statuses, name, waiter)
         return failure
-    except Abandoned:
+    except BaseException as given_up:  # Abandoned, or an interrupt in this code
+        if isinstance(given_up, GeneratorExit):  # closed: nothing may be yielded
+            raise
         # the caller gave up while a call was in flight: any node may have granted it, and
         # it waits no more
         yield from _release_calls(

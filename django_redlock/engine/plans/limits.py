@@ -23,7 +23,6 @@ from ..scripts import limits as scripts_limits
 from ..state import (
     WAIT_MARK_MS,
     WAKE_TTL_MS,
-    Abandoned,
     AcquireFailure,
     AliasState,
     LeaseRecord,
@@ -105,7 +104,9 @@ def acquire_limits_plan(
             give_back,
             tokens=count,
         )
-    except Abandoned:
+    except BaseException as given_up:  # Abandoned, or an interrupt in this code
+        if isinstance(given_up, GeneratorExit):  # closed: nothing may be yielded
+            raise
         if mark_ms:
             yield from withdraw_plan(state, nodes, names, waiter)
         raise
@@ -163,7 +164,9 @@ def acquire_limits_plan(
                 if st == scripts.OTHER_KIND
             ]
         return dataclasses.replace(failure, busy_name=names[named[0] - 1] if named else None)
-    except Abandoned:
+    except BaseException as given_up:  # Abandoned, or an interrupt in this code
+        if isinstance(given_up, GeneratorExit):  # closed: nothing may be yielded
+            raise
         yield from _give_back(state, nodes, calls, [None] * total, owner, names, slots_of)
         if mark_ms:
             yield from withdraw_plan(state, nodes, names, waiter)

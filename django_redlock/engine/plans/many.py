@@ -17,7 +17,7 @@ from .. import scripts
 from ..keyspace import TOKEN_LIMIT, quorum, wake_node
 from ..replies import Call, NodeFailure, Request, Slot, granted_per_node
 from ..scripts import primitives as more
-from ..state import WAIT_MARK_MS, Abandoned, AcquireFailure, AliasState, LeaseRecord, NodeView, Plan
+from ..state import WAIT_MARK_MS, AcquireFailure, AliasState, LeaseRecord, NodeView, Plan
 from .acquire import failure_of
 from .rounds import attempt_round, write_back
 from .waiters import withdraw_plan
@@ -76,7 +76,9 @@ def acquire_many_plan(
             give_back,
             tokens=len(names),
         )
-    except Abandoned:
+    except BaseException as given_up:  # Abandoned, or an interrupt in this code
+        if isinstance(given_up, GeneratorExit):  # closed: nothing may be yielded
+            raise
         # given up mid-attempt: it waits for none of the names any more (see acquire_plan)
         if mark_ms:
             yield from withdraw_plan(state, nodes, names, waiter)
@@ -116,7 +118,9 @@ def acquire_many_plan(
             yield from withdraw_plan(state, nodes, names, waiter, busy_nodes)
         busy = [int(r[3]) for r, st in zip(replies, statuses, strict=True) if st in _NAMING]
         return dataclasses.replace(failure, busy_name=names[busy[0] - 1] if busy else None)
-    except Abandoned:
+    except BaseException as given_up:  # Abandoned, or an interrupt in this code
+        if isinstance(given_up, GeneratorExit):  # closed: nothing may be yielded
+            raise
         yield from _release_all(state, nodes, calls, [None] * total, owner, names)
         if mark_ms:
             yield from withdraw_plan(state, nodes, names, waiter)

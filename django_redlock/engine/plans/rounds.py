@@ -136,11 +136,14 @@ def attempt_round(
                     owner = new_owner()
                     continue
             return Attempted(owner, calls, replies, statuses, started + held_back)
-    except Abandoned:
+    except BaseException as given_up:  # Abandoned, or an interrupt in this code
+        if isinstance(given_up, GeneratorExit):  # closed: nothing may be yielded
+            raise
         # the caller gave up while a call was in flight: any node may have granted it (a
         # hedge call too, if it went out)
         out = [c if c is not None else (later[i] if later else None) for i, c in enumerate(calls)]
-        yield from give_back(out, [None] * len(nodes), owner)
+        if len(out) == len(nodes):  # else interrupted before its first calls were made
+            yield from give_back(out, [None] * len(nodes), owner)
         raise
 
 

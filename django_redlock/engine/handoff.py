@@ -1,0 +1,58 @@
+"""Grants on their way to their holder (docs/algorithm.md, "Interrupted calls").
+
+A signal handler that raises (Ctrl-C, a worker's soft time limit, a timeout decorator) can
+interrupt an acquire after the nodes granted it and before its caller holds the lease: in the
+steps after the grant, or as a function returns, when the lease is in no variable any
+``except`` could reach. Left there, the name stays locked for its TTL (auto-extended: until
+the process ends) with nobody to release it.
+
+So a caller that must end up holding the lease (a lock block's ``__enter__``, ``acquire()``)
+opens a :class:`Handoff` first, in its thread: every record granted while it is open is noted
+on it, and so is every lease made of one. Interrupted before it holds its lease, the caller
+gives back what was noted. Only the outermost caller opens one; the handoff is closed by a
+plain attribute store (no call, so no interrupt can land between the close and the return).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+#: ``LOCAL.current``: the handoff open in this thread, or None.
+LOCAL = threading.local()
+LOCAL.current = None
+
+
+class Handoff:
+    """What was granted in this thread since the handoff opened."""
+
+    __slots__ = ("leases", "records")
+
+    def __init__(self) -> None:
+        #: the engine's records of the grants (``LeaseRecord``)
+        self.records: list[Any] = []
+        #: the leases made of them (``Lease``): giving one back stops its renewals too
+        self.leases: list[Any] = []
+
+
+def opened() -> Handoff | None:
+    """A new handoff, open in this thread; None when one is open already (its opener, an
+    outer call, gives back what this call is granted)."""
+    if getattr(LOCAL, "current", None) is not None:
+        return None
+    handoff = LOCAL.current = Handoff()
+    return handoff
+
+
+def note_record(record: Any) -> None:
+    """Called as a grant's record is made: noted on this thread's open handoff, if any."""
+    handoff = getattr(LOCAL, "current", None)
+    if handoff is not None:
+        handoff.records.append(record)
+
+
+def note_lease(lease: Any) -> None:
+    """Called as a lease is made of a record: noted on this thread's open handoff, if any."""
+    handoff = getattr(LOCAL, "current", None)
+    if handoff is not None:
+        handoff.leases.append(lease)

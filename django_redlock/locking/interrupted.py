@@ -1,0 +1,34 @@
+"""Giving back the grants of an acquire interrupted before its caller held the lease (a signal
+handler that raised: Ctrl-C, a worker's soft time limit, a timeout decorator). What was granted
+is on the caller's :class:`~django_redlock.engine.handoff.Handoff`."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from ..engine import Engine, handoff
+
+
+def give_back(opened: handoff.Handoff | None, engine_for: Callable[[str], Engine] | None) -> None:
+    """Close ``opened`` and release what it noted: each lease (its renewals stop, its block
+    entries go), then each record no lease was made of, on ``engine_for(record.name)``. A
+    release that fails leaves that grant to expire at its TTL, as a broken connection would."""
+    if opened is None:
+        return
+    handoff.LOCAL.current = None
+    made = {id(lease._record) for lease in opened.leases}
+    for lease in opened.leases:
+        with contextlib.suppress(Exception):
+            lease.release()
+    for record in opened.records:
+        if id(record) in made or record.released or engine_for is None:
+            continue
+        with contextlib.suppress(Exception):
+            engine_for(record.name).release(record)
+
+
+def engine_finder(manager: Any) -> Callable[[str], Engine] | None:
+    """``manager.engine_for`` (None for a manager without one)."""
+    return getattr(manager, "engine_for", None)
