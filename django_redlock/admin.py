@@ -28,8 +28,8 @@ from django.utils.http import urlencode
 from django.utils.translation import gettext, ngettext
 
 from . import inspection
-from .locking.validation import check_name
 from .models import Effect, Lock, ScheduledTick
+from .validation import check_name
 
 if TYPE_CHECKING:
     _LockAdminBase = admin.ModelAdmin[Lock]

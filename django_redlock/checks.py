@@ -33,10 +33,10 @@ from .conf import (
     redlock_settings,
     url_identity,
 )
-from .locking.validation import check_ttl
 from .nodes.cluster_checks import cluster_checks
 from .nodes.probe import UNKNOWN, probe_alias
 from .schedules.entries import schedule_setting
+from .validation import check_ttl
 
 #: ``manage.py check --tag django_redlock`` runs only these checks (and the request-lock ones).
 TAG = "django_redlock"

@@ -18,13 +18,19 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from .engine import GLOB_CHARACTERS, MAX_NAME_LENGTH, TOKEN_LIMIT, quorum
-from .engine.budget import DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS
-from .locking.validation import MAX_TTL, ttl_problem
+from .engine import (
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
+    GLOB_CHARACTERS,
+    MAX_NAME_LENGTH,
+    TOKEN_LIMIT,
+    quorum,
+)
 from .nodes.cluster import shard_prefixes
 from .nodes.node_settings import URL_SCHEMES, hash_tag, parse_node
 from .nodes.node_settings import setting_error as _error
 from .nodes.spec import NodeSpec, mask_secrets, mask_url, url_identity
+from .validation import MAX_TTL, ttl_problem
 
 DEFAULT_NODE_URL = "redis://127.0.0.1:6379/0"
 DEFAULTS: dict[str, Any] = {

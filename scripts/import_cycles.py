@@ -76,23 +76,69 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-#: (importer prefix, forbidden prefixes): the layering rules
-RULES = (
-    (f"{PACKAGE}.engine", (f"{PACKAGE}.",), (f"{PACKAGE}.engine",)),
-    (f"{PACKAGE}.nodes", (f"{PACKAGE}.conf", f"{PACKAGE}.locking"), ()),
+P = PACKAGE
+#: What is built on the lock API (``locking``), and what is built on the settings (``conf``).
+ABOVE_LOCKING = (
+    "jobs", "request_locks", "management", "admin", "schedules", "contrib", "cache", "testing"
+)  # fmt: skip
+ABOVE_CONF = ("locking", "effects", "inspection", "fencing", *ABOVE_LOCKING)
+#: The layering rules (docs/architecture.md): (importers, importers exempt, forbidden, allowed).
+#: A module is an importer when it is, or is inside, one of ``importers`` and not one of the
+#: exempt; it may import nothing that is, or is inside, a forbidden prefix unless that is, or
+#: is inside, an allowed one.
+RULES: tuple[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]], ...] = (
+    # the engine imports nothing of the package outside it
+    ((f"{P}.engine",), (), (f"{P}",), (f"{P}.engine",)),
+    # outside the engine, only its facade (django_redlock.engine), not its submodules
+    ((f"{P}",), (f"{P}.engine",), (f"{P}.engine.",), ()),
+    # the node topology imports neither the settings nor the lock API
+    ((f"{P}.nodes",), (), (f"{P}.conf", f"{P}.locking"), ()),
+    # the settings sit below everything that uses them
+    ((f"{P}.conf",), (), tuple(f"{P}.{m}" for m in ABOVE_CONF), ()),
+    # the lock API imports none of what is built on it
+    ((f"{P}.locking",), (), tuple(f"{P}.{m}" for m in ABOVE_LOCKING), ()),
+    # the test helpers are imported by tests and the pytest plugin, not by the product
+    ((f"{P}",), (f"{P}.testing", f"{P}.pytest_plugin"), (f"{P}.testing",), ()),
 )
 
 
+def _within(name: str, prefix: str) -> bool:
+    """``name`` is the module ``prefix`` or inside it (a prefix ending in "." is inside only)."""
+    if prefix.endswith("."):
+        return name.startswith(prefix)
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def facade_modules() -> tuple[str, ...]:
+    """The engine's submodules its facade exports by name (``__all__`` of
+    ``django_redlock/engine/__init__.py``): importing them through it is importing the facade."""
+    tree = ast.parse((ROOT / PACKAGE / "engine" / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            names = ast.literal_eval(node.value)
+            return tuple(
+                f"{P}.engine.{n}" for n in names if (ROOT / PACKAGE / "engine" / f"{n}.py").exists()
+            )
+    return ()
+
+
 def crossings(graph: dict[str, set[str]]) -> list[str]:
-    """Imports that break :data:`RULES`."""
+    """Imports that break :data:`RULES` (the engine's modules its facade exports count as
+    the facade)."""
+    exported = set(facade_modules())
     found = []
     for name, deps in sorted(graph.items()):
-        for prefix, forbidden, allowed in RULES:
-            if name != prefix and not name.startswith(prefix + "."):
+        deps = {f"{P}.engine" if d in exported else d for d in deps}
+        for importers, exempt, forbidden, allowed in RULES:
+            if not any(_within(name, p) for p in importers) or any(
+                _within(name, p) for p in exempt
+            ):
                 continue
             for dep in sorted(deps):
-                if any(dep == f or dep.startswith(f) for f in forbidden) and not any(
-                    dep == a or dep.startswith(a + ".") for a in allowed
+                if any(_within(dep, f) for f in forbidden) and not any(
+                    _within(dep, a) for a in allowed
                 ):
                     found.append(f"{name} imports {dep}")
     return found

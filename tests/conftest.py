@@ -125,6 +125,7 @@ OFF_THE_WIRE: dict[str, str] = {
     "tests/test_settings.py": "settings and input validation",
     "tests/test_checks.py": "system checks",
     "tests/test_public_api.py": "import paths",
+    "tests/test_import_rules.py": "the import rules, read from the source",
     "tests/test_optional_imports.py": "imports with optional libraries blocked",
     "tests/test_demo.py": "the demo's commands: the engine calls tests/locking sends",
     "tests/test_demo_buy_endpoint.py": "the demo's view on a server: tests/request_locks",

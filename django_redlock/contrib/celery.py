@@ -58,11 +58,11 @@ from celery.signals import task_revoked
 
 from ..engine import LeaseRecord
 from ..exceptions import LockError, LockNotAcquired
-from ..jobs.templates import CallTemplate
 from ..locking import context
 from ..locking.manager import LockManager
 from ..locking.registry import locks
-from ..locking.validation import check_max_hold, check_name, check_permits, check_ttl
+from ..locking.templates import CallTemplate
+from ..validation import check_max_hold, check_name, check_permits, check_ttl
 
 __all__ = ["ENQUEUED_HEADER", "ON_BUSY_CHOICES", "LockedTask"]
 

@@ -27,8 +27,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 
-from ..engine.keyspace import RESERVED_MARK
-from ..jobs.templates import CallTemplate
+from ..engine import RESERVED_MARK
 from ..jobs.unique import (
     DEFAULT_ENQUEUE_TIMEOUT,
     DEFAULT_QUEUED_TTL,
@@ -39,6 +38,7 @@ from ..jobs.unique import (
     Found,
     UniqueRule,
 )
+from ..locking.templates import CallTemplate
 
 
 def _framework(module: str) -> Any:

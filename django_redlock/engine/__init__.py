@@ -20,7 +20,8 @@ this module exports.
 
 from __future__ import annotations
 
-from . import handoff
+from . import forks, handoff, order_edges
+from .budget import DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, Budget
 from .core import Engine, Outcome
 from .giveback import unconfirmed as release_unconfirmed
 from .giveback import why_unconfirmed
@@ -28,6 +29,7 @@ from .keyspace import (
     GLOB_CHARACTERS,
     MAX_NAME_LENGTH,
     RESERVED_MARK,
+    SEMAPHORE_MARKER,
     TOKEN_LIMIT,
     Keyspace,
     LockValue,
@@ -36,7 +38,8 @@ from .keyspace import (
     quorum,
 )
 from .kinds import KINDS
-from .notes import NoteReplies, call_note, note_key
+from .notes import NoteHolder, NoteReplies, call_note, note_key
+from .order_edges import ORDER_TTL
 from .plans.records import RecordRead
 from .policy import Pause, Renew, RenewalBound, Stepper, renewal_policy
 from .scripts import WAITING
@@ -51,30 +54,37 @@ from .state import (
     Renewal,
     drift_allowance,
 )
+from .targets import WaiterCount
 from .transport.aio import AsyncConnectionFactory
 from .transport.base import describe, socket_timeout
 from .transport.loop_time import wall_limit
 from .transport.sync import ConnectionFactory
 
 __all__ = [
+    "DEFAULT_IDLE_TIMEOUT",
+    "DEFAULT_MAX_CONNECTIONS",
     "DRIFT_ALLOWANCE",
     "GLOB_CHARACTERS",
     "KINDS",
     "LOST",
     "MAX_NAME_LENGTH",
+    "ORDER_TTL",
     "RENEWED",
     "RESERVED_MARK",
+    "SEMAPHORE_MARKER",
     "TOKEN_LIMIT",
     "UNCONFIRMED",
     "WAITING",
     "AcquireFailure",
     "AliasState",
     "AsyncConnectionFactory",
+    "Budget",
     "ConnectionFactory",
     "Engine",
     "Keyspace",
     "LeaseRecord",
     "LockValue",
+    "NoteHolder",
     "NoteReplies",
     "Outcome",
     "Pause",
@@ -83,13 +93,16 @@ __all__ = [
     "Renewal",
     "RenewalBound",
     "Stepper",
+    "WaiterCount",
     "as_text",
     "call_note",
     "describe",
     "drift_allowance",
     "escape_glob",
+    "forks",
     "handoff",
     "note_key",
+    "order_edges",
     "quorum",
     "release_unconfirmed",
     "renewal_policy",

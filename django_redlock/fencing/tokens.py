@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..engine.keyspace import TOKEN_LIMIT
+from ..engine import TOKEN_LIMIT
 from ..locking import context
 from .errors import alias_error
 

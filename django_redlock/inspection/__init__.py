@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..engine import escape_glob
-from ..engine.keyspace import SEMAPHORE_MARKER
+from ..engine import SEMAPHORE_MARKER, escape_glob
 from ..locking.manager import LockManager
 from ..locking.registry import locks
 from ..nodes.probe import NodeHealth, Target, probe

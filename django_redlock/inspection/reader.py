@@ -14,8 +14,7 @@ import redis
 
 from ..checks import valid_aliases
 from ..conf import AliasConfig
-from ..engine import WAITING, Keyspace, LockValue, as_text, escape_glob, quorum
-from ..engine.keyspace import SEMAPHORE_MARKER
+from ..engine import SEMAPHORE_MARKER, WAITING, Keyspace, LockValue, as_text, escape_glob, quorum
 from ..locking.manager import LockManager
 from ..nodes.connections import client_factory
 from ..nodes.probe import NodeHealth, Target, maybe_int, one_line, probe, run_id

@@ -13,8 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine import NoteReplies, call_note, note_key, quorum
-from ..engine.notes import NoteHolder
+from ..engine import NoteHolder, NoteReplies, call_note, note_key, quorum
 from ..exceptions import NodesUnavailable
 
 

@@ -27,7 +27,7 @@ from typing import Any, Generic, TypeVar
 from ..engine import MAX_NAME_LENGTH
 from ..exceptions import LockError
 from ..locking.registry import locks
-from ..locking.validation import check_name, check_timeout, check_ttl
+from ..validation import check_name, check_timeout, check_ttl
 from .notes import Note, Notes
 
 logger = logging.getLogger("django_redlock")  # docs/index.md: one logger name

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ..engine import handoff
 from ..exceptions import LockError, LockNotAcquired
-from ..jobs.templates import CallTemplate
+from ..validation import UNSET, check_max_hold
 from . import context, interrupted, ordering
 from .entries import (
     Entered,
@@ -29,8 +29,8 @@ from .entries import (
     refuse_other_kind,
     suspending,
 )
+from .templates import CallTemplate
 from .transactions import in_transaction, release_after_commit
-from .validation import UNSET, check_max_hold
 
 if TYPE_CHECKING:
     from .acquirer import Acquirer
@@ -112,7 +112,7 @@ class LockBlock:
 
     As a decorator, ``name`` is a template filled from the call's arguments bound to the
     function's signature (``"report:{0}"``, ``"user:{user_id}"``; see
-    :mod:`django_redlock.jobs.templates`), and ``on_busy="skip"`` makes a call whose name is
+    :mod:`django_redlock.locking.templates`), and ``on_busy="skip"`` makes a call whose name is
     busy return None without running the function.
     """
 

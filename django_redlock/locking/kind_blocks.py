@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
 
+from ..validation import UNSET, check_keywords, check_permits
 from .block import AsyncLockBlock, BlockOptions, LockBlock
-from .validation import UNSET, check_keywords, check_permits
 
 if TYPE_CHECKING:
     from .acquirer import Acquirer

@@ -26,9 +26,9 @@ from ..engine import (
     why_unconfirmed,
 )
 from ..exceptions import LockError, LockLost, NodesUnavailable
+from ..validation import check_ttl
 from . import context
 from .renewal import RenewalThread, renew_in_task
-from .validation import check_ttl
 
 if TYPE_CHECKING:
     from ..effects.block import EffectBlock

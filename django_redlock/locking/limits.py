@@ -19,11 +19,11 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from ..validation import check_name, check_permits
 from . import context, ordering
 from .entries import refuse_other_kind, suspending
 from .lease import Lease
 from .many import HeldLocks, LockManyBlock
-from .validation import check_name, check_permits
 
 if TYPE_CHECKING:
     from .acquirer import Acquirer

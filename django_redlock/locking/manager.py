@@ -24,14 +24,7 @@ from ..engine import (
 )
 from ..exceptions import LockError, LockNotAcquired, NodesUnavailable
 from ..nodes.cluster import shard_of
-from . import context, interrupted, ordering
-from .block import AsyncLockBlock, BlockOptions, LockBlock
-from .kind_blocks import HoldOptions, KindBlocks
-from .leader import Hook, Leadership
-from .lease import Lease, start_renewals
-from .limits import LimitsBlock, check_limits
-from .many import HeldLocks, LockManyBlock, check_names
-from .validation import (
+from ..validation import (
     UNSET,
     check_keywords,
     check_max_hold,
@@ -41,6 +34,13 @@ from .validation import (
     check_timeout,
     check_ttl,
 )
+from . import context, interrupted, ordering
+from .block import AsyncLockBlock, BlockOptions, LockBlock
+from .kind_blocks import HoldOptions, KindBlocks
+from .leader import Hook, Leadership
+from .lease import Lease, start_renewals
+from .limits import LimitsBlock, check_limits
+from .many import HeldLocks, LockManyBlock, check_names
 
 __all__ = ["UNSET", "Lease", "LockBlock", "LockManager"]
 

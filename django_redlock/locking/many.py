@@ -18,10 +18,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
 from ..exceptions import LockError, LockLost
+from ..validation import check_name
 from . import context
 from .lease import Lease, keep_alive_all
 from .transactions import in_transaction, release_after_commit
-from .validation import check_name
 
 if TYPE_CHECKING:
     from .acquirer import Acquirer

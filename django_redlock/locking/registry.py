@@ -25,12 +25,11 @@ from ..conf import (
     check_order_setting,
     redlock_settings,
 )
-from ..engine import AliasState, Engine
-from ..engine.budget import Budget
+from ..engine import AliasState, Budget, Engine
 from ..nodes import connections
+from ..validation import UNSET
 from .block import BlockOptions, LockBlock
 from .manager import LockManager
-from .validation import UNSET
 
 #: Gives the engines to lock with instead of a manager's real ones, or None to leave it alone
 #: (a simulation: ``django_redlock.testing.simulate``).

@@ -26,7 +26,7 @@ from django.http import HttpRequest
 from django.urls import Resolver404, ResolverMatch, get_resolver
 
 from ..conf import request_locks_setting
-from ..locking.validation import check_permits, check_timeout, check_ttl
+from ..validation import check_permits, check_timeout, check_ttl
 from .keys import KeyTemplate
 
 SETTING = "REDLOCK_REQUEST_LOCKS"

@@ -26,9 +26,9 @@ from ..engine import (
     Outcome,
     RecordRead,
     Renewal,
+    WaiterCount,
     forks,
 )
-from ..engine.targets import WaiterCount
 from .simulated_state import PERMIT, Hold, Permits, Refused, SimulatedLocks
 
 #: What an unavailable node says (``simulate(unavailable=True)``).

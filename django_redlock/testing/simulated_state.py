@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.keyspace import TOKEN_LIMIT
+from ..engine import TOKEN_LIMIT
 
 #: LeaseRecord.kind values (kept in step with ``engine/kinds.py``).
 LOCK, PERMIT, READ, WRITE = "", "permit", "read", "write"

@@ -15,10 +15,10 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
 from django_redlock.conf import MAX_NAME_LENGTH
-from django_redlock.locking.validation import check_name
 from django_redlock.middleware import parse_rule, request_rules
 from django_redlock.request_locks.checks import CHECK_IDS, check_request_locks
 from django_redlock.request_locks.keys import KeyTemplate
+from django_redlock.validation import check_name
 
 pytestmark = pytest.mark.urls("tests.support.request_lock_urls")
 MIDDLEWARE_PATH = "django_redlock.middleware.RequestLockMiddleware"

@@ -11,8 +11,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from ...engine import Engine, order_edges
-from ...engine.order_edges import ORDER_TTL
+from ...engine import ORDER_TTL, Engine, order_edges
 
 # docs/index.md: one logger name (records carry .module)
 logger = logging.getLogger("django_redlock")

@@ -13,6 +13,7 @@ error on stderr and exit status 1. With ``--json``, an error that comes before t
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import math
 import os
@@ -20,6 +21,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from types import ModuleType
 from typing import Any
 
 from django.conf import settings
@@ -34,12 +36,10 @@ from ...jobs import front
 from ...jobs.runner import RunRequest
 from ...locking.ordering import shared as order_records
 from ...locking.registry import locks
-from ...locking.validation import check_max_hold, check_name, check_timeout, check_ttl
 from ...schedules.entries import schedule_setting
 from ...schedules.report import entry_report, report_lines
 from ...schedules.scheduler import Scheduler
-from ...testing.simulated_engine import SimulatedEngine
-from ...testing.simulation import simulation_from_environment
+from ...validation import check_max_hold, check_name, check_timeout, check_ttl
 from ..effects import EFFECT_HEADERS, effect_document, effect_row, ledger_rows
 from ..order import ORDER_HEADERS, OrderReport, inverted_details, order_document, order_row
 from ..rendering import (
@@ -135,6 +135,15 @@ def _holding_options(parser: CommandParser, using_help: str) -> None:
         metavar="PATH",
         help='Write {"outcome": ..., "child_status": ..., "exit_status": ...} there (JSON).',
     )
+
+
+def _simulation_support() -> ModuleType | None:
+    """``django_redlock.testing.operator`` when a simulation may be in play (docs/testing.md:
+    ``REDLOCK_SIMULATE`` set, or the test helpers imported), else None: production code
+    never imports the test helpers."""
+    if "REDLOCK_SIMULATE" not in os.environ and "django_redlock.testing" not in sys.modules:
+        return None
+    return importlib.import_module("django_redlock.testing.operator")
 
 
 class Command(BaseCommand):
@@ -286,12 +295,17 @@ class Command(BaseCommand):
         self._printed = False
         try:
             _check_encodable(options)
+            support = _simulation_support()
             try:  # REDLOCK_SIMULATE: a test's subprocess runs without Redis (docs/testing.md)
-                simulation = simulation_from_environment()
+                simulation = support.from_environment() if support is not None else None
             except ValueError as exc:
                 raise Failure(exc, "bad_settings") from exc
             with simulation or contextlib.nullcontext():
-                if options["subcommand"] not in LIVE and self._simulated(options):
+                if (
+                    options["subcommand"] not in LIVE
+                    and support is not None
+                    and self._simulated(options, support)
+                ):
                     return
                 commands[options["subcommand"]](options)
         except Failure as exc:
@@ -300,43 +314,30 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc  # stderr: "CommandError: <one line>"
 
     # -- helpers ---------------------------------------------------------------------------
-    def _simulated(self, options: dict[str, Any]) -> bool:
+    def _simulated(self, options: dict[str, Any], support: ModuleType) -> bool:
         """Under ``simulate``, nothing may reach the nodes: ``list`` prints the leases held
         in memory; the other operator commands refuse. False when nothing is simulated."""
-        simulated: list[tuple[str, SimulatedEngine]] = []
-        with contextlib.suppress(ImproperlyConfigured):  # bad settings: said by the command
-            for alias in locks:
-                engine = locks[alias].engine
-                if isinstance(engine, SimulatedEngine):
-                    simulated.append((alias, engine))
+        simulated: list[str] = support.simulated_aliases()
         if not simulated:
             return False
         if options["subcommand"] == "order" and self._order_in_memory(options, simulated):
             return False  # the checker's records of a simulation are kept in memory
         if options["subcommand"] != "list":
-            aliases = ", ".join(repr(a) for a, _ in simulated)
+            aliases = ", ".join(repr(a) for a in simulated)
             raise Failure(
                 f"The locks of {aliases} are simulated (django_redlock.testing.simulate): "
                 f"'redlock {options['subcommand']}' does not run without real nodes.",
                 "simulated",
             )
-        seen: set[int] = set()
-        for alias, engine in simulated:
-            if id(engine.locks) in seen:
-                continue
-            seen.add(id(engine.locks))
-            for name, hold in engine.locks.held():
-                kind = hold.kind or "lock"
-                self.stdout.write(f"{alias}\t{name}\t{kind}\ttoken={hold.token}\t(simulated)")
+        for line in support.held_lines(simulated):
+            self.stdout.write(line)
         return True
 
     @staticmethod
-    def _order_in_memory(
-        options: dict[str, Any], simulated: list[tuple[str, SimulatedEngine]]
-    ) -> bool:
+    def _order_in_memory(options: dict[str, Any], simulated: list[str]) -> bool:
         """True when every alias ``order`` reads is simulated: it then reads (or clears) the
         records the simulation keeps, and nothing reaches a node."""
-        covered = {alias for alias, _ in simulated}
+        covered = set(simulated)
         using = options["using"]
         return using in covered if using is not None else covered >= set(locks)
 

@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from ..engine import (
+from .engine import (
     DRIFT_ALLOWANCE,
     MAX_NAME_LENGTH,
     RESERVED_MARK,
