@@ -113,11 +113,11 @@ def lane_acquire(attempt: LaneAttempt, channel: Channel) -> Outcome:
         reply = channel.roundtrip(link, scripts.ACQUIRE, tail, state.node_timeout)
         record = granted_record(state, attempt.name, ttl, owner, started, reply)
     except BaseException:  # an interrupt mid-call: the plan gives back what it may have got
-        give_up(attempt.resume(Sent(owner, suffix, started, None)), channel)
+        give_up(attempt.resume(Sent(owner, suffix, started, None, run_id)), channel)
         raise
     if record is not None:
         return record
-    return drive(attempt.resume(Sent(owner, suffix, started, [reply])), channel)
+    return drive(attempt.resume(Sent(owner, suffix, started, [reply], run_id)), channel)
 
 
 def release_tail(state: AliasState, lease: LeaseRecord) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ import pytest
 from django_redlock.engine import lane, plans, scripts
 from django_redlock.engine.keyspace import TOKEN_LIMIT
 from django_redlock.engine.plans.rounds import Sent
-from django_redlock.engine.replies import Request
+from django_redlock.engine.replies import NodeFailure, Request
 from django_redlock.engine.state import Abandoned, AcquireFailure, AliasState, LeaseRecord
 from django_redlock.engine.transport.base import pack
 from tests.engine import test_plans
@@ -236,3 +236,25 @@ def test_an_abandoned_lane_attempt_gives_back_what_the_plan_would(state: AliasSt
 
 def plans_abandoned() -> Exception:
     return Abandoned()
+
+
+@pytest.mark.parametrize("replies", [None, [NodeFailure("connection closed by the server")]])
+def test_a_lane_round_whose_connection_broke_gives_its_grant_back(
+    state: AliasState, replies: list[Any] | None
+) -> None:
+    """The lane's call went out, then its connection broke (the reply lost, or the caller
+    interrupted): the node now reads disconnected (no run id), yet the resumed plan still
+    releases there with the owner the lane sent, since the call may have granted. It used to
+    build the round's calls from the node as it reads now, and skip it: the name stayed
+    locked for the TTL, held by nobody."""
+    sent_with = fake_nodes(1)
+    call = next(plans.acquire_plan(state, sent_with, NAME, 5.0)).calls[0]
+    assert call is not None
+    owner, suffix = call.args[0], call.args[3]
+    broken = fake_nodes(1, down=[0])  # the link failed: its run id reads None
+    resumed = plans.acquire_plan(
+        state, broken, NAME, 5.0, sent=Sent(owner, suffix, START, replies, "r0")
+    )
+    give_back = next(resumed)
+    assert [c.script.name for c in give_back.calls if c] == ["release"]
+    assert give_back.calls[0] is not None and give_back.calls[0].args[0] == owner

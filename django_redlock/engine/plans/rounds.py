@@ -26,6 +26,9 @@ class Sent(NamedTuple):
     suffix: str
     started: float
     replies: list[Any] | None
+    #: the node's run id the round was sent with: the connection may have broken since (its
+    #: run id then reads None), and the round's give-back must still go to that node
+    run_id: str | None = None
 
 
 class Attempted(NamedTuple):
@@ -87,9 +90,11 @@ def attempt_round(
     before = bracketed(before)
 
     def call(node: NodeView, ahead: tuple[tuple[str | int, ...], ...] = ()) -> Call | None:
-        if node.run_id is None:
+        # the round the lane sent, as it was sent (its node may read disconnected by now)
+        run_id = node.run_id if sent is None or node.run_id is not None else sent.run_id
+        if run_id is None:
             return None
-        return Call(script, touched, (owner, ttl_ms, node.run_id, suffix, *args), ahead)
+        return Call(script, touched, (owner, ttl_ms, run_id, suffix, *args), ahead)
 
     try:
         while True:
