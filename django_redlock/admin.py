@@ -29,6 +29,8 @@ from django.utils.translation import gettext, ngettext
 
 from . import inspection
 from .models import Effect, Lock, ScheduledTick
+from .schedules.entries import schedule_setting
+from .schedules.report import entry_report
 from .validation import check_name
 
 if TYPE_CHECKING:
@@ -360,6 +362,7 @@ class ScheduledTickAdmin(_TickAdminBase):
     """What became of each tick of ``REDLOCK_SCHEDULE`` (docs/schedules.md), read-only: the
     scheduler writes these rows under the entry's lease."""
 
+    change_list_template = "admin/django_redlock/scheduledtick/change_list.html"
     list_display = ("entry", "tick", "outcome", "host", "token", "started_at", "finished_at")
     list_filter = ("outcome", "entry")
     search_fields = ("entry", "host", "note")
@@ -374,6 +377,19 @@ class ScheduledTickAdmin(_TickAdminBase):
         "finished_at",
         "note",
     )
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """The ticks, under a summary of each entry: its last tick, outcome, the host that ran
+        it, the next tick and the missed ticks (what ``manage.py redlock schedule`` shows)."""
+        context = dict(extra_context or {})
+        try:
+            context["schedule"] = [entry_report(entry) for entry in schedule_setting()]
+        except (ImproperlyConfigured, ImportError, TypeError, ValueError) as exc:
+            # a bad REDLOCK_SCHEDULE (or CRON without cronsim): checks E040-E042 name it too
+            context["schedule_error"] = str(exc)
+        return super().changelist_view(request, context)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -125,3 +125,10 @@ def test_schedule_command_and_admin_report_the_ticks(
     page = admin_client.get("/admin/django_redlock/scheduledtick/")
     assert page.status_code == 200 and entry in page.content.decode()
     assert admin_client.get("/admin/django_redlock/scheduledtick/add/").status_code == 403
+    with override_settings(REDLOCK_SCHEDULE=setting):  # each entry summed up above its ticks
+        summary = admin_client.get("/admin/django_redlock/scheduledtick/").content.decode()
+    assert "REDLOCK_SCHEDULE entries" in summary and "every 1 s" in summary
+    assert f"<td>{ran.host}</td>" in summary and f"<code>{JOB}</code>" in summary
+    with override_settings(REDLOCK_SCHEDULE={entry: {"EVERY": 1}}):  # no CALL: said, not a 500
+        bad = admin_client.get("/admin/django_redlock/scheduledtick/")
+    assert bad.status_code == 200 and "CALL" in bad.content.decode()
