@@ -219,14 +219,47 @@ def _sell_cart(
 ) -> dict[str, Any]:
     """Mode "cart": one unit of each of two products, all or none, under ``lock_many`` and a
     fenced ``claim_many``. Writes the first product's completion through ``write`` and returns
-    the second's, each with its own lease's token (so the oracles judge each product)."""
-    from django.db import transaction
+    the second's, each with its own lease's token (so the oracles judge each product). As for
+    one product, leaving the block after the transaction committed completes both: ``ok`` and
+    ``lost`` on ``LockLost`` (the orders are in the database), ``info`` on another error."""
 
-    from testproject.inventory.models import Order, Product
+    from django_redlock.exceptions import LockLost
 
     pks = rng.sample(task["pks"], 2)
     names = {pk: f"product:{pk}" for pk in pks}
     events = [{"op": op, "pk": pk, "w": index, "sent": now()} for pk in pks]
+    committed: list[bool] = []
+    try:
+        _cart_block(manager, task, pause, names, events, committed)
+    except LockLost:
+        if not committed:
+            raise
+        for event in events:
+            event.update(type="ok", lost=True, t=now())
+            event.setdefault("exit", now())
+    except Exception as exc:
+        if not committed:
+            raise
+        for event in events:
+            event.update(type="info", error=f"{type(exc).__name__}: {exc}"[:300], t=now())
+    write(events[0])
+    return events[1]
+
+
+def _cart_block(
+    manager: Any,
+    task: dict[str, Any],
+    pause: float,
+    names: dict[int, str],
+    events: list[dict[str, Any]],
+    committed: list[bool],
+) -> None:
+    """The cart's block: the set taken, the rows claimed and sold in one transaction (then
+    ``committed`` gets True), the events completed."""
+    from django.db import transaction
+
+    from testproject.inventory.models import Order, Product
+
     with manager.lock_many(list(names.values()), ttl=task["ttl"], timeout=task["timeout"]) as held:
         tokens = {pk: held.leases[name].token for pk, name in names.items()}
         for event in events:
@@ -248,10 +281,9 @@ def _sell_cart(
                     row.stock -= 1
                     row.save(fence_token=tokens[pk])
                     Order.objects.create(product_id=pk, quantity=1)
+        committed.append(True)
         for event in events:
             event.update(sold=sold, exit=now(), type="ok", t=now())
-    write(events[0])
-    return events[1]
 
 
 def granted_by(lease: Any) -> list[int]:
