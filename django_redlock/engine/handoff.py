@@ -18,9 +18,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-#: ``LOCAL.current``: the handoff open in this thread, or None.
+#: ``LOCAL.current``: the handoff open in this thread, if any (read it with :func:`current`).
 LOCAL = threading.local()
-LOCAL.current = None
 
 
 class Handoff:
@@ -29,30 +28,23 @@ class Handoff:
     __slots__ = ("leases", "records")
 
     def __init__(self) -> None:
-        #: the engine's records of the grants (``LeaseRecord``)
+        #: the engine's records of the grants (``LeaseRecord``, noted as each is made)
         self.records: list[Any] = []
-        #: the leases made of them (``Lease``): giving one back stops its renewals too
+        #: the leases made of them (``Lease``, noted as each is made): giving one back stops
+        #: its renewals too
         self.leases: list[Any] = []
+
+
+def current() -> Handoff | None:
+    """The handoff open in this thread, or None (one dict lookup: every grant asks)."""
+    found: Handoff | None = LOCAL.__dict__.get("current")
+    return found
 
 
 def opened() -> Handoff | None:
     """A new handoff, open in this thread; None when one is open already (its opener, an
     outer call, gives back what this call is granted)."""
-    if getattr(LOCAL, "current", None) is not None:
+    if current() is not None:
         return None
     handoff = LOCAL.current = Handoff()
     return handoff
-
-
-def note_record(record: Any) -> None:
-    """Called as a grant's record is made: noted on this thread's open handoff, if any."""
-    handoff = getattr(LOCAL, "current", None)
-    if handoff is not None:
-        handoff.records.append(record)
-
-
-def note_lease(lease: Any) -> None:
-    """Called as a lease is made of a record: noted on this thread's open handoff, if any."""
-    handoff = getattr(LOCAL, "current", None)
-    if handoff is not None:
-        handoff.leases.append(lease)

@@ -205,8 +205,8 @@ class LeaseRecord:
 
     def __post_init__(self) -> None:
         # an acquire interrupted before its caller holds the lease gives this grant back
-        if handoff.LOCAL.__dict__.get("current") is not None:
-            handoff.note_record(self)
+        if (open_handoff := handoff.current()) is not None:
+            open_handoff.records.append(self)
 
     def with_kind(self, marker: str, kind: str) -> LeaseRecord:
         """This record, for a permit, a read or a write lease (``marker``: a permit's

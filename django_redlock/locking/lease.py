@@ -74,8 +74,8 @@ class Lease:
         self._released_by: object = None
         #: its entries in the active-lease context (see ``context._entries_of``)
         self._redlock_context_entries: list[object] = []
-        if handoff.LOCAL.__dict__.get("current") is not None:
-            handoff.note_lease(self)  # an interrupted acquire gives it back (engine.handoff)
+        if (open_handoff := handoff.current()) is not None:
+            open_handoff.leases.append(self)  # an interrupted acquire gives it back
 
     @property
     def name(self) -> str:
