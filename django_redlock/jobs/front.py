@@ -59,7 +59,7 @@ def _hold(manager: LockManager, request: RunRequest, front: FrontLink) -> NoRetu
         os.setpgid(0, 0)  # signals sent to the caller's group reach the job once, via the front
         for signum in _STOPS:
             signal.signal(signum, signal.SIG_IGN)
-        for signum in FORWARDED_SIGNALS:  # until the job runs, they end the run
+        for signum in FORWARDED_SIGNALS:  # until run_locked handles them, they end the run
             if signum not in front.ignored:
                 signal.signal(signum, signal.SIG_DFL)
         outcome = run_locked(manager, request, front)

@@ -154,23 +154,44 @@ class FrontLink:
 def run_locked(manager: LockManager, request: RunRequest, front: FrontLink | None) -> Outcome:
     """Hold ``request.name`` while ``request.command`` runs (called in the holder process).
 
+    A forwarded signal that comes before the job may run ends the run (``interrupted``, 128 + N)
+    with nothing left taken: during the acquire it abandons the wait (a grant made meanwhile is
+    given back), after it the lease is released. From the keeper's start on, signals are passed
+    on to the job (held back until its process group exists).
+
     Raises ``TypeError``/``ValueError`` for a bad name, TTL or timeout."""
-    try:
-        lease = manager.acquire(request.name, ttl=request.ttl, timeout=request.timeout)
-    except LockNotAcquired:
-        if request.skip_busy:
-            return Outcome(0, "busy")
-        message = f"lock {request.name!r} (alias {manager.alias!r}) is busy"
-        return Outcome(EX_BUSY, "busy", None, message)
-    except NodesUnavailable as exc:
-        return Outcome(EX_NO_QUORUM, "no_quorum", None, f"{exc}")
-    supervisor = _Supervisor(lease, request, front)
+    ignored = front.ignored if front is not None else ignored_signals()
+    with _Handlers(ignored) as handlers:
+        lease: Lease | None = None
+        try:
+            lease = manager.acquire(request.name, ttl=request.ttl, timeout=request.timeout)
+            supervisor = _Supervisor(lease, request, front, ignored)
+            handlers.hand_over(supervisor)  # from here on, signals are the job's
+        except _Interrupted as exc:
+            if lease is not None:
+                _release(lease)
+            return Outcome(128 + exc.signum, "interrupted")
+        except LockNotAcquired:
+            if request.skip_busy:
+                return Outcome(0, "busy")
+            message = f"lock {request.name!r} (alias {manager.alias!r}) is busy"
+            return Outcome(EX_BUSY, "busy", None, message)
+        except NodesUnavailable as exc:
+            return Outcome(EX_NO_QUORUM, "no_quorum", None, f"{exc}")
+        return _supervise(supervisor, lease, request, manager.alias)
+
+
+def _supervise(supervisor: _Supervisor, lease: Lease, request: RunRequest, alias: str) -> Outcome:
+    """Run the job under ``lease``; release it once no process of the job is left (or keep it
+    ``--min-hold`` seconds)."""
     started = time.monotonic()
     status: int | None = None
     try:
         status = supervisor.run()
     except RunError as exc:
         return Outcome(exc.status, "not_started", None, str(exc))
+    except _Interrupted as exc:  # an ending signal came before the keeper started
+        return Outcome(128 + exc.signum, "interrupted")
     finally:
         left = min_hold_left(request.min_hold, started)
         kept = status == 0 and not supervisor.lost and _kept_for(lease, left)
@@ -180,7 +201,7 @@ def run_locked(manager: LockManager, request: RunRequest, front: FrontLink | Non
         return Outcome(EX_LOST, "lost", status, message)
     if supervisor.lost or not still_held:
         message = (
-            f"lost lock {request.name!r} (alias {manager.alias!r}) while "
+            f"lost lock {request.name!r} (alias {alias!r}) while "
             f"{request.command[0]!r} ran" + ("; sent it SIGTERM" if supervisor.terminated else "")
         )
         return Outcome(EX_LOST, "lost", status, message)
@@ -210,7 +231,13 @@ def _release(lease: Lease) -> bool:
 class _Supervisor:
     """Runs the job through the keeper under the lease: renewals, loss, signals, stops."""
 
-    def __init__(self, lease: Lease, request: RunRequest, front: FrontLink | None) -> None:
+    def __init__(
+        self,
+        lease: Lease,
+        request: RunRequest,
+        front: FrontLink | None,
+        ignored: frozenset[int] = frozenset(),
+    ) -> None:
         self.lease = lease
         self.request = request
         self.front = front
@@ -224,19 +251,23 @@ class _Supervisor:
         self.pending: list[int] = []  # signals that came before the job's group existed
         self.keeper: subprocess.Popen[bytes] | None = None
         self.link: socket.socket | None = None
-        self.ignored = front.ignored if front is not None else ignored_signals()
+        self.ignored = ignored
 
     def run(self) -> int:
+        """Start the job and follow it; raises :class:`_Interrupted` when an ending signal
+        came before the keeper started (the job never ran)."""
+        for signum in self.pending:
+            if signum in ENDING_SIGNALS:
+                raise _Interrupted(signum)
         self._start_keeper()
-        with _Handlers(self):
-            self.lease.on_lost = self._on_lost
-            self.lease.start_auto_extend(None)
-            try:
-                return self._follow()
-            finally:
-                self.lease.stop_auto_extend()
-                if self.keeper is not None:
-                    self.keeper.wait()
+        self.lease.on_lost = self._on_lost
+        self.lease.start_auto_extend(None)
+        try:
+            return self._follow()
+        finally:
+            self.lease.stop_auto_extend()
+            if self.keeper is not None:
+                self.keeper.wait()
 
     def _start_keeper(self) -> None:
         env = {
@@ -379,28 +410,57 @@ class _Supervisor:
         self.signal_job(signal.SIGCONT)
 
 
-class _Handlers:
-    """While the job runs, pass forwarded signals and SIGTSTP on to its group and continue it
-    on SIGCONT (Python handles signals in the main thread only: elsewhere, nothing)."""
+class _Interrupted(Exception):
+    """A forwarded signal that ends the run before the job may run."""
 
-    def __init__(self, supervisor: _Supervisor) -> None:
-        self.supervisor = supervisor
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _Handlers:
+    """The holder's handlers of the forwarded signals, SIGTSTP and SIGCONT (Python handles
+    signals in the main thread only: elsewhere, nothing is installed).
+
+    Until a supervisor is set (the acquire), the first ending signal raises
+    :class:`_Interrupted` where the main thread is, and later ones are noted only; from then
+    on they are the supervisor's: passed on to the job's group, or held back until it exists."""
+
+    def __init__(self, ignored: frozenset[int]) -> None:
+        self.ignored = ignored
+        self.supervisor: _Supervisor | None = None
+        self.noted: list[int] = []
         self.previous: dict[int, Any] = {}
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> _Handlers:
         if threading.current_thread() is not threading.main_thread():
-            return
+            return self
         for signum in (*FORWARDED_SIGNALS, signal.SIGTSTP):
-            if signum not in self.supervisor.ignored:
+            if signum not in self.ignored:
                 self.previous[signum] = signal.signal(signum, self._forward)
         self.previous[signal.SIGCONT] = signal.signal(signal.SIGCONT, self._resume)
+        return self
 
     def __exit__(self, *exc: object) -> None:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
 
+    def hand_over(self, supervisor: _Supervisor) -> None:
+        """From now on signals are ``supervisor``'s; those noted that do not end a run
+        (SIGUSR1, SIGUSR2) go to the job once it runs."""
+        self.supervisor = supervisor
+        supervisor.pending[:0] = [s for s in self.noted if s not in ENDING_SIGNALS]
+
     def _forward(self, signum: int, frame: FrameType | None) -> None:
-        self.supervisor.signal_job(signum)
+        supervisor = self.supervisor
+        if supervisor is not None:
+            supervisor.signal_job(signum)
+        else:
+            first = not any(s in ENDING_SIGNALS for s in self.noted)
+            self.noted.append(signum)
+            if first and signum in ENDING_SIGNALS:
+                raise _Interrupted(signum)
 
     def _resume(self, signum: int, frame: FrameType | None) -> None:
-        self.supervisor.resume()
+        if self.supervisor is not None:
+            self.supervisor.resume()

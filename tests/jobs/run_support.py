@@ -117,6 +117,40 @@ def wait_for(path: Path, seconds: float = 20) -> str:
     raise AssertionError(f"{path} was never written")
 
 
+def exit_status_within(process: subprocess.Popen[str], seconds: float) -> int:
+    """``process.wait(seconds)``; when it has not ended by then, fails with what each process
+    of its tree is doing (state, kernel wait channel, pending and blocked signals per thread)
+    and what it wrote on stderr, so a rare hang explains itself."""
+    try:
+        return process.wait(seconds)
+    except subprocess.TimeoutExpired:
+        tree = describe_tree(process.pid)
+        process.kill()
+        _, err = process.communicate(timeout=10)
+        raise AssertionError(
+            f"still running {seconds} s later:\n{tree}\nstderr:\n{err[-4000:]}"
+        ) from None
+
+
+def describe_tree(pid: int) -> str:
+    """One line per thread of ``pid`` and of its descendants, from /proc."""
+    lines: list[str] = []
+    todo = [pid]
+    while todo:
+        each = todo.pop()
+        lines.append(f"{each} {' '.join(argv_of_pid(each))[:160]}")
+        for task in sorted(Path(f"/proc/{each}/task").glob("*")):
+            with contextlib.suppress(OSError):
+                fields = dict(
+                    line.split(":", 1) for line in (task / "status").read_text().splitlines()
+                )
+                wanted = ("Name", "State", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
+                shown = " ".join(f"{key}={fields[key].strip()}" for key in wanted)
+                lines.append(f"  task {task.name} wchan={(task / 'wchan').read_text()} {shown}")
+                todo.extend(int(child) for child in (task / "children").read_text().split())
+    return "\n".join(lines)
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

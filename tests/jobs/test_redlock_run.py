@@ -17,7 +17,7 @@ from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes
 from tests.support.waiting import pttls
 
-from .run_support import Wrapper, alive, free_now, run_in_process, wait_for
+from .run_support import Wrapper, alive, exit_status_within, free_now, run_in_process, wait_for
 
 Alias = Callable[..., LockManager]
 
@@ -83,9 +83,34 @@ def test_sigterm_is_forwarded_and_the_name_released(
     process = run.start("term", script)
     wait_for(ready)
     process.send_signal(signal.SIGTERM)
-    assert process.wait(20) == 0
+    assert exit_status_within(process, 20) == 0
     assert wait_for(got).strip() == str(int(signal.SIGTERM))
     free_now(manager, "term")
+
+
+def test_sigterm_as_the_name_is_taken_leaves_nothing_locked(
+    wrapper: tuple[Wrapper, LockManager], redis_nodes: RedisNodes
+) -> None:
+    """SIGTERM sent the moment the name's key appears on a node (the holder is between its
+    grant and the job's start): the run ends with 143 (interrupted, or the job ended by the
+    forwarded signal) and the name is free at once. A holder that died of the signal there
+    used to leave the name locked for its TTL (30 s here)."""
+    run, manager = wrapper
+    clients = [node.client() for node in redis_nodes]
+    outcomes: list[str] = []
+    for attempt in range(8):
+        name = f"taking-{attempt}"
+        key = manager.engine.state.keys.lock(name)
+        process = run.start(name, "import time; time.sleep(30)", "--ttl", "30")
+        deadline = time.monotonic() + 30
+        while not any(client.exists(key) for client in clients):
+            assert process.poll() is None and time.monotonic() < deadline, "never took it"
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=20)
+        assert process.returncode == 128 + signal.SIGTERM, err
+        outcomes.append(err.strip() or "job ended by the signal")
+        free_now(manager, name)
+    print(outcomes)
 
 
 def test_wrapper_sigkilled_takes_the_child_with_it(
