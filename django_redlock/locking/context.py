@@ -49,6 +49,7 @@ class _Entry:
         "key",
         "lease",
         "seq",
+        "suspended",
         "usable",
     )
 
@@ -76,6 +77,9 @@ class _Entry:
         self.dead = False
         #: the order of activation among all entries (a generator's run finds its own)
         self.seq = next(_SEQ)
+        #: activated by a generator that is suspended at a ``yield``: its caller (the
+        #: generator's consumer) neither fences with it nor re-enters it
+        self.suspended = False
 
     def live(self) -> bool:
         lease = self.lease
@@ -372,6 +376,7 @@ def find(alias: str, name: str, kind: str = "") -> TokenHolder | None:
     for entry in reversed(_own_entries(alias, name)):
         if (
             entry.enterable
+            and not entry.suspended
             and getattr(entry.lease, "kind", "") == kind
             and (entry.usable is None or entry.usable())
         ):
@@ -382,9 +387,11 @@ def find(alias: str, name: str, kind: str = "") -> TokenHolder | None:
 def held(alias: str, name: str) -> list[TokenHolder]:
     """Every live lease of ``name`` on ``alias`` that this very thread or task activated
     (re-enterable or not; a lease kept for a commit while its transaction lasts), innermost
-    last."""
+    last; not a suspended generator's (another holder for its consumer)."""
     return [
-        entry.lease for entry in _own_entries(alias, name) if entry.usable is None or entry.usable()
+        entry.lease
+        for entry in _own_entries(alias, name)
+        if not entry.suspended and (entry.usable is None or entry.usable())
     ]
 
 
@@ -412,8 +419,10 @@ def push_set(leases: Mapping[str, TokenHolder]) -> list[object]:
 class Suspensions:
     """The leases a generator activated while it ran (its ``@lock`` lease, and blocks its
     body left open across a ``yield``): while the generator is suspended at a ``yield``
-    they guard none of its caller's writes (the caller's own block is the innermost lease
-    there); each resumption makes them guard again. They stay re-enterable throughout."""
+    they are not its caller's: they guard none of the caller's writes (the caller's own
+    block is the innermost lease there) and the caller's blocks do not re-enter them (a
+    second generator of the same name, or a block of it, is another holder: busy, as for
+    another thread). Each resumption makes them the generator's again."""
 
     __slots__ = ("_mark", "_mine")
 
@@ -438,10 +447,12 @@ class Suspensions:
         mine = [entry for entry in self._mine if entry.live()] + found
         for entry in mine:
             entry.fences = False
+            entry.suspended = True
         self._mine = mine
 
     def resume(self) -> None:
         """The generator runs again: its entries guard its writes."""
         for entry in self._mine:
             entry.fences = True
+            entry.suspended = False
         self._mark = next(_SEQ)

@@ -312,7 +312,8 @@ class CompositionMachine(RuleBasedStateMachine):
     def enterable(self, name: str, kind: str = "lock") -> tuple[Holding | None, bool]:
         """The lease a ``lock(name)`` (``read_lock``/``write_lock`` for ``kind`` "read"/"write")
         of the main thread must re-enter, and whether re-entry is only allowed, not promised
-        (a suspended generator's lease, one kept for an asyncio task)."""
+        (one kept for an asyncio task). A suspended generator's lease is never re-entered by
+        its consumer: the name is busy for it, as for another thread."""
         for entry in reversed(self.stack):
             if entry.kind == kind and entry.holdings[0].name == name:
                 return entry.holdings[0], False
@@ -323,11 +324,7 @@ class CompositionMachine(RuleBasedStateMachine):
         for h in self.model.holdings:
             if h.name == name and h.kept_level and not h.released and h.kind == kind:
                 return h, h.who != "main"
-        if kind == "lock":
-            for gen in self.gens:
-                holding = gen.holding
-                if holding is not None and holding.name == name and not holding.released:
-                    return holding, True
+        # a suspended generator's lease is not the consumer's: another holder (L9)
         return None, False
 
     def other_side(self, name: str, kind: str) -> list[Holding]:
@@ -1598,13 +1595,20 @@ class CompositionMachine(RuleBasedStateMachine):
 
                     @m.lock(f"cx:{self.rid}:{{0}}", ttl=ttl, timeout=0)
                     async def agen(short: str) -> Any:
-                        yield context.find(alias, full)
-
-                    async for found in agen(name):
+                        found = context.find(alias, full)
                         if found is None:
                             obs["agen"] = "no lease in the body"
-                        else:
+                        else:  # the body's own re-entries, child task, services
                             await inner_checks(found)
+                        yield found
+
+                    async for _ in agen(name):
+                        # suspended: its lease is not the consumer's (L9)
+                        try:
+                            async with m.alock(full, timeout=0):
+                                obs["consumer"] = "re-entered the suspended generator's lease"
+                        except LockNotAcquired:
+                            obs["consumer"] = "busy"
                 obs["outcome"] = "ok"
             except LockNotAcquired:
                 obs["outcome"] = "busy"
@@ -1616,6 +1620,8 @@ class CompositionMachine(RuleBasedStateMachine):
         what = f"asyncio {variant}({name!r})"
         if obs.get("agen"):
             raise Violation(f"{what}: the async generator's body runs without its lease (A2)")
+        if obs.get("consumer", "busy") != "busy":
+            raise Violation(f"{what}: the consumer {obs['consumer']} (L9)")
         outcome = obs["outcome"]
         if outcome != "ok" or "outer" not in obs:
             self.judge(what, before, outcome, name, "lock")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -330,30 +330,32 @@ def test_n1_a_suspended_async_generator_does_not_fence_its_callers_writes(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_n8_lock_many_re_entering_a_generators_lease_fences_its_claims(unique_name: str) -> None:
-    """N8 (found by the machine once N1 d was fixed): ``lock_many([a])`` re-entering the lease
-    of a suspended ``@lock`` generator of ``a``, with a bare lease of ``b`` taken after it,
-    saves a row claimed with a's token with a's token (it was saved with b's: the set did not
-    activate the lease it re-entered, and the suspended generator's entry no longer fences)."""
+def test_n8_lock_many_re_entering_a_lease_that_fences_nothing_fences_its_claims(
+    unique_name: str,
+) -> None:
+    """N8 (found by the machine once N1 d was fixed): ``lock_many([a])`` re-entering a lease of
+    ``a`` whose own entry no longer fences (kept until the commit here; a suspended generator's
+    when it was found, which its consumer no longer re-enters: L9), with a bare lease of ``b``
+    taken after it, saves a row claimed with a's token with a's token (it was saved with b's:
+    the set did not activate the lease it re-entered)."""
     manager = locks["default"]
+    a, b = f"{unique_name}:a", f"{unique_name}:b"
     product = Product.objects.create(name=unique_name, stock=1)
-    rows = locked_rows("default")
-    it = rows(f"{unique_name}:a")
-    generator_lease = next(it)
-    bare = manager.acquire(f"{unique_name}:b", timeout=0)
-    try:
-        with manager.lock_many([f"{unique_name}:a"], timeout=0) as held:
-            lease = held.leases[f"{unique_name}:a"]
-            assert lease is generator_lease
-            with transaction.atomic():
+    with transaction.atomic():
+        with manager.lock(a, timeout=0, until_commit=True) as kept:
+            pass  # kept until the commit: findable by this transaction, guards no write
+        bare = manager.acquire(b, timeout=0)
+        try:
+            with manager.lock_many([a], timeout=0) as held:
+                lease = held.leases[a]
+                assert lease is kept
                 for row in Product.objects.claim_many({product.pk: lease.token}).values():
                     row.stock += 1
                     row.save()
-        product.refresh_from_db()
-        assert product.fence_token == generator_lease.token
-    finally:
-        it.close()
-        bare.release()
+        finally:
+            bare.release()
+    product.refresh_from_db()
+    assert product.fence_token == kept.token
 
 
 @pytest.mark.parametrize("alias", ALIASES)
@@ -422,12 +424,13 @@ def test_d3_a_woken_waiter_gets_the_validity_of_its_winning_attempt(
 
 
 @pytest.mark.parametrize("alias", ALIASES)
-def test_n4_lock_many_that_outlives_the_block_it_reentered_releases_the_name(
+def test_n4_lock_many_does_not_reenter_a_suspended_generators_lease(
     alias: str, unique_name: str
 ) -> None:
-    """N4: ``lock_many([n])`` re-enters the lease of a suspended ``@lock`` generator (auto
-    extended); the generator is closed inside the set, so the set's exit is the lease's last
-    open block and must release it (it left it held, renewed for ever)."""
+    """N4, then L9: ``lock_many([n])`` used to re-enter the lease of a suspended ``@lock``
+    generator (auto extended), and the generator closed inside the set left it renewed for
+    ever. A suspended generator's lease is not its consumer's (L9): the set is busy, the
+    generator keeps its lease, and closing it releases the name."""
     manager = locks[alias]
 
     @manager.lock("{0}", ttl=0.5, timeout=0, auto_extend=True)
@@ -437,11 +440,66 @@ def test_n4_lock_many_that_outlives_the_block_it_reentered_releases_the_name(
 
     it = rows(unique_name)
     lease = next(it)
-    with manager.lock_many([unique_name], timeout=0) as held:
-        assert held.leases[unique_name] is lease
-        it.close()
-        assert not lease.released
+    with pytest.raises(LockNotAcquired), manager.lock_many([unique_name], timeout=0):
+        pass
+    assert not lease.released
+    it.close()
     assert lease.released
+    assert free_elsewhere(unique_name, alias)
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_l9_a_suspended_generator_is_another_holder_for_its_consumer(
+    alias: str, unique_name: str
+) -> None:
+    """L9: one holder at a time (docs/jobs.md). While an ``@lock`` generator is suspended, its
+    consumer's blocks and a second generator of the same name are busy; ``zip`` of two does
+    not run both bodies; ``on_busy="skip"`` skips."""
+    manager = locks[alias]
+    rows = locked_rows(alias)
+
+    @manager.lock("{0}", timeout=0, on_busy="skip")
+    def skipping(name: str) -> Iterator[str]:
+        yield "ran"
+
+    first, second = rows(unique_name), rows(unique_name)
+    assert next(first) is not None
+    with pytest.raises(LockNotAcquired):
+        next(second)
+    with pytest.raises(LockNotAcquired), manager.lock(unique_name, timeout=0):
+        pass
+    assert list(skipping(unique_name)) == []
+    first.close()
+    assert list(skipping(unique_name)) == ["ran"]
+    with pytest.raises(LockNotAcquired):
+        list(zip(rows(unique_name), rows(unique_name), strict=True))
+    assert free_elsewhere(unique_name, alias)
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_l9_a_suspended_async_generator_is_another_holder_for_its_consumer(
+    alias: str, unique_name: str
+) -> None:
+    """L9, asyncio: the consumer task of a suspended ``@alock`` generator does not re-enter
+    its lease."""
+    manager = locks[alias]
+
+    @manager.alock("{0}", timeout=0)
+    async def rows(name: str) -> AsyncIterator[Any]:
+        for _ in range(2):
+            yield context.find(alias, name)
+
+    async def scenario() -> None:
+        first = rows(unique_name)
+        assert await first.__anext__() is not None
+        with pytest.raises(LockNotAcquired):
+            async with manager.alock(unique_name, timeout=0):
+                pass
+        with pytest.raises(LockNotAcquired):
+            await rows(unique_name).__anext__()
+        await first.aclose()
+
+    asyncio.run(scenario())
     assert free_elsewhere(unique_name, alias)
 
 
@@ -537,15 +595,16 @@ def test_n8_a_set_re_entering_a_generators_lease_guards_plain_writes_after_it_cl
     alias: str, unique_name: str
 ) -> None:
     """N8, as the machine meets it (it used to call this an unguarded write): ``lock_many([c])``
-    re-enters a suspended generator's lease of c, the generator is closed inside the set: the
-    set's block still holds the lease (the last open block lets it go) and, as the innermost
-    active lease, guards a plain ``update()``; leaving the set releases it."""
+    re-enters the lease of an open ``lock(c)`` block (a suspended generator's when it was
+    found; L9 closed that way), the block ends inside the set: the set's block still holds the
+    lease (the last open block lets it go) and, as the innermost active lease, guards a plain
+    ``update()``; leaving the set releases it."""
     product = Product.objects.create(name=unique_name, stock=0)
-    it = locked_rows(alias)(unique_name)
-    lease = next(it)
+    outer = locks[alias].lock(unique_name, timeout=0)
+    lease = outer.__enter__()
     with locks[alias].lock_many([unique_name], timeout=0) as held:
         assert held.leases[unique_name] is lease
-        it.close()
+        outer.__exit__(None, None, None)
         assert not lease.released
         assert context.current_lease() is lease
         assert Product.objects.filter(pk=product.pk).update(stock=F("stock") + 1) == 1
@@ -572,13 +631,14 @@ def test_n8_a_name_the_set_re_entered_is_the_innermost_lease_in_it(
 
 
 @pytest.mark.parametrize("alias", ALIASES)
-@pytest.mark.parametrize("outer", ["lock", "generator"])
+@pytest.mark.parametrize("outer", ["lock", "ended first"])
 def test_n9_leaving_a_set_that_re_entered_a_lost_lease_raises_lock_lost(
     alias: str, outer: str, unique_name: str
 ) -> None:
-    """N9: a ``lock_many`` block that re-entered a lease (an outer lock block's, a suspended
-    generator's) which ran out while the set ran raises LockLost at its exit, as a re-entered
-    ``lock()`` block does (it ended quietly: the set only checked the names it released)."""
+    """N9: a ``lock_many`` block that re-entered a lease (an outer lock block's, open or ended
+    inside the set; a suspended generator's when it was found, L9 closed that way) which ran
+    out while the set ran raises LockLost at its exit, as a re-entered ``lock()`` block does
+    (it ended quietly: the set only checked the names it released)."""
     manager = locks[alias]
     with pytest.raises(LockLost), manager.lock(unique_name, ttl=0.2, timeout=0):  # noqa: SIM117
         with pytest.raises(LockLost), manager.lock(unique_name, timeout=0):
@@ -589,19 +649,12 @@ def test_n9_leaving_a_set_that_re_entered_a_lost_lease_raises_lock_lost(
                 assert held.borrowed == {unique_name}
                 time.sleep(0.4)
         return
-
-    @manager.lock("{0}", ttl=0.2, timeout=0)
-    def rows(name: str) -> Iterator[Any]:
-        yield context.find(alias, name)
-
-    it = rows(unique_name)
-    lease = next(it)
-    try:
-        with pytest.raises(LockLost), manager.lock_many([unique_name], timeout=0) as held:
-            assert held.leases[unique_name] is lease
-            time.sleep(0.4)
-    finally:
-        it.close()  # GeneratorExit ends its block: no LockLost there
+    block = manager.lock(unique_name, ttl=0.2, timeout=0)
+    lease = block.__enter__()
+    with pytest.raises(LockLost), manager.lock_many([unique_name], timeout=0) as held:
+        assert held.leases[unique_name] is lease
+        block.__exit__(None, None, None)  # the outer block ends first, while still held
+        time.sleep(0.4)
 
 
 @pytest.mark.parametrize("alias", ALIASES)
@@ -647,24 +700,19 @@ def test_n10_the_readers_marker_ends_with_the_last_read_lease(
 def test_n11_a_set_lets_go_of_a_re_entered_lease_whose_block_ended_inside_it(
     alias: str, borrowed_first: bool, unique_name: str
 ) -> None:
-    """N11: ``lock_many([r, b])`` re-enters a suspended generator's lease of b and takes r; the
-    generator finishes inside the set, so the set's exit lets go of both. It released them in
-    one call with the owner of the first lease only: the other one (b's lease has its own
-    owner) was refused, reported lost (LockLost at a quiet exit) and left on the nodes for its
-    TTL (the machine: "LockNotAcquired although 'b' was free", "'r' is left for 4994 ms")."""
+    """N11: ``lock_many([r, b])`` re-enters the lease of an open ``lock(b)`` block and takes r;
+    the block ends inside the set (an ExitStack; a suspended generator was the first way, see
+    L9), so the set's exit lets go of both. It released them in one call with the owner of the
+    first lease only: the other one (b's lease has its own owner) was refused, reported lost
+    (LockLost at a quiet exit) and left on the nodes for its TTL (the machine: "LockNotAcquired
+    although 'b' was free", "'r' is left for 4994 ms")."""
     manager = locks[alias]
     b, r = f"{unique_name}:b", f"{unique_name}:r"
-
-    @manager.lock("{0}", ttl=5, timeout=0)
-    def rows(name: str) -> Iterator[Any]:
-        yield context.find(alias, name)
-
-    it = rows(b)
-    lease = next(it)
+    outer = manager.lock(b, ttl=5, timeout=0)
+    lease = outer.__enter__()
     with manager.lock_many([b, r] if borrowed_first else [r, b], timeout=0) as held:
         assert held.leases[b] is lease
-        with pytest.raises(StopIteration):
-            next(it)  # the generator ends: the set is the last open block of b's lease
+        outer.__exit__(None, None, None)  # the set is now the last open block of b's lease
         assert not lease.released
     assert lease.released and held.leases[r].released
     assert not lease.lost and not held.leases[r].lost
