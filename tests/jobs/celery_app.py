@@ -231,6 +231,19 @@ def must_run(self: LockedTask, tag: str) -> str:
 
 
 @app.task
+def wait_under_a_time_limit(name: str, using: str, hold: float) -> str:
+    """Waits (up to 5 s) for ``name``, which the test keeps taking and letting go, then holds
+    it ``hold`` seconds (TTL 30 s: a lease left behind would be seen). Sent with a soft time
+    limit, whose ``SoftTimeLimitExceeded`` may land anywhere: while it waits, as it is
+    granted, as the block is entered, inside it, as it is released."""
+    from django_redlock import locks
+
+    with locks[using].lock(name, ttl=30, timeout=5):
+        time.sleep(hold)
+    return "ran"
+
+
+@app.task
 def collect(results: Any) -> Any:
     """A plain task for the end of a chain or the body of a chord."""
     return results
