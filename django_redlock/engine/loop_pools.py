@@ -11,6 +11,7 @@ from collections import deque
 from typing import Any
 
 from .budget import Budget
+from .transport import redis_py
 from .transport.aio import AsyncChannel
 
 
@@ -121,9 +122,13 @@ class LoopPools:
         self.opened()  # reap(one=True) leaves the timer off
 
     def reclaim(self) -> None:
-        """The loop closed without closing its pools: forget every connection (closing
-        what can be) and give their slots back."""
+        """The loop closed without closing its pools: close every connection now (their
+        sockets, which the closed loop never will) and give their slots back."""
         self._forget_all()
+        for conns in self.waiting:
+            for conn in conns:
+                with contextlib.suppress(Exception):
+                    redis_py.abandon(conn)
         self._give_all()
 
     def _forget_all(self) -> list[asyncio.Task[bool]]:

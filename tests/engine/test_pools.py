@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
@@ -361,3 +367,68 @@ def test_a_connect_in_flight_when_its_channel_closes_drops_its_socket(
 
     assert asyncio.run(main()) is False
     assert _ours(node) == 0
+
+
+#: Run in a process of its own (no other test's garbage, the collector off): an event loop
+#: closed without closing its pools, then three threads that need the budget.
+_CLOSED_LOOP = """
+import asyncio, gc, json, os, sys, threading, time
+import django
+django.setup()
+from django_redlock import locks
+from tests.support.sockets import open_sockets_to
+
+manager, ports = locks["default"], json.loads(sys.argv[1])
+gc.disable()  # the collector would close the left sockets too, at a moment of its own
+
+async def main():
+    async def one():
+        async with manager.alock("x", timeout=5):
+            await asyncio.sleep(0.01)
+    await asyncio.gather(one(), one())
+
+loop = asyncio.new_event_loop()
+loop.run_until_complete(main())
+loop.close()
+before = max(open_sockets_to(port) for port in ports)
+
+def work():
+    with manager.lock("y", timeout=5):
+        time.sleep(0.05)
+
+threads = [threading.Thread(target=work) for _ in range(3)]
+for thread in threads:
+    thread.start()
+peak = 0
+while any(thread.is_alive() for thread in threads):
+    peak = max(peak, *(open_sockets_to(port) for port in ports))
+    time.sleep(0.002)
+print(json.dumps({"before": before, "peak": peak}))
+os._exit(0)  # the left garbage is not collected (its finalizers would only warn)
+"""
+
+
+def test_a_loop_closed_without_closing_its_pools_keeps_no_socket_past_its_slot(
+    three: RedisNodes, redlock_alias: Alias
+) -> None:
+    """An event loop closed by ``loop.close()`` (no ``asyncio.run`` shutdown to close its
+    pools) still holds their connections; when threads then need the budget, its slots are
+    reclaimed and its sockets closed with them: never more sockets than MAX_CONNECTIONS.
+    (They stayed open until the garbage collector found their transports: 4 sockets on a
+    node with a cap of 2.)"""
+    manager = redlock_alias(three, MAX_CONNECTIONS=2, TTL=10.0)
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.support.subprocess_settings",
+        "REDLOCK_JSON": json.dumps({"default": settings.REDLOCK[manager.alias]}),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
+    ports = json.dumps([node.port for node in three])
+    done = subprocess.run(
+        [sys.executable, "-c", _CLOSED_LOOP, ports],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["before"] == 2  # the closed loop's connections, still open
+    assert seen["peak"] <= 2, seen

@@ -128,7 +128,7 @@ class AsyncLink(LinkBase):
         transport, self._transport = self._transport, None
         conn, self._conn = self._conn, None
         if transport is not None:
-            transport.close()
+            redis_py.close_transport(transport)
         if conn is not None:
             redis_py.forget_stream(conn)
 

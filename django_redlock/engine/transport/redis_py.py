@@ -63,9 +63,21 @@ def forget_stream(conn: AsyncConnection) -> None:
 
 
 def abandon(conn: AsyncConnection) -> None:
-    """Close a connection given up mid-handshake (cancelled), without awaiting: its
-    transport is closed at once and redis-py forgets it."""
+    """Close a connection given up mid-handshake (cancelled), or one of an event loop that
+    is closed, without awaiting: its transport is closed at once and redis-py forgets it."""
     writer = conn._writer
     if writer is not None:
-        writer.transport.close()
+        close_transport(writer.transport)
     forget_stream(conn)
+
+
+def close_transport(transport: asyncio.BaseTransport) -> None:
+    """``transport.close()``; when its event loop is closed, which makes ``close()`` raise and
+    leave the socket to a loop turn that never comes (it would stay open until the garbage
+    collector found the transport, its budget slot given back), the socket is closed here."""
+    try:
+        transport.close()
+    except RuntimeError:
+        sock = getattr(transport, "_sock", None)  # where asyncio's socket transports keep it
+        if isinstance(sock, socket.socket):
+            sock.close()
