@@ -196,16 +196,19 @@ def test_an_object_with_an_async_call_is_awaited(backend: str, key: str) -> None
 ROUNDS, WAITERS = 12, 25
 
 
-@pytest.mark.parametrize("using", ["default", "multi"])
+@pytest.mark.parametrize("count", [1, 3])
 def test_cancelled_waiters_leave_no_read_lease(
-    backend: str, key: str, using: str, session_nodes: RedisNodes
+    backend: str, key: str, count: int, session_nodes: RedisNodes, redlock_alias: Any
 ) -> None:
     """Twelve fills, each awaited by 25 tasks cancelled at random moments: while they
     wait, while the writer's release wakes them, while their read lease is acquired or
     released. None of them leaves a read lease (or the readers' marker) on a node, which
-    would keep writers out for its TTL."""
+    would keep writers out for its TTL. (One and three of the session's nodes, with a
+    generous NODE_TIMEOUT: 100 tasks of one loop on a loaded machine answered late, and a
+    waiter failed with NodesUnavailable, which is not what this test is about.)"""
     rng = random.Random(7)
-    manager = locks[using]
+    manager = redlock_alias(session_nodes.urls[:count], TTL=5.0, NODE_TIMEOUT=2.0)
+    using = manager.alias
     names: list[str] = []
     cancelled: list[int] = []
 
