@@ -20,8 +20,7 @@ this module exports.
 
 from __future__ import annotations
 
-from . import forks, handoff, order_edges
-from .budget import DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, Budget
+from . import forks, handoff
 from .core import Engine, Outcome
 from .giveback import unconfirmed as release_unconfirmed
 from .giveback import why_unconfirmed
@@ -38,10 +37,12 @@ from .keyspace import (
     quorum,
 )
 from .kinds import KINDS
-from .notes import NoteHolder, NoteReplies, call_note, note_key
-from .order_edges import ORDER_TTL
+from .plans import order_edges
+from .plans.notes import NoteHolder, NoteReplies, call_note, note_key
+from .plans.order_edges import ORDER_TTL
 from .plans.records import RecordRead
 from .policy import Pause, Renew, RenewalBound, Stepper, renewal_policy
+from .pools.budget import DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, Budget
 from .scripts import WAITING
 from .state import (
     DRIFT_ALLOWANCE,

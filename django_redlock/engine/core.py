@@ -16,13 +16,9 @@ from typing import Any, TypeVar
 
 from . import forks, giveback
 from .acquire_loop import LoopRequest, Pipe, Try, Wait, acquire_loop
-from .budget import Budget
 from .drive import PlanMaker
 from .kinds import HANDOFF_MS, PERMIT
 from .lane import lane_acquire, lane_release
-from .loop_pools import LoopPools
-from .notes import NoteReplies, note_plan
-from .order_edges import order_plan
 from .plans import (
     extend_plan,
     force_release_plan,
@@ -33,9 +29,13 @@ from .plans import (
     waited_reply,
     withdraw_plan,
 )
+from .plans.notes import NoteReplies, note_plan
+from .plans.order_edges import order_plan
 from .plans.records import RecordRead, read_record_plan, store_record_plan
 from .policy import AcquireStep, AwaitRelease, acquire_policy, registration_ms
-from .pools import SPARE, ChannelPools
+from .pools.budget import Budget
+from .pools.channels import SPARE, ChannelPools
+from .pools.loops import LoopPools
 from .replies import NodeFailure
 from .state import (
     WAIT_MARK_MS,

@@ -1,5 +1,5 @@
 """The markers of unique tasks: one note per key on the alias's nodes (see
-:mod:`django_redlock.engine.notes`), which reads as the value a quorum of the nodes agree on,
+:mod:`django_redlock.engine.plans.notes`), which reads as the value a quorum of the nodes agree on,
 so a marker survives the loss of a minority of the nodes as a lock does.
 
 A marker's value is ``"<state>|<id>"``. Every change compares the id in one Lua call, so a

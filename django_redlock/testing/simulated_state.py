@@ -190,7 +190,7 @@ class SimulatedLocks:
         self._holds: dict[str, list[Hold]] = {}
         self._records: dict[str, tuple[int, tuple[bytes, ...], float]] = {}
         self._notes: dict[str, tuple[str, float]] = {}
-        #: the lock-order checker's records (``engine.order_edges``): field -> value
+        #: the lock-order checker's records (``engine.plans.order_edges``): field -> value
         self._order: dict[str, bytes] = {}
 
     # -- leases ------------------------------------------------------------------------
@@ -305,7 +305,7 @@ class SimulatedLocks:
             return kept[0], kept[1]
 
     def note(self, name: str, op: str, expected: str, value: str, ttl: float) -> bytes | int | None:
-        """One note operation, as ``engine.notes.NOTE`` does it on a node."""
+        """One note operation, as ``engine.plans.notes.NOTE`` does it on a node."""
         with self._mutex:
             now = time.monotonic()
             kept = self._notes.get(name)
@@ -324,7 +324,7 @@ class SimulatedLocks:
             return 1
 
     def order(self, args: Sequence[str | int]) -> Any:
-        """One operation on the lock-order checker's records, as ``engine.order_edges.ORDER``
+        """One operation on the lock-order checker's records, as ``engine.plans.order_edges.ORDER``
         does it on a node."""
         op = args[0]
         with self._mutex:

@@ -16,6 +16,7 @@ from django_redlock.engine import plans, scripts
 from django_redlock.engine.keyspace import TOKEN_LIMIT, wake_node
 from django_redlock.engine.kinds import HANDOFF_MS, PERMIT_HANDOFF_MS
 from django_redlock.engine.kinds import PERMIT as PERMIT_KIND
+from django_redlock.engine.plans.trust import rejoin_plan
 from django_redlock.engine.replies import NOT_AWAITED, NodeFailure
 from django_redlock.engine.scripts import primitives as primitive_scripts
 from django_redlock.engine.state import (
@@ -30,7 +31,6 @@ from django_redlock.engine.state import (
     AliasState,
     LeaseRecord,
 )
-from django_redlock.engine.trust import rejoin_plan
 from tests.support.scripted import (
     NOT_CONNECTED,
     PENDING,

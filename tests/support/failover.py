@@ -25,7 +25,7 @@ from typing import Any
 
 import redis
 
-from django_redlock.engine.trust import CLOCK_FLOOR
+from django_redlock.engine.plans.trust import CLOCK_FLOOR
 from django_redlock.testing.node import RedisNode
 
 

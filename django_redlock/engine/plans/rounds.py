@@ -13,7 +13,7 @@ from .. import scripts
 from ..keyspace import LockValue, new_owner, quorum, wake_node
 from ..replies import NOT_ASKED, Call, NodeFailure, Request, Slot
 from ..state import Abandoned, AliasState, NodeView, Plan
-from ..trust import rejoin_plan
+from .trust import rejoin_plan
 
 
 class Sent(NamedTuple):

@@ -24,7 +24,7 @@ import hiredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from ..budget import Budget
+from ..pools.budget import Budget
 from ..keyspace import wake_node
 from . import redis_py
 from .base import CONNECT_ERRORS, pack, texts

@@ -1,4 +1,4 @@
-"""The checker's records on an alias's nodes (see :mod:`django_redlock.engine.order_edges`):
+"""The checker's records on an alias's nodes (see :mod:`django_redlock.engine.plans.order_edges`):
 what other processes of the run recorded, read back when this one records a new edge, and by
 ``manage.py redlock order``."""
 
@@ -89,7 +89,7 @@ def _first_of(engine: Engine, replies: list[Any], errors: dict[str, str]) -> Fir
 
 def publish_args(edge: Edge, seen: FirstSeen) -> tuple[str | int, ...]:
     """The order operation that adds ``edge`` (its first stack kept; not past
-    :data:`~django_redlock.engine.order_edges.MAX_FIELDS`) and reads back where its reverse
+    :data:`~django_redlock.engine.plans.order_edges.MAX_FIELDS`) and reads back where its reverse
     was recorded first."""
     reverse = (edge[1], edge[0])
     return (

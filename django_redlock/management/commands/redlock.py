@@ -15,9 +15,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
-import math
 import os
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -29,18 +27,14 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import inspection
-from ...checks import schedule_errors
 from ...fencing import tombstones
 from ...inspection import LockInfo, NodeError, NodeHealth
-from ...jobs import front
-from ...jobs.runner import RunRequest
 from ...locking.ordering import shared as order_records
 from ...locking.registry import locks
-from ...schedules.entries import schedule_setting
-from ...schedules.report import entry_report, report_lines
-from ...schedules.scheduler import Scheduler
-from ...validation import check_max_hold, check_name, check_timeout, check_ttl
+from .. import job_commands
+from ..arguments import add_subcommands
 from ..effects import EFFECT_HEADERS, effect_document, effect_row, ledger_rows
+from ..failures import Failure, first_failure
 from ..order import ORDER_HEADERS, OrderReport, inverted_details, order_document, order_row
 from ..rendering import (
     HOLDER_HEADERS,
@@ -92,51 +86,6 @@ def _check_encodable(options: dict[str, Any]) -> None:
 MAX_PRUNE_DAYS = 36525
 
 
-class Failure(CommandError):
-    """A one-line error; ``code`` names its kind in the ``--json`` error document:
-    ``unknown_alias``, ``bad_settings``, ``unreachable``, ``not_held``, ``holder_changed``,
-    ``simulated`` or ``usage``."""
-
-    def __init__(self, message: object, code: str) -> None:
-        super().__init__(" ".join(str(message).split()))
-        self.code = code
-
-
-def positive_int(text: str) -> int:
-    """An ``int`` option that must be at least 1."""
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
-def _failure(problems: Sequence[NodeError | Failure]) -> Failure | None:
-    """The first problem as one line (``(and N more)``), or None."""
-    if not problems:
-        return None
-    first = problems[0]
-    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-    return Failure(f"{first}{more}", first.code if isinstance(first, Failure) else "unreachable")
-
-
-def _holding_options(parser: CommandParser, using_help: str) -> None:
-    """The options ``run`` and ``leader`` share: what to hold, and what to do on a loss."""
-    parser.add_argument("name")
-    parser.add_argument("--using", default="default", help=using_help)
-    parser.add_argument("--ttl", type=float, help="Lease TTL in seconds (default: the alias's).")
-    parser.add_argument(
-        "--kill-after",
-        type=float,
-        default=10.0,
-        help="After a lost lease, SIGKILL the command this many seconds after SIGTERM.",
-    )
-    parser.add_argument(
-        "--status-file",
-        metavar="PATH",
-        help='Write {"outcome": ..., "child_status": ..., "exit_status": ...} there (JSON).',
-    )
-
-
 def _simulation_support() -> ModuleType | None:
     """``django_redlock.testing.operator`` when a simulation may be in play (docs/testing.md:
     ``REDLOCK_SIMULATE`` set, or the test helpers imported), else None: production code
@@ -171,111 +120,7 @@ class Command(BaseCommand):
         return parser
 
     def add_arguments(self, parser: CommandParser) -> None:
-        sub = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
-        every = "Alias to read (default: every alias)."
-        one = "Alias of the lock (default: default)."
-
-        p = sub.add_parser("list", help="List held locks.")
-        p.add_argument("--using", help=every)
-        p.add_argument("--prefix", default="", help="Only names starting with this.")
-        p.add_argument(
-            "--limit", type=positive_int, help="Print at most this many locks (default: all)."
-        )
-        p.add_argument("--json", action="store_true", help="Print one JSON list.")
-
-        p = sub.add_parser("show", help="Show one lock.")
-        p.add_argument("name")
-        p.add_argument("--using", default="default", help=one)
-        p.add_argument("--json", action="store_true", help="Print one JSON object.")
-
-        p = sub.add_parser("release", help="Force-release one lock (advances its fence).")
-        p.add_argument("name")
-        p.add_argument("--using", default="default", help=one)
-        p.add_argument(
-            "--token", type=int, help="Release only if the lease with this token holds it."
-        )
-
-        p = sub.add_parser("clear", help="Force-release every held lock (needs --yes).")
-        p.add_argument("--prefix", default="", help="Only names starting with this.")
-        p.add_argument("--using", help=every)
-        p.add_argument("--yes", action="store_true", help="Really release them.")
-
-        p = sub.add_parser("nodes", help="Node health: latency, run_id, uptime, policy.")
-        p.add_argument("--using", help=every)
-        p.add_argument("--json", action="store_true", help="Print one JSON list.")
-
-        p = sub.add_parser(
-            "run",
-            help="Run a command while holding a lock (flock for a cluster of servers).",
-            usage="manage.py redlock run NAME [options] -- COMMAND [ARG ...]",
-            description="Exit status: the command's; 75 busy, 69 no quorum, 70 lease lost.",
-        )
-        _holding_options(p, one)
-        p.add_argument(
-            "--timeout", type=float, default=0.0, help="Seconds to wait for the lock (default 0)."
-        )
-        p.add_argument(
-            "--skip-busy", action="store_true", help="Exit 0 silently when the lock is busy."
-        )
-        p.add_argument(
-            "--min-hold",
-            type=float,
-            metavar="SECONDS",
-            help="After the command exits 0, keep the name taken until SECONDS after it started "
-            "(other servers' copies of the same cron tick stay busy).",
-        )
-        p.add_argument("command", nargs="*", help="-- COMMAND [ARG ...]")
-
-        p = sub.add_parser(
-            "leader",
-            help="Campaign for a leadership; run a command while elected (SIGTERM on loss).",
-            usage="manage.py redlock leader NAME [options] -- COMMAND [ARG ...]",
-            description="Waits until elected. Exit status: the command's; 69 no quorum, 70 "
-            "leadership lost.",
-        )
-        _holding_options(p, one)
-        p.add_argument("command", nargs="*", help="-- COMMAND [ARG ...]")
-
-        p = sub.add_parser(
-            "scheduler",
-            help="Run REDLOCK_SCHEDULE: start it on every server; each tick runs once.",
-            description="Runs until SIGTERM/SIGINT (or --for SECONDS); docs/schedules.md.",
-        )
-        p.add_argument("--for", dest="seconds", type=float, help="Stop after SECONDS.")
-
-        p = sub.add_parser("schedule", help="Each REDLOCK_SCHEDULE entry's last and next tick.")
-        p.add_argument("--json", action="store_true", help="Print one JSON list.")
-
-        p = sub.add_parser(
-            "prune-tombstones",
-            help="Delete FencedModel tombstones older than --days (docs/fencedmodel.md).",
-        )
-        p.add_argument("--days", type=float, default=30.0, help="Age in days to keep (default 30).")
-        p.add_argument("--database", default="default", help="Database alias (default: default).")
-
-        p = sub.add_parser("effects", help="List the effect ledger (lease.once; docs/effects.md).")
-        p.add_argument(
-            "--pending", action="store_true", help="Only effects not done (begun, or interrupted)."
-        )
-        p.add_argument("--prefix", default="", help="Only keys starting with this.")
-        p.add_argument(
-            "--limit", type=positive_int, help="Print at most this many effects (default: all)."
-        )
-        p.add_argument("--database", default="default", help="Database alias (default: default).")
-        p.add_argument("--json", action="store_true", help="Print one JSON list.")
-
-        p = sub.add_parser(
-            "order",
-            help="The lock-order checker's records: shapes taken while others were held.",
-            description="Exit status: 1 when a node is unreachable; with --check, 3 when an "
-            "inverted pair or a cycle of three or more shapes is recorded.",
-        )
-        p.add_argument("--using", help=every)
-        p.add_argument("--json", action="store_true", help="Print one JSON object.")
-        p.add_argument("--clear", action="store_true", help="Forget the records instead.")
-        p.add_argument(
-            "--check", action="store_true", help="Exit with status 3 if a pair is inverted."
-        )
+        add_subcommands(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         commands: dict[str, Callable[[dict[str, Any]], None]] = {
@@ -284,10 +129,10 @@ class Command(BaseCommand):
             "release": self.release,
             "clear": self.clear,
             "nodes": self.nodes,
-            "run": self.run_command,
-            "leader": self.run_command,
-            "scheduler": self.scheduler,
-            "schedule": self.schedule,
+            "run": lambda options: job_commands.run_command(options, self._one_alias),
+            "leader": lambda options: job_commands.run_command(options, self._one_alias),
+            "scheduler": lambda options: job_commands.scheduler(self, options),
+            "schedule": lambda options: job_commands.schedule(self, options),
             "prune-tombstones": self.prune_tombstones,
             "effects": self.effects,
             "order": self.order,
@@ -382,101 +227,11 @@ class Command(BaseCommand):
 
     @staticmethod
     def _fail(problems: Sequence[NodeError | Failure]) -> None:
-        failure = _failure(problems)
+        failure = first_failure(problems)
         if failure is not None:
             raise failure
 
     # -- subcommands -----------------------------------------------------------------------
-    def run_command(self, options: dict[str, Any]) -> None:
-        """``run NAME -- COMMAND``: exits with the command's status (see docs/jobs.md).
-        ``leader NAME -- COMMAND`` is a run that waits for ever for the name (the election),
-        then holds it while the command runs (docs/leaders.md)."""
-        what = f"redlock {options['subcommand']}"
-        command = list(options["command"])
-        if not command:
-            raise CommandError(f"{what}: give the command after --", returncode=2)
-        kill_after = options["kill_after"]
-        if not (math.isfinite(kill_after) and kill_after >= 0):
-            raise CommandError(f"{what}: --kill-after must be a number >= 0", returncode=2)
-        try:
-            alias = self._one_alias(options["using"])
-        except Failure as exc:
-            status = 2 if exc.code == "unknown_alias" else 1  # a typo, or broken settings
-            raise CommandError(f"{what}: {exc}", returncode=status) from exc
-        manager = locks[alias]
-        campaign = options["subcommand"] == "leader"
-        request = RunRequest(
-            name=options["name"],
-            command=command,
-            ttl=options["ttl"],
-            timeout=None if campaign else options["timeout"],
-            skip_busy=False if campaign else options["skip_busy"],
-            kill_after=kill_after,
-            min_hold=None if campaign else options["min_hold"],
-        )
-        try:  # checked before anything runs, so that nothing is taken
-            check_name(request.name)
-            check_max_hold(request.min_hold, "--min-hold")
-            if request.ttl is not None:
-                check_ttl(request.ttl, manager.config.drift_factor)
-            check_timeout(request.timeout)
-        except (TypeError, ValueError) as exc:
-            raise CommandError(f"{what}: {exc}", returncode=2) from exc
-        status_file: str | None = options["status_file"]
-        if status_file:  # a file left from an earlier run must not be mistaken for this one's
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(status_file)
-        outcome = front.run(manager, request)
-        if status_file:
-            outcome.write_status(status_file)
-        if outcome.message is not None:
-            raise CommandError(f"{what}: {outcome.message}", returncode=outcome.status)
-        if outcome.status:
-            sys.exit(outcome.status)
-
-    def scheduler(self, options: dict[str, Any]) -> None:
-        """``scheduler [--for SECONDS]``: run the schedule until stopped."""
-        seconds = options["seconds"]
-        if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
-            raise CommandError("redlock scheduler: --for must be a number > 0", returncode=2)
-        try:
-            entries = schedule_setting()
-        except (TypeError, ValueError) as exc:
-            raise CommandError(f"redlock scheduler: {exc}", returncode=2) from exc
-        if not entries:
-            raise CommandError("redlock scheduler: REDLOCK_SCHEDULE has no entries", returncode=2)
-        errors = schedule_errors()  # E040-E042: an unknown alias, a CALL that does not import
-        if errors:
-            raise CommandError(
-                "redlock scheduler: " + " ".join(f"({e.id}) {e.msg}" for e in errors),
-                returncode=2,
-            )
-        running = Scheduler(entries, say=lambda line: self.stdout.write(line))
-        stop = lambda *_: running.stop()  # noqa: E731
-        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-        self.stdout.write(
-            f"redlock scheduler {running.host}: {len(entries)} entr"
-            f"{'y' if len(entries) == 1 else 'ies'}: {', '.join(e.name for e in entries)}"
-        )
-        try:
-            running.run(seconds)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-    def schedule(self, options: dict[str, Any]) -> None:
-        """``schedule [--json]``: each entry's last tick, outcome, host and next tick."""
-        try:
-            entries = schedule_setting()
-        except (TypeError, ValueError) as exc:
-            raise Failure(exc, "bad_settings") from exc
-        reports = [entry_report(entry) for entry in entries]
-        if options["json"]:
-            self.stdout.write(json.dumps(reports))
-        else:
-            for line in report_lines(reports):
-                self.stdout.write(line)
-
     def prune_tombstones(self, options: dict[str, Any]) -> None:
         """Delete the tombstones of deletes older than ``--days`` (a database, not Redis)."""
         days = options["days"]

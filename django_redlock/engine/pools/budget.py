@@ -16,7 +16,7 @@ import functools
 import threading
 from collections.abc import Callable, Sequence
 
-from . import forks
+from .. import forks
 
 #: Default of ``MAX_CONNECTIONS`` and ``IDLE_TIMEOUT`` (seconds).
 DEFAULT_MAX_CONNECTIONS = 50

@@ -12,10 +12,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from . import scripts
-from .keyspace import TOKEN_LIMIT, as_text, quorum
-from .replies import Call, NodeFailure, Request
-from .state import AliasState, NodeView, Plan
+from .. import scripts
+from ..keyspace import TOKEN_LIMIT, as_text, quorum
+from ..replies import Call, NodeFailure, Request
+from ..state import AliasState, NodeView, Plan
 
 #: On (re)initialisation a node's counter is raised to at least ``unix_ms * CLOCK_FLOOR``. No
 #: node can run 1,024 acquisitions per millisecond, so a cluster that lost every node's data

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .keyspace import RESERVED_MARK
-from .replies import Call, Request
-from .scripts.script import Script
-from .state import AliasState, NodeView, Plan
+from ..keyspace import RESERVED_MARK
+from ..replies import Call, Request
+from ..scripts.script import Script
+from ..state import AliasState, NodeView, Plan
 
 #: A day: records of a long-gone run stop warning by themselves (``redlock order --clear``
 #: forgets them at once).

@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .keyspace import RESERVED_MARK
-from .replies import Call, Request
-from .scripts.script import Script
-from .state import AliasState, NodeView, Plan
+from ..keyspace import RESERVED_MARK
+from ..replies import Call, Request
+from ..scripts.script import Script
+from ..state import AliasState, NodeView, Plan
 
 #: ``ARGV[1]`` the operation (``get``, ``set``, ``replace``, ``delete``), ``ARGV[2]`` the id a
 #: change expects (compared with the text after the ``|``), ``ARGV[3]`` a new value,

@@ -15,14 +15,14 @@ from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, TypeVar
 
-from . import forks
+from .. import forks
+from ..drive import PlanMaker, adrive, drive
+from ..state import AliasState
+from ..transport.aio import AsyncChannel, AsyncConnectionFactory
+from ..transport.blpop import ReleaseWaiter
+from ..transport.sync import Channel, ConnectionFactory
 from .budget import SPARE_WAIT, Budget
-from .drive import PlanMaker, adrive, drive
-from .loop_pools import LoopPools
-from .state import AliasState
-from .transport.aio import AsyncChannel, AsyncConnectionFactory
-from .transport.blpop import ReleaseWaiter
-from .transport.sync import Channel, ConnectionFactory
+from .loops import LoopPools
 
 T = TypeVar("T")
 J = TypeVar("J")

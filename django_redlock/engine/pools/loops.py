@@ -10,9 +10,9 @@ import time
 from collections import deque
 from typing import Any
 
+from ..transport import redis_py
+from ..transport.aio import AsyncChannel
 from .budget import Budget
-from .transport import redis_py
-from .transport.aio import AsyncChannel
 
 
 class LoopPools:
