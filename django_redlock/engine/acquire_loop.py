@@ -21,7 +21,7 @@ from .targets import Outcome, Target, Waiting, answer_piped, deadline_of
 @dataclass(frozen=True, slots=True)
 class Try:
     """Run one attempt's ``plan``, waiting for a connection until ``until``; receives what
-    ``ChannelPools._run`` returns (the outcome and the channel it ran on)."""
+    ``ChannelPools.run`` returns (the outcome and the channel it ran on)."""
 
     plan: PlanMaker[Any]
     until: float

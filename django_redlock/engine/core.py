@@ -7,11 +7,8 @@ import asyncio
 import contextlib
 import functools
 import os
-import threading
 import time
-import weakref
-from collections import deque
-from collections.abc import AsyncGenerator, Generator, Sequence
+from collections.abc import Generator, Sequence
 from typing import Any, TypeVar
 
 from . import forks, giveback
@@ -35,7 +32,6 @@ from .plans.records import RecordRead, read_record_plan, store_record_plan
 from .policy import AcquireStep, AwaitRelease, acquire_policy, registration_ms
 from .pools.budget import Budget
 from .pools.channels import SPARE, ChannelPools
-from .pools.loops import LoopPools
 from .replies import NodeFailure
 from .state import (
     WAIT_MARK_MS,
@@ -46,8 +42,8 @@ from .state import (
 )
 from .targets import Target, WaiterCount, Waiting, deadline_of, refused
 from .transport.aio import AsyncConnectionFactory
-from .transport.blpop import MIN_BLOCK, ReleaseWaiter, blpop_command
-from .transport.sync import Channel, ConnectionFactory
+from .transport.blpop import MIN_BLOCK, blpop_command
+from .transport.sync import ConnectionFactory
 
 T = TypeVar("T")
 Outcome = LeaseRecord | AcquireFailure
@@ -77,7 +73,7 @@ def _not_waited(
     return max(rest, 0.0)
 
 
-class Engine(ChannelPools):
+class Engine:
     """Acquires, renews and releases the locks of one alias. Thread-safe; knows no Django."""
 
     def __init__(
@@ -95,6 +91,11 @@ class Engine(ChannelPools):
         #: this alias's connections per node (shared by its shards' engines)
         self.budget = budget or Budget(len(self.labels))
         self._every = tuple(range(len(self.labels)))
+        #: the connections: sync channels, each event loop's, blocking waits'
+        self.pools = ChannelPools(
+            state, self.labels, self._factories, self._async_factories, self.budget,
+            self._check_fork,
+        )  # fmt: skip
         #: a lock on a one-node alias takes the single-node lane (:mod:`.lane`)
         self._lane = len(self.labels) == 1
         self._lane_release = functools.partial(lane_release, state=state)
@@ -104,41 +105,19 @@ class Engine(ChannelPools):
         """New pools and bookkeeping: at creation, and in a child process after a fork (the
         parent's connections are dropped unused; closing their file descriptors here sends
         nothing and leaves the parent's connections working)."""
-        self.generation = forks.generation()
         self.state.pid = os.getpid()
-        self._free: list[Channel] = []
-        self._all: list[Channel] = []
-        self._mutex = threading.Lock()
-        #: threads waiting for a channel (each woken by a channel going back to the pool)
-        self._sync_waiters: deque[threading.Event] = deque()
-        #: wakes the idle reaper thread early (engine closed); True while it runs
-        self._reaper_wake = threading.Event()
-        self._reaping = False
-        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopPools] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._closers: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, AsyncGenerator[None, None]
-        ] = weakref.WeakKeyDictionary()
-        self.waiter = ReleaseWaiter(
-            self._factories,
-            self._async_factories,
-            self.budget,
-            self._opened,
-        )
-        self.budget.add_evictor(self, self._evict_one)
+        self.pools.start_afresh()
         #: name -> until when (monotonic) a release here reserved it for a woken waiter
         self._handoffs: dict[str, float] = {}
         #: the acquire calls of this process waiting for a busy name now (for metrics)
         self.waiters = WaiterCount()
-        #: channels for waits piped with the next attempt (see :meth:`_piped_wait`); never
-        #: pinned by a lease, so a wait never delays another lease's renewal
-        self._blocking_free: list[Channel] = []
-        self._blocking_all: list[Channel] = []
-        self._aside: Channel | None = None
-        self._aside_mutex = threading.Lock()
         #: False once a node refused a piped ``BLPOP`` (an ACL without it): wait the old way
         self._piping = True
+
+    def close(self) -> None:
+        """Close every blocking connection (asyncio ones are closed with their event loop)
+        and stop the background give-backs (the keys they would release expire by TTL)."""
+        self.pools.close()
 
     @property
     def node_count(self) -> int:
@@ -186,10 +165,10 @@ class Engine(ChannelPools):
             return self._acquire_target(target, timeout)
         finally:
             if self.state.owed:  # give-backs whose connection broke: sent in the background
-                giveback.settle_owed(self.state, self._run_aside)
+                giveback.settle_owed(self.state, self.pools.run_aside)
 
     def _acquire_target(self, target: Target, timeout: float | None) -> Any:
-        if self.generation != forks.current:  # a forked child: start afresh
+        if self.pools.generation != forks.current:  # a forked child: start afresh
             self._start_afresh()
         started = target.started
         queue_first = timeout != 0 and self._queue_first(target, timeout)
@@ -199,9 +178,9 @@ class Engine(ChannelPools):
             until = SPARE if waiting is None else deadline_of(waiting)
             if self._lane and target.lane:  # a lock on one node: the short way (see .lane)
                 attempt = target.lane_attempt(waiting)
-                ran = self._run_with(lane_acquire, attempt, None, until)
+                ran = self.pools.run_with(lane_acquire, attempt, None, until)
             else:
-                ran = self._run(target.attempt(waiting, False), None, until)
+                ran = self.pools.run(target.attempt(waiting, False), None, until)
             first = target.seen(*ran)
             if timeout == 0 or type(first) is not AcquireFailure:
                 return first
@@ -220,7 +199,7 @@ class Engine(ChannelPools):
     def _carry_out(self, request: LoopRequest, target: Target, waiting: Waiting | None) -> Any:
         """One request of :func:`.acquire_loop.acquire_loop`, blocking."""
         if isinstance(request, Try):
-            return self._run(request.plan, None, request.until)
+            return self.pools.run(request.plan, None, request.until)
         if isinstance(request, Pipe):
             return self._piped_wait(target, waiting, request.step)
         if isinstance(request, Wait):
@@ -234,7 +213,7 @@ class Engine(ChannelPools):
         if any, is closed with its ``BLPOP`` due, which drops whatever follows on it)."""
         if waiting is not None:
             with contextlib.suppress(Exception):  # else its registration lapses (<= 1 s)
-                self._run(self._withdraw_plan(target, waiting))
+                self.pools.run(self._withdraw_plan(target, waiting))
 
     def _withdraw_plan(self, target: Target, waiting: Waiting) -> PlanMaker[None]:
         state, names, waiter = self.state, target.names, waiting.waiter
@@ -248,11 +227,11 @@ class Engine(ChannelPools):
         trip after the wake-up). Returns (woken, the attempt's outcome), or None where this
         does not apply (several nodes, ``lock_many``, a short wait, a node that refused)."""
         plan = self._piped_plan(target, waiting, step)
-        channel = None if plan is None else self._blocking_channel()
+        channel = None if plan is None else self.pools.blocking_channel()
         if plan is None or channel is None:  # no blocking connection to be had: wait by polling
             return None
         started = time.monotonic()
-        outcome, ahead = self._run_blocking(plan, channel)
+        outcome, ahead = self.pools.run_blocking(plan, channel)
         rest = _not_waited(outcome, ahead, step, started, waiting)
         if rest > 0:  # never after a grant: an interrupt there would lose it
             time.sleep(rest)
@@ -265,14 +244,14 @@ class Engine(ChannelPools):
         plan = self._piped_plan(target, waiting, step)
         if plan is None:
             return None
-        pools = await self._loop_pools()
+        pools = await self.pools.loop_pools()
         channel = pools.blocking.pop() if pools.blocking else None
         if channel is None:
             if not self.budget.take(self._every, blocking=True):
                 return None  # no blocking connection to be had: wait by polling
             pools.opened()
         started = time.monotonic()
-        outcome, ahead = await self._arun_blocking(plan, pools, channel)
+        outcome, ahead = await self.pools.arun_blocking(plan, pools, channel)
         rest = _not_waited(outcome, ahead, step, started, waiting)
         if rest > 0:  # never after a grant (nor an await point there: a cancellation would
             await asyncio.sleep(rest)  # land between the grant and its caller, and lose it)
@@ -313,20 +292,24 @@ class Engine(ChannelPools):
 
     def extend(self, lease: LeaseRecord, ttl: float) -> Renewal:
         """Renew ``lease`` to ``ttl`` (renewed, lost, or unconfirmed: see ``extend_plan``)."""
-        return self._run(lambda nodes: extend_plan(self.state, nodes, lease, ttl), lease.pinned)[0]
+        return self.pools.run(
+            lambda nodes: extend_plan(self.state, nodes, lease, ttl), lease.pinned
+        )[0]
 
     def release(self, lease: LeaseRecord) -> bool:
         """Release ``lease``; True if it was still held and a quorum confirmed the release
         (else it is sent again: see :mod:`.giveback`)."""
         if self._lane:
-            held = self._run_with(self._lane_release, lease, lease.pinned)[0]
+            held = self.pools.run_with(self._lane_release, lease, lease.pinned)[0]
         else:
-            held = self._run(lambda nodes: release_plan(self.state, nodes, lease), lease.pinned)[0]
+            held = self.pools.run(
+                lambda nodes: release_plan(self.state, nodes, lease), lease.pinned
+            )[0]
         if lease.handed_off:
             self._handed_off(lease)
         if self.state.owed:
-            giveback.settle_owed(self.state, self._run_aside)
-        return giveback.confirm(self.state, lease, held, self._run_first, self._run_aside)
+            giveback.settle_owed(self.state, self.pools.run_aside)
+        return giveback.confirm(self.state, lease, held, self._run_first, self.pools.run_aside)
 
     def release_unfinished(self, lease: LeaseRecord) -> None:
         """A release an interrupt stopped (a signal handler that raised before or while it
@@ -338,23 +321,23 @@ class Engine(ChannelPools):
         if not lease.unsure:
             lease.unsure = tuple(i for i in range(len(self.labels)) if _may_hold(lease, i))
         if lease.unsure and id(lease) not in giveback.GiveBack.running:
-            giveback.GiveBack(self.state, lease, self._run_aside, quiet=True).start()
+            giveback.GiveBack(self.state, lease, self.pools.run_aside, quiet=True).start()
 
     def _run_first(self, plan: PlanMaker[Any]) -> Any:
-        return self._run(plan)[0]
+        return self.pools.run(plan)[0]
 
     async def _arun_first(self, plan: PlanMaker[Any]) -> Any:
-        return (await self._arun(plan))[0]
+        return (await self.pools.arun(plan))[0]
 
     def release_many(self, leases: Sequence[LeaseRecord]) -> list[bool]:
         """Release the leases of one ``lock_many`` set in one call per node; per lease, True
         if it was still held."""
         pinned = leases[0].pinned if leases else None
         plan = self._release_many_plan(leases)
-        held = self._run(lambda nodes: plan(self.state, nodes, leases), pinned)[0]
+        held = self.pools.run(lambda nodes: plan(self.state, nodes, leases), pinned)[0]
         return [
             giveback.confirm(
-                self.state, lease, self._released(lease, ok), self._run_first, self._run_aside
+                self.state, lease, self._released(lease, ok), self._run_first, self.pools.run_aside
             )
             for lease, ok in zip(leases, held, strict=True)
         ]
@@ -368,7 +351,7 @@ class Engine(ChannelPools):
         """Delete ``name`` on every node (only a value equal to ``expected``, if given),
         advancing the fence counter; returns how many nodes deleted it."""
         plan = lambda nodes: force_release_plan(self.state, nodes, name, expected, key)  # noqa: E731
-        return self._run(plan)[0]
+        return self.pools.run(plan)[0]
 
     def store_record(
         self, lease: LeaseRecord, fields: Sequence[tuple[str, bytes | str]], ttl: float
@@ -378,28 +361,30 @@ class Engine(ChannelPools):
         there and no newer token's record is there. Returns on how many nodes it was written.
         Runs on the lease's channel, after its own calls."""
         plan = lambda nodes: store_record_plan(self.state, nodes, lease, fields, ttl)  # noqa: E731
-        return self._run(plan, lease.pinned)[0]
+        return self.pools.run(plan, lease.pinned)[0]
 
     def read_record(self, name: str, fields: Sequence[str], pinned: Any = None) -> RecordRead:
         """The fenced record of ``name`` from every node: the highest token's ``fields``."""
         plan = lambda nodes: read_record_plan(self.state, nodes, name, fields)  # noqa: E731
-        return self._run(plan, pinned)[0]
+        return self.pools.run(plan, pinned)[0]
 
     def note(
         self, name: str, op: str, expected: str = "", value: str = "", ttl: float = 0.0
     ) -> NoteReplies:
         """One note operation (``get``, ``set``, ``replace``, ``delete``: see
         :mod:`.notes`) on every node."""
-        return self._by_node(self._run(note_plan(self.state, name, op, expected, value, ttl))[0])
+        return self._by_node(
+            self.pools.run(note_plan(self.state, name, op, expected, value, ttl))[0]
+        )
 
     def order(self, *args: str | int) -> NoteReplies:
         """One operation on the lock-order checker's records (see :mod:`.order_edges`) on
         every node: each node's reply (None where it gave none) and the errors by label."""
-        return self._by_node(self._run(order_plan(self.state, args))[0])
+        return self._by_node(self.pools.run(order_plan(self.state, args))[0])
 
     async def aorder(self, *args: str | int) -> NoteReplies:
         """Asyncio twin of :meth:`order` (an event loop is not blocked while it runs)."""
-        return self._by_node((await self._arun(order_plan(self.state, args)))[0])
+        return self._by_node((await self.pools.arun(order_plan(self.state, args)))[0])
 
     def _by_node(self, replies: Sequence[Any]) -> NoteReplies:
         """Replies of one call per node: the values (None for a node that gave none) and the
@@ -443,7 +428,7 @@ class Engine(ChannelPools):
             return await self._aacquire_target(target, timeout)
         finally:
             if self.state.owed:  # give-backs whose connection broke: sent in the background
-                giveback.settle_owed(self.state, self._run_aside)
+                giveback.settle_owed(self.state, self.pools.run_aside)
 
     async def _aacquire_target(self, target: Target, timeout: float | None) -> Any:
         self._check_fork()
@@ -452,7 +437,7 @@ class Engine(ChannelPools):
         first = None
         if not queue_first:
             attempt = target.attempt(waiting, False)
-            first = target.seen(*await self._arun(attempt, None, deadline_of(waiting)))
+            first = target.seen(*await self.pools.arun(attempt, None, deadline_of(waiting)))
             if not isinstance(first, AcquireFailure) or timeout == 0:
                 return first
         loop = acquire_loop(target, waiting, self._policy(timeout, queue_first, first, started))
@@ -472,7 +457,7 @@ class Engine(ChannelPools):
     ) -> Any:
         """Asyncio twin of :meth:`_carry_out`."""
         if isinstance(request, Try):
-            return await self._arun(request.plan, None, request.until)
+            return await self.pools.arun(request.plan, None, request.until)
         if isinstance(request, Pipe):
             return await self._apiped_wait(target, waiting, request.step)
         if isinstance(request, Wait):
@@ -485,28 +470,30 @@ class Engine(ChannelPools):
         an idle pooled channel of this loop (no await then), else on a new one."""
         if waiting is not None:
             with contextlib.suppress(Exception):
-                await self._arun(self._withdraw_plan(target, waiting))
+                await self.pools.arun(self._withdraw_plan(target, waiting))
 
     async def aextend(self, lease: LeaseRecord, ttl: float) -> Renewal:
         """Asyncio twin of :meth:`extend`."""
         plan = lambda nodes: extend_plan(self.state, nodes, lease, ttl)  # noqa: E731
-        return (await self._arun(plan, lease.pinned))[0]
+        return (await self.pools.arun(plan, lease.pinned))[0]
 
     async def arelease(self, lease: LeaseRecord) -> bool:
         """Asyncio twin of :meth:`release`."""
         plan = lambda nodes: release_plan(self.state, nodes, lease)  # noqa: E731
-        held = self._released(lease, (await self._arun(plan, lease.pinned))[0])
-        return await giveback.aconfirm(self.state, lease, held, self._arun_first, self._run_aside)
+        held = self._released(lease, (await self.pools.arun(plan, lease.pinned))[0])
+        return await giveback.aconfirm(
+            self.state, lease, held, self._arun_first, self.pools.run_aside
+        )
 
     async def arelease_many(self, leases: Sequence[LeaseRecord]) -> list[bool]:
         """Asyncio twin of :meth:`release_many`."""
         pinned = leases[0].pinned if leases else None
         many = self._release_many_plan(leases)
         plan = lambda nodes: many(self.state, nodes, leases)  # noqa: E731
-        held = (await self._arun(plan, pinned))[0]
+        held = (await self.pools.arun(plan, pinned))[0]
         return [
             await giveback.aconfirm(
-                self.state, lease, self._released(lease, ok), self._arun_first, self._run_aside
+                self.state, lease, self._released(lease, ok), self._arun_first, self.pools.run_aside
             )
             for lease, ok in zip(leases, held, strict=True)
         ]
@@ -514,24 +501,24 @@ class Engine(ChannelPools):
     async def aforce_release(self, name: str, expected: str = "", key: str = "") -> int:
         """Asyncio twin of :meth:`force_release`."""
         plan = lambda nodes: force_release_plan(self.state, nodes, name, expected, key)  # noqa: E731
-        return (await self._arun(plan))[0]
+        return (await self.pools.arun(plan))[0]
 
     async def astore_record(
         self, lease: LeaseRecord, fields: Sequence[tuple[str, bytes | str]], ttl: float
     ) -> int:
         """Asyncio twin of :meth:`store_record`."""
         plan = lambda nodes: store_record_plan(self.state, nodes, lease, fields, ttl)  # noqa: E731
-        return (await self._arun(plan, lease.pinned))[0]
+        return (await self.pools.arun(plan, lease.pinned))[0]
 
     async def aread_record(
         self, name: str, fields: Sequence[str], pinned: Any = None
     ) -> RecordRead:
         """Asyncio twin of :meth:`read_record`."""
         plan = lambda nodes: read_record_plan(self.state, nodes, name, fields)  # noqa: E731
-        return (await self._arun(plan, pinned))[0]
+        return (await self.pools.arun(plan, pinned))[0]
 
     def _check_fork(self) -> None:
-        if self.generation != forks.current:
+        if self.pools.generation != forks.current:
             self._start_afresh()
 
     def owns(self, lease: LeaseRecord) -> bool:
@@ -579,9 +566,9 @@ class Engine(ChannelPools):
         before = None
         if mark is not None and mark_ms > 0:
             if self.node_count > 1:
-                self._run(self._register_elsewhere(name, mark.waiter, mark_ms))
+                self.pools.run(self._register_elsewhere(name, mark.waiter, mark_ms))
             before = self.state.mark_command(name, mark.waiter, mark_ms)
-        return self.waiter.wait(self.state.keys.wake(name), name, seconds, before)
+        return self.pools.waiter.wait(self.state.keys.wake(name), name, seconds, before)
 
     def _register_elsewhere(self, name: str, waiter: str, mark_ms: int) -> PlanMaker[None]:
         """Register ``waiter`` on the nodes other than the wake-up node (fire-and-forget); the
@@ -596,12 +583,12 @@ class Engine(ChannelPools):
         mark_ms = 0 if mark is None else registration_ms(mark.deadline)
         before = None
         if mark is not None and mark_ms > 0 and self.node_count > 1:
-            await self._arun(self._register_elsewhere(name, mark.waiter, mark_ms))
-        pools = await self._loop_pools()
+            await self.pools.arun(self._register_elsewhere(name, mark.waiter, mark_ms))
+        pools = await self.pools.loop_pools()
         if mark is not None and mark_ms > 0:
             before = self.state.mark_command(name, mark.waiter, mark_ms)
         pools.opened()
-        return await self.waiter.await_release(
+        return await self.pools.waiter.await_release(
             self.state.keys.wake(name), name, seconds, pools.waiting, before
         )
 

@@ -94,7 +94,7 @@ def granted_record(
 
 
 def lane_acquire(attempt: LaneAttempt, channel: Channel) -> Outcome:
-    """Run ``attempt`` on ``channel`` (a driver for :meth:`~.pools.ChannelPools._run`)."""
+    """Run ``attempt`` on ``channel`` (a driver for :meth:`~.pools.channels.ChannelPools.run`)."""
     link = channel.lane_link()
     if link is None:
         return drive(attempt.resume(None), channel)

@@ -188,7 +188,7 @@ def test_an_interrupted_piped_wait_leaves_nothing_behind(
     alarm(0.4)
     with pytest.raises(_Interrupted):
         manager.acquire("n", timeout=20)
-    assert manager.engine._blocking_all == []  # closed, not pooled
+    assert manager.engine.pools._blocking_all == []  # closed, not pooled
     _assert_nothing_left(node, manager, holder)
 
 
@@ -212,7 +212,7 @@ def test_a_cancelled_piped_wait_leaves_nothing_behind(
         with pytest.raises(asyncio.CancelledError):
             await task
         loop = asyncio.get_running_loop()
-        assert manager.engine._loops[loop].blocking == []  # closed, not pooled
+        assert manager.engine.pools._loops[loop].blocking == []  # closed, not pooled
 
     asyncio.run(main())
     _assert_nothing_left(node, manager, holder)

@@ -200,8 +200,8 @@ def test_busy_polling_backs_off_from_a_slow_node(
         for i in range(6):
             lease = manager.acquire(f"n{i}", timeout=0)
             assert lease.release() is True
-    (slow_channel,) = slow.engine._free
-    (fast_channel,) = fast.engine._free
+    (slow_channel,) = slow.engine.pools._free
+    (fast_channel,) = fast.engine.pools._free
     assert not slow_channel.spinner.active
     for _ in range(5):  # a loaded machine can make a direct node late 4 times in a row too
         if fast_channel.spinner.active:

@@ -34,8 +34,8 @@ SPARE = -1.0
 
 class ChannelPools:
     """Sync channels shared by threads, each event loop's own, and the channels of blocking
-    waits, all within one :class:`~.budget.Budget`. The engine sets the attributes below
-    (:meth:`~.core.Engine._start_afresh`, also after a fork)."""
+    waits, all within one :class:`~.budget.Budget`: an engine's ``pools``. Started afresh by
+    the engine (:meth:`start_afresh`) at creation and in a forked child."""
 
     state: AliasState
     labels: list[str]
@@ -58,19 +58,54 @@ class ChannelPools:
     #: channels for waits piped with the next attempt; never pinned by a lease
     _blocking_free: list[Channel]
     _blocking_all: list[Channel]
-    #: the background give-backs' channel (see :meth:`_run_aside`), made on first use
+    #: the background give-backs' channel (see :meth:`run_aside`), made on first use
     _aside: Channel | None
     _aside_mutex: threading.Lock
+
+    def __init__(
+        self,
+        state: AliasState,
+        labels: list[str],
+        factories: list[ConnectionFactory],
+        async_factories: list[AsyncConnectionFactory],
+        budget: Budget,
+        check_fork: Callable[[], None],
+    ) -> None:
+        self.state = state
+        self.labels = labels
+        self._factories = factories
+        self._async_factories = async_factories
+        self.budget = budget
+        self._every = tuple(range(len(labels)))
+        #: the engine's: starts the engine (and so these pools) afresh in a forked child
+        self._check_fork = check_fork
+
+    def start_afresh(self) -> None:
+        """Empty pools: at the engine's creation, and in a forked child (the parent's
+        connections are dropped unused)."""
+        self.generation = forks.generation()
+        self._free = []
+        self._all = []
+        self._mutex = threading.Lock()
+        self._sync_waiters = deque()
+        self._reaper_wake = threading.Event()
+        self._reaping = False
+        self._loops = weakref.WeakKeyDictionary()
+        self._closers = weakref.WeakKeyDictionary()
+        self.waiter = ReleaseWaiter(
+            self._factories, self._async_factories, self.budget, self._opened
+        )
+        self.budget.add_evictor(self, self._evict_one)
+        self._blocking_free = []
+        self._blocking_all = []
+        self._aside = None
+        self._aside_mutex = threading.Lock()
 
     def _spent(self) -> str:
         """Why a call that found no connection in time fails (its nodes count as down)."""
         return f"no free connection in time (MAX_CONNECTIONS={self.budget.limit} in use)"
 
-    def _check_fork(self) -> None:
-        """Start afresh in a forked child (the engine's)."""
-        raise NotImplementedError
-
-    def _blocking_channel(self) -> Channel | None:
+    def blocking_channel(self) -> Channel | None:
         """An idle channel for a piped wait, or a new one if the budget allows; else None."""
         with self._mutex:
             if self._blocking_free:
@@ -83,7 +118,7 @@ class ChannelPools:
         self._opened()
         return channel
 
-    def _run_blocking(self, make_plan: PlanMaker[T], channel: Channel) -> tuple[T, list[Any]]:
+    def run_blocking(self, make_plan: PlanMaker[T], channel: Channel) -> tuple[T, list[Any]]:
         """Run a plan whose first call blocks, on a channel of its own; returns its result
         and the replies of the commands sent ahead of that call. A channel given up
         mid-call, or with replies still due, is closed, not reused: whatever was written
@@ -109,16 +144,16 @@ class ChannelPools:
                 self.budget.give(self._every, blocking=True)
 
     # -- blocking driver -----------------------------------------------------------------
-    def _run(
+    def run(
         self, make_plan: PlanMaker[T], pinned: Any = None, until: float = SPARE
     ) -> tuple[T, Channel]:
         """Run a plan to its end on one channel (``pinned`` if it is a blocking one); with
         none free and the budget spent, wait for one until ``until`` (``time.monotonic()``;
         :data:`SPARE`: :data:`~.budget.SPARE_WAIT` from now), then fail as if the nodes
         were down."""
-        return self._run_with(drive, make_plan, pinned, until)
+        return self.run_with(drive, make_plan, pinned, until)
 
-    def _run_with(
+    def run_with(
         self, driver: Callable[[J, Channel], T], job: J, pinned: Any = None, until: float = SPARE
     ) -> tuple[T, Channel]:
         """:meth:`_run` with another driver: ``driver(job, channel)`` (the single-node
@@ -207,7 +242,7 @@ class ChannelPools:
         return channel
 
     # -- background give-backs ------------------------------------------------------------
-    def _run_aside(self, make_plan: PlanMaker[T]) -> T:
+    def run_aside(self, make_plan: PlanMaker[T]) -> T:
         """Run a background give-back's plan on a channel of its own, outside the pool, so a
         node that does not answer holds that channel (for ``NODE_TIMEOUT`` per send), never
         the callers' (a caller would open another meanwhile, and wait for that node to
@@ -231,7 +266,7 @@ class ChannelPools:
                         self._close_aside()
                     elif opened:
                         self._opened()
-        return self._run(make_plan)[0]
+        return self.run(make_plan)[0]
 
     def _reap_aside(self, idle_before: float, *, now: bool = False) -> float | None:
         """Close the give-backs' channel if idle since before ``idle_before`` (``now``: if
@@ -316,7 +351,7 @@ class ChannelPools:
         self._reap(0.0, one=True)
 
     # -- asyncio driver ------------------------------------------------------------------
-    async def _loop_pools(self) -> LoopPools:
+    async def loop_pools(self) -> LoopPools:
         """This event loop's pools, made (with their closer) on first use."""
         loop = asyncio.get_running_loop()
         pools = self._loops.get(loop)
@@ -332,7 +367,7 @@ class ChannelPools:
         self, pinned: Any = None, until: float = SPARE
     ) -> AsyncIterator[AsyncChannel]:
         """A channel of this event loop (``pinned`` if it is one); see :meth:`_run`."""
-        pools = self._loops.get(asyncio.get_running_loop()) or await self._loop_pools()
+        pools = self._loops.get(asyncio.get_running_loop()) or await self.loop_pools()
         if isinstance(pinned, AsyncChannel) and pinned in pools.channels:
             async with pinned.mutex:
                 still = pinned in pools.channels  # not closed as idle meanwhile
@@ -435,14 +470,14 @@ class ChannelPools:
                 channel.idle_since = time.monotonic()
         self._areturn(pools, channel)
 
-    async def _arun(
+    async def arun(
         self, make_plan: PlanMaker[T], pinned: Any = None, until: float = SPARE
     ) -> tuple[T, AsyncChannel]:
         self._check_fork()
         async with self.achannel(pinned, until) as channel:
             return await adrive(make_plan, channel), channel
 
-    async def _arun_blocking(
+    async def arun_blocking(
         self, make_plan: PlanMaker[T], pools: LoopPools, channel: AsyncChannel | None
     ) -> tuple[T, list[Any]]:
         """Asyncio twin of :meth:`_run_blocking`: on ``channel`` (None: a new one, on a

@@ -24,8 +24,8 @@ import hiredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from ..pools.budget import Budget
 from ..keyspace import wake_node
+from ..pools.budget import Budget
 from . import redis_py
 from .base import CONNECT_ERRORS, pack, texts
 
