@@ -37,8 +37,13 @@ from .runner import (
 _STOPS = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 
 
-def run(manager: LockManager, request: RunRequest) -> Outcome:
-    """Run ``request`` under its lease in a forked holder; returns how it ended."""
+def run(manager: LockManager, request: RunRequest, *, exiting: bool = False) -> Outcome:
+    """Run ``request`` under its lease in a forked holder; returns how it ended.
+
+    ``exiting``: this process ends right after (``manage.py redlock run`` from a command
+    line): a signal that comes once the holder is done is ignored instead of ending this
+    process by its default action (its exit status would no longer be the outcome's).
+    Otherwise the caller's handlers are restored."""
     mine, theirs = socket.socketpair()
     pgid = os.getpgrp()
     ignored = ignored_signals()
@@ -49,7 +54,7 @@ def run(manager: LockManager, request: RunRequest) -> Outcome:
         mine.close()
         _hold(manager, request, FrontLink(theirs, pgid, ignored))
     theirs.close()
-    return _Front(holder, mine, pgid, ignored).follow()
+    return _Front(holder, mine, pgid, ignored).follow(exiting)
 
 
 def _hold(manager: LockManager, request: RunRequest, front: FrontLink) -> NoReturn:
@@ -89,9 +94,11 @@ class _Front:
         self.job = 0
         #: the holder took the lease and starts the job's keeper (the job may run from now)
         self.starting = False
+        #: the holder is done (or gone): signals are no longer passed on (its pid may be reused)
+        self.finished = False
         self.previous: dict[int, Any] = {}
 
-    def follow(self) -> Outcome:
+    def follow(self, exiting: bool = False) -> Outcome:
         outcome: Outcome | None = None
         self._install()
         try:
@@ -108,7 +115,8 @@ class _Front:
                 for line in lines:
                     outcome = self._line(line.decode()) or outcome
         finally:
-            self._restore()
+            self.finished = True
+            self._restore(ignore=exiting)
             self.sock.close()
         _, status = os.waitpid(self.holder, 0)
         if self.job and foreground_of(0) == self.job:
@@ -144,12 +152,17 @@ class _Front:
             if signum not in self.ignored:
                 self.previous[signum] = signal.signal(signum, self._relay)
 
-    def _restore(self) -> None:
+    def _restore(self, *, ignore: bool = False) -> None:
+        """Put the caller's handlers back; ``ignore``: ignore those signals instead, until
+        this process ends (Python's own shutdown would reset a handler of ours to the
+        default action, and a late signal would end the process with it)."""
         for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
+            signal.signal(signum, signal.SIG_IGN if ignore else handler)
         self.previous.clear()
 
     def _relay(self, signum: int, frame: FrameType | None) -> None:
+        if self.finished:
+            return
         with contextlib.suppress(OSError):
             os.kill(self.holder, signum)
 

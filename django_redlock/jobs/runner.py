@@ -161,7 +161,9 @@ def run_locked(manager: LockManager, request: RunRequest, front: FrontLink | Non
 
     Raises ``TypeError``/``ValueError`` for a bad name, TTL or timeout."""
     ignored = front.ignored if front is not None else ignored_signals()
-    with _Handlers(ignored) as handlers:
+    # a forked holder ends right after: a signal that comes once the job is over is dropped
+    # (its default action would kill the holder before it reports the outcome)
+    with _Handlers(ignored, restore=front is None) as handlers:
         lease: Lease | None = None
         try:
             lease = manager.acquire(request.name, ttl=request.ttl, timeout=request.timeout)
@@ -426,8 +428,10 @@ class _Handlers:
     :class:`_Interrupted` where the main thread is, and later ones are noted only; from then
     on they are the supervisor's: passed on to the job's group, or held back until it exists."""
 
-    def __init__(self, ignored: frozenset[int]) -> None:
+    def __init__(self, ignored: frozenset[int], *, restore: bool = True) -> None:
         self.ignored = ignored
+        #: False: leave the signals ignored on exit instead of restoring the handlers
+        self.restore = restore
         self.supervisor: _Supervisor | None = None
         self.noted: list[int] = []
         self.previous: dict[int, Any] = {}
@@ -443,7 +447,7 @@ class _Handlers:
 
     def __exit__(self, *exc: object) -> None:
         for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
+            signal.signal(signum, handler if self.restore else signal.SIG_IGN)
 
     def hand_over(self, supervisor: _Supervisor) -> None:
         """From now on signals are ``supervisor``'s; those noted that do not end a run

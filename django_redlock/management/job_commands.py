@@ -25,7 +25,9 @@ from ..validation import check_max_hold, check_name, check_timeout, check_ttl
 from .failures import Failure
 
 
-def run_command(options: dict[str, Any], one_alias: Callable[[str], str]) -> None:
+def run_command(
+    options: dict[str, Any], one_alias: Callable[[str], str], *, exiting: bool = False
+) -> None:
     """``run NAME -- COMMAND``: exits with the command's status (see docs/jobs.md).
     ``leader NAME -- COMMAND`` is a run that waits for ever for the name (the election),
     then holds it while the command runs (docs/leaders.md)."""
@@ -64,7 +66,7 @@ def run_command(options: dict[str, Any], one_alias: Callable[[str], str]) -> Non
     if status_file:  # a file left from an earlier run must not be mistaken for this one's
         with contextlib.suppress(FileNotFoundError):
             os.unlink(status_file)
-    outcome = front.run(manager, request)
+    outcome = front.run(manager, request, exiting=exiting)
     if status_file:
         outcome.write_status(status_file)
     if outcome.message is not None:

@@ -15,7 +15,7 @@ import pytest
 
 from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes
-from tests.support.waiting import pttls
+from tests.support.waiting import pttls, until_waiting
 
 from .run_support import Wrapper, alive, exit_status_within, free_now, run_in_process, wait_for
 
@@ -111,6 +111,58 @@ def test_sigterm_as_the_name_is_taken_leaves_nothing_locked(
         outcomes.append(err.strip() or "job ended by the signal")
         free_now(manager, name)
     print(outcomes)
+
+
+@pytest.mark.parametrize("gap", [0.03, 0.1])
+def test_a_second_signal_as_the_run_ends_does_not_kill_it(
+    wrapper: tuple[Wrapper, LockManager], tmp_path: Path, gap: float
+) -> None:
+    """Two SIGTERMs ``gap`` apart; the job exits 42 on the first. The second reaches
+    ``redlock run`` as it ends: it exits 42, as its status file says (the second signal used
+    to end it by its default action, -15, once its handlers were put back or Python's
+    shutdown had reset them)."""
+    run, manager = wrapper
+    ready, status = tmp_path / "ready", tmp_path / "status.json"
+    script = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(42))\n"
+        f"open({str(ready)!r}, 'w').write('ok' + chr(10))\n"
+        "time.sleep(30)\n"
+    )
+    process = run.start("twice", script, "--status-file", str(status))
+    wait_for(ready)
+    process.send_signal(signal.SIGTERM)
+    time.sleep(gap)
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    assert exit_status_within(process, 20) == 42
+    assert json.loads(status.read_text())["exit_status"] == 42
+    free_now(manager, "twice")
+
+
+def test_two_signals_during_the_wait_exit_128_plus_the_first(
+    wrapper: tuple[Wrapper, LockManager], tmp_path: Path
+) -> None:
+    """SIGTERM, then SIGINT 0.1 s later, while ``redlock run --timeout 20`` waits for a name
+    another holder keeps: 143 (interrupted), as its status file says; the job never ran."""
+    run, manager = wrapper
+    status, ran = tmp_path / "status.json", tmp_path / "ran"
+    holder = manager.acquire("waited", ttl=30, timeout=0)
+    try:
+        process = run.start(
+            "waited", f"open({str(ran)!r}, 'w')", "--timeout", "20", "--status-file", str(status)
+        )
+        until_waiting(manager, "waited", 1, 30)
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.1)
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+        assert exit_status_within(process, 20) == 128 + signal.SIGTERM
+    finally:
+        holder.release()
+    assert json.loads(status.read_text())["outcome"] == "interrupted"
+    assert not ran.exists()
+    free_now(manager, "waited")
 
 
 def test_wrapper_sigkilled_takes_the_child_with_it(

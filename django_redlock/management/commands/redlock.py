@@ -122,6 +122,15 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         add_subcommands(parser)
 
+    def run_from_argv(self, argv: list[str]) -> None:
+        """From a command line: this process ends with the command (see ``front.run``)."""
+        self._from_argv = True
+        super().run_from_argv(argv)
+
+    def _run_job(self, options: dict[str, Any]) -> None:
+        exiting = getattr(self, "_from_argv", False)
+        job_commands.run_command(options, self._one_alias, exiting=exiting)
+
     def handle(self, *args: Any, **options: Any) -> None:
         commands: dict[str, Callable[[dict[str, Any]], None]] = {
             "list": self.list_locks,
@@ -129,8 +138,8 @@ class Command(BaseCommand):
             "release": self.release,
             "clear": self.clear,
             "nodes": self.nodes,
-            "run": lambda options: job_commands.run_command(options, self._one_alias),
-            "leader": lambda options: job_commands.run_command(options, self._one_alias),
+            "run": self._run_job,
+            "leader": self._run_job,
             "scheduler": lambda options: job_commands.scheduler(self, options),
             "schedule": lambda options: job_commands.schedule(self, options),
             "prune-tombstones": self.prune_tombstones,
