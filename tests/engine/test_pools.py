@@ -81,6 +81,17 @@ class _Peak:
         return [_ours(node) for node in self._nodes]
 
 
+def _sync_sockets(engine: Any) -> list[int]:
+    """Per node, the connected links of the engine's sync channels (pooled, blocking waits,
+    the background give-backs')."""
+    pools = engine.pools
+    channels = [*pools._all, *pools._blocking_all, *([pools._aside] if pools._aside else [])]
+    return [
+        sum(1 for channel in channels if channel.links[i].connected)
+        for i in range(len(engine.labels))
+    ]
+
+
 def _until(test: Callable[[], bool], seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while not test():
@@ -323,7 +334,13 @@ def test_a_channel_closed_while_a_task_waits_for_it_is_not_used(
         return ok and not reused
 
     assert asyncio.run(main())
-    assert [_ours(node) for node in three] == [0, 0, 0]  # all closed with the loop
+    # all closed with the loop: what is left open is the sync side's (a release's straggler,
+    # a node that answered after the quorum on a loaded machine, is sent again from a
+    # background thread on a sync channel of its own)
+    assert _until(lambda: [_ours(n) for n in three] == _sync_sockets(engine), 5.0), (
+        [_ours(n) for n in three],
+        _sync_sockets(engine),
+    )
 
 
 def test_a_connect_in_flight_when_its_channel_closes_drops_its_socket(

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
 
 import pytest
@@ -388,3 +389,29 @@ def test_lock_many_recipe_keeps_each_rows_own_token(unique_name: str) -> None:
         row.stock -= 1
         row.save()
     assert Product.objects.get(pk=pa.pk).stock == 3
+
+
+@pytest.mark.parametrize("alias", ["default", "multi"])
+@pytest.mark.parametrize("auto_extend", [False, True])
+def test_async_generator_closed_by_the_loops_shutdown_is_released(
+    alias: str, auto_extend: bool, unique_name: str
+) -> None:
+    """An ``@alock`` generator still suspended (and referenced) when ``asyncio.run()`` ends
+    is closed by the loop's shutdown (``shutdown_asyncgens``), together with the app's own
+    connections of that loop: its name is free right after ``asyncio.run()`` returns, not one
+    TTL (30 s) later."""
+    kept: list[object] = []
+
+    @locks[alias].alock("{0}", ttl=30, timeout=0, auto_extend=auto_extend)
+    async def rows(name: str) -> AsyncIterator[int]:
+        yield 1
+        yield 2
+
+    async def main() -> None:
+        started = rows(unique_name)
+        assert await started.__anext__() == 1
+        kept.append(started)
+
+    asyncio.run(main())
+    assert free_elsewhere(unique_name, alias)
+    kept.clear()

@@ -12,7 +12,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, TypeVar
 
 from .. import forks
@@ -362,45 +362,6 @@ class ChannelPools:
             self._closers[loop] = closer
         return pools
 
-    @contextlib.asynccontextmanager
-    async def achannel(
-        self, pinned: Any = None, until: float = SPARE
-    ) -> AsyncIterator[AsyncChannel]:
-        """A channel of this event loop (``pinned`` if it is one); see :meth:`_run`."""
-        pools = self._loops.get(asyncio.get_running_loop()) or await self.loop_pools()
-        if isinstance(pinned, AsyncChannel) and pinned in pools.channels:
-            async with pinned.mutex:
-                still = pinned in pools.channels  # not closed as idle meanwhile
-                if still:
-                    yield pinned
-            if still:
-                return
-        while True:
-            channel = next((c for c in reversed(pools.channels) if not c.mutex.locked()), None)
-            if channel is None:
-                channel = await self._acheckout(pools, until)
-                if channel is None:  # a new one: held while connecting so no other task uses it
-                    async with self._aopen(pools) as channel:
-                        yield channel
-                    return
-                if channel.idle_since < 0:  # a stand-in
-                    yield channel
-                    return
-            # An unlocked channel with a task already woken for it makes this task wait for
-            # its mutex; meanwhile the channel may be closed (idle, or evicted for a starving
-            # pool): then it is not ours to use, pick again.
-            await channel.mutex.acquire()
-            if channel in pools.channels:
-                break
-            channel.mutex.release()
-        try:
-            try:
-                yield channel
-            finally:
-                channel.mutex.release()
-        finally:
-            self._areturn(pools, channel)
-
     def _areturn(self, pools: LoopPools, channel: AsyncChannel) -> None:
         """``channel`` is free again: pooled, or closed while another kind starves."""
         if self.budget.hungry and len(pools.channels) > 1 and channel in pools.channels:
@@ -450,9 +411,47 @@ class ChannelPools:
                 with contextlib.suppress(ValueError):
                     pools.waiters.remove(future)
 
-    @contextlib.asynccontextmanager
-    async def _aopen(self, pools: LoopPools) -> AsyncIterator[AsyncChannel]:
-        """A new channel of this loop, on a slot the budget gave."""
+    async def arun(
+        self, make_plan: PlanMaker[T], pinned: Any = None, until: float = SPARE
+    ) -> tuple[T, AsyncChannel]:
+        """The asyncio twin of :meth:`run`: ``make_plan`` run on a channel of this event loop
+        (``pinned`` if it is one). Plain coroutines only, no async generator (a context
+        manager made with ``asynccontextmanager`` is one): a release made while the loop
+        shuts down (an ``@alock`` generator closed by ``shutdown_asyncgens``) must not start
+        one, which asyncio refuses to finalize then (a ResourceWarning; an error where
+        warnings are errors)."""
+        self._check_fork()
+        pools = self._loops.get(asyncio.get_running_loop()) or await self.loop_pools()
+        if isinstance(pinned, AsyncChannel) and pinned in pools.channels:
+            async with pinned.mutex:
+                if pinned in pools.channels:  # not closed as idle meanwhile
+                    return await adrive(make_plan, pinned), pinned
+        while True:
+            channel = next((c for c in reversed(pools.channels) if not c.mutex.locked()), None)
+            if channel is None:
+                channel = await self._acheckout(pools, until)
+                if channel is None:  # a slot for a new one
+                    return await self._arun_new(pools, make_plan)
+                if channel.idle_since < 0:  # a stand-in
+                    return await adrive(make_plan, channel), channel
+            # An unlocked channel with a task already woken for it makes this task wait for
+            # its mutex; meanwhile the channel may be closed (idle, or evicted for a starving
+            # pool): then it is not ours to use, pick again.
+            await channel.mutex.acquire()
+            if channel in pools.channels:
+                break
+            channel.mutex.release()
+        try:
+            try:
+                return await adrive(make_plan, channel), channel
+            finally:
+                channel.mutex.release()
+        finally:
+            self._areturn(pools, channel)
+
+    async def _arun_new(self, pools: LoopPools, make_plan: PlanMaker[T]) -> tuple[T, AsyncChannel]:
+        """:meth:`arun` on a new channel of this loop, on a slot the budget gave; held while
+        it connects, so no other task uses it."""
         channel = AsyncChannel(self.labels, self._async_factories, self.state.node_timeout)
         async with channel.mutex:
             pools.channels.append(channel)
@@ -465,17 +464,11 @@ class ChannelPools:
                 pools.give_soon(self._every)
                 raise
             try:
-                yield channel
+                result = await adrive(make_plan, channel)
             finally:
                 channel.idle_since = time.monotonic()
         self._areturn(pools, channel)
-
-    async def arun(
-        self, make_plan: PlanMaker[T], pinned: Any = None, until: float = SPARE
-    ) -> tuple[T, AsyncChannel]:
-        self._check_fork()
-        async with self.achannel(pinned, until) as channel:
-            return await adrive(make_plan, channel), channel
+        return result, channel
 
     async def arun_blocking(
         self, make_plan: PlanMaker[T], pools: LoopPools, channel: AsyncChannel | None
@@ -518,13 +511,29 @@ class ChannelPools:
         self._reaper_wake.set()
 
 
+#: How long the loop's shutdown lets calls still running finish before closing its
+#: connections (see :func:`_close_at_loop_shutdown`), seconds.
+SHUTDOWN_GRACE = 1.0
+
+
 async def _close_at_loop_shutdown(pools: LoopPools) -> AsyncGenerator[None, None]:
     """Suspended once per event loop; ``loop.shutdown_asyncgens()`` (run by ``asyncio.run``)
-    closes it, which closes that loop's connections before the loop goes away."""
+    closes it, which closes that loop's connections before the loop goes away.
+
+    The shutdown closes the loop's other async generators at the same time: an ``@alock``
+    generator among them releases its lease as it closes. Their first steps run first, and
+    the calls they started finish (within :data:`SHUTDOWN_GRACE`) before the connections
+    close; else such a release found its connection closed and the name stayed locked until
+    a background give-back got through."""
     try:
         yield
         await asyncio.Event().wait()  # never resumed on purpose
     finally:
+        for _ in range(3):  # the other generators' closing steps, up to their first call
+            await asyncio.sleep(0)
+        deadline = time.monotonic() + SHUTDOWN_GRACE
+        while pools.busy() and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
         await pools.close()
 
 

@@ -32,6 +32,10 @@ class LoopPools:
         self._timer: asyncio.TimerHandle | None = None
         budget.add_evictor(self, self.evict_soon)
 
+    def busy(self) -> bool:
+        """True while a call runs on one of this loop's channels."""
+        return any(channel.mutex.locked() for channel in self.channels + self.blocking)
+
     # -- waiting for a channel -------------------------------------------------------------
     def wake_one(self) -> None:
         """A channel went back to the pool: the first task waiting for one tries again."""
