@@ -376,17 +376,20 @@ def test_waiters_give_up_after_the_alias_timeout(
 def test_a_compute_longer_than_the_ttl_keeps_its_lease(
     backend: str, key: str, settings: Any, redlock_alias: Any
 ) -> None:
-    """The write lease is auto-extended while compute runs: a compute of 1 s on an alias whose
-    TTL is 0.3 s still holds the key, so a caller arriving meanwhile waits and reads its value
-    instead of computing a second time."""
-    manager = redlock_alias(settings.REDLOCK["default"]["NODES"], TTL=0.3, TIMEOUT=30)
+    """The write lease is auto-extended while compute runs: a compute of 2.5 s on an alias
+    whose TTL is 1 s still holds the key, so a caller arriving meanwhile waits and reads its
+    value instead of computing a second time. (TTL 1 s and a generous NODE_TIMEOUT: with 0.3 s
+    and 50 ms, a loaded machine delayed a renewal past the TTL now and then.)"""
+    manager = redlock_alias(
+        settings.REDLOCK["default"]["NODES"], TTL=1.0, TIMEOUT=30, NODE_TIMEOUT=2.0
+    )
     computes: list[str] = []
     started = threading.Event()
 
     def slow() -> str:
         computes.append("slow")
         started.set()
-        time.sleep(1.0)
+        time.sleep(2.5)
         return "slow"
 
     first = threading.Thread(

@@ -440,7 +440,9 @@ class Channel:
                 spin_until = min(now + spinner._limit, deadline)
                 while not link.drain(receive=True) and time.monotonic() < spin_until:
                     os.sched_yield()
-                spinner.settled(slot.done)
+                # in time only within the budget: a reply read after this thread waited for
+                # a CPU past it (a loaded machine) is a miss, not a fast node
+                spinner.settled(slot.done and time.monotonic() <= spin_until)
             while not slot.done:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
