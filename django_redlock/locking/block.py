@@ -302,6 +302,7 @@ class LockBlock:
                 # held from the first iteration until the generator ends, raises or is closed
                 suspensions = context.Suspensions()
                 async with contextlib.AsyncExitStack() as stack:
+                    stack.callback(suspensions.end_visits)  # resumed by another task
                     if not await calls.aentered(stack, args, kwargs):
                         return
                     body = func(*args, **kwargs)

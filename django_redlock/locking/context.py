@@ -424,11 +424,14 @@ class Suspensions:
     second generator of the same name, or a block of it, is another holder: busy, as for
     another thread). Each resumption makes them the generator's again."""
 
-    __slots__ = ("_mark", "_mine")
+    __slots__ = ("_mark", "_mine", "_visits")
 
     def __init__(self) -> None:
         self._mark = next(_SEQ)
         self._mine: list[_Entry] = []
+        #: the generator's leases lent to the thread or task that resumed it, when that is
+        #: not the one that activated them (tokens for :func:`pop`, at the next suspension)
+        self._visits: list[object] = []
 
     def suspend(self) -> None:
         """The generator yields: its entries stop guarding writes."""
@@ -444,6 +447,7 @@ class Suspensions:
                     found.append(entry)
             else:
                 frame = frame.parent
+        self.end_visits()
         mine = [entry for entry in self._mine if entry.live()] + found
         for entry in mine:
             entry.fences = False
@@ -451,8 +455,21 @@ class Suspensions:
         self._mine = mine
 
     def resume(self) -> None:
-        """The generator runs again: its entries guard its writes."""
+        """The generator runs again: its entries guard its writes. Resumed by another thread
+        or task than the one that activated them, they stay suspended there and are lent to
+        this one until the next suspension (its body's blocks re-enter them, its writes
+        carry their tokens)."""
+        owner = _owner()
         for entry in self._mine:
-            entry.fences = True
-            entry.suspended = False
+            if entry.frame.owner == owner:
+                entry.fences = True
+                entry.suspended = False
+            elif entry.live():
+                self._visits.append(push(entry.lease))
         self._mark = next(_SEQ)
+
+    def end_visits(self) -> None:
+        """Take back what :meth:`resume` lent to another thread or task."""
+        visits, self._visits = self._visits, []
+        for token in reversed(visits):
+            pop(token)

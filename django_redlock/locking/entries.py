@@ -92,21 +92,24 @@ def suspending(body: Generator[Any, Any, Any], suspensions: context.Suspensions)
     in go to ``body``, as with ``yield from``)."""
     value: Any = None
     thrown: BaseException | None = None
-    while True:
-        try:
-            item = body.send(value) if thrown is None else body.throw(thrown)
-        except StopIteration as stop:
-            return stop.value
-        suspensions.suspend()
-        try:
-            value, thrown = (yield item), None
-        except GeneratorExit:
+    try:
+        while True:
+            try:
+                item = body.send(value) if thrown is None else body.throw(thrown)
+            except StopIteration as stop:
+                return stop.value
+            suspensions.suspend()
+            try:
+                value, thrown = (yield item), None
+            except GeneratorExit:
+                suspensions.resume()
+                body.close()
+                raise
+            except BaseException as exc:  # thrown in by the caller: the body handles it
+                value, thrown = None, exc
             suspensions.resume()
-            body.close()
-            raise
-        except BaseException as exc:  # thrown in by the caller: the body handles it
-            value, thrown = None, exc
-        suspensions.resume()
+    finally:
+        suspensions.end_visits()  # resumed elsewhere: what it lent that thread ends here
 
 
 def check_lost(lease: Lease, exc_type: object) -> None:

@@ -415,3 +415,76 @@ def test_async_generator_closed_by_the_loops_shutdown_is_released(
     asyncio.run(main())
     assert free_elsewhere(unique_name, alias)
     kept.clear()
+
+
+def test_generator_resumed_in_another_thread_keeps_its_lease(unique_name: str) -> None:
+    """An ``@lock`` generator started in this thread and resumed in another (and back): its
+    body's block re-enters its lease there (the same token), while this thread, its consumer,
+    still finds the name busy."""
+    seen: list[object] = []
+
+    @locks["default"].lock("{0}", timeout=0)
+    def rows(name: str) -> Iterator[int]:
+        for i in range(3):
+            with locks["default"].lock(name, timeout=0) as inner:
+                seen.append(inner.token)
+            yield i
+
+    gen = rows(unique_name)
+    assert next(gen) == 0
+    other: list[object] = []
+    thread = threading.Thread(target=lambda: other.append(next(gen)))
+    thread.start()
+    thread.join(10)
+    assert other == [1]  # the body re-entered its lease in the other thread
+    with pytest.raises(LockNotAcquired), locks["default"].lock(unique_name, timeout=0):
+        pass  # still the generator's, not this thread's
+    assert next(gen) == 2
+    assert len(set(seen)) == 1
+    gen.close()
+    assert free_elsewhere(unique_name)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_generator_resumed_in_another_thread_fences_its_writes(unique_name: str) -> None:
+    """The generator's writes in the thread that resumed it carry its token (they were
+    unfenced there: token 0)."""
+    product = Product.objects.create(name=unique_name, stock=0)
+    tokens: list[int] = []
+
+    @locks["default"].lock("{0}", timeout=0)
+    def rows(name: str) -> Iterator[None]:
+        yield None
+        Product.objects.filter(pk=product.pk).update(stock=1)
+        yield None
+
+    gen = rows(unique_name)
+    next(gen)
+    thread = threading.Thread(target=lambda: next(gen))
+    thread.start()
+    thread.join(10)
+    product.refresh_from_db()
+    tokens.append(product.fence_token)
+    gen.close()
+    assert product.stock == 1 and tokens[0] > 0
+
+
+def test_async_generator_resumed_by_another_task_keeps_its_lease(unique_name: str) -> None:
+    """The asyncio twin: resumed by another task, its body's ``alock`` re-enters its lease."""
+
+    @locks["default"].alock("{0}", timeout=0)
+    async def rows(name: str) -> AsyncIterator[int]:
+        for i in range(2):
+            async with locks["default"].alock(name, timeout=0):
+                pass
+            yield i
+
+    async def main() -> list[int]:
+        gen = rows(unique_name)
+        first = await gen.__anext__()
+        second = await asyncio.get_running_loop().create_task(gen.__anext__())
+        await gen.aclose()
+        return [first, second]
+
+    assert asyncio.run(main()) == [0, 1]
+    assert free_elsewhere(unique_name)
