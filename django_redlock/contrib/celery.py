@@ -48,7 +48,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
@@ -56,7 +55,6 @@ from typing import Any
 from celery import Task
 from celery.signals import task_revoked
 
-from ..engine import LeaseRecord
 from ..exceptions import LockError, LockNotAcquired
 from ..locking import context
 from ..locking.manager import LockManager
@@ -312,7 +310,7 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
         # The worker releases the marker with its owner value (compare-and-delete, as the
         # sender's release would): whoever reads the message can release this marker, and
         # nothing else.
-        value = [marker.name, marker._record.owner]
+        value = [marker.name, marker.record.owner]
         options["headers"] = {**(options.get("headers") or {}), ENQUEUED_HEADER: value}
         try:
             return super().apply_async(args, kwargs, **options)
@@ -360,10 +358,8 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
                 "Task %s[%s]: malformed %s header", self.name, request.id, ENQUEUED_HEADER
             )
             return
-        engine = locks[self.lock_using].engine_for(name)
-        record = LeaseRecord(name, engine.state.keys.lock(name), owner, deadline=time.monotonic())
-        try:
-            engine.release(record)  # compare-and-delete: only a marker of that owner
+        try:  # compare-and-delete: only a marker of that owner
+            locks[self.lock_using].release_owned(name, owner)
         except (LockError, OSError) as exc:  # it expires on its own after lock_enqueue_ttl
             logger.warning(
                 "Task %s[%s]: enqueue marker %r not released: %s", self.name, request.id, name, exc

@@ -208,7 +208,7 @@ class LockBlock:
         if self._entries and any(self._entries[-1].lease is lease for lease in leases):
             entry = self._entries.pop()
             context.pop(entry.token)
-            entry.lease._blocks -= 1
+            entry.lease.block_closed()
 
     def _reentrant_lease(self, manager: Acquirer) -> Lease | None:
         """The lease this block re-enters (this thread's or task's lease of the name, of the
@@ -231,7 +231,7 @@ class LockBlock:
 
     def _entered(self, lease: Lease, *, reentered: bool = False) -> Lease:
         entry = Entered(lease, reentered, context.push(lease))  # re-enterable, guards writes
-        lease._blocks += 1
+        lease.block_opened()
         options = self._options
         if reentered and options.auto_extend:
             entry.renews = lease.keep_alive(options.max_hold)
@@ -246,10 +246,10 @@ class LockBlock:
         that ends inside a transaction (released after the commit), or one whose ``min_hold``
         has time left (then ``entry.hold_for``: the lease is shortened to it, not released)."""
         lease = entry.lease
-        lease._blocks -= 1
+        lease.block_closed()
         entry.left = True
         context.pop(entry.token)
-        if lease._blocks > 0:  # another block of this lease is still open: it lets go
+        if lease.open_blocks > 0:  # another block of this lease is still open: it lets go
             if entry.renews is not None:
                 entry.renews()
             check_lost(lease, exc_type)
@@ -258,7 +258,7 @@ class LockBlock:
         # ExitStack can end the outermost first) decides what happens to it
         if self._options.until_commit and in_transaction():
             context.deactivate(lease)  # guards no writes after its block ...
-            pending = lease._commit_pending
+            pending = lease.commit_pending
             if pending is None or not pending():
                 pending = release_after_commit(lease, self._options.max_hold)
             context.push_findable(lease, pending)  # ... but this transaction re-enters it
@@ -431,9 +431,9 @@ def _left_interrupted(entry: Entered) -> None:
     transaction's commit releases it, as the exit would have done."""
     lease = entry.lease
     if not entry.left:
-        lease._blocks -= 1
+        lease.block_closed()
         entry.left = True
         with contextlib.suppress(Exception):
             context.pop(entry.token)
-    if lease._blocks <= 0 and not lease.released and lease._commit_pending is None:
+    if lease.open_blocks <= 0 and not lease.released and lease.commit_pending is None:
         lease._release_interrupted()

@@ -18,7 +18,7 @@ def give_back(opened: handoff.Handoff | None, engine_for: Callable[[str], Engine
     if opened is None:
         return
     handoff.LOCAL.current = None
-    made = {id(lease._record) for lease in opened.leases}
+    made = {id(lease.record) for lease in opened.leases}
     for lease in opened.leases:
         with contextlib.suppress(Exception):
             lease.release()

@@ -77,6 +77,40 @@ class Lease:
         if (open_handoff := handoff.current()) is not None:
             open_handoff.leases.append(self)  # an interrupted acquire gives it back
 
+    # -- the surface the app's own modules use (blocks, sets, request locks, records) ------
+    @property
+    def record(self) -> LeaseRecord:
+        """What the engine knows of this lease (owner value, token, pinned channel...)."""
+        return self._record
+
+    @property
+    def engine(self) -> Engine:
+        """The engine that holds it."""
+        return self._engine
+
+    @property
+    def open_blocks(self) -> int:
+        """The lock blocks (request locks, ``lock_many`` sets) holding it open now; the last
+        to end lets it go."""
+        return self._blocks
+
+    def block_opened(self) -> None:
+        """A block re-entered or took it: it stays held until that block ends too."""
+        self._blocks += 1
+
+    def block_closed(self) -> None:
+        """A block of it ended (see :attr:`open_blocks`)."""
+        self._blocks -= 1
+
+    @property
+    def commit_pending(self) -> Callable[[], bool] | None:
+        """Kept until a commit: True while that commit is still to come; else None."""
+        return self._commit_pending
+
+    @commit_pending.setter
+    def commit_pending(self, pending: Callable[[], bool] | None) -> None:
+        self._commit_pending = pending
+
     @property
     def name(self) -> str:
         return self._record.name

@@ -7,6 +7,7 @@ module turns its outcomes into leases, exceptions, signals and log lines.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict, Unpack, cast
@@ -441,6 +442,15 @@ class LockManager(KindBlocks):
         """
         name = check_name(name)
         return self.engine_for(name).force_release(name, expected_value)
+
+    def release_owned(self, name: str, owner: str) -> bool:
+        """Release ``name`` only if the lease whose owner value is ``owner`` holds it (one
+        taken elsewhere and known by its owner value: a Celery enqueue marker released by
+        the worker that runs its message). A compare-and-delete: True if it deleted it."""
+        name = check_name(name)
+        engine = self.engine_for(name)
+        record = LeaseRecord(name, engine.state.keys.lock(name), owner, deadline=time.monotonic())
+        return engine.release(record)
 
     # -- outcomes --------------------------------------------------------------------------
     def _wanted(

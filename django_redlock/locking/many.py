@@ -96,7 +96,7 @@ class HeldLocks:
             return []
         held: dict[int, bool] = {}
         for group in _by_owner(leases):
-            replies = group[0]._engine.release_many([lease._record for lease in group])
+            replies = group[0].engine.release_many([lease.record for lease in group])
             held.update(zip(map(id, group), replies, strict=True))
         return self._released(leases, [held[id(lease)] for lease in leases])
 
@@ -106,7 +106,7 @@ class HeldLocks:
             return []
         held: dict[int, bool] = {}
         for group in _by_owner(leases):
-            replies = await group[0]._engine.arelease_many([lease._record for lease in group])
+            replies = await group[0].engine.arelease_many([lease.record for lease in group])
             held.update(zip(map(id, group), replies, strict=True))
         return self._released(leases, [held[id(lease)] for lease in leases])
 
@@ -216,7 +216,7 @@ class LockManyBlock:
         leases = {name: borrowed.get(name) or own[name] for name in self._names}
         held = HeldLocks(leases, frozenset(borrowed))
         for lease in leases.values():
-            lease._blocks += 1  # like a lock block: the last block of a lease lets it go
+            lease.block_opened()  # like a lock block: the last block of a lease lets it go
         # every name of the set, re-entered ones too, guards the block's writes (as a
         # re-entered lock() block does) and is re-entered by lock() inside it
         self._held.append((held, context.push_set(leases)))
@@ -229,10 +229,12 @@ class LockManyBlock:
         for token in tokens:
             context.pop(token)
         for lease in held.leases.values():
-            lease._blocks -= 1
+            lease.block_closed()
         # a borrowed name whose outer block ended meanwhile (a generator closed inside the
         # set) is this set's to let go now; a name of the set still open elsewhere is not
-        held.borrowed = frozenset(name for name, lease in held.leases.items() if lease._blocks > 0)
+        held.borrowed = frozenset(
+            name for name, lease in held.leases.items() if lease.open_blocks > 0
+        )
         return held
 
     def _kept(self, held: HeldLocks) -> bool:
@@ -244,7 +246,7 @@ class LockManyBlock:
         keep_alive_all(own, max_hold)  # one renewal thread for the set
         for lease in own:
             context.deactivate(lease)
-            pending = lease._commit_pending
+            pending = lease.commit_pending
             if pending is None or not pending():
                 pending = release_after_commit(lease, max_hold)
             context.push_findable(lease, pending)  # this transaction re-enters it
@@ -257,7 +259,7 @@ def _by_owner(leases: list[Lease]) -> list[list[Lease]]:
     outer block ended inside it (a generator closed in the set: their own owner each)."""
     groups: dict[str, list[Lease]] = {}
     for lease in leases:
-        groups.setdefault(lease._record.owner, []).append(lease)
+        groups.setdefault(lease.record.owner, []).append(lease)
     return list(groups.values())
 
 

@@ -55,7 +55,7 @@ class _Release:
             return True
 
     def now(self) -> None:
-        if self.lease._blocks > 0:  # re-entered by a block still open: that block lets go
+        if self.lease.open_blocks > 0:  # re-entered by a block still open: that block lets go
             return
         if self.claim():
             _release_quietly(self.lease)
@@ -110,9 +110,9 @@ def release_after_commit(
         )
 
     def ended() -> bool:
-        return not pending() and lease._blocks == 0 and release.claim()
+        return not pending() and lease.open_blocks == 0 and release.claim()
 
     lease._transaction_ended = ended
-    lease._commit_pending = pending
+    lease.commit_pending = pending
     lease.keep_alive(max_hold, longer=False)
     return pending

@@ -217,11 +217,11 @@ def _attached(request: HttpRequest, lease: Lease, key: tuple[str, str]) -> Itera
     held[key] = lease
     request.lease = lease  # type: ignore[attr-defined]
     token = context.push(lease)
-    lease._blocks += 1  # a lock block re-entering it inside the view does not release it
+    lease.block_opened()  # a lock block re-entering it inside the view does not release it
     try:
         yield
     finally:
-        lease._blocks -= 1
+        lease.block_closed()
         context.pop(token)
         held.pop(key, None)
         if previous is _MISSING:

@@ -41,7 +41,7 @@ class Record:
 
 
 def _engine(lease: Lease) -> Engine:
-    engine: Engine = lease._engine
+    engine: Engine = lease.engine
     return engine
 
 
@@ -57,23 +57,23 @@ def _fields(values: Sequence[bytes | str]) -> list[tuple[str, bytes | str]]:
 def store(lease: Lease, values: Sequence[bytes | str], ttl: float) -> int:
     """Keep ``values`` (one per :data:`FIELDS`) for ``ttl`` seconds on every node where
     ``lease`` still holds its lock; returns on how many nodes it was written."""
-    return _engine(lease).store_record(lease._record, _fields(values), ttl)
+    return _engine(lease).store_record(lease.record, _fields(values), ttl)
 
 
 async def astore(lease: Lease, values: Sequence[bytes | str], ttl: float) -> int:
     """Asyncio twin of :func:`store`."""
-    return await _engine(lease).astore_record(lease._record, _fields(values), ttl)
+    return await _engine(lease).astore_record(lease.record, _fields(values), ttl)
 
 
 def read(lease: Lease) -> Record | None:
     """The record kept for ``lease``'s name (highest token of all nodes), or None."""
-    found = _engine(lease).read_record(lease.name, FIELDS, lease._record.pinned)
+    found = _engine(lease).read_record(lease.name, FIELDS, lease.record.pinned)
     return _record(lease.name, found)
 
 
 async def aread(lease: Lease) -> Record | None:
     """Asyncio twin of :func:`read`."""
-    found = await _engine(lease).aread_record(lease.name, FIELDS, lease._record.pinned)
+    found = await _engine(lease).aread_record(lease.name, FIELDS, lease.record.pinned)
     return _record(lease.name, found)
 
 
