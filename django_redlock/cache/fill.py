@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from enum import Enum
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
@@ -66,29 +67,19 @@ def get_or_set(
     """
     check_compute(compute, asyncio=False)
     fill = _Fill.of(key, timeout, cache, using, stale)
-    found = fill.read()
-    if found is not None and not found.stale:
-        return found.value  # type: ignore[no-any-return]
-    fill.check_not_own()
-    lease = fill.try_write_lease(stale_in_hand=found is not None)
-    if lease is None:
-        if found is not None:
-            return found.value  # type: ignore[no-any-return]  # stale; another caller refreshes it
-        fill.manager.acquire(fill.name, rw="read").release()  # woken by the writer's release
-        found = fill.read()
-        if found is not None:
-            return found.value  # type: ignore[no-any-return]
-        lease = fill.manager.acquire(fill.name, rw="write", auto_extend=True)
-    try:
-        found = fill.read()  # a fill may have ended between the miss and the lease
-        if found is not None and not found.stale:
-            return found.value  # type: ignore[no-any-return]
-        with fill.computing():
-            value = compute()
-        fill.write(value, lease)
-        return value
-    finally:
-        lease.release()
+    plan = _fill_plan(fill)
+    reply: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step, arg = plan.throw(error) if error is not None else plan.send(reply)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        error = None
+        try:
+            reply = _carry_out(fill, compute, step, arg)
+        except BaseException as exc:  # the plan decides (a busy lock, a failed compute...)
+            reply, error = None, exc
 
 
 async def aget_or_set(
@@ -106,30 +97,100 @@ async def aget_or_set(
     calls run in a worker thread, the lock's on the loop."""
     check_compute(compute, asyncio=True)
     fill = _Fill.of(key, timeout, cache, using, stale)  # no I/O: checks and lookups
-    read = sync_to_async(fill.read, thread_sensitive=False)
-    found = await read()
+    plan = _fill_plan(fill)
+    reply: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step, arg = plan.throw(error) if error is not None else plan.send(reply)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        error = None
+        try:
+            reply = await _acarry_out(fill, compute, step, arg)
+        except BaseException as exc:  # a cancellation too: the plan releases, then it goes on
+            reply, error = None, exc
+
+
+class Step(Enum):
+    """What :func:`_fill_plan` asks its driver to do (the argument: see each driver)."""
+
+    READ = "read"  # the key's value, or None
+    TRY_WRITE = "try_write"  # the write lease, one attempt (LockNotAcquired when busy)
+    WAIT_READ = "wait_read"  # wait for a read lease (the writer's release), and let it go
+    WRITE = "write"  # wait for the write lease
+    COMPUTE = "compute"  # the value, computed
+    STORE = "store"  # arg (value, lease): store the value fenced by the lease
+    RELEASE = "release"  # arg lease: release it
+
+
+def _fill_plan(fill: _Fill) -> Generator[tuple[Step, Any], Any, Any]:
+    """One ``get_or_set``, written once without I/O: yields each step, gets its result (or
+    its exception thrown in), returns the value."""
+    found = yield Step.READ, None
     if found is not None and not found.stale:
-        return found.value  # type: ignore[no-any-return]
+        return found.value
     fill.check_not_own()
-    lease = await fill.atry_write_lease(stale_in_hand=found is not None)
+    try:
+        lease = yield Step.TRY_WRITE, None
+    except LockNotAcquired:
+        lease = None
+    except NodesUnavailable as exc:
+        lease = fill.serve_stale(exc, found is not None)
     if lease is None:
         if found is not None:
-            return found.value  # type: ignore[no-any-return]  # stale; another caller refreshes it
-        await (await fill.manager.aacquire(fill.name, rw="read")).arelease()
-        found = await read()
+            return found.value  # stale; another caller refreshes it
+        yield Step.WAIT_READ, None  # woken by the writer's release
+        found = yield Step.READ, None
         if found is not None:
-            return found.value  # type: ignore[no-any-return]
-        lease = await fill.manager.aacquire(fill.name, rw="write", auto_extend=True)
+            return found.value
+        lease = yield Step.WRITE, None
     try:
-        found = await read()
+        found = yield Step.READ, None  # a fill may have ended between the miss and the lease
         if found is not None and not found.stale:
-            return found.value  # type: ignore[no-any-return]
+            return found.value
         with fill.computing():
-            value = await _acompute(compute)
-        await sync_to_async(fill.write, thread_sensitive=False)(value, lease)
-        return value  # type: ignore[no-any-return]
+            value = yield Step.COMPUTE, None
+        yield Step.STORE, (value, lease)
+        return value
     finally:
-        await lease.arelease()
+        yield Step.RELEASE, lease
+
+
+def _carry_out(fill: _Fill, compute: Callable[[], Any], step: Step, arg: Any) -> Any:
+    """The blocking driver's step."""
+    manager, name = fill.manager, fill.name
+    if step is Step.READ:
+        return fill.read()
+    if step is Step.TRY_WRITE:
+        return manager.acquire(name, rw="write", timeout=0, auto_extend=True)
+    if step is Step.WAIT_READ:
+        return manager.acquire(name, rw="read").release()
+    if step is Step.WRITE:
+        return manager.acquire(name, rw="write", auto_extend=True)
+    if step is Step.COMPUTE:
+        return compute()
+    if step is Step.STORE:
+        return fill.write(*arg)
+    return arg.release()
+
+
+async def _acarry_out(fill: _Fill, compute: Callable[[], Any], step: Step, arg: Any) -> Any:
+    """The asyncio driver's step: the lock's calls on the loop, the cache's in a thread."""
+    manager, name = fill.manager, fill.name
+    if step is Step.READ:
+        return await sync_to_async(fill.read, thread_sensitive=False)()
+    if step is Step.TRY_WRITE:
+        return await manager.aacquire(name, rw="write", timeout=0, auto_extend=True)
+    if step is Step.WAIT_READ:
+        return await (await manager.aacquire(name, rw="read")).arelease()
+    if step is Step.WRITE:
+        return await manager.aacquire(name, rw="write", auto_extend=True)
+    if step is Step.COMPUTE:
+        return await _acompute(compute)
+    if step is Step.STORE:
+        return await sync_to_async(fill.write, thread_sensitive=False)(*arg)
+    return await arg.arelease()
 
 
 async def _acompute(compute: Callable[[], Any]) -> Any:
@@ -207,27 +268,10 @@ class _Fill:
                 "itself. Compute the value directly there."
             )
 
-    def try_write_lease(self, *, stale_in_hand: bool) -> Lease | None:
-        """The write lease if nobody holds the key's lock (one attempt), else None; None too
-        when the lock's nodes cannot be reached while a stale value is in hand (served, with
-        a warning: the refresh waits for the nodes)."""
-        try:
-            return self.manager.acquire(self.name, rw="write", timeout=0, auto_extend=True)
-        except LockNotAcquired:
-            return None
-        except NodesUnavailable as exc:
-            return self._serve_stale(exc, stale_in_hand)
-
-    async def atry_write_lease(self, *, stale_in_hand: bool) -> Lease | None:
-        try:
-            return await self.manager.aacquire(self.name, rw="write", timeout=0, auto_extend=True)
-        except LockNotAcquired:
-            return None
-        except NodesUnavailable as exc:
-            return self._serve_stale(exc, stale_in_hand)
-
-    def _serve_stale(self, exc: NodesUnavailable, stale_in_hand: bool) -> Lease | None:
-        """None (no lease: serve the stale value) with a warning, or ``exc`` re-raised."""
+    def serve_stale(self, exc: NodesUnavailable, stale_in_hand: bool) -> Lease | None:
+        """The lock's nodes cannot be reached for the write lease: None (no lease: serve the
+        stale value in hand, with a warning; the refresh waits for the nodes), or ``exc``
+        re-raised when there is none."""
         if not stale_in_hand:
             raise exc
         logger.warning(

@@ -8,8 +8,6 @@ transaction on the default database, releases after the commit (docs/production.
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -27,10 +25,10 @@ from .entries import (
     check_lost,
     raise_if_cancelled_by_loss,
     refuse_other_kind,
-    suspending,
 )
 from .templates import CallTemplate
 from .transactions import in_transaction, release_after_commit
+from .wrapping import wrap_held
 
 if TYPE_CHECKING:
     from .acquirer import Acquirer
@@ -285,59 +283,12 @@ class LockBlock:
         calls = _Calls(
             self, template, getattr(func, "__qualname__", repr(func)), self._options.on_busy
         )
-        if inspect.iscoroutinefunction(func):
-
-            @functools.wraps(func)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                async with contextlib.AsyncExitStack() as stack:
-                    if await calls.aentered(stack, args, kwargs):
-                        return await func(*args, **kwargs)
-                    return None
-
-            return cast(F, async_wrapper)
-        if inspect.isasyncgenfunction(func):
-
-            @functools.wraps(func)
-            async def async_gen_wrapper(*args: Any, **kwargs: Any) -> Any:
-                # held from the first iteration until the generator ends, raises or is closed
-                suspensions = context.Suspensions()
-                async with contextlib.AsyncExitStack() as stack:
-                    stack.callback(suspensions.end_visits)  # resumed by another task
-                    if not await calls.aentered(stack, args, kwargs):
-                        return
-                    body = func(*args, **kwargs)
-                    await stack.enter_async_context(contextlib.aclosing(body))
-                    async for item in body:
-                        suspensions.suspend()  # the caller's writes are the caller's
-                        try:
-                            yield item
-                        finally:
-                            suspensions.resume()
-
-            return cast(F, async_gen_wrapper)
-        self._sync_allowed(f"decorate {calls.where!r}")
-        if inspect.isgeneratorfunction(func):
-
-            @functools.wraps(func)
-            def gen_wrapper(*args: Any, **kwargs: Any) -> Any:
-                # held from the first iteration until the generator ends, raises or is closed
-                # (an abandoned generator is closed, and so released, when it is collected)
-                suspensions = context.Suspensions()
-                with contextlib.ExitStack() as stack:
-                    if calls.entered(stack, args, kwargs):
-                        return (yield from suspending(func(*args, **kwargs), suspensions))
-                    return None
-
-            return cast(F, gen_wrapper)
-
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with contextlib.ExitStack() as stack:
-                if calls.entered(stack, args, kwargs):
-                    return func(*args, **kwargs)
-                return None
-
-        return cast(F, wrapper)
+        return wrap_held(
+            func,
+            calls.entered,
+            calls.aentered,
+            lambda: self._sync_allowed(f"decorate {calls.where!r}"),
+        )
 
     def _check_not_skipping(self) -> None:
         if self._options.on_busy == "skip" and not self._decorating:

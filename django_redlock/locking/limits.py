@@ -14,16 +14,15 @@ semaphore is the same one ``semaphore(name, permits)`` takes; each permit is a
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..validation import check_name, check_permits
-from . import context, ordering
-from .entries import refuse_other_kind, suspending
+from . import ordering
+from .entries import refuse_other_kind
 from .lease import Lease
 from .many import HeldLocks, LockManyBlock
+from .wrapping import wrap_held
 
 if TYPE_CHECKING:
     from .acquirer import Acquirer
@@ -107,45 +106,15 @@ class LimitsBlock(LockManyBlock):
         def block() -> LimitsBlock:  # one block per call: calls in threads do not share it
             return LimitsBlock(manager, limits, kwargs, until_commit)
 
-        if inspect.iscoroutinefunction(func):
+        def entered(stack: contextlib.ExitStack[Any], *_: Any) -> bool:
+            stack.enter_context(block())
+            return True
 
-            @functools.wraps(func)
-            async def arun(*args: Any, **kw: Any) -> Any:
-                async with block():
-                    return await func(*args, **kw)
+        async def aentered(stack: contextlib.AsyncExitStack[Any], *_: Any) -> bool:
+            await stack.enter_async_context(block())
+            return True
 
-            return cast(F, arun)
-        if inspect.isasyncgenfunction(func):
-
-            @functools.wraps(func)
-            async def agen(*args: Any, **kw: Any) -> Any:
-                # held from the first iteration until the generator ends, raises or is closed
-                suspensions = context.Suspensions()
-                async with block(), contextlib.aclosing(func(*args, **kw)) as body:
-                    async for item in body:
-                        suspensions.suspend()  # the caller's writes are the caller's
-                        try:
-                            yield item
-                        finally:
-                            suspensions.resume()
-
-            return cast(F, agen)
-        if inspect.isgeneratorfunction(func):
-
-            @functools.wraps(func)
-            def gen(*args: Any, **kw: Any) -> Any:
-                # held from the first iteration until the generator ends, raises or is closed
-                with block():
-                    return (yield from suspending(func(*args, **kw), context.Suspensions()))
-
-            return cast(F, gen)
-
-        @functools.wraps(func)
-        def run(*args: Any, **kw: Any) -> Any:
-            with block():
-                return func(*args, **kw)
-
-        return cast(F, run)
+        return wrap_held(func, entered, aentered)
 
     def _expect(self, names: list[str]) -> None:
         """Announce the names' templates to the lock-order checker, when it is on."""
