@@ -10,9 +10,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast
 
 from ..engine import handoff
 from ..exceptions import LockError, LockNotAcquired
@@ -49,6 +49,35 @@ def min_hold_left(min_hold: float | None, started: float) -> float:
 
 
 logger = logging.getLogger("django_redlock")  # docs/index.md: one logger name
+
+
+class BlockKeywords(TypedDict, total=False):
+    """The keyword options of ``lock()`` (see :class:`BlockOptions`)."""
+
+    auto_extend: bool
+    max_hold: float | None
+    reentrant: bool
+    until_commit: bool
+    on_busy: str
+    min_hold: float | None
+
+
+class AsyncBlockKeywords(BlockKeywords, total=False):
+    """The keyword options of ``alock()``: ``lock()``'s and ``on_lost``."""
+
+    on_lost: str | None
+
+
+def block_options(
+    what: str, ttl: float | None, timeout: float | None, options: Mapping[str, Any], *, aio: bool
+) -> BlockOptions:
+    """The options of a ``lock()`` (``aio``: ``alock()``) call ``what``; an unknown keyword is
+    a ``TypeError`` naming the call, as Python's own would."""
+    allowed = AsyncBlockKeywords.__optional_keys__ if aio else BlockKeywords.__optional_keys__
+    for keyword in options:
+        if keyword not in allowed:
+            raise TypeError(f"{what}() got an unexpected keyword argument {keyword!r}")
+    return BlockOptions(ttl, timeout, **options)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,13 @@ from ..validation import (
     check_ttl,
 )
 from . import context, interrupted, ordering
-from .block import AsyncLockBlock, BlockOptions, LockBlock
+from .block import (
+    AsyncBlockKeywords,
+    AsyncLockBlock,
+    BlockKeywords,
+    LockBlock,
+    block_options,
+)
 from .kind_blocks import HoldOptions, KindBlocks
 from .leader import Hook, Leadership
 from .lease import Lease, start_renewals
@@ -191,13 +197,7 @@ class LockManager(KindBlocks):
         name: str,
         ttl: float | None = None,
         timeout: float | None = UNSET,
-        *,
-        auto_extend: bool = False,
-        max_hold: float | None = None,
-        reentrant: bool = True,
-        until_commit: bool = True,
-        on_busy: str = "raise",
-        min_hold: float | None = None,
+        **options: Unpack[BlockKeywords],
     ) -> LockBlock:
         """A context manager (``with``; also ``async with``) and decorator holding ``name``.
 
@@ -205,33 +205,25 @@ class LockManager(KindBlocks):
         ``until_commit``: ending inside a transaction, release after the commit.
         ``on_busy="skip"`` (decorators): a busy name returns None without calling.
         ``min_hold``: after a run without error, the name stays taken until that many seconds
-        after it started (duplicates of one scheduled run are skipped, not run again)."""
-        options = BlockOptions(
-            ttl, timeout, auto_extend, max_hold, reentrant, until_commit, None, on_busy, min_hold
+        after it started (duplicates of one scheduled run are skipped, not run again).
+        ``auto_extend``, ``max_hold``: renew the lease while the block runs, up to
+        ``max_hold`` seconds (see :class:`~.block.BlockOptions`)."""
+        return LockBlock(
+            lambda: self, name, block_options("lock", ttl, timeout, options, aio=False)
         )
-        return LockBlock(lambda: self, name, options)
 
     def alock(
         self,
         name: str,
         ttl: float | None = None,
         timeout: float | None = UNSET,
-        *,
-        auto_extend: bool = False,
-        max_hold: float | None = None,
-        reentrant: bool = True,
-        until_commit: bool = True,
-        on_lost: str | None = None,
-        on_busy: str = "raise",
-        min_hold: float | None = None,
+        **options: Unpack[AsyncBlockKeywords],
     ) -> AsyncLockBlock:
         """Asyncio twin of :meth:`lock` (``async with`` and coroutine functions only);
         ``on_lost="cancel"`` (with ``auto_extend``) cancels the block's task when the lease
         is lost, and leaving the block then raises ``LockLost``."""
-        options = BlockOptions(
-            ttl, timeout, auto_extend, max_hold, reentrant, until_commit, on_lost, on_busy, min_hold
-        )
-        return AsyncLockBlock(lambda: self, name, options)
+        wanted = block_options("alock", ttl, timeout, options, aio=True)
+        return AsyncLockBlock(lambda: self, name, wanted)
 
     def leader(
         self,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
@@ -28,7 +28,7 @@ from ..conf import (
 from ..engine import AliasState, Budget, Engine
 from ..nodes import connections
 from ..validation import UNSET
-from .block import BlockOptions, LockBlock
+from .block import BlockKeywords, LockBlock, block_options
 from .manager import LockManager
 
 #: Gives the engines to lock with instead of a manager's real ones, or None to leave it alone
@@ -164,13 +164,7 @@ def lock(
     using: str = "default",
     ttl: float | None = None,
     timeout: float | None = UNSET,
-    *,
-    auto_extend: bool = False,
-    max_hold: float | None = None,
-    reentrant: bool = True,
-    until_commit: bool = True,
-    on_busy: str = "raise",
-    min_hold: float | None = None,
+    **options: Unpack[BlockKeywords],
 ) -> LockBlock:
     """Hold ``name`` on alias ``using`` for a ``with`` block, or decorate a function with it.
 
@@ -181,7 +175,5 @@ def lock(
         @lock("report:{day}", ttl=60, on_busy="skip", min_hold=600)
         def build_report(day): ...
     """
-    options = BlockOptions(
-        ttl, timeout, auto_extend, max_hold, reentrant, until_commit, None, on_busy, min_hold
-    )
-    return LockBlock(lambda: locks[using], name, options)
+    wanted = block_options("lock", ttl, timeout, options, aio=False)
+    return LockBlock(lambda: locks[using], name, wanted)
