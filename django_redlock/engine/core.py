@@ -19,58 +19,34 @@ from .lane import lane_acquire, lane_release
 from .plans import (
     extend_plan,
     force_release_plan,
-    register_plan,
     release_many_plan,
     release_permits_plan,
     release_plan,
-    waited_reply,
     withdraw_plan,
 )
 from .plans.notes import NoteReplies, note_plan
 from .plans.order_edges import order_plan
 from .plans.records import RecordRead, read_record_plan, store_record_plan
-from .policy import AcquireStep, AwaitRelease, acquire_policy, registration_ms
+from .policy import AcquireStep, acquire_policy
 from .pools.budget import Budget
 from .pools.channels import SPARE, ChannelPools
 from .replies import NodeFailure
 from .state import (
-    WAIT_MARK_MS,
     AcquireFailure,
     AliasState,
     LeaseRecord,
     Renewal,
 )
-from .targets import Target, WaiterCount, Waiting, deadline_of, refused
+from .targets import Target, WaiterCount, Waiting, deadline_of
 from .transport.aio import AsyncConnectionFactory
-from .transport.blpop import MIN_BLOCK, blpop_command
 from .transport.sync import ConnectionFactory
+from .waits import ReleaseWaits
 
 T = TypeVar("T")
 Outcome = LeaseRecord | AcquireFailure
 
 #: At most this many recent hand-offs are remembered per alias (then forgotten at once).
 HANDOFFS_KEPT = 1024
-#: How late (seconds) a piped wait's attempt may run and still register only within the
-#: caller's timeout (see :meth:`Engine._piped_wait`).
-PIPE_MARGIN = 0.25
-
-
-def _not_waited(
-    outcome: Any, ahead: list[Any], step: AwaitRelease, started: float, waiting: Waiting | None
-) -> float:
-    """How long a piped wait whose ``BLPOP`` failed (the node down or gone: it did not block)
-    still has to wait, so that a waiter on a dead node waits its step instead of spinning;
-    0.0 when it blocked (or was woken), or when its attempt won (the caller gets the lease
-    at once). Never past the caller's deadline."""
-    if type(outcome) is not AcquireFailure:  # a grant (one lease, or a set's)
-        return 0.0
-    if ahead and not isinstance(waited_reply(ahead), NodeFailure):
-        return 0.0  # it was sent and blocked, or was woken (nothing sent: the link is down)
-    now = time.monotonic()
-    rest = step.seconds - (now - started)
-    if waiting is not None and waiting.deadline is not None:
-        rest = min(rest, waiting.deadline - now)
-    return max(rest, 0.0)
 
 
 class Engine:
@@ -96,6 +72,8 @@ class Engine:
             state, self.labels, self._factories, self._async_factories, self.budget,
             self._check_fork,
         )  # fmt: skip
+        #: waits for a release's wake-up, piped with the next attempt where they can be
+        self.waits = ReleaseWaits(state, self.pools, len(self.labels))
         #: a lock on a one-node alias takes the single-node lane (:mod:`.lane`)
         self._lane = len(self.labels) == 1
         self._lane_release = functools.partial(lane_release, state=state)
@@ -111,8 +89,7 @@ class Engine:
         self._handoffs: dict[str, float] = {}
         #: the acquire calls of this process waiting for a busy name now (for metrics)
         self.waiters = WaiterCount()
-        #: False once a node refused a piped ``BLPOP`` (an ACL without it): wait the old way
-        self._piping = True
+        self.waits.piping = True  # a node may refuse BLPOP again (see .waits)
 
     def close(self) -> None:
         """Close every blocking connection (asyncio ones are closed with their event loop)
@@ -201,7 +178,7 @@ class Engine:
         if isinstance(request, Try):
             return self.pools.run(request.plan, None, request.until)
         if isinstance(request, Pipe):
-            return self._piped_wait(target, waiting, request.step)
+            return self.waits.piped(target, waiting, request.step)
         if isinstance(request, Wait):
             return self.wait_release(request.name, request.seconds, mark=request.mark)
         time.sleep(request.seconds)
@@ -218,77 +195,6 @@ class Engine:
     def _withdraw_plan(self, target: Target, waiting: Waiting) -> PlanMaker[None]:
         state, names, waiter = self.state, target.names, waiting.waiter
         return lambda nodes: withdraw_plan(state, nodes, names, waiter)
-
-    def _piped_wait(
-        self, target: Target, waiting: Waiting | None, step: AwaitRelease
-    ) -> tuple[bool, Outcome] | None:
-        """On a single node: block in ``BLPOP`` and make the next attempt in one write, so the
-        server runs the attempt the moment a release wakes us (a hand-off then costs no round
-        trip after the wake-up). Returns (woken, the attempt's outcome), or None where this
-        does not apply (several nodes, ``lock_many``, a short wait, a node that refused)."""
-        plan = self._piped_plan(target, waiting, step)
-        channel = None if plan is None else self.pools.blocking_channel()
-        if plan is None or channel is None:  # no blocking connection to be had: wait by polling
-            return None
-        started = time.monotonic()
-        outcome, ahead = self.pools.run_blocking(plan, channel)
-        rest = _not_waited(outcome, ahead, step, started, waiting)
-        if rest > 0:  # never after a grant: an interrupt there would lose it
-            time.sleep(rest)
-        return self._piped_outcome(target, outcome, ahead)
-
-    async def _apiped_wait(
-        self, target: Target, waiting: Waiting | None, step: AwaitRelease
-    ) -> tuple[bool, Outcome] | None:
-        """Asyncio twin of :meth:`_piped_wait`."""
-        plan = self._piped_plan(target, waiting, step)
-        if plan is None:
-            return None
-        pools = await self.pools.loop_pools()
-        channel = pools.blocking.pop() if pools.blocking else None
-        if channel is None:
-            if not self.budget.take(self._every, blocking=True):
-                return None  # no blocking connection to be had: wait by polling
-            pools.opened()
-        started = time.monotonic()
-        outcome, ahead = await self.pools.arun_blocking(plan, pools, channel)
-        rest = _not_waited(outcome, ahead, step, started, waiting)
-        if rest > 0:  # never after a grant (nor an await point there: a cancellation would
-            await asyncio.sleep(rest)  # land between the grant and its caller, and lose it)
-        return self._piped_outcome(target, outcome, ahead)
-
-    def _piped_plan(
-        self, target: Target, waiting: Waiting | None, step: AwaitRelease
-    ) -> PlanMaker[Any] | None:
-        """The attempt to pipe behind ``step``'s wait, or None where piping does not apply."""
-        if not (self._piping and waiting is not None and self.node_count == 1):
-            return None
-        if target.many or step.seconds < MIN_BLOCK:
-            return None
-        # The piped attempt's registration is sized before the wait, and a BLPOP can return
-        # late on a loaded server: near the caller's deadline it could outlive the caller, so
-        # the last stretch of a finite timeout waits the usual way.
-        if waiting.deadline is not None and (
-            waiting.deadline - time.monotonic() - step.seconds < PIPE_MARGIN + WAIT_MARK_MS / 1000
-        ):
-            return None
-        name = target.name
-        before: tuple[tuple[str | int, ...], ...] = ()
-        mark_ms = registration_ms(waiting.deadline) if step.mark else 0
-        if mark_ms > 0:
-            before = (self.state.mark_command(name, waiting.waiter, mark_ms),)
-        before += (blpop_command(self.state.keys.wake(name), step.seconds),)
-        return target.attempt(waiting, True, before, step.seconds)
-
-    def _piped_outcome(
-        self, target: Target, outcome: Any, ahead: list[Any]
-    ) -> tuple[bool, Outcome]:
-        popped = waited_reply(ahead)
-        if any(refused(reply) for reply in (popped, *ahead[:1], *ahead[-1:])):
-            # e.g. NOPERM: BLPOP (or TIME) is refused, so the attempt did not wait (or its
-            # validity counted from the write): wait the old way from now on
-            self._piping = False
-        return isinstance(popped, list), target.seen(outcome, None)
 
     def extend(self, lease: LeaseRecord, ttl: float) -> Renewal:
         """Renew ``lease`` to ``ttl`` (renewed, lost, or unconfirmed: see ``extend_plan``)."""
@@ -459,7 +365,7 @@ class Engine:
         if isinstance(request, Try):
             return await self.pools.arun(request.plan, None, request.until)
         if isinstance(request, Pipe):
-            return await self._apiped_wait(target, waiting, request.step)
+            return await self.waits.apiped(target, waiting, request.step)
         if isinstance(request, Wait):
             return await self.await_release(request.name, request.seconds, mark=request.mark)
         await asyncio.sleep(request.seconds)
@@ -562,35 +468,13 @@ class Engine:
     def wait_release(self, name: str, seconds: float, *, mark: Waiting | None = None) -> bool:
         """Wait up to ``seconds`` for a release of ``name`` to wake this thread (True if so);
         ``mark``: first register this waiter (when no failed attempt did)."""
-        mark_ms = 0 if mark is None else registration_ms(mark.deadline)
-        before = None
-        if mark is not None and mark_ms > 0:
-            if self.node_count > 1:
-                self.pools.run(self._register_elsewhere(name, mark.waiter, mark_ms))
-            before = self.state.mark_command(name, mark.waiter, mark_ms)
-        return self.pools.waiter.wait(self.state.keys.wake(name), name, seconds, before)
-
-    def _register_elsewhere(self, name: str, waiter: str, mark_ms: int) -> PlanMaker[None]:
-        """Register ``waiter`` on the nodes other than the wake-up node (fire-and-forget); the
-        wake-up node gets it with the ``BLPOP``."""
-        state = self.state
-        return lambda nodes: register_plan(state, nodes, name, waiter, mark_ms)
+        return self.waits.wait(name, seconds, mark)
 
     async def await_release(
         self, name: str, seconds: float, *, mark: Waiting | None = None
     ) -> bool:
         """Asyncio twin of :meth:`wait_release`."""
-        mark_ms = 0 if mark is None else registration_ms(mark.deadline)
-        before = None
-        if mark is not None and mark_ms > 0 and self.node_count > 1:
-            await self.pools.arun(self._register_elsewhere(name, mark.waiter, mark_ms))
-        pools = await self.pools.loop_pools()
-        if mark is not None and mark_ms > 0:
-            before = self.state.mark_command(name, mark.waiter, mark_ms)
-        pools.opened()
-        return await self.pools.waiter.await_release(
-            self.state.keys.wake(name), name, seconds, pools.waiting, before
-        )
+        return await self.waits.await_release(name, seconds, mark)
 
 
 def _may_hold(lease: LeaseRecord, node: int) -> bool:
