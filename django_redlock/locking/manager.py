@@ -9,30 +9,23 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypedDict, Unpack, cast
 
 from .. import signals
 from ..conf import AliasConfig, check_order_setting
 from ..engine import (
-    MAX_NAME_LENGTH,
-    RESERVED_MARK,
     AcquireFailure,
     Engine,
     LeaseRecord,
     Outcome,
     handoff,
 )
-from ..exceptions import LockError, LockNotAcquired, NodesUnavailable
+from ..exceptions import LockError
 from ..nodes.cluster import shard_of
 from ..validation import (
     UNSET,
     check_keywords,
-    check_max_hold,
     check_name,
-    check_permits,
-    check_rw,
-    check_timeout,
     check_ttl,
 )
 from . import context, interrupted, ordering
@@ -48,6 +41,7 @@ from .leader import Hook, Leadership
 from .lease import Lease, start_renewals
 from .limits import LimitsBlock, check_limits
 from .many import HeldLocks, LockManyBlock, check_names
+from .outcomes import Wanted, failure_exception, want
 
 __all__ = ["UNSET", "Lease", "LockBlock", "LockManager"]
 
@@ -60,23 +54,6 @@ class RenewOptions(TypedDict, total=False):
 
     auto_extend: bool
     max_hold: float | None
-
-
-_MARK_LENGTH = len(RESERVED_MARK)
-
-
-@dataclass(slots=True)
-class _Wanted:
-    """One checked request for a lease."""
-
-    name: str
-    ttl: float
-    timeout: float | None
-    max_hold: float | None
-    #: a semaphore's permits; 0: a lock
-    permits: int = 0
-    #: "read" or "write" (a read-write lock); '': a lock
-    rw: str = ""
 
 
 class LockManager(KindBlocks):
@@ -144,7 +121,7 @@ class LockManager(KindBlocks):
         ``NodesUnavailable`` without a quorum and ``LockError`` when ``name`` is taken as
         another kind (a lock, or a semaphore with another number of permits).
         """
-        wanted = self._wanted(name, ttl, timeout, max_hold, permits, rw)
+        wanted = want(self.config, name, ttl, timeout, max_hold, permits, rw)
         shapes = ordering.taking(self, (wanted.name,)) if self.check_order else None
         engine = self.engine if len(self.shards) == 1 else self.engine_for(wanted.name)
         opened = handoff.opened()  # an interrupt before we return gives the grant back
@@ -164,7 +141,7 @@ class LockManager(KindBlocks):
         if opened is not None:
             handoff.LOCAL.current = None  # a store, not a call: no interrupt lands after it
         if type(outcome) is not LeaseRecord:
-            raise self._failed(wanted, cast(AcquireFailure, outcome))
+            raise failure_exception(self, wanted, cast(AcquireFailure, outcome))
         return lease
 
     async def aacquire(
@@ -179,7 +156,7 @@ class LockManager(KindBlocks):
         rw: str | None = None,
     ) -> Lease:
         """Asyncio twin of :meth:`acquire` (auto-extended from an asyncio task)."""
-        wanted = self._wanted(name, ttl, timeout, max_hold, permits, rw)
+        wanted = want(self.config, name, ttl, timeout, max_hold, permits, rw)
         shapes = await ordering.ataking(self, (wanted.name,)) if self.check_order else None
         outcome = await self.engine_for(wanted.name).aacquire(
             wanted.name, wanted.ttl, wanted.timeout, wanted.permits, wanted.rw
@@ -379,7 +356,7 @@ class LockManager(KindBlocks):
 
     def _many(
         self, names: Any, ttl: Any, timeout: Any, options: RenewOptions, what: str = "lock_many"
-    ) -> tuple[tuple[str, ...], _Wanted, bool]:
+    ) -> tuple[tuple[str, ...], Wanted, bool]:
         """The checked names and arguments of a ``lock_many`` (or ``limits``) call, before
         any network call."""
         check_keywords(options, RenewOptions.__annotations__)
@@ -392,13 +369,13 @@ class LockManager(KindBlocks):
                 "'{cart:7}pen'), or keep the alias in one slot with a tagged KEY_PREFIX "
                 "('{lock}:')."
             )
-        wanted = self._wanted("-", ttl, timeout, options.get("max_hold"))
+        wanted = want(self.config, "-", ttl, timeout, options.get("max_hold"))
         return checked, wanted, bool(options.get("auto_extend", False))
 
     def _held_many(
         self,
         names: tuple[str, ...],
-        wanted: _Wanted,
+        wanted: Wanted,
         outcome: list[LeaseRecord] | AcquireFailure,
         auto_extend: bool,
         shapes: list[str] | None,
@@ -409,7 +386,7 @@ class LockManager(KindBlocks):
         if isinstance(outcome, AcquireFailure):
             wanted.name = outcome.busy_name or names[0]
             wanted.permits = 0 if permits is None else permits[wanted.name]
-            raise self._failed(wanted, outcome)
+            raise failure_exception(self, wanted, outcome)
         leases = {record.name: Lease(self, record) for record in outcome}
         if shapes is not None:  # the lock-order checker: each lease's shape
             for name, shape in zip(names, shapes, strict=True):
@@ -445,38 +422,9 @@ class LockManager(KindBlocks):
         return engine.release(record)
 
     # -- outcomes --------------------------------------------------------------------------
-    def _wanted(
-        self,
-        name: Any,
-        ttl: Any,
-        timeout: Any,
-        max_hold: Any,
-        permits: Any = None,
-        rw: Any = None,
-    ) -> _Wanted:
-        config = self.config  # its TTL and TIMEOUT were checked when the settings were read
-        if not (
-            type(name) is str
-            and 0 < len(name) <= MAX_NAME_LENGTH
-            and name[:_MARK_LENGTH] != RESERVED_MARK
-            and name.isascii()
-        ):  # the common case passes without the call; check_name says what is wrong
-            name = check_name(name)
-        wanted = _Wanted(
-            name,
-            config.ttl if ttl is None else check_ttl(ttl, config.drift_factor),
-            config.timeout if timeout is UNSET else check_timeout(timeout),
-            None if max_hold is None else check_max_hold(max_hold),
-            0 if permits is None else check_permits(permits),
-            "" if rw is None else check_rw(rw),
-        )
-        if wanted.permits and wanted.rw:
-            raise ValueError("A lease is a semaphore's permit or a read-write lock's, not both.")
-        return wanted
-
-    def _lease(self, wanted: _Wanted, outcome: Outcome) -> Lease:
+    def _lease(self, wanted: Wanted, outcome: Outcome) -> Lease:
         if isinstance(outcome, AcquireFailure):
-            raise self._failed(wanted, outcome)
+            raise failure_exception(self, wanted, outcome)
         return self._won(outcome)
 
     def _won(self, record: LeaseRecord, engine: Engine | None = None) -> Lease:
@@ -497,53 +445,3 @@ class LockManager(KindBlocks):
             waited=lease.waited,
             attempts=lease.attempts,
         )
-
-    def _failed(self, wanted: _Wanted, failure: AcquireFailure) -> Exception:
-        name, timeout, quorum = wanted.name, wanted.timeout, self.config.quorum
-        logger.debug(
-            "Lock %r (alias %r) not acquired: %s, %d/%d votes",
-            name,
-            self.alias,
-            failure.reason,
-            failure.votes,
-            quorum,
-        )
-        if failure.reason == "other_kind":
-            what = f"a semaphore of {wanted.permits} permits" if wanted.permits else "a lock"
-            return LockError(
-                f"{name!r} (alias {self.alias!r}) is in use as another kind than {what}: a lock "
-                "and a semaphore, or two semaphores with different numbers of permits, cannot "
-                "share a name."
-            )
-        if failure.reason == "unavailable":
-            reason = "unavailable"
-            exc: Exception = NodesUnavailable(
-                name,
-                answered=failure.answered,
-                quorum=quorum,
-                total=len(self.config.nodes),
-                errors=failure.errors,
-                retry_after=failure.retry_after,
-            )
-        else:
-            reason = "busy" if not timeout else "timeout"
-            exc = LockNotAcquired(
-                name,
-                timeout=timeout,
-                votes=failure.votes,
-                quorum=quorum,
-                errors=failure.errors,
-                retry_after=failure.retry_after,
-                waited=failure.waited,
-            )
-        signals.emit(
-            signals.lock_failed,
-            self,
-            alias=self.alias,
-            name=name,
-            reason=reason,
-            waited=failure.waited,
-            attempts=failure.attempts,
-            votes=failure.votes,
-        )
-        return exc
