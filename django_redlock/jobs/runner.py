@@ -29,18 +29,22 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from ..exceptions import LockError, LockNotAcquired, NodesUnavailable
 from ..locking.block import min_hold_left
 from ..locking.lease import Lease
 from ..locking.manager import LockManager
+from .holder_signals import (
+    ENDING_SIGNALS,
+    FORWARDED_SIGNALS,
+    HolderSignals,
+    Interrupted,
+)
 from .keeper import (
     EX_NOT_EXECUTABLE,
     EX_NOT_FOUND,
@@ -68,16 +72,6 @@ __all__ = [
     "ignored_signals",
     "run_locked",
 ]
-FORWARDED_SIGNALS = (
-    signal.SIGTERM,
-    signal.SIGINT,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-)
-#: Forwarded signals that end a job: a stopped job is continued after them, to act on them.
-ENDING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 KEEPER = Path(__file__).with_name("keeper.py")
 
 
@@ -163,13 +157,13 @@ def run_locked(manager: LockManager, request: RunRequest, front: FrontLink | Non
     ignored = front.ignored if front is not None else ignored_signals()
     # a forked holder ends right after: a signal that comes once the job is over is dropped
     # (its default action would kill the holder before it reports the outcome)
-    with _Handlers(ignored, restore=front is None) as handlers:
+    with HolderSignals(ignored, restore=front is None) as handlers:
         lease: Lease | None = None
         try:
             lease = manager.acquire(request.name, ttl=request.ttl, timeout=request.timeout)
             supervisor = _Supervisor(lease, request, front, ignored)
             handlers.hand_over(supervisor)  # from here on, signals are the job's
-        except _Interrupted as exc:
+        except Interrupted as exc:
             if lease is not None:
                 _release(lease)
             return Outcome(128 + exc.signum, "interrupted")
@@ -192,7 +186,7 @@ def _supervise(supervisor: _Supervisor, lease: Lease, request: RunRequest, alias
         status = supervisor.run()
     except RunError as exc:
         return Outcome(exc.status, "not_started", None, str(exc))
-    except _Interrupted as exc:  # an ending signal came before the keeper started
+    except Interrupted as exc:  # an ending signal came before the keeper started
         return Outcome(128 + exc.signum, "interrupted")
     finally:
         left = min_hold_left(request.min_hold, started)
@@ -256,11 +250,11 @@ class _Supervisor:
         self.ignored = ignored
 
     def run(self) -> int:
-        """Start the job and follow it; raises :class:`_Interrupted` when an ending signal
+        """Start the job and follow it; raises :class:`Interrupted` when an ending signal
         came before the keeper started (the job never ran)."""
         for signum in self.pending:
             if signum in ENDING_SIGNALS:
-                raise _Interrupted(signum)
+                raise Interrupted(signum)
         self._start_keeper()
         self.lease.on_lost = self._on_lost
         self.lease.start_auto_extend(None)
@@ -410,61 +404,3 @@ class _Supervisor:
         if front_pgid and foreground_of(0) == front_pgid:
             give_terminal(0, self.job)
         self.signal_job(signal.SIGCONT)
-
-
-class _Interrupted(Exception):
-    """A forwarded signal that ends the run before the job may run."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-class _Handlers:
-    """The holder's handlers of the forwarded signals, SIGTSTP and SIGCONT (Python handles
-    signals in the main thread only: elsewhere, nothing is installed).
-
-    Until a supervisor is set (the acquire), the first ending signal raises
-    :class:`_Interrupted` where the main thread is, and later ones are noted only; from then
-    on they are the supervisor's: passed on to the job's group, or held back until it exists."""
-
-    def __init__(self, ignored: frozenset[int], *, restore: bool = True) -> None:
-        self.ignored = ignored
-        #: False: leave the signals ignored on exit instead of restoring the handlers
-        self.restore = restore
-        self.supervisor: _Supervisor | None = None
-        self.noted: list[int] = []
-        self.previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _Handlers:
-        if threading.current_thread() is not threading.main_thread():
-            return self
-        for signum in (*FORWARDED_SIGNALS, signal.SIGTSTP):
-            if signum not in self.ignored:
-                self.previous[signum] = signal.signal(signum, self._forward)
-        self.previous[signal.SIGCONT] = signal.signal(signal.SIGCONT, self._resume)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler if self.restore else signal.SIG_IGN)
-
-    def hand_over(self, supervisor: _Supervisor) -> None:
-        """From now on signals are ``supervisor``'s; those noted that do not end a run
-        (SIGUSR1, SIGUSR2) go to the job once it runs."""
-        self.supervisor = supervisor
-        supervisor.pending[:0] = [s for s in self.noted if s not in ENDING_SIGNALS]
-
-    def _forward(self, signum: int, frame: FrameType | None) -> None:
-        supervisor = self.supervisor
-        if supervisor is not None:
-            supervisor.signal_job(signum)
-        else:
-            first = not any(s in ENDING_SIGNALS for s in self.noted)
-            self.noted.append(signum)
-            if first and signum in ENDING_SIGNALS:
-                raise _Interrupted(signum)
-
-    def _resume(self, signum: int, frame: FrameType | None) -> None:
-        if self.supervisor is not None:
-            self.supervisor.resume()
