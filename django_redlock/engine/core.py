@@ -28,8 +28,8 @@ from .plans.notes import NoteReplies, note_plan
 from .plans.order_edges import order_plan
 from .plans.records import RecordRead, read_record_plan, store_record_plan
 from .policy import AcquireStep, acquire_policy
-from .pools.budget import Budget
-from .pools.channels import SPARE, ChannelPools
+from .pools.budget import SPARE, Budget
+from .pools.channels import ChannelPools
 from .replies import NodeFailure
 from .state import (
     AcquireFailure,
@@ -233,7 +233,7 @@ class Engine:
         return self.pools.run(plan)[0]
 
     async def _arun_first(self, plan: PlanMaker[Any]) -> Any:
-        return (await self.pools.arun(plan))[0]
+        return (await self.pools.loops.arun(plan))[0]
 
     def release_many(self, leases: Sequence[LeaseRecord]) -> list[bool]:
         """Release the leases of one ``lock_many`` set in one call per node; per lease, True
@@ -290,7 +290,7 @@ class Engine:
 
     async def aorder(self, *args: str | int) -> NoteReplies:
         """Asyncio twin of :meth:`order` (an event loop is not blocked while it runs)."""
-        return self._by_node((await self.pools.arun(order_plan(self.state, args)))[0])
+        return self._by_node((await self.pools.loops.arun(order_plan(self.state, args)))[0])
 
     def _by_node(self, replies: Sequence[Any]) -> NoteReplies:
         """Replies of one call per node: the values (None for a node that gave none) and the
@@ -343,7 +343,7 @@ class Engine:
         first = None
         if not queue_first:
             attempt = target.attempt(waiting, False)
-            first = target.seen(*await self.pools.arun(attempt, None, deadline_of(waiting)))
+            first = target.seen(*await self.pools.loops.arun(attempt, None, deadline_of(waiting)))
             if not isinstance(first, AcquireFailure) or timeout == 0:
                 return first
         loop = acquire_loop(target, waiting, self._policy(timeout, queue_first, first, started))
@@ -363,7 +363,7 @@ class Engine:
     ) -> Any:
         """Asyncio twin of :meth:`_carry_out`."""
         if isinstance(request, Try):
-            return await self.pools.arun(request.plan, None, request.until)
+            return await self.pools.loops.arun(request.plan, None, request.until)
         if isinstance(request, Pipe):
             return await self.waits.apiped(target, waiting, request.step)
         if isinstance(request, Wait):
@@ -376,17 +376,17 @@ class Engine:
         an idle pooled channel of this loop (no await then), else on a new one."""
         if waiting is not None:
             with contextlib.suppress(Exception):
-                await self.pools.arun(self._withdraw_plan(target, waiting))
+                await self.pools.loops.arun(self._withdraw_plan(target, waiting))
 
     async def aextend(self, lease: LeaseRecord, ttl: float) -> Renewal:
         """Asyncio twin of :meth:`extend`."""
         plan = lambda nodes: extend_plan(self.state, nodes, lease, ttl)  # noqa: E731
-        return (await self.pools.arun(plan, lease.pinned))[0]
+        return (await self.pools.loops.arun(plan, lease.pinned))[0]
 
     async def arelease(self, lease: LeaseRecord) -> bool:
         """Asyncio twin of :meth:`release`."""
         plan = lambda nodes: release_plan(self.state, nodes, lease)  # noqa: E731
-        held = self._released(lease, (await self.pools.arun(plan, lease.pinned))[0])
+        held = self._released(lease, (await self.pools.loops.arun(plan, lease.pinned))[0])
         return await giveback.aconfirm(
             self.state, lease, held, self._arun_first, self.pools.run_aside
         )
@@ -396,7 +396,7 @@ class Engine:
         pinned = leases[0].pinned if leases else None
         many = self._release_many_plan(leases)
         plan = lambda nodes: many(self.state, nodes, leases)  # noqa: E731
-        held = (await self.pools.arun(plan, pinned))[0]
+        held = (await self.pools.loops.arun(plan, pinned))[0]
         return [
             await giveback.aconfirm(
                 self.state, lease, self._released(lease, ok), self._arun_first, self.pools.run_aside
@@ -407,21 +407,21 @@ class Engine:
     async def aforce_release(self, name: str, expected: str = "", key: str = "") -> int:
         """Asyncio twin of :meth:`force_release`."""
         plan = lambda nodes: force_release_plan(self.state, nodes, name, expected, key)  # noqa: E731
-        return (await self.pools.arun(plan))[0]
+        return (await self.pools.loops.arun(plan))[0]
 
     async def astore_record(
         self, lease: LeaseRecord, fields: Sequence[tuple[str, bytes | str]], ttl: float
     ) -> int:
         """Asyncio twin of :meth:`store_record`."""
         plan = lambda nodes: store_record_plan(self.state, nodes, lease, fields, ttl)  # noqa: E731
-        return (await self.pools.arun(plan, lease.pinned))[0]
+        return (await self.pools.loops.arun(plan, lease.pinned))[0]
 
     async def aread_record(
         self, name: str, fields: Sequence[str], pinned: Any = None
     ) -> RecordRead:
         """Asyncio twin of :meth:`read_record`."""
         plan = lambda nodes: read_record_plan(self.state, nodes, name, fields)  # noqa: E731
-        return (await self.pools.arun(plan, pinned))[0]
+        return (await self.pools.loops.arun(plan, pinned))[0]
 
     def _check_fork(self) -> None:
         if self.pools.generation != forks.current:

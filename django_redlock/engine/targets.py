@@ -16,7 +16,7 @@ from .lane import LaneAttempt
 from .plans import acquire_limits_plan, acquire_many_plan, acquire_plan
 from .plans.rounds import Sent
 from .policy import Attempt, Stepper, registration_ms
-from .pools.channels import SPARE
+from .pools.budget import SPARE
 from .replies import NodeFailure
 from .state import AcquireFailure, AliasState, LeaseRecord
 from .transport.aio import AsyncChannel

@@ -61,14 +61,14 @@ class ReleaseWaits:
         plan = self._plan(target, waiting, step)
         if plan is None:
             return None
-        pools = await self.pools.loop_pools()
+        pools = await self.pools.loops.loop_pools()
         channel = pools.blocking.pop() if pools.blocking else None
         if channel is None:
             if not self.pools.budget.take(self._every, blocking=True):
                 return None  # no blocking connection to be had: wait by polling
             pools.opened()
         started = time.monotonic()
-        outcome, ahead = await self.pools.arun_blocking(plan, pools, channel)
+        outcome, ahead = await self.pools.loops.arun_blocking(plan, pools, channel)
         rest = _not_waited(outcome, ahead, step, started, waiting)
         if rest > 0:  # never after a grant (nor an await point there: a cancellation would
             await asyncio.sleep(rest)  # land between the grant and its caller, and lose it)
@@ -127,8 +127,8 @@ class ReleaseWaits:
         mark_ms = 0 if mark is None else registration_ms(mark.deadline)
         before = None
         if mark is not None and mark_ms > 0 and self.node_count > 1:
-            await self.pools.arun(self._register_elsewhere(name, mark.waiter, mark_ms))
-        pools = await self.pools.loop_pools()
+            await self.pools.loops.arun(self._register_elsewhere(name, mark.waiter, mark_ms))
+        pools = await self.pools.loops.loop_pools()
         if mark is not None and mark_ms > 0:
             before = self.state.mark_command(name, mark.waiter, mark_ms)
         pools.opened()

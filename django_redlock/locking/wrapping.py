@@ -45,7 +45,7 @@ def wrap_held(
 
         @functools.wraps(func)
         async def async_gen_wrapper(*args: Any, **kwargs: Any) -> Any:
-            suspensions = context.Suspensions()
+            suspensions = context.Suspensions()  # before the block: its lease is the body's
             async with contextlib.AsyncExitStack() as stack:
                 stack.callback(suspensions.end_visits)  # resumed by another task
                 if not await aentered(stack, args, kwargs):
@@ -64,10 +64,10 @@ def wrap_held(
 
         @functools.wraps(func)
         def gen_wrapper(*args: Any, **kwargs: Any) -> Any:
+            suspensions = context.Suspensions()  # before the block: its lease is the body's
             with contextlib.ExitStack() as stack:
                 if entered(stack, args, kwargs):
-                    body = func(*args, **kwargs)
-                    return (yield from suspending(body, context.Suspensions()))
+                    return (yield from suspending(func(*args, **kwargs), suspensions))
                 return None
 
         return gen_wrapper  # type: ignore[return-value]

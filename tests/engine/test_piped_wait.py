@@ -212,7 +212,7 @@ def test_a_cancelled_piped_wait_leaves_nothing_behind(
         with pytest.raises(asyncio.CancelledError):
             await task
         loop = asyncio.get_running_loop()
-        assert manager.engine.pools._loops[loop].blocking == []  # closed, not pooled
+        assert manager.engine.pools.loops.pools_of[loop].blocking == []  # closed, not pooled
 
     asyncio.run(main())
     _assert_nothing_left(node, manager, holder)

@@ -318,7 +318,7 @@ def test_a_channel_closed_while_a_task_waits_for_it_is_not_used(
 
     async def main() -> bool:
         (await manager.aacquire("warm", timeout=0)).release()  # one channel, idle
-        pools = await engine.pools.loop_pools()
+        pools = await engine.pools.loops.loop_pools()
         [channel] = pools.channels
         await channel.mutex.acquire()  # "another task" holds it
         first = asyncio.ensure_future(channel.mutex.acquire())  # a task waiting for it

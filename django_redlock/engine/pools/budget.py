@@ -24,6 +24,9 @@ DEFAULT_IDLE_TIMEOUT = 300.0
 #: How long a call that is not an acquire with a deadline (a release, an extend, a
 #: ``timeout=0`` attempt) waits for a free connection, seconds.
 SPARE_WAIT = 5.0
+#: ``until`` of a call that is not an acquire attempt with a deadline: it waits up to
+#: :data:`SPARE_WAIT` for a connection.
+SPARE = -1.0
 
 Wake = Callable[[], None]
 

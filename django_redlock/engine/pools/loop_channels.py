@@ -1,0 +1,224 @@
+"""The asyncio side of an engine's connections: each event loop's :class:`~.loops.LoopPools`
+(made on first use, closed at the loop's shutdown), and plans run on their channels."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+import weakref
+from collections.abc import AsyncGenerator, Callable
+from typing import Any, TypeVar
+
+from ..drive import PlanMaker, adrive
+from ..state import AliasState
+from ..transport.aio import AsyncChannel, AsyncConnectionFactory
+from .budget import SPARE, SPARE_WAIT, Budget
+from .loops import LoopPools
+
+T = TypeVar("T")
+
+
+class LoopChannels:
+    """Each event loop's channels of one engine (its :class:`~.channels.ChannelPools`'
+    ``loops``), within the alias's budget."""
+
+    def __init__(
+        self,
+        state: AliasState,
+        labels: list[str],
+        factories: list[AsyncConnectionFactory],
+        budget: Budget,
+        spent: Callable[[], str],
+        check_fork: Callable[[], None],
+    ) -> None:
+        self.state = state
+        self.labels = labels
+        self._async_factories = factories
+        self.budget = budget
+        self._every = tuple(range(len(labels)))
+        self._spent = spent
+        self._check_fork = check_fork
+        #: each event loop's pools, and the suspended generator that closes them at its
+        #: shutdown
+        self.pools_of: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopPools] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._closers: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, AsyncGenerator[None, None]
+        ] = weakref.WeakKeyDictionary()
+
+    async def loop_pools(self) -> LoopPools:
+        """This event loop's pools, made (with their closer) on first use."""
+        loop = asyncio.get_running_loop()
+        pools = self.pools_of.get(loop)
+        if pools is None:
+            pools = self.pools_of[loop] = LoopPools(loop, self.budget, len(self.labels))
+            closer = _close_at_loop_shutdown(pools)
+            await closer.asend(None)
+            self._closers[loop] = closer
+        return pools
+
+    def _areturn(self, pools: LoopPools, channel: AsyncChannel) -> None:
+        """``channel`` is free again: pooled, or closed while another kind starves."""
+        if self.budget.hungry and len(pools.channels) > 1 and channel in pools.channels:
+            pools.channels.remove(channel)
+            pools.retire(channel)
+            return
+        channel.idle_since = time.monotonic()
+        if pools.waiters:
+            pools.wake_one()
+
+    async def _acheckout(self, pools: LoopPools, until: float) -> AsyncChannel | None:
+        """Asyncio twin of :meth:`_checkout`: an idle channel, None when the budget gave a
+        slot for a new one, or a stand-in past ``until``."""
+        urgent = until == SPARE  # a release or an extend: served before waiting attempts
+        if urgent:
+            until = time.monotonic() + SPARE_WAIT
+        loop = asyncio.get_running_loop()
+        while True:
+            channel = next((c for c in reversed(pools.channels) if not c.mutex.locked()), None)
+            if channel is not None:
+                return channel
+            future: asyncio.Future[None] = loop.create_future()
+            wake = functools.partial(pools.wake_threadsafe, future)
+            fed = bool(pools.channels)
+            if self.budget.take(self._every, listener=future, wake=wake, fed=fed):
+                return None
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                self.budget.forget(future)
+                stand_in = AsyncChannel(
+                    self.labels, self._async_factories, self.state.node_timeout, self._spent()
+                )
+                stand_in.idle_since = -1.0
+                return stand_in
+            if urgent:
+                pools.waiters.appendleft(future)
+            else:
+                pools.waiters.append(future)
+            if not fed:  # nothing of ours will come back: ask the others for one
+                self.budget.starve(future)
+            timer = loop.call_later(remaining, _finish, future)
+            try:
+                await future
+            finally:
+                timer.cancel()
+                self.budget.forget(future)
+                with contextlib.suppress(ValueError):
+                    pools.waiters.remove(future)
+
+    async def arun(
+        self, make_plan: PlanMaker[T], pinned: Any = None, until: float = SPARE
+    ) -> tuple[T, AsyncChannel]:
+        """The asyncio twin of :meth:`run`: ``make_plan`` run on a channel of this event loop
+        (``pinned`` if it is one). Plain coroutines only, no async generator (a context
+        manager made with ``asynccontextmanager`` is one): a release made while the loop
+        shuts down (an ``@alock`` generator closed by ``shutdown_asyncgens``) must not start
+        one, which asyncio refuses to finalize then (a ResourceWarning; an error where
+        warnings are errors)."""
+        self._check_fork()
+        pools = self.pools_of.get(asyncio.get_running_loop()) or await self.loop_pools()
+        if isinstance(pinned, AsyncChannel) and pinned in pools.channels:
+            async with pinned.mutex:
+                if pinned in pools.channels:  # not closed as idle meanwhile
+                    return await adrive(make_plan, pinned), pinned
+        while True:
+            channel = next((c for c in reversed(pools.channels) if not c.mutex.locked()), None)
+            if channel is None:
+                channel = await self._acheckout(pools, until)
+                if channel is None:  # a slot for a new one
+                    return await self._arun_new(pools, make_plan)
+                if channel.idle_since < 0:  # a stand-in
+                    return await adrive(make_plan, channel), channel
+            # An unlocked channel with a task already woken for it makes this task wait for
+            # its mutex; meanwhile the channel may be closed (idle, or evicted for a starving
+            # pool): then it is not ours to use, pick again.
+            await channel.mutex.acquire()
+            if channel in pools.channels:
+                break
+            channel.mutex.release()
+        try:
+            try:
+                return await adrive(make_plan, channel), channel
+            finally:
+                channel.mutex.release()
+        finally:
+            self._areturn(pools, channel)
+
+    async def _arun_new(self, pools: LoopPools, make_plan: PlanMaker[T]) -> tuple[T, AsyncChannel]:
+        """:meth:`arun` on a new channel of this loop, on a slot the budget gave; held while
+        it connects, so no other task uses it."""
+        channel = AsyncChannel(self.labels, self._async_factories, self.state.node_timeout)
+        async with channel.mutex:
+            pools.channels.append(channel)
+            pools.opened()
+            try:
+                await channel.connect()
+            except BaseException:  # cancelled while connecting: never leave it half-made
+                pools.channels.remove(channel)
+                await asyncio.shield(channel.close())
+                pools.give_soon(self._every)
+                raise
+            try:
+                result = await adrive(make_plan, channel)
+            finally:
+                channel.idle_since = time.monotonic()
+        self._areturn(pools, channel)
+        return result, channel
+
+    async def arun_blocking(
+        self, make_plan: PlanMaker[T], pools: LoopPools, channel: AsyncChannel | None
+    ) -> tuple[T, list[Any]]:
+        """Asyncio twin of :meth:`_run_blocking`: on ``channel`` (None: a new one, on a
+        blocking slot already taken) of this event loop."""
+        reusable = False
+        try:
+            if channel is None:
+                channel = AsyncChannel(self.labels, self._async_factories, self.state.node_timeout)
+                await channel.connect()
+            channel.ahead = []
+            result = await adrive(make_plan, channel)
+            reusable = not channel.pending()
+            return result, channel.ahead
+        finally:
+            if reusable and channel is not None:
+                channel.idle_since = time.monotonic()
+                pools.blocking.append(channel)
+            else:  # given up mid-call (cancelled) or a reply still due: never reused
+                if channel is not None:
+                    pools.retire(channel, blocking=True)
+                else:
+                    pools.give_soon(self._every, blocking=True)
+
+
+#: How long the loop's shutdown lets calls still running finish before closing its
+#: connections (see :func:`_close_at_loop_shutdown`), seconds.
+SHUTDOWN_GRACE = 1.0
+
+
+async def _close_at_loop_shutdown(pools: LoopPools) -> AsyncGenerator[None, None]:
+    """Suspended once per event loop; ``loop.shutdown_asyncgens()`` (run by ``asyncio.run``)
+    closes it, which closes that loop's connections before the loop goes away.
+
+    The shutdown closes the loop's other async generators at the same time: an ``@alock``
+    generator among them releases its lease as it closes. Their first steps run first, and
+    the calls they started finish (within :data:`SHUTDOWN_GRACE`) before the connections
+    close; else such a release found its connection closed and the name stayed locked until
+    a background give-back got through."""
+    try:
+        yield
+        await asyncio.Event().wait()  # never resumed on purpose
+    finally:
+        for _ in range(3):  # the other generators' closing steps, up to their first call
+            await asyncio.sleep(0)
+        deadline = time.monotonic() + SHUTDOWN_GRACE
+        while pools.busy() and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
+        await pools.close()
+
+
+def _finish(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
