@@ -46,10 +46,8 @@ raises LockNotAcquired: Celery's eager retry would run the task again at once, r
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
-from collections.abc import Callable, Iterator
-from datetime import datetime
+from collections.abc import Callable
 from typing import Any
 
 from celery import Task
@@ -60,11 +58,17 @@ from ..locking import context
 from ..locking.manager import LockManager
 from ..locking.registry import locks
 from ..locking.templates import CallTemplate
-from ..validation import check_max_hold, check_name, check_permits, check_ttl
+from ..validation import check_name
+from .celery_checks import (
+    ON_BUSY_CHOICES,
+    canvas_message,
+    check_options,
+    members,
+    seconds_to_expiry,
+)
 
 __all__ = ["ENQUEUED_HEADER", "ON_BUSY_CHOICES", "LockedTask"]
 
-ON_BUSY_CHOICES = ("skip", "retry", "raise")
 #: The message header that carries the enqueue marker's name and owner to the worker.
 ENQUEUED_HEADER = "redlock_enqueued"
 #: Suffix of the marker lock that ``lock_enqueue_once`` holds while a message is queued.
@@ -103,7 +107,7 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        _check_options(cls)
+        check_options(cls)
 
     # -- the worker side -------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -293,7 +297,7 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
         name = self._lock_template().fill(tuple(args or ()), dict(kwargs or {})) + ENQUEUED_SUFFIX
         manager = locks[self.lock_using]
         ttl = self.lock_enqueue_ttl
-        expires = _seconds_to_expiry(options.get("expires", self.expires), self.app.now())
+        expires = seconds_to_expiry(options.get("expires", self.expires), self.app.now())
         if expires is not None:  # a message that expired can never start: nothing to wait for
             ttl = max(MIN_MARKER_TTL, min(ttl, expires))
         try:
@@ -335,12 +339,12 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
                 role = "chain"
             else:
                 return
-            raise ValueError(_canvas_message(str(self.name), role))
+            raise ValueError(canvas_message(str(self.name), role))
         later = [*(options.get("chain") or ()), options.get("chord")]
-        for member in _members(later):
+        for member in members(later):
             task = self.app.tasks.get(str(member.get("task")))
             if getattr(task, "lock_enqueue_once", False) is True:
-                raise ValueError(_canvas_message(str(member.get("task")), "chain or chord"))
+                raise ValueError(canvas_message(str(member.get("task")), "chain or chord"))
 
     def _release_enqueue_marker(self, request: Any) -> None:
         """Release the marker of ``lock_enqueue_once`` that came with this message (``request``:
@@ -370,48 +374,6 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
 MIN_MARKER_TTL = 0.01
 
 
-def _canvas_message(task: str, role: str) -> str:
-    return (
-        f"Task {task} has lock_enqueue_once and cannot be sent as a member of a {role}: "
-        "lock_enqueue_once refuses canvases (group, chord or chain), because a send it "
-        "suppressed would leave the canvas waiting forever. Send it on its own, or use a task "
-        "without lock_enqueue_once in the canvas."
-    )
-
-
-def _members(signatures: Any) -> Iterator[dict[str, Any]]:
-    """The task signatures in ``signatures`` (a list of signatures, groups, chains and
-    chords, as dicts or Signatures), nested canvases flattened."""
-    if isinstance(signatures, list | tuple):
-        for each in signatures:
-            yield from _members(each)
-        return
-    if not isinstance(signatures, dict):
-        return
-    kind = signatures.get("subtask_type")
-    inner = signatures.get("kwargs") or {}
-    if kind in ("group", "chain"):
-        yield from _members(inner.get("tasks"))
-    elif kind == "chord":
-        yield from _members([inner.get("header"), inner.get("body")])
-    elif signatures.get("task"):
-        yield signatures
-
-
-def _seconds_to_expiry(expires: Any, now: datetime) -> float | None:
-    """Seconds until a message's ``expires`` (seconds, a datetime or an ISO 8601 string, as
-    Celery accepts it), or None when it has none."""
-    if expires is None:
-        return None
-    if isinstance(expires, str):
-        expires = datetime.fromisoformat(expires)
-    if isinstance(expires, datetime):
-        if expires.tzinfo is None or now.tzinfo is None:
-            now = now.replace(tzinfo=expires.tzinfo)
-        return (expires - now).total_seconds()
-    return float(expires)
-
-
 def _release_marker_of_discarded(sender: Any = None, request: Any = None, **_: Any) -> None:
     """The worker discarded a message (revoked, or expired before it started): release its
     ``lock_enqueue_once`` marker, which no run will release. Compare-and-delete with the
@@ -423,67 +385,3 @@ def _release_marker_of_discarded(sender: Any = None, request: Any = None, **_: A
 task_revoked.connect(
     _release_marker_of_discarded, weak=False, dispatch_uid="django_redlock.contrib.celery.revoked"
 )
-
-
-def _check_options(cls: type[LockedTask]) -> None:
-    """Refuse options that could never work, when the task class is created."""
-    if cls.lock_on_busy not in ON_BUSY_CHOICES:
-        raise ValueError(
-            f"{cls.__qualname__}: lock_on_busy must be 'skip', 'retry' or 'raise', "
-            f"not {cls.lock_on_busy!r}."
-        )
-    if not isinstance(cls.lock_using, str):
-        raise TypeError(f"{cls.__qualname__}: lock_using must be an alias (str).")
-    if not isinstance(cls.lock_enqueue_once, bool):
-        raise TypeError(f"{cls.__qualname__}: lock_enqueue_once must be True or False.")
-    try:
-        if cls.lock_ttl is not None:
-            check_ttl(cls.lock_ttl)
-        check_ttl(cls.lock_enqueue_ttl)
-        check_max_hold(cls.lock_min_hold, "lock_min_hold")
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(f"{cls.__qualname__}: {exc}") from None
-    _check_limits(cls)
-    if cls.lock_name is not None:
-        if not isinstance(cls.lock_name, str):
-            raise TypeError(f"{cls.__qualname__}: lock_name must be a str template.")
-        run = _run_of(cls)
-        if run is not None:
-            CallTemplate(cls.lock_name, run)  # a field the task has no argument for fails here
-
-
-def _check_limits(cls: type[LockedTask]) -> None:
-    """``lock_limits``: a dict of name templates to permits (ints >= 1)."""
-    limits = cls.lock_limits
-    if limits is None:
-        return
-    if not isinstance(limits, dict) or not limits:
-        raise TypeError(
-            f"{cls.__qualname__}: lock_limits must be a non-empty dict of name templates to "
-            'permits, e.g. {"api:global": 20, "api:tenant:{tenant}": 2}.'
-        )
-    run = _run_of(cls)
-    for template, permits in limits.items():
-        if not isinstance(template, str):
-            raise TypeError(f"{cls.__qualname__}: lock_limits keys must be str templates.")
-        try:
-            check_permits(permits)
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"{cls.__qualname__}: lock_limits[{template!r}]: {exc}") from None
-        if run is not None:
-            CallTemplate(template, run)  # a field the task has no argument for fails here
-
-
-def _run_of(cls: type[LockedTask]) -> Any:
-    """The task's body as its callers see it (without ``self``), or None when it is
-    Celery's placeholder (a base class for tasks)."""
-    raw = inspect.getattr_static(cls, "run")
-    if raw is inspect.getattr_static(Task, "run"):
-        return None
-    if isinstance(raw, staticmethod | classmethod):
-        return cls.run
-    return raw.__get__(_Unbound(), cls)  # a method (bind=True): the signature without self
-
-
-class _Unbound:
-    """Stands for the task instance when reading a method's signature."""
