@@ -49,8 +49,9 @@ class Lease:
     ) -> None:
         self._manager = manager
         #: the engine that holds it (``manager.engine_for(record.name)``, when not given)
-        self._engine = manager.engine_for(record.name) if engine is None else engine
-        self._record = record
+        self.engine: Engine = manager.engine_for(record.name) if engine is None else engine
+        #: what the engine knows of it (owner value, token, the channel it is pinned to...)
+        self.record = record
         self._lost_sent = False
         self._renewer: RenewalThread | None = None
         self._renewal_task: asyncio.Task[None] | None = None
@@ -66,7 +67,7 @@ class Lease:
         #: (a rollback); the renewals then release it instead of renewing
         self._transaction_ended: Callable[[], bool] | None = None
         #: kept for a commit: True while that commit is still to come (re-entry in it)
-        self._commit_pending: Callable[[], bool] | None = None
+        self.commit_pending: Callable[[], bool] | None = None
         #: lock blocks (and request locks, lock_many sets) holding it open now; the last to
         #: end lets it go
         self._blocks = 0
@@ -78,16 +79,6 @@ class Lease:
             open_handoff.leases.append(self)  # an interrupted acquire gives it back
 
     # -- the surface the app's own modules use (blocks, sets, request locks, records) ------
-    @property
-    def record(self) -> LeaseRecord:
-        """What the engine knows of this lease (owner value, token, pinned channel...)."""
-        return self._record
-
-    @property
-    def engine(self) -> Engine:
-        """The engine that holds it."""
-        return self._engine
-
     @property
     def open_blocks(self) -> int:
         """The lock blocks (request locks, ``lock_many`` sets) holding it open now; the last
@@ -103,21 +94,12 @@ class Lease:
         self._blocks -= 1
 
     @property
-    def commit_pending(self) -> Callable[[], bool] | None:
-        """Kept until a commit: True while that commit is still to come; else None."""
-        return self._commit_pending
-
-    @commit_pending.setter
-    def commit_pending(self, pending: Callable[[], bool] | None) -> None:
-        self._commit_pending = pending
-
-    @property
     def name(self) -> str:
-        return self._record.name
+        return self.record.name
 
     @property
     def token(self) -> int:
-        return self._record.token
+        return self.record.token
 
     @property
     def alias(self) -> str:
@@ -125,39 +107,39 @@ class Lease:
 
     @property
     def ttl(self) -> float:
-        return self._record.ttl
+        return self.record.ttl
 
     @property
     def kind(self) -> str:
         """``""`` (a lock), ``"permit"`` (a semaphore's), ``"read"`` or ``"write"``."""
-        return self._record.kind
+        return self.record.kind
 
     @property
     def waited(self) -> float:
         """Seconds the acquire call took (its waits and attempts)."""
-        return self._record.waited
+        return self.record.waited
 
     @property
     def attempts(self) -> int:
         """How many attempts the acquire call made (1: the name was free)."""
-        return self._record.attempts
+        return self.record.attempts
 
     @property
     def votes(self) -> int:
         """How many nodes granted the lease (at least a quorum)."""
-        return len(self._record.voters)
+        return len(self.record.voters)
 
     @property
     def voters(self) -> list[str]:
         """The nodes that granted the lease (their labels, passwords masked)."""
-        labels = self._engine.labels
-        return [labels[i] for i in self._record.voters]
+        labels = self.engine.labels
+        return [labels[i] for i in self.record.voters]
 
     @property
     def held(self) -> float:
         """Seconds from the acquisition until the release (until now while not released)."""
         end = time.monotonic() if self._released_at is None else self._released_at
-        return max(0.0, end - self._record.acquired_at)
+        return max(0.0, end - self.record.acquired_at)
 
     @property
     def validity(self) -> float:
@@ -165,29 +147,29 @@ class Lease:
         and in a child process for its parent's lease (the child does not hold it)."""
         if self.foreign:
             return 0.0
-        return self._record.validity()
+        return self.record.validity()
 
     @property
     def lost(self) -> bool:
         """True once the lease expired or a node said someone else owns it (and in a child
         process for its parent's lease: the child cannot count on it)."""
-        record = self._record
+        record = self.record
         return record.lost or (not record.released and record.validity() <= 0) or self.foreign
 
     @property
     def released(self) -> bool:
-        return self._record.released
+        return self.record.released
 
     @property
     def release_unconfirmed(self) -> bool:
         """True after :meth:`release` returned False because too few nodes confirmed it,
         while it is being sent again in the background (until the lease's validity ends)."""
-        return release_unconfirmed(self._record)
+        return release_unconfirmed(self.record)
 
     @property
     def foreign(self) -> bool:
         """True in a child process for a lease its parent acquired before the fork."""
-        return not self._engine.owns(self._record)
+        return not self.engine.owns(self.record)
 
     def _ensure_own(self) -> None:
         if self.foreign:
@@ -211,7 +193,7 @@ class Lease:
         if self.release_unconfirmed:
             raise LockError(
                 f"Lock {self.name!r} (alias {self.alias!r}) was released, but too few nodes "
-                f"confirmed it ({why_unconfirmed(self._record)}): the release is being sent "
+                f"confirmed it ({why_unconfirmed(self.record)}): the release is being sent "
                 "again in the background until the lease's validity ends."
             )
         if self.lost:
@@ -233,21 +215,21 @@ class Lease:
         """Renew the lease to ``ttl`` seconds (default: its TTL); raises ``LockLost``. Its
         auto-extend renewals, if any, go on every third of the new TTL."""
         self._ensure_own()
-        before = self._record.ttl
-        self._extended(self._engine.extend(self._record, self._ttl_for(ttl)), "extend()")
+        before = self.record.ttl
+        self._extended(self.engine.extend(self.record, self._ttl_for(ttl)), "extend()")
         self._rescheduled(before)
 
     async def aextend(self, ttl: float | None = None) -> None:
         """Asyncio twin of :meth:`extend`."""
         self._ensure_own()
-        before = self._record.ttl
-        self._extended(await self._engine.aextend(self._record, self._ttl_for(ttl)), "aextend()")
+        before = self.record.ttl
+        self._extended(await self.engine.aextend(self.record, self._ttl_for(ttl)), "aextend()")
         self._rescheduled(before)
 
     def _rescheduled(self, ttl_before: float) -> None:
         """After an extend to a shorter TTL, the renewals' pause (a third of the old TTL) is
         cut to a third of the new one: the lease must not run out while they sleep."""
-        if self._record.ttl >= ttl_before:
+        if self.record.ttl >= ttl_before:
             return
         renewer, task, wakeup = self._renewer, self._renewal_task, self._renewal_wakeup
         if renewer is not None:
@@ -261,7 +243,7 @@ class Lease:
         try:
             if not self._releasing():
                 return False
-            held = self._engine.release(self._record)
+            held = self.engine.release(self.record)
         except BaseException:  # an interrupt: the release still goes out, from the background
             self._release_interrupted()
             raise
@@ -276,7 +258,7 @@ class Lease:
             self.stop_auto_extend()
         with contextlib.suppress(Exception):
             context.deactivate(self)
-        self._engine.release_unfinished(self._record)
+        self.engine.release_unfinished(self.record)
 
     async def arelease(self) -> bool:
         """Asyncio twin of :meth:`release`. A cancellation (``task.cancel()``, ``wait_for``)
@@ -284,7 +266,7 @@ class Lease:
         not leave its lease held until the TTL."""
         if not self._releasing():
             return False
-        release = asyncio.ensure_future(self._engine.arelease(self._record))
+        release = asyncio.ensure_future(self.engine.arelease(self.record))
         try:
             held = await asyncio.shield(release)
         except asyncio.CancelledError:
@@ -300,9 +282,7 @@ class Lease:
             self._released(release.result())
 
     def _ttl_for(self, ttl: float | None) -> float:
-        return (
-            self._record.ttl if ttl is None else check_ttl(ttl, self._manager.config.drift_factor)
-        )
+        return self.record.ttl if ttl is None else check_ttl(ttl, self._manager.config.drift_factor)
 
     def _extended(self, renewal: Renewal, how: str) -> None:
         if renewal.status == RENEWED:
@@ -321,12 +301,12 @@ class Lease:
 
     def _releasing(self) -> bool:
         """Stop renewing and stop guarding writes here; True if there is something to release."""
-        if self._record.generation != forks.current:  # a child's copy of its parent's lease
+        if self.record.generation != forks.current:  # a child's copy of its parent's lease
             self._ensure_own()
         if self._renewer is not None or self._renewal_task is not None:
             self.stop_auto_extend()
         owner = context.deactivate(self)
-        if self._record.released:
+        if self.record.released:
             return False
         self._released_by = owner  # a block's exit tells its own release apart
         return True
@@ -345,10 +325,10 @@ class Lease:
         """True when the release of this (valid) lease was unconfirmed and went to the
         background give-back: not a loss, even if the give-back has already ended (it used to
         count as one when the give-back was confirmed before the caller looked)."""
-        return self._record.given_back and self._record.valid_at_release
+        return self.record.given_back and self.record.valid_at_release
 
     def _mark_lost(self, reason: str) -> None:
-        self._record.lost = True
+        self.record.lost = True
         with _LOST_MUTEX:
             if self._lost_sent:
                 return
@@ -398,14 +378,14 @@ class Lease:
         if self._ended_without_commit():
             self.release()
             return LOST  # ends the renewals (nothing reported: it was released)
-        return self._renewal_status(self._engine.extend(self._record, self.ttl))
+        return self._renewal_status(self.engine.extend(self.record, self.ttl))
 
     async def _arenew_once(self) -> str:
         if self._ended_without_commit():
             self._renewal_task = None  # this very task releases: do not cancel it
             await self.arelease()
             return LOST
-        return self._renewal_status(await self._engine.aextend(self._record, self.ttl))
+        return self._renewal_status(await self.engine.aextend(self.record, self.ttl))
 
     def _ended_without_commit(self) -> bool:
         """Kept for a commit whose transaction ended without it (a rollback whose discarded
@@ -422,7 +402,7 @@ class Lease:
 
     def _renewals_ended(self, why: str | None) -> None:
         """The renewals ended without a renewal finding the lease lost: it ran out."""
-        if why is not None and not self._record.released:
+        if why is not None and not self.record.released:
             self._mark_lost(
                 "max_hold reached; the lease ran out"
                 if why == "max_hold"

@@ -16,7 +16,7 @@ from ..engine import LeaseRecord, Renew, RenewalBound, Stepper, renewal_policy
 class Renewable(Protocol):
     """What the drivers need of a lease (:class:`~.lease.Lease`)."""
 
-    _record: LeaseRecord
+    record: LeaseRecord
     _bound: RenewalBound | None
     _renewal_wakeup: asyncio.Event | None
 
@@ -41,7 +41,7 @@ class RenewalThread(threading.Thread):
         names = leases[0].name if len(leases) == 1 else f"{leases[0].name} +{len(leases) - 1}"
         super().__init__(name=f"redlock-renew {names}", daemon=True)
         self._runs = {
-            lease: Stepper(renewal_policy(lease._record, cast(RenewalBound, lease._bound)))
+            lease: Stepper(renewal_policy(lease.record, cast(RenewalBound, lease._bound)))
             for lease in leases
         }
         #: held while a renewal runs: a lease stopped meanwhile is renewed no more after stop()
@@ -111,7 +111,7 @@ class RenewalThread(threading.Thread):
 
 async def renew_in_task(lease: Renewable, bound: RenewalBound) -> None:
     """The asyncio driver of the renewal policy (cancelling the task stops it)."""
-    run = Stepper(renewal_policy(lease._record, bound))
+    run = Stepper(renewal_policy(lease.record, bound))
     while run.step is not None:
         if isinstance(run.step, Renew):
             run.send(await lease._arenew_once())

@@ -125,7 +125,7 @@ def test_a_call_interrupted_as_it_is_written_never_shifts_the_replies(
     nodes = redis_node_factory(count)
     manager = redlock_alias(nodes, NODE_TIMEOUT=1.0, TTL=30)
     warm = manager.acquire("warm", timeout=0)
-    link = warm._record.pinned.links[0]
+    link = warm.record.pinned.links[0]
     warm.release()
     real = link._output
 
@@ -213,7 +213,7 @@ def test_a_reply_interrupted_as_it_is_read_drops_the_connection(
     other = redlock_alias(nodes, NODE_TIMEOUT=0.5, TTL=20, KEY_PREFIX=manager.config.key_prefix)
     held = other.acquire("held", timeout=0)
     warm = manager.acquire("warm", timeout=0)
-    channel = warm._record.pinned
+    channel = warm.record.pinned
     warm.release()
     for link in channel.links:
         link._sock = _InterruptingSocket(link._sock)
@@ -313,7 +313,7 @@ def test_a_second_reconnect_keeps_the_first_connection(
     nodes = redis_node_factory(1)
     manager = redlock_alias(nodes, NODE_TIMEOUT=1.0)
     warm = manager.acquire("warm", timeout=0)
-    link = warm._record.pinned.links[0]
+    link = warm.record.pinned.links[0]
     warm.release()
     link._drop()
     assert link.connect_detached() is True

@@ -114,7 +114,7 @@ def test_repr_shows_the_state_and_never_the_owner(
     assert "campaigning" in repr(lead) and isinstance(lead, Leadership)
     with lead:
         assert "leader" in repr(lead) and f"term={lead.term}" in repr(lead)
-        assert lead.lease is not None and lead.lease._record.owner not in repr(lead)
+        assert lead.lease is not None and lead.lease.record.owner not in repr(lead)
     assert "stepped down" in repr(lead)
 
 

@@ -227,7 +227,7 @@ def test_losing_one_permit_raises_lock_lost_at_exit(
         pytest.raises(LockLost) as lost,
         manager.limits({a: 1, b: 2}, ttl=1.0, auto_extend=True) as held,
     ):
-        slot = held.leases[b]._record.key
+        slot = held.leases[b].record.key
         for node in session_nodes[:3]:
             node.client().delete(slot)
         time.sleep(1.2)

@@ -324,7 +324,7 @@ def test_a_semaphore_below_its_permits_fills_up_again(
             time.sleep(0.05)
         for lapsed in blockers[1:]:
             for node in nodes:
-                assert node.client().delete(lapsed._record.key) == 1
+                assert node.client().delete(lapsed.record.key) == 1
         before = oracle.llen("inside:seen")
         assert blockers[0].release() is True
         time.sleep(1.5)

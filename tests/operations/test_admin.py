@@ -29,7 +29,7 @@ RELEASE = "admin:django_redlock_lock_release"
 
 
 def owner_of(lease: object) -> str:
-    owner: str = lease._record.owner  # type: ignore[attr-defined]
+    owner: str = lease.record.owner  # type: ignore[attr-defined]
     return owner
 
 

@@ -31,7 +31,7 @@ def run(*args: str) -> str:
 
 
 def owner_of(lease: object) -> str:
-    owner: str = lease._record.owner  # type: ignore[attr-defined]
+    owner: str = lease.record.owner  # type: ignore[attr-defined]
     return owner
 
 

@@ -19,7 +19,7 @@ from django_redlock.testing import RedisNode, RedisNodes
 
 
 def owner_of(lease: object) -> str:
-    owner: str = lease._record.owner  # type: ignore[attr-defined]
+    owner: str = lease.record.owner  # type: ignore[attr-defined]
     return owner
 
 

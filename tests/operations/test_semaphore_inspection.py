@@ -34,7 +34,7 @@ HOLDER_KEYS = {"slot", "token", "owner", "lease_id", "ttl_ms", "nodes_held"}
 
 def slot_of(lease: Lease) -> int:
     """The slot a permit holds, from its key ``<prefix>__permit__:<k>:<name>``."""
-    return int(lease._record.key.split("__permit__:", 1)[1].split(":", 1)[0])
+    return int(lease.record.key.split("__permit__:", 1)[1].split(":", 1)[0])
 
 
 def node_clients(alias: str) -> list[redis.Redis]:
@@ -235,7 +235,7 @@ def test_five_nodes_row_counts_its_best_replicated_permit(unique_name: str) -> N
     try:
         damaged, intact = sorted(held.permits, key=lambda p: p.token)
         for client in node_clients("five")[:2]:
-            assert client.delete(damaged._record.key) == 1
+            assert client.delete(damaged.record.key) == 1
         info, errors = inspection.get_lock("five", held.name)
         assert info is not None and not errors
         by_token = {h["token"]: h for h in info.holders}
@@ -243,7 +243,7 @@ def test_five_nodes_row_counts_its_best_replicated_permit(unique_name: str) -> N
         assert by_token[intact.token]["nodes_held"] == 5
         assert (info.nodes_held, info.nodes_total, info.quorum_held) == (5, 5, True)
         for client in node_clients("five")[2:4]:
-            assert client.delete(intact._record.key) == 1
+            assert client.delete(intact.record.key) == 1
         info, _ = inspection.get_lock("five", held.name)
         assert info is not None
         assert sorted(h["nodes_held"] for h in info.holders) == [3, 3]

@@ -326,7 +326,7 @@ def test_a_lost_lease_stores_nothing_and_an_older_token_never_replaces_a_newer(
     # the old holder takes the name again later (a lower token than the record's is
     # impossible through acquire, so forge it: same owner, the old token)
     newest = manager.acquire(unique_name, ttl=5, timeout=0)
-    newest._record.token = old.token
+    newest.record.token = old.token
     assert records.store(newest, old_values, 60) == 0
     found = records.read(newest)
     assert found is not None and found.body == b"new" and found.token == new.token

@@ -21,10 +21,10 @@ def test_the_newest_token_wins_and_a_minority_loss_keeps_the_record(
     assert records.store(first, ["fp", "{}", b"first"], 60) == 3
     first.release()
     second = manager.acquire(unique_name, ttl=5, timeout=0)
-    reached = second._record.reached
-    second._record.reached = (True, False, False)  # as if only node 0 took the write
+    reached = second.record.reached
+    second.record.reached = (True, False, False)  # as if only node 0 took the write
     assert records.store(second, ["fp", "{}", b"second"], 60) == 1
-    second._record.reached = reached
+    second.record.reached = reached
     found = records.read(second)
     assert found is not None and (found.body, found.token) == (b"second", second.token)
     second.release()

@@ -291,7 +291,7 @@ def granted_by(lease: Any) -> list[int]:
     master its shard's connection was on), read from the engine's connections right after the
     grant; [] when that cannot be told (a test helper, not an API)."""
     try:
-        record = lease._record
+        record = lease.record
         links = record.pinned.links
         return [int(links[i]._conn.port) for i in record.voters]
     except Exception:  # a diagnostic only: never let it fail an operation

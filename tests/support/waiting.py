@@ -130,7 +130,7 @@ def wake_ups_left(manager: LockManager, name: str) -> int:
 def handed_off(lease: Any) -> bool:
     """True if ``lease``'s release woke a waiter (found one registered, reserved the name for
     it and pushed its wake-up)."""
-    return bool(lease._record.handed_off)
+    return bool(lease.record.handed_off)
 
 
 def assert_woken(manager: LockManager, name: str, released: Any, waiters: list[Any]) -> None:
