@@ -50,11 +50,13 @@ class _Peak:
     budget counted then (``over``), so a failure says whether the budget let too many in or
     sockets outlived their slots."""
 
-    def __init__(self, nodes: RedisNodes, budget: Any = None, cap: int = 0) -> None:
+    def __init__(
+        self, nodes: RedisNodes, budget: Any = None, cap: int = 0, engine: Any = None
+    ) -> None:
         self._nodes = list(nodes)
         self.peak = 0
-        self._budget, self._cap = budget, cap
-        self.over: list[tuple[list[int], list[int], list[str]]] = []
+        self._budget, self._cap, self._engine = budget, cap, engine
+        self.over: list[tuple[Any, ...]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -64,7 +66,8 @@ class _Peak:
             self.peak = max(self.peak, *counts)
             if self._budget is not None and max(counts) > self._cap and len(self.over) < 5:
                 threads = sorted(t.name for t in threading.enumerate())
-                self.over.append((counts, self._budget.in_use(), threads))
+                held = _holders(self._engine) if self._engine is not None else None
+                self.over.append((counts, self._budget.in_use(), held, threads))
             self._stop.wait(0.005)
 
     def __enter__(self) -> _Peak:
@@ -79,6 +82,28 @@ class _Peak:
 
     def now(self) -> list[int]:
         return [_ours(node) for node in self._nodes]
+
+
+def _holders(engine: Any) -> dict[str, Any]:
+    """Per kind of holder, its connected links per node (a racy read, for a failure's
+    message): which of the engine's objects hold the sockets counted."""
+    pools = engine.pools
+    nodes = range(len(engine.labels))
+
+    def links(channels: list[Any]) -> list[int]:
+        return [sum(1 for c in channels if c.links[i].connected) for i in nodes]
+
+    found: dict[str, Any] = {
+        "sync": links(list(pools._all)),
+        "sync blocking": links(list(pools._blocking_all)),
+        "aside": links([pools._aside] if pools._aside else []),
+        "sync waiter open": getattr(pools.waiter, "open", None),
+    }
+    for n, loop_pools in enumerate(list(pools.loops.pools_of.values())):
+        found[f"loop {n}"] = links(list(loop_pools.channels))
+        found[f"loop {n} blocking"] = links(list(loop_pools.blocking))
+        found[f"loop {n} waiting"] = [len(conns) for conns in loop_pools.waiting]
+    return found
 
 
 def _sync_sockets(engine: Any) -> list[int]:
@@ -195,7 +220,7 @@ def test_threads_and_tasks_share_one_budget(three: RedisNodes, redlock_alias: Al
         except BaseException as exc:
             errors.append(exc)
 
-    with _Peak(three, manager.engine.budget, 4) as peak:
+    with _Peak(three, manager.engine.budget, 4, manager.engine) as peak:
         threads = [threading.Thread(target=sync_work) for _ in range(20)]
         threads += [threading.Thread(target=loop_work) for _ in range(2)]
         for t in threads:
