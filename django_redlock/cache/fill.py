@@ -67,19 +67,13 @@ def get_or_set(
     """
     check_compute(compute, asyncio=False)
     fill = _Fill.of(key, timeout, cache, using, stale)
-    plan = _fill_plan(fill)
-    reply: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            step, arg = plan.throw(error) if error is not None else plan.send(reply)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        error = None
-        try:
-            reply = _carry_out(fill, compute, step, arg)
-        except BaseException as exc:  # the plan decides (a busy lock, a failed compute...)
-            reply, error = None, exc
+    plan, outcome = _fill_plan(fill), _Outcome()
+    while (step := outcome.next_step(plan)) is not None:
+        try:  # the plan decides what an exception means (a busy lock, a failed compute...)
+            outcome.reply, outcome.error = _carry_out(fill, compute, *step), None
+        except BaseException as exc:
+            outcome.error = exc
+    return outcome.value  # type: ignore[no-any-return]
 
 
 async def aget_or_set(
@@ -97,19 +91,13 @@ async def aget_or_set(
     calls run in a worker thread, the lock's on the loop."""
     check_compute(compute, asyncio=True)
     fill = _Fill.of(key, timeout, cache, using, stale)  # no I/O: checks and lookups
-    plan = _fill_plan(fill)
-    reply: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            step, arg = plan.throw(error) if error is not None else plan.send(reply)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        error = None
-        try:
-            reply = await _acarry_out(fill, compute, step, arg)
-        except BaseException as exc:  # a cancellation too: the plan releases, then it goes on
-            reply, error = None, exc
+    plan, outcome = _fill_plan(fill), _Outcome()
+    while (step := outcome.next_step(plan)) is not None:
+        try:  # a cancellation too: the plan releases the lease, then it goes on
+            outcome.reply, outcome.error = await _acarry_out(fill, compute, *step), None
+        except BaseException as exc:
+            outcome.error = exc
+    return outcome.value  # type: ignore[no-any-return]
 
 
 class Step(Enum):
@@ -122,6 +110,30 @@ class Step(Enum):
     COMPUTE = "compute"  # the value, computed
     STORE = "store"  # arg (value, lease): store the value fenced by the lease
     RELEASE = "release"  # arg lease: release it
+
+
+class _Outcome:
+    """A driver's side of :func:`_fill_plan`: the last step's reply or exception, and the
+    plan's value once it returned."""
+
+    __slots__ = ("error", "reply", "value")
+
+    def __init__(self) -> None:
+        self.reply: Any = None
+        self.error: BaseException | None = None
+        self.value: Any = None
+
+    def next_step(self, plan: Generator[tuple[Step, Any], Any, Any]) -> tuple[Step, Any] | None:
+        """The plan's next step, given the last one's reply or exception; None once it
+        returned (its value in :attr:`value`; an exception it raises goes through)."""
+        try:
+            if self.error is not None:
+                error, self.error = self.error, None
+                return plan.throw(error)
+            return plan.send(self.reply)
+        except StopIteration as done:
+            self.value = done.value
+            return None
 
 
 def _fill_plan(fill: _Fill) -> Generator[tuple[Step, Any], Any, Any]:

@@ -345,21 +345,7 @@ def _dropped_pairs(
     happened: dict[str, str] = {}
     for i in range(pairs):
         name = f"p:{i}"
-        hit = rng.sample(px, len(px) // 2 + 1)
-        fault = rng.choice(["reset", "drop-replies"])
-        at, heal = rng.uniform(0.0, 0.006), rng.uniform(0.002, 0.03)
-
-        def breaking(
-            hit: list[Proxy] = hit, fault: str = fault, at: float = at, heal: float = heal
-        ) -> None:
-            time.sleep(at)
-            for proxy in hit:
-                proxy.set(fault)
-            time.sleep(heal)
-            for proxy in hit:
-                proxy.set("pass")
-
-        breaker = threading.Thread(target=breaking)
+        fault, at, breaker = _breaker(px, rng, 0.006)
         breaker.start()
         try:
             lease = a.acquire(name, timeout=0.2)
@@ -383,6 +369,27 @@ def _dropped_pairs(
         raise AssertionError(f"left locked: {[(n, happened.get(n)) for n in left]}") from None
     assert freed_wrongly == 0
     return acquired, confirmed, failed
+
+
+def _breaker(
+    px: list[Proxy], rng: random.Random, latest: float
+) -> tuple[str, float, threading.Thread]:
+    """A thread (not started) that breaks a quorum of ``px`` (reset, or replies swallowed and
+    then the connections aborted) at a random moment up to ``latest`` seconds in, for 2-30 ms;
+    with the fault and the moment, for a failure's message."""
+    hit = rng.sample(px, len(px) // 2 + 1)
+    fault = rng.choice(["reset", "drop-replies"])
+    at, heal = rng.uniform(0.0, latest), rng.uniform(0.002, 0.03)
+
+    def breaking() -> None:
+        time.sleep(at)
+        for proxy in hit:
+            proxy.set(fault)
+        time.sleep(heal)
+        for proxy in hit:
+            proxy.set("pass")
+
+    return fault, at, threading.Thread(target=breaking)
 
 
 def _locked_on_a_quorum(nodes: RedisNodes, key: str) -> bool:
@@ -443,21 +450,7 @@ def test_interrupted_acquires_whose_connections_break_leave_nothing_locked(
             name = f"p:{i}"
             hold = s.random.uniform(0.02, 0.06)
             releasing = threading.Timer(hold, holder.acquire(name, timeout=0).release)
-            hit = s.random.sample(px, len(px) // 2 + 1)
-            fault = s.random.choice(["reset", "drop-replies"])
-            at, heal = s.random.uniform(0.0, 0.07), s.random.uniform(0.002, 0.03)
-
-            def breaking(
-                hit: list[Proxy] = hit, fault: str = fault, at: float = at, heal: float = heal
-            ) -> None:
-                time.sleep(at)
-                for proxy in hit:
-                    proxy.set(fault)
-                time.sleep(heal)
-                for proxy in hit:
-                    proxy.set("pass")
-
-            breaker = threading.Thread(target=breaking)
+            breaker = _breaker(px, s.random, 0.07)[2]
             releasing.start()
             breaker.start()
             lease = s.call(lambda: a.acquire(name, timeout=1.0), s.random.uniform(0.0, 0.08))  # noqa: B023
