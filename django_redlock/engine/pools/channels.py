@@ -70,6 +70,8 @@ class ChannelPools:
         self._every = tuple(range(len(labels)))
         #: the engine's: starts the engine (and so these pools) afresh in a forked child
         self._check_fork = check_fork
+        #: each event loop's channels (the asyncio side)
+        self.loops = LoopChannels(state, labels, async_factories, budget, self._spent, check_fork)
 
     def start_afresh(self) -> None:
         """Empty pools: at the engine's creation, and in a forked child (the parent's
@@ -81,11 +83,7 @@ class ChannelPools:
         self._sync_waiters = deque()
         self._reaper_wake = threading.Event()
         self._reaping = False
-        #: each event loop's channels (the asyncio side)
-        self.loops = LoopChannels(
-            self.state, self.labels, self._async_factories, self.budget, self._spent,
-            self._check_fork,
-        )  # fmt: skip
+        self.loops.start_afresh()  # the same object: a call on it meanwhile sees it afresh
         self.waiter = ReleaseWaiter(
             self._factories, self._async_factories, self.budget, self._opened
         )

@@ -40,6 +40,10 @@ class LoopChannels:
         self._every = tuple(range(len(labels)))
         self._spent = spent
         self._check_fork = check_fork
+        self.start_afresh()
+
+    def start_afresh(self) -> None:
+        """No loop's pools: at creation, and in a forked child (the parent's are dropped)."""
         #: each event loop's pools, and the suspended generator that closes them at its
         #: shutdown
         self.pools_of: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopPools] = (
