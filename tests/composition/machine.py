@@ -324,7 +324,7 @@ class CompositionMachine(RuleBasedStateMachine):
         for h in self.model.holdings:
             if h.name == name and h.kept_level and not h.released and h.kind == kind:
                 return h, h.who != "main"
-        # a suspended generator's lease is not the consumer's: another holder (L9)
+        # a suspended generator's lease is not the consumer's: another holder
         return None, False
 
     def other_side(self, name: str, kind: str) -> list[Holding]:
@@ -1603,7 +1603,7 @@ class CompositionMachine(RuleBasedStateMachine):
                         yield found
 
                     async for _ in agen(name):
-                        # suspended: its lease is not the consumer's (L9)
+                        # suspended: its lease is not the consumer's (one holder)
                         try:
                             async with m.alock(full, timeout=0):
                                 obs["consumer"] = "re-entered the suspended generator's lease"
@@ -1621,7 +1621,7 @@ class CompositionMachine(RuleBasedStateMachine):
         if obs.get("agen"):
             raise Violation(f"{what}: the async generator's body runs without its lease (A2)")
         if obs.get("consumer", "busy") != "busy":
-            raise Violation(f"{what}: the consumer {obs['consumer']} (L9)")
+            raise Violation(f"{what}: the consumer {obs['consumer']} (one holder at a time)")
         outcome = obs["outcome"]
         if outcome != "ok" or "outer" not in obs:
             self.judge(what, before, outcome, name, "lock")

@@ -335,7 +335,7 @@ def test_n8_lock_many_re_entering_a_lease_that_fences_nothing_fences_its_claims(
 ) -> None:
     """N8 (found by the machine once N1 d was fixed): ``lock_many([a])`` re-entering a lease of
     ``a`` whose own entry no longer fences (kept until the commit here; a suspended generator's
-    when it was found, which its consumer no longer re-enters: L9), with a bare lease of ``b``
+    when it was found, which its consumer no longer re-enters), with a bare lease of ``b``
     taken after it, saves a row claimed with a's token with a's token (it was saved with b's:
     the set did not activate the lease it re-entered)."""
     manager = locks["default"]
@@ -427,9 +427,9 @@ def test_d3_a_woken_waiter_gets_the_validity_of_its_winning_attempt(
 def test_n4_lock_many_does_not_reenter_a_suspended_generators_lease(
     alias: str, unique_name: str
 ) -> None:
-    """N4, then L9: ``lock_many([n])`` used to re-enter the lease of a suspended ``@lock``
+    """N4, then one holder: ``lock_many([n])`` used to re-enter the lease of a suspended ``@lock``
     generator (auto extended), and the generator closed inside the set left it renewed for
-    ever. A suspended generator's lease is not its consumer's (L9): the set is busy, the
+    ever. A suspended generator's lease is not its consumer's: the set is busy, the
     generator keeps its lease, and closing it releases the name."""
     manager = locks[alias]
 
@@ -449,10 +449,10 @@ def test_n4_lock_many_does_not_reenter_a_suspended_generators_lease(
 
 
 @pytest.mark.parametrize("alias", ALIASES)
-def test_l9_a_suspended_generator_is_another_holder_for_its_consumer(
+def test_a_suspended_generator_is_another_holder_for_its_consumer(
     alias: str, unique_name: str
 ) -> None:
-    """L9: one holder at a time (docs/jobs.md). While an ``@lock`` generator is suspended, its
+    """One holder at a time (docs/jobs.md). While an ``@lock`` generator is suspended, its
     consumer's blocks and a second generator of the same name are busy; ``zip`` of two does
     not run both bodies; ``on_busy="skip"`` skips."""
     manager = locks[alias]
@@ -477,10 +477,10 @@ def test_l9_a_suspended_generator_is_another_holder_for_its_consumer(
 
 
 @pytest.mark.parametrize("alias", ALIASES)
-def test_l9_a_suspended_async_generator_is_another_holder_for_its_consumer(
+def test_a_suspended_async_generator_is_another_holder_for_its_consumer(
     alias: str, unique_name: str
 ) -> None:
-    """L9, asyncio: the consumer task of a suspended ``@alock`` generator does not re-enter
+    """One holder, asyncio: the consumer task of a suspended ``@alock`` generator does not re-enter
     its lease."""
     manager = locks[alias]
 
@@ -596,9 +596,9 @@ def test_n8_a_set_re_entering_a_generators_lease_guards_plain_writes_after_it_cl
 ) -> None:
     """N8, as the machine meets it (it used to call this an unguarded write): ``lock_many([c])``
     re-enters the lease of an open ``lock(c)`` block (a suspended generator's when it was
-    found; L9 closed that way), the block ends inside the set: the set's block still holds the
-    lease (the last open block lets it go) and, as the innermost active lease, guards a plain
-    ``update()``; leaving the set releases it."""
+    found, which its consumer no longer re-enters), the block ends inside the set: the set's
+    block still holds the lease (the last open block lets it go) and, as the innermost active
+    lease, guards a plain ``update()``; leaving the set releases it."""
     product = Product.objects.create(name=unique_name, stock=0)
     outer = locks[alias].lock(unique_name, timeout=0)
     lease = outer.__enter__()
@@ -636,7 +636,7 @@ def test_n9_leaving_a_set_that_re_entered_a_lost_lease_raises_lock_lost(
     alias: str, outer: str, unique_name: str
 ) -> None:
     """N9: a ``lock_many`` block that re-entered a lease (an outer lock block's, open or ended
-    inside the set; a suspended generator's when it was found, L9 closed that way) which ran
+    inside the set; a suspended generator's when it was found, no longer re-entered) which ran
     out while the set ran raises LockLost at its exit, as a re-entered ``lock()`` block does
     (it ended quietly: the set only checked the names it released)."""
     manager = locks[alias]
@@ -701,11 +701,11 @@ def test_n11_a_set_lets_go_of_a_re_entered_lease_whose_block_ended_inside_it(
     alias: str, borrowed_first: bool, unique_name: str
 ) -> None:
     """N11: ``lock_many([r, b])`` re-enters the lease of an open ``lock(b)`` block and takes r;
-    the block ends inside the set (an ExitStack; a suspended generator was the first way, see
-    L9), so the set's exit lets go of both. It released them in one call with the owner of the
-    first lease only: the other one (b's lease has its own owner) was refused, reported lost
-    (LockLost at a quiet exit) and left on the nodes for its TTL (the machine: "LockNotAcquired
-    although 'b' was free", "'r' is left for 4994 ms")."""
+    the block ends inside the set (an ExitStack; a suspended generator was the first way, which
+    its consumer no longer re-enters), so the set's exit lets go of both. It released them in
+    one call with the owner of the first lease only: the other one (b's lease has its own owner)
+    was refused, reported lost (LockLost at a quiet exit) and left on the nodes for its TTL (the
+    machine: "LockNotAcquired although 'b' was free", "'r' is left for 4994 ms")."""
     manager = locks[alias]
     b, r = f"{unique_name}:b", f"{unique_name}:r"
     outer = manager.lock(b, ttl=5, timeout=0)
