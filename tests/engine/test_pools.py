@@ -411,6 +411,41 @@ def test_a_connect_in_flight_when_its_channel_closes_drops_its_socket(
     assert _ours(node) == 0
 
 
+def test_a_reconnect_that_starts_after_its_channel_closed_opens_no_socket(
+    three: RedisNodes, redlock_alias: Alias
+) -> None:
+    """A background reconnect started before its channel closed, that reaches the connect
+    only after (its thread waited for a CPU), opens no socket: the channel's budget slot was
+    given back at the close, so a socket then would be one over MAX_CONNECTIONS on that node
+    (seen as a node with more sockets than the cap in loaded parallel runs)."""
+    from django_redlock.engine.transport.aio import AsyncLink
+    from django_redlock.engine.transport.sync import Link
+
+    manager = redlock_alias(three, TTL=10.0)
+    engine = manager.engine
+    made: list[str] = []
+
+    def factory() -> Any:
+        made.append("sync")
+        return engine._factories[0]()
+
+    def async_factory() -> Any:
+        made.append("async")
+        return engine._async_factories[0]()
+
+    link = Link("n0", factory)
+    link.close_link()  # the channel closed before the reconnect got to its connect
+    assert link.connect_detached() is False and not link.connected
+
+    async def main() -> bool:
+        alink = AsyncLink("n0", async_factory, 5.0)
+        alink.close_link()
+        return await alink.connect()
+
+    assert asyncio.run(main()) is False
+    assert made == [] and _ours(three[0]) == 0
+
+
 #: Run in a process of its own (no other test's garbage, the collector off): an event loop
 #: closed without closing its pools, then three threads that need the budget.
 _CLOSED_LOOP = """

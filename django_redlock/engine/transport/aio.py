@@ -62,6 +62,8 @@ class AsyncLink(LinkBase):
         self._connecting: asyncio.Task[bool] | None = None
 
     async def connect(self) -> bool:
+        if self.retired:  # its channel was closed: no socket outside the connection budget
+            return False
         conn = None
         try:
             conn = self._factory()

@@ -71,7 +71,11 @@ class Link(LinkBase):
 
     # -- connecting ----------------------------------------------------------------------
     def connect(self) -> bool:
-        """Connect, load the scripts and learn the node's ``run_id``; False on failure."""
+        """Connect, load the scripts and learn the node's ``run_id``; False on failure, and
+        at once, without a socket, for a link whose channel was closed (a reconnect that
+        started before the close must not open one outside the connection budget)."""
+        if self.retired:
+            return False
         conn = None
         try:
             conn = self._factory()
