@@ -216,3 +216,31 @@ def test_a_cancelled_piped_wait_leaves_nothing_behind(
 
     asyncio.run(main())
     _assert_nothing_left(node, manager, holder)
+
+
+def test_a_blpop_whose_reply_comes_late_is_not_reused(
+    redis_node_factory: Callable[..., RedisNodes],
+    redlock_alias: Callable[..., LockManager],
+) -> None:
+    """An asyncio wait whose BLPOP reply is later than its timeout (the node stopped: a
+    loaded machine does the same) closes that connection instead of pooling it: redis-py
+    answers the timed-out read with None, as it answers the server's nil, and the next wait on
+    that connection would read this one's late reply."""
+    node = redis_node_factory(1)[0]
+    manager = redlock_alias([node.url], TTL=5.0)
+    engine = manager.engine
+
+    async def main() -> tuple[bool, int, int]:
+        assert await engine.await_release("n", 0.3) is False  # the nil in time: pooled
+        pools = await engine.pools.loops.loop_pools()
+        pooled = sum(len(conns) for conns in pools.waiting)
+        node.pause()
+        try:
+            woken = await engine.await_release("n", 0.2)  # its nil comes after the timeout
+        finally:
+            node.resume()
+        return woken, pooled, sum(len(conns) for conns in pools.waiting)
+
+    woken, pooled_before, pooled_after = asyncio.run(main())
+    assert pooled_before == 1
+    assert woken is False and pooled_after == 0

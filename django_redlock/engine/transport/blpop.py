@@ -31,8 +31,11 @@ from .base import CONNECT_ERRORS, pack, texts
 
 #: Waits shorter than this just sleep: a BLPOP round trip would cost more than it saves.
 MIN_BLOCK = 0.003
-#: Extra time a node gets to answer a BLPOP after its own timeout, seconds.
-SLACK = 0.05
+#: Extra time a node gets to answer a BLPOP after its own timeout, seconds. A server ends a
+#: blocked client's timeout on its event loop's next turn, at least every ``1000 / hz`` ms
+#: (100 ms at the default ``hz 10``), so its nil comes up to that late on an idle node; a
+#: reply later than this is given up on, and its connection closed, not reused.
+SLACK = 0.25
 
 
 def blpop_command(key: str, seconds: float) -> tuple[str, str, str]:
@@ -234,7 +237,13 @@ class ReleaseWaiter:
                 await conn.send_packed_command(packed, check_health=False)
                 for _ in commands[:-1]:
                     await conn.read_response(timeout=left + SLACK)
+                until = time.monotonic() + left + SLACK
                 popped = await conn.read_response(timeout=left + SLACK)
+                if popped is None and time.monotonic() >= until:
+                    # redis-py answers a read that timed out with None, as it answers the
+                    # server's nil: the BLPOP's reply is still due on this connection, so it
+                    # must not be reused (the next wait would read this one's reply)
+                    raise TimeoutError("BLPOP's reply came later than its timeout")
                 conn.idle_since = time.monotonic()
                 idle[node].append(conn)
                 return popped is not None
