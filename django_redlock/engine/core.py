@@ -66,7 +66,6 @@ class Engine:
         self._async_factories = list(async_factories)
         #: this alias's connections per node (shared by its shards' engines)
         self.budget = budget or Budget(len(self.labels))
-        self._every = tuple(range(len(self.labels)))
         #: the connections: sync channels, each event loop's, blocking waits'
         self.pools = ChannelPools(
             state, self.labels, self._factories, self._async_factories, self.budget,

@@ -50,7 +50,6 @@ class SimulatedEngine(Engine):
         self.state = real.state
         self.labels = list(real.labels)
         self.waiters = WaiterCount()
-        self.generation = forks.generation()
 
     def __repr__(self) -> str:
         return f"<SimulatedEngine prefix={self.state.prefix!r} faults={self.locks.faults}>"

@@ -88,10 +88,9 @@ def _holders(engine: Any) -> dict[str, Any]:
     """Per kind of holder, its connected links per node (a racy read, for a failure's
     message): which of the engine's objects hold the sockets counted."""
     pools = engine.pools
-    nodes = range(len(engine.labels))
 
     def links(channels: list[Any]) -> list[int]:
-        return [sum(1 for c in channels if c.links[i].connected) for i in nodes]
+        return _connected(engine, channels)
 
     found: dict[str, Any] = {
         "sync": links(list(pools._all)),
@@ -111,6 +110,11 @@ def _sync_sockets(engine: Any) -> list[int]:
     the background give-backs')."""
     pools = engine.pools
     channels = [*pools._all, *pools._blocking_all, *([pools._aside] if pools._aside else [])]
+    return _connected(engine, channels)
+
+
+def _connected(engine: Any, channels: list[Any]) -> list[int]:
+    """Per node, how many of ``channels`` have a connected link to it."""
     return [
         sum(1 for channel in channels if channel.links[i].connected)
         for i in range(len(engine.labels))

@@ -15,7 +15,7 @@ from ..drive import PlanMaker, adrive
 from ..state import AliasState
 from ..transport.aio import AsyncChannel, AsyncConnectionFactory
 from .budget import SPARE, SPARE_WAIT, Budget
-from .loops import LoopPools
+from .loops import LoopPools, finish
 
 T = TypeVar("T")
 
@@ -104,7 +104,7 @@ class LoopChannels:
                 pools.waiters.append(future)
             if not fed:  # nothing of ours will come back: ask the others for one
                 self.budget.starve(future)
-            timer = loop.call_later(remaining, _finish, future)
+            timer = loop.call_later(remaining, finish, future)
             try:
                 await future
             finally:
@@ -221,8 +221,3 @@ async def _close_at_loop_shutdown(pools: LoopPools) -> AsyncGenerator[None, None
         while pools.busy() and time.monotonic() < deadline:
             await asyncio.sleep(0.001)
         await pools.close()
-
-
-def _finish(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)

@@ -48,7 +48,7 @@ class LoopPools:
     def wake_threadsafe(self, future: asyncio.Future[None]) -> None:
         """The budget gave a slot back (on any thread): ``future``'s task tries again."""
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-            self.loop.call_soon_threadsafe(_finish, future)
+            self.loop.call_soon_threadsafe(finish, future)
 
     # -- idle connections ------------------------------------------------------------------
     def opened(self) -> None:
@@ -173,7 +173,8 @@ class LoopPools:
             self._give_all()
 
 
-def _finish(future: asyncio.Future[None]) -> None:
+def finish(future: asyncio.Future[None]) -> None:
+    """Wake the task waiting on ``future`` (once; a wake-up or a timer may come first)."""
     if not future.done():
         future.set_result(None)
 
