@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 from django.db import connections
 
+from ..engine import start_thread
+
 T = TypeVar("T")
 
 
@@ -34,7 +36,7 @@ class _Committer:
         self.pid = os.getpid()
         self.jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         thread = threading.Thread(target=self._serve, name="redlock-effect-committer", daemon=True)
-        thread.start()
+        start_thread(thread)
 
     def _serve(self) -> None:
         while True:

@@ -44,6 +44,7 @@ from .plans.records import RecordRead
 from .policy import Pause, Renew, RenewalBound, Stepper, renewal_policy
 from .pools.budget import DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, Budget
 from .scripts import WAITING
+from .starter import call_soon, start_thread
 from .state import (
     DRIFT_ALLOWANCE,
     LOST,
@@ -97,6 +98,7 @@ __all__ = [
     "WaiterCount",
     "as_text",
     "call_note",
+    "call_soon",
     "describe",
     "drift_allowance",
     "escape_glob",
@@ -108,6 +110,7 @@ __all__ = [
     "release_unconfirmed",
     "renewal_policy",
     "socket_timeout",
+    "start_thread",
     "wall_limit",
     "why_unconfirmed",
 ]

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from ..engine import MAX_NAME_LENGTH
+from ..engine import MAX_NAME_LENGTH, start_thread
 from ..exceptions import LockError
 from ..locking.registry import locks
 from ..validation import check_name, check_timeout, check_ttl
@@ -229,7 +229,7 @@ class _Renewal:
             name=f"redlock-unique-{key}",
             daemon=True,
         )
-        thread.start()
+        start_thread(thread)
 
     @classmethod
     def stop(cls, key: str, ident: str) -> None:

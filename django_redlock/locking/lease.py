@@ -23,6 +23,7 @@ from ..engine import (
     forks,
     handoff,
     release_unconfirmed,
+    start_thread,
     why_unconfirmed,
 )
 from ..exceptions import LockError, LockLost, NodesUnavailable
@@ -423,7 +424,7 @@ def start_renewals(leases: list[Lease], max_hold: float | None) -> None:
     renewer = RenewalThread(leases)
     for lease in leases:
         lease._renewer = renewer
-    renewer.start()
+    start_thread(renewer)  # a signal handler's exception here cannot leave it half started
 
 
 def keep_alive_all(leases: list[Lease], max_hold: float | None) -> list[Lease]:

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .. import forks
+from .. import forks, starter
 from ..drive import PlanMaker, drive
 from ..state import AliasState
 from ..transport.aio import AsyncConnectionFactory
@@ -287,11 +287,19 @@ class ChannelPools:
     # -- idle connections (sync) -----------------------------------------------------------
     def _opened(self) -> None:
         """A sync connection was opened: make sure the idle reaper runs."""
+        if not self._reaping:
+            starter.call_soon(self._start_reaper)
+
+    def _start_reaper(self) -> None:
         with self._mutex:
             if self._reaping:
                 return
             self._reaping = True
-        threading.Thread(target=self._reap_loop, name="redlock-idle", daemon=True).start()
+        try:
+            threading.Thread(target=self._reap_loop, name="redlock-idle", daemon=True).start()
+        except BaseException:
+            self._reaping = False
+            raise
 
     def _reap_loop(self) -> None:
         """Close sync connections idle for ``IDLE_TIMEOUT``; ends when none is left."""

@@ -20,6 +20,7 @@ from typing import Any
 import hiredis
 from redis.connection import AbstractConnection
 
+from .. import starter
 from ..replies import TIMED_OUT, NodeFailure, Request, Slot, is_noscript, result_of
 from ..scripts import Script
 from . import redis_py
@@ -115,11 +116,22 @@ class Link(LinkBase):
         if self.connected:
             return True
         if self._retry_due() and not self._reconnecting:
-            self._reconnecting = True
+            starter.call_soon(self._start_reconnect)
+        return False
+
+    def _start_reconnect(self) -> None:
+        """Start a background reconnect unless one runs (in the starter or a non-main thread:
+        the flag and the start are never split by a signal handler's exception)."""
+        if self._reconnecting or not self._retry_due():
+            return
+        self._reconnecting = True
+        try:
             threading.Thread(
                 target=self._reconnect, name=f"redlock-connect {self.label}", daemon=True
             ).start()
-        return False
+        except BaseException:
+            self._reconnecting = False
+            raise
 
     def _reconnect(self) -> None:
         try:
@@ -269,7 +281,7 @@ class Channel:
             threading.Thread(target=link.connect_detached, daemon=True) for link in self.links
         ]
         for t in threads:
-            t.start()
+            starter.start_thread(t)
         for t in threads:
             t.join()
 

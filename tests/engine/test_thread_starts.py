@@ -1,0 +1,149 @@
+"""Background threads started while a signal handler raises in the main thread (a signal
+storm, ``tests/support/signal_storm.py``): ``Thread.start()`` is not safe there (the new
+thread dies with ``KeyError`` when the interrupt lands after it exists; its wait for the
+thread can end in ``RuntimeError: release unlocked lock``). Every start the library makes
+goes through :mod:`django_redlock.engine.starter`: a start handed over is made, and a
+reconnect is never recorded as running when none runs."""
+
+from __future__ import annotations
+
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from django_redlock.engine import start_thread
+from django_redlock.engine.transport.sync import Link
+from tests.support.signal_storm import Interrupted
+from tests.support.waiting import until
+
+#: How long each storm lasts.
+SECONDS = 2.0
+
+
+class _Hail:
+    """``SIGALRM`` every ``interval`` seconds, its handler raising :class:`Interrupted` wherever
+    the main thread is while ``armed``: the library's code, ``threading``, the test's own."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.armed = False
+        self.interrupted = 0
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.armed:
+            self.armed = False
+            raise Interrupted
+
+    def run(self, step: Any) -> int:
+        """``step()`` over and over for :data:`SECONDS`; returns how many calls returned."""
+        previous = signal.signal(signal.SIGALRM, self._handler)
+        signal.setitimer(signal.ITIMER_REAL, self.interval, self.interval)
+        returned = 0
+        deadline = time.monotonic() + SECONDS
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    self.armed = True
+                    step()
+                    self.armed = False
+                    returned += 1
+                except Interrupted:
+                    self.interrupted += 1
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        return returned
+
+
+@pytest.fixture
+def thread_failures() -> Iterator[list[str]]:
+    """What threads and finalizers raised meanwhile (a thread that died before it ran), but
+    the hail's own exceptions in finalizers."""
+    failures: list[str] = []
+    previous_thread, previous_unraisable = threading.excepthook, sys.unraisablehook
+
+    def on_thread(args: Any) -> None:
+        failures.append(f"thread: {args.exc_type.__name__}: {args.exc_value}")
+
+    def on_unraisable(args: Any) -> None:
+        if isinstance(args.exc_value, Interrupted):
+            return  # the hail's own, raised in a finalizer (Python ignores those)
+        failures.append(f"unraisable: {type(args.exc_value).__name__}: {args.exc_value}")
+
+    threading.excepthook, sys.unraisablehook = on_thread, on_unraisable
+    try:
+        yield failures
+    finally:
+        threading.excepthook, sys.unraisablehook = previous_thread, previous_unraisable
+
+
+def test_every_start_handed_over_runs_its_thread(thread_failures: list[str]) -> None:
+    """Starts interrupted at random moments: each start that returned ran its thread, none
+    ran twice, and no thread died before running (plain ``Thread.start()`` fails this)."""
+    ran: queue.SimpleQueue[int] = queue.SimpleQueue()
+    made = [0]
+
+    def step() -> None:
+        made[0] += 1
+        start_thread(threading.Thread(target=ran.put, args=(made[0],), daemon=True))
+
+    hail = _Hail(0.0003)  # about as long as a start: half of them are interrupted
+    returned = hail.run(step)
+    print(f"\n{made[0]} starts: {hail.interrupted} interrupted, {returned} returned")
+    assert hail.interrupted > 20, "the storm never interrupted a start: it tests nothing"
+
+    seen: set[int] = set()
+
+    def drained() -> bool:
+        while not ran.empty():
+            i = ran.get()
+            assert i not in seen, f"thread {i} ran twice"
+            seen.add(i)
+        return len(seen) >= returned
+
+    until(drained, 30, f"{returned} starts returned, fewer threads ran")
+    assert len(seen) <= made[0]
+    assert thread_failures == []
+
+
+def _port_nobody_listens_on() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_an_interrupted_reconnect_start_is_never_recorded_as_running(
+    thread_failures: list[str],
+) -> None:
+    """A link to a node that is down, asked for a background reconnect over and over while a
+    storm interrupts it: afterwards no reconnect is recorded as running when none runs (a
+    recorded one that never started would keep the link from ever reconnecting)."""
+    port = _port_nobody_listens_on()
+    link = Link(
+        f"redis://127.0.0.1:{port}/0",
+        lambda: redis.Connection(host="127.0.0.1", port=port, socket_connect_timeout=0.5),
+    )
+
+    def step() -> None:
+        link._retry_at = 0.0  # due at once, every time
+        link.usable()
+
+    hail = _Hail(0.00005)
+    returned = hail.run(step)
+    print(f"\n{returned + hail.interrupted} reconnect requests: {hail.interrupted} interrupted")
+    assert hail.interrupted > 20, "the storm never interrupted a request: it tests nothing"
+
+    def settled() -> bool:
+        return not any(t.name.startswith("redlock-connect") for t in threading.enumerate())
+
+    until(settled, 30, "reconnect threads still running")
+    assert not link._reconnecting, "a reconnect is recorded as running, and none runs"
+    assert thread_failures == []
