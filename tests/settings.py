@@ -21,11 +21,15 @@ ROOT_URLCONF = "testproject.urls"
 # tested with real db_worker processes (tests/jobs/test_django_tasks.py).
 # tests.api_app: DRF and django-ninja views (tests/request_locks/test_api_frameworks*.py).
 # tests.fencing_app: FencedModels with unique keys (tests/fencing/test_fenced_tombstones.py).
+# tests.docs_app: the models the docs' examples assume; tests.docs_examples: the app of the models
+# an example defines (tests/test_doc_examples_run.py runs them, in an isolated registry).
 INSTALLED_APPS = [
     *demo_settings.INSTALLED_APPS,
     "django_tasks",
     "django_tasks_db",
     "tests.fencing_app",
+    "tests.docs_app",
+    "tests.docs_examples",
     "rest_framework",
     "rest_framework.authtoken",
     "tests.api_app.apps.ApiAppConfig",

@@ -1,33 +1,18 @@
 """The README's and docs' Python examples: each one is valid Python as written (indented
 blocks dedented), and every name it imports from ``django_redlock`` exists, so an example
-that names a moved or renamed API fails here, not in a user's project."""
+that names a moved or renamed API fails here, not in a user's project (with no server:
+tests/test_doc_examples_run.py runs them against real nodes)."""
 
 from __future__ import annotations
 
 import ast
 import importlib
-import re
-import textwrap
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-BLOCK = re.compile(r"^( *)```python\n(.*?)^\1```", re.S | re.M)
+from tests.support.doc_examples import examples
 
-
-def _examples() -> list[tuple[str, str]]:
-    found = []
-    for page in PAGES:
-        text = page.read_text()
-        for match in BLOCK.finditer(text):
-            line = text[: match.start()].count("\n") + 1
-            found.append((f"{page.relative_to(ROOT)}:{line}", textwrap.dedent(match.group(2))))
-    return found
-
-
-EXAMPLES = _examples()
+EXAMPLES = [(example.where, example.code) for example in examples()]
 
 
 def test_the_docs_have_examples() -> None:

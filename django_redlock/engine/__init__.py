@@ -59,8 +59,8 @@ from .state import (
 from .targets import WaiterCount
 from .transport.aio import AsyncConnectionFactory
 from .transport.base import describe, socket_timeout
+from .transport.link import ConnectionFactory
 from .transport.loop_time import wall_limit
-from .transport.sync import ConnectionFactory
 
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT",

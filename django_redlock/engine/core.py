@@ -14,14 +14,12 @@ from typing import Any, TypeVar
 from . import forks, giveback
 from .acquire_loop import LoopRequest, Pipe, Try, Wait, acquire_loop
 from .drive import PlanMaker
-from .kinds import HANDOFF_MS, PERMIT
 from .lane import lane_acquire, lane_release
 from .plans import (
     extend_plan,
     force_release_plan,
-    release_many_plan,
-    release_permits_plan,
     release_plan,
+    release_set_plan,
     withdraw_plan,
 )
 from .plans.notes import NoteReplies, note_plan
@@ -30,7 +28,7 @@ from .plans.records import RecordRead, read_record_plan, store_record_plan
 from .policy import AcquireStep, acquire_policy
 from .pools.budget import SPARE, Budget
 from .pools.channels import ChannelPools
-from .replies import NodeFailure
+from .reservations import Reservations
 from .state import (
     AcquireFailure,
     AliasState,
@@ -39,14 +37,11 @@ from .state import (
 )
 from .targets import Target, WaiterCount, Waiting, deadline_of
 from .transport.aio import AsyncConnectionFactory
-from .transport.sync import ConnectionFactory
+from .transport.link import ConnectionFactory
 from .waits import ReleaseWaits
 
 T = TypeVar("T")
 Outcome = LeaseRecord | AcquireFailure
-
-#: At most this many recent hand-offs are remembered per alias (then forgotten at once).
-HANDOFFS_KEPT = 1024
 
 
 class Engine:
@@ -84,8 +79,8 @@ class Engine:
         nothing and leaves the parent's connections working)."""
         self.state.pid = os.getpid()
         self.pools.start_afresh()
-        #: name -> until when (monotonic) a release here reserved it for a woken waiter
-        self._handoffs: dict[str, float] = {}
+        #: the names a release here just reserved for a woken waiter
+        self.reservations = Reservations()
         #: the acquire calls of this process waiting for a busy name now (for metrics)
         self.waiters = WaiterCount()
         self.waits.piping = True  # a node may refuse BLPOP again (see .waits)
@@ -211,7 +206,7 @@ class Engine:
                 lambda nodes: release_plan(self.state, nodes, lease), lease.pinned
             )[0]
         if lease.handed_off:
-            self._handed_off(lease)
+            self.reservations.note(lease)
         if self.state.owed:
             giveback.settle_owed(self.state, self.pools.run_aside)
         return giveback.confirm(self.state, lease, held, self._run_first, self.pools.run_aside)
@@ -224,7 +219,7 @@ class Engine:
             return  # a quorum confirmed it (stragglers are sent to already)
         lease.released = True
         if not lease.unsure:
-            lease.unsure = tuple(i for i in range(len(self.labels)) if _may_hold(lease, i))
+            lease.unsure = tuple(i for i in range(len(self.labels)) if lease.may_hold(i))
         if lease.unsure and id(lease) not in giveback.GiveBack.running:
             giveback.GiveBack(self.state, lease, self.pools.run_aside, quiet=True).start()
 
@@ -238,19 +233,14 @@ class Engine:
         """Release the leases of one ``lock_many`` set in one call per node; per lease, True
         if it was still held."""
         pinned = leases[0].pinned if leases else None
-        plan = self._release_many_plan(leases)
-        held = self.pools.run(lambda nodes: plan(self.state, nodes, leases), pinned)[0]
+        plan = lambda nodes: release_set_plan(self.state, nodes, leases)  # noqa: E731
+        held = self.pools.run(plan, pinned)[0]
         return [
             giveback.confirm(
                 self.state, lease, self._released(lease, ok), self._run_first, self.pools.run_aside
             )
             for lease, ok in zip(leases, held, strict=True)
         ]
-
-    @staticmethod
-    def _release_many_plan(leases: Sequence[LeaseRecord]) -> Any:
-        """A ``limits()`` set's permits are released with their semaphores' slots."""
-        return release_permits_plan if leases and leases[0].kind == PERMIT else release_many_plan
 
     def force_release(self, name: str, expected: str = "", key: str = "") -> int:
         """Delete ``name`` on every node (only a value equal to ``expected``, if given),
@@ -278,27 +268,20 @@ class Engine:
     ) -> NoteReplies:
         """One note operation (``get``, ``set``, ``replace``, ``delete``: see
         :mod:`.notes`) on every node."""
-        return self._by_node(
-            self.pools.run(note_plan(self.state, name, op, expected, value, ttl))[0]
+        return NoteReplies.of(
+            self.labels, self.pools.run(note_plan(self.state, name, op, expected, value, ttl))[0]
         )
 
     def order(self, *args: str | int) -> NoteReplies:
         """One operation on the lock-order checker's records (see :mod:`.order_edges`) on
         every node: each node's reply (None where it gave none) and the errors by label."""
-        return self._by_node(self.pools.run(order_plan(self.state, args))[0])
+        return NoteReplies.of(self.labels, self.pools.run(order_plan(self.state, args))[0])
 
     async def aorder(self, *args: str | int) -> NoteReplies:
         """Asyncio twin of :meth:`order` (an event loop is not blocked while it runs)."""
-        return self._by_node((await self.pools.loops.arun(order_plan(self.state, args)))[0])
-
-    def _by_node(self, replies: Sequence[Any]) -> NoteReplies:
-        """Replies of one call per node: the values (None for a node that gave none) and the
-        errors by the nodes' labels."""
-        outcome = NoteReplies([None if isinstance(r, NodeFailure) else r for r in replies])
-        for index, reply in enumerate(replies):
-            if isinstance(reply, NodeFailure):
-                outcome.errors[self.labels[index]] = str(reply)
-        return outcome
+        return NoteReplies.of(
+            self.labels, (await self.pools.loops.arun(order_plan(self.state, args)))[0]
+        )
 
     # -- the facade: asyncio -------------------------------------------------------------
     async def aacquire(
@@ -393,8 +376,7 @@ class Engine:
     async def arelease_many(self, leases: Sequence[LeaseRecord]) -> list[bool]:
         """Asyncio twin of :meth:`release_many`."""
         pinned = leases[0].pinned if leases else None
-        many = self._release_many_plan(leases)
-        plan = lambda nodes: many(self.state, nodes, leases)  # noqa: E731
+        plan = lambda nodes: release_set_plan(self.state, nodes, leases)  # noqa: E731
         held = (await self.pools.loops.arun(plan, pinned))[0]
         return [
             await giveback.aconfirm(
@@ -432,7 +414,8 @@ class Engine:
 
     # -- policy helpers ------------------------------------------------------------------
     def _queue_first(self, target: Target, timeout: float | None) -> bool:
-        return timeout != 0 and not target.many and self._handed_off_here(target.name)
+        """Queue at once, without a first attempt, behind a waiter a release here just woke."""
+        return timeout != 0 and not target.many and self.reservations.reserved(target.name)
 
     def _policy(
         self,
@@ -448,21 +431,8 @@ class Engine:
 
     def _released(self, lease: LeaseRecord, held: bool) -> bool:
         if lease.handed_off:
-            self._handed_off(lease)
+            self.reservations.note(lease)
         return held
-
-    def _handed_off(self, lease: LeaseRecord) -> None:
-        """``lease``'s release reserved its name for a woken waiter: a caller of this
-        process queues behind it for a moment (see :meth:`_handed_off_here`)."""
-        if len(self._handoffs) >= HANDOFFS_KEPT:
-            self._handoffs.clear()
-        self._handoffs[lease.name] = time.monotonic() + HANDOFF_MS / 1000
-
-    def _handed_off_here(self, name: str) -> bool:
-        """True while a release in this process has just reserved ``name`` for a woken
-        waiter: a first attempt would fail, so the caller queues at once instead."""
-        until = self._handoffs.pop(name, None)
-        return until is not None and until > time.monotonic()
 
     def wait_release(self, name: str, seconds: float, *, mark: Waiting | None = None) -> bool:
         """Wait up to ``seconds`` for a release of ``name`` to wake this thread (True if so);
@@ -474,8 +444,3 @@ class Engine:
     ) -> bool:
         """Asyncio twin of :meth:`wait_release`."""
         return await self.waits.await_release(name, seconds, mark)
-
-
-def _may_hold(lease: LeaseRecord, node: int) -> bool:
-    """Whether node ``node`` may hold ``lease``'s keys (its acquire may have reached it)."""
-    return node >= len(lease.reached) or lease.reached[node]

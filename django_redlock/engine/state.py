@@ -208,6 +208,10 @@ class LeaseRecord:
         if (open_handoff := handoff.current()) is not None:
             open_handoff.records.append(self)
 
+    def may_hold(self, node: int) -> bool:
+        """Whether node ``node`` (an index) may hold its keys (its acquire may have reached it)."""
+        return node >= len(self.reached) or self.reached[node]
+
     def with_kind(self, marker: str, kind: str) -> LeaseRecord:
         """This record, for a permit, a read or a write lease (``marker``: a permit's
         semaphore's or a read lease's marker key)."""

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..engine import KINDS
 from ..exceptions import LockError, LockLost
 from . import context
+from .frames import current_owner
 
 if TYPE_CHECKING:
     from .lease import Lease
@@ -121,5 +122,5 @@ def check_lost(lease: Lease, exc_type: object) -> None:
 def check_held(lease: Lease, held: bool, exc_type: object) -> None:
     """Leaving a block whose lease was lost raises ``LockLost`` (unless the block raised; a
     lease the block's body released itself was not lost)."""
-    if exc_type is None and not held and (lease.lost or lease._released_by != context._owner()):
+    if exc_type is None and not held and (lease.lost or lease.released_by != current_owner()):
         raise LockLost(lease.name, "its lease ran out or was taken while the block ran")

@@ -73,8 +73,8 @@ class Lease:
         #: end lets it go
         self._blocks = 0
         #: the thread or task that released it
-        self._released_by: object = None
-        #: its entries in the active-lease context (see ``context._entries_of``)
+        self.released_by: object = None
+        #: its entries in the active-lease context (see ``frames.entries_of``)
         self._redlock_context_entries: list[object] = []
         if (open_handoff := handoff.current()) is not None:
             open_handoff.leases.append(self)  # an interrupted acquire gives it back
@@ -309,7 +309,7 @@ class Lease:
         owner = context.deactivate(self)
         if self.record.released:
             return False
-        self._released_by = owner  # a block's exit tells its own release apart
+        self.released_by = owner  # a block's exit tells its own release apart
         return True
 
     def _released(self, held: bool) -> bool:

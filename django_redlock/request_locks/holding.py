@@ -18,19 +18,18 @@ import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 
 from ..exceptions import LockNotAcquired, NodesUnavailable
-from ..locking import context, ordering
-from ..locking.registry import locks
+from ..locking import context
 from ..locking.transactions import in_transaction, release_after_commit
-from . import commits, frameworks, idempotency, keeping, outcome, records
+from . import commits, frameworks, idempotency, keeping, outcome
+from .hold_io import ASYNC, BLOCKING, HoldIO, checked_principal
 from .responses import lock_error_response
 from .rules import LockSpec
 
@@ -44,41 +43,17 @@ AcquireErrors = (LockNotAcquired, NodesUnavailable)
 """Acquisition errors answered with a 409/503 response; the view does not run."""
 
 T = TypeVar("T")
-#: a request's semaphores: each filled name -> (its template, permits)
-_Limits = dict[str, tuple[str, int]]
 _HELD_ATTR = "_redlock_request_leases"
 _MISSING = object()
 
 
-# -- the hold, written once ----------------------------------------------------------------------
-class _IO(Protocol):
-    """The calls the hold awaits; the only part that differs between sync and async views."""
-
-    async def user(self, spec: LockSpec, request: HttpRequest) -> Any: ...
-
-    async def acquire(self, spec: LockSpec, name: str) -> Lease: ...
-
-    async def acquire_limits(self, spec: LockSpec, limits: _Limits) -> list[Lease]: ...
-
-    async def release(self, lease: Lease) -> None: ...
-
-    async def read(self, lease: Lease) -> records.Record | None: ...
-
-    async def store(self, lease: Lease, values: list[bytes | str], ttl: float) -> int: ...
-
-    async def render(self, response: SimpleTemplateResponse) -> None: ...
-
-    async def watch(self, watch: commits.CommitWatch) -> None: ...
-
-    async def unwatch(self, watch: commits.CommitWatch) -> None: ...
-
-
+# -- the hold, written once (its I/O: .hold_io) ---------------------------------------------------
 async def _hold(
     spec: LockSpec,
     request: HttpRequest,
     kwargs: Mapping[str, Any],
     call: Callable[[], Awaitable[HttpResponseBase]],
-    io: _IO,
+    io: HoldIO,
 ) -> HttpResponseBase:
     """Run ``call`` holding the lock (or one of ``spec.limit`` permits) for this request, or
     answer 409/429/503 without running it."""
@@ -121,7 +96,7 @@ async def _hold_once(
     request: HttpRequest,
     kwargs: Mapping[str, Any],
     call: Callable[[], Awaitable[HttpResponseBase]],
-    io: _IO,
+    io: HoldIO,
 ) -> HttpResponseBase:
     """An idempotent request (see :mod:`.idempotency`): with the header, hold the lock of the
     key, answer from its kept record or run ``call`` under the plain lock too and keep the
@@ -141,7 +116,7 @@ async def _hold_once(
     ):
         user = await io.user(spec, request)
     else:  # no authentication at all: anonymous, unless it carries credentials (fail closed)
-        user = _checked(spec, request, None)
+        user = checked_principal(spec, request, None)
     name = idempotency.lock_name(spec.key.fill(kwargs, user), value, user)
     key = (spec.using, name)
     if key in plain.__dict__.get(_HELD_ATTR, {}):  # a rule and a decorator, both idempotent
@@ -188,7 +163,7 @@ async def _hold_once(
     return response
 
 
-async def _watching(io: _IO) -> commits.CommitWatch | None:
+async def _watching(io: HoldIO) -> commits.CommitWatch | None:
     """Watch whether the view's ``ATOMIC_REQUESTS`` transaction commits, when one is on."""
     aliases = commits.atomic_aliases()
     if not aliases:
@@ -198,7 +173,7 @@ async def _watching(io: _IO) -> commits.CommitWatch | None:
     return watch
 
 
-async def _let_go(io: _IO, lease: Lease, spec: LockSpec, response: HttpResponseBase) -> None:
+async def _let_go(io: HoldIO, lease: Lease, spec: LockSpec, response: HttpResponseBase) -> None:
     """Release ``lease`` now, or once a streaming response is closed."""
     if response.streaming:
         # Django calls these from HttpResponseBase.close(), which every server calls once the
@@ -239,7 +214,7 @@ def _release_failure_logged(lease: Lease) -> Iterator[None]:
         logger.warning("Could not release request lock %r", lease.name, exc_info=True)
 
 
-async def _release(io: _IO, lease: Lease, spec: LockSpec) -> None:
+async def _release(io: HoldIO, lease: Lease, spec: LockSpec) -> None:
     """Release now, or after the commit when the view ran in a transaction (docs/production.md:
     under
     ``ATOMIC_REQUESTS`` Django wraps a decorated view in ``atomic()``)."""
@@ -255,140 +230,6 @@ def _release_at_close(lease: Lease) -> None:
     """Release from a streaming response's ``close()``, which is sync under ASGI too."""
     with _release_failure_logged(lease):
         lease.release()
-
-
-# -- the I/O of sync and async views -------------------------------------------------------------
-def _checked(spec: LockSpec, request: Any, who: Any) -> Any:
-    """``who`` (the request's principal), unless it is nobody while the request carries
-    credentials nothing has resolved yet: the lock runs before the API framework authenticates
-    (the decorator above ``@api_view``, a rule in front of a DRF or django-ninja view), and
-    scoping it to nobody would share one key space among every client. Then
-    ``ImproperlyConfigured``: a 500, and the view does not run."""
-    if frameworks.principal_id(who) == "":
-        found = frameworks.unresolved_credentials(request)
-        if found:
-            raise ImproperlyConfigured(
-                f"{spec.key.where}: the lock runs before anything authenticated the request "
-                f"({'; '.join(found)}): request.user is anonymous, so its "
-                f"{'idempotency key' if spec.idempotency else 'lock key'} would be shared with "
-                "every other client. Put @request_lock under @api_view (or on the APIView/"
-                "ViewSet method), or right under a django-ninja operation's decorator with "
-                "auth=; a REDLOCK_REQUEST_LOCKS rule cannot see that user (django_redlock.E031). "
-                "A view with no authentication of its own should not receive credentials "
-                "(strip them at the proxy). See docs/api-frameworks.md."
-            )
-    return who
-
-
-def _request_user(spec: LockSpec, request: HttpRequest) -> Any:
-    if frameworks.resolved_by_framework(request):
-        return frameworks.principal(request)
-    if not hasattr(request, "user"):
-        raise ImproperlyConfigured(
-            f"{spec.key.where}: lock key template {spec.key.template!r} uses {{user}}, but the "
-            "request has no user. Add django.contrib.auth.middleware.AuthenticationMiddleware "
-            "before RequestLockMiddleware in MIDDLEWARE (see django_redlock.E017)."
-        )
-    return request.user
-
-
-def _evaluated(user: Any) -> Any:
-    """Force a lazy ``request.user`` in a worker thread (Django < 5.0 has no ``auser``)."""
-    getattr(user, "pk", None)
-    return user
-
-
-def _permits(spec: LockSpec, limits: _Limits) -> dict[str, int]:
-    """Each semaphore's permits; with the lock-order checker on, each name's shape is its
-    template (``api:tenant:{tenant}``), as the key's is, not one shape per filled value."""
-    if locks[spec.using].check_order:
-        ordering.expect_all({name: template for name, (template, _) in limits.items()})
-    return {name: permits for name, (_, permits) in limits.items()}
-
-
-class _BlockingIO:
-    """Blocking calls: every await of the hold returns without suspending."""
-
-    async def user(self, spec: LockSpec, request: HttpRequest) -> Any:
-        return _checked(spec, request, _request_user(spec, request))
-
-    async def acquire(self, spec: LockSpec, name: str) -> Lease:
-        manager = locks[spec.using]
-        if manager.check_order:  # the lock-order checker's shape: the key template
-            ordering.expect(name, spec.key.template)
-        return manager.acquire(name, ttl=spec.ttl, timeout=spec.timeout, permits=spec.limit)
-
-    async def acquire_limits(self, spec: LockSpec, limits: _Limits) -> list[Lease]:
-        # one attempt: it never waits for permits while it holds the key's lease
-        held = locks[spec.using].acquire_limits(_permits(spec, limits), ttl=spec.ttl, timeout=0)
-        return list(held.leases.values())
-
-    async def release(self, lease: Lease) -> None:
-        lease.release()
-
-    async def read(self, lease: Lease) -> records.Record | None:
-        return records.read(lease)
-
-    async def store(self, lease: Lease, values: list[bytes | str], ttl: float) -> int:
-        return records.store(lease, values, ttl)
-
-    async def render(self, response: SimpleTemplateResponse) -> None:
-        response.render()
-
-    async def watch(self, watch: commits.CommitWatch) -> None:
-        watch.install()
-
-    async def unwatch(self, watch: commits.CommitWatch) -> None:
-        watch.remove()
-
-
-class _AsyncIO:
-    """asyncio calls; the user is loaded without a sync DB query in the event loop."""
-
-    async def user(self, spec: LockSpec, request: HttpRequest) -> Any:
-        if frameworks.is_drf_request(request):  # DRF's user property may query the database
-            who = await sync_to_async(_request_user)(spec, request)
-        elif frameworks.ninja_authenticated(request):
-            who = frameworks.principal(request)
-        elif (auser := getattr(request, "auser", None)) is not None:  # Django >= 5.0
-            who = await auser()
-        else:
-            who = await sync_to_async(_evaluated)(_request_user(spec, request))
-        return _checked(spec, request, who)
-
-    async def acquire(self, spec: LockSpec, name: str) -> Lease:
-        manager = locks[spec.using]
-        if manager.check_order:  # the lock-order checker's shape: the key template
-            ordering.expect(name, spec.key.template)
-        return await manager.aacquire(name, ttl=spec.ttl, timeout=spec.timeout, permits=spec.limit)
-
-    async def acquire_limits(self, spec: LockSpec, limits: _Limits) -> list[Lease]:
-        permits = _permits(spec, limits)
-        held = await locks[spec.using].aacquire_limits(permits, ttl=spec.ttl, timeout=0)
-        return list(held.leases.values())
-
-    async def release(self, lease: Lease) -> None:
-        await lease.arelease()
-
-    async def read(self, lease: Lease) -> records.Record | None:
-        return await records.aread(lease)
-
-    async def store(self, lease: Lease, values: list[bytes | str], ttl: float) -> int:
-        return await records.astore(lease, values, ttl)
-
-    async def render(self, response: SimpleTemplateResponse) -> None:
-        await sync_to_async(response.render)()  # templates may query the database
-
-    # in the thread that runs the request's sync code (the view, under ATOMIC_REQUESTS)
-    async def watch(self, watch: commits.CommitWatch) -> None:
-        await sync_to_async(watch.install)()
-
-    async def unwatch(self, watch: commits.CommitWatch) -> None:
-        await sync_to_async(watch.remove)()
-
-
-_BLOCKING = _BlockingIO()
-_ASYNC = _AsyncIO()
 
 
 def _run_to_end(coroutine: Coroutine[Any, Any, T]) -> T:
@@ -412,7 +253,7 @@ def hold_for_request(
     async def view() -> HttpResponseBase:
         return call()
 
-    return _run_to_end(_hold(spec, request, kwargs, view, _BLOCKING))
+    return _run_to_end(_hold(spec, request, kwargs, view, BLOCKING))
 
 
 async def ahold_for_request(
@@ -425,7 +266,7 @@ async def ahold_for_request(
     key's header) is shielded from cancellation (a client that disconnects: Django's ASGI
     handler cancels the view): once it holds its key it runs to the end, and its response is
     kept for the retry, which never runs the view a second time."""
-    hold = _hold(spec, request, kwargs, call, _ASYNC)
+    hold = _hold(spec, request, kwargs, call, ASYNC)
     if not (spec.idempotency and _carries_key(request)):
         return await hold
     task = asyncio.ensure_future(hold)

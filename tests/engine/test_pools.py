@@ -379,7 +379,7 @@ def test_a_connect_in_flight_when_its_channel_closes_drops_its_socket(
     asyncio, waiting for a slow node) closes what that connect makes: a closed channel holds
     no socket outside the budget, and never reconnects."""
     from django_redlock.engine.transport.aio import AsyncLink
-    from django_redlock.engine.transport.sync import Link
+    from django_redlock.engine.transport.link import Link
 
     manager = redlock_alias(three, TTL=10.0)
     engine = manager.engine
@@ -423,7 +423,7 @@ def test_a_reconnect_that_starts_after_its_channel_closed_opens_no_socket(
     given back at the close, so a socket then would be one over MAX_CONNECTIONS on that node
     (seen as a node with more sockets than the cap in loaded parallel runs)."""
     from django_redlock.engine.transport.aio import AsyncLink
-    from django_redlock.engine.transport.sync import Link
+    from django_redlock.engine.transport.link import Link
 
     manager = redlock_alias(three, TTL=10.0)
     engine = manager.engine

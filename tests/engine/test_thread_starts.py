@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from django_redlock.engine import start_thread
-from django_redlock.engine.transport.sync import Link
+from django_redlock.engine.transport.link import Link
 from tests.support.signal_storm import Interrupted
 from tests.support.waiting import until
 

@@ -24,7 +24,7 @@ from .lease import (
     release_many_plan,
     release_plan,
 )
-from .limits import acquire_limits_plan, release_permits_plan
+from .limits import acquire_limits_plan, release_permits_plan, release_set_plan
 from .many import acquire_many_plan
 from .rounds import CLOCK, attempt_round, bracketed, quorum_first, waited_reply, write_back
 from .waiters import register_plan, withdraw_plan
@@ -48,6 +48,7 @@ __all__ = [
     "release_many_plan",
     "release_permits_plan",
     "release_plan",
+    "release_set_plan",
     "waited_reply",
     "withdraw_plan",
     "write_back",

@@ -30,7 +30,7 @@ from ..state import (
     Plan,
 )
 from .acquire import failure_of
-from .lease import counted_release, note_unsure
+from .lease import counted_release, note_unsure, release_many_plan
 from .rounds import attempt_round
 from .waiters import withdraw_plan
 
@@ -354,3 +354,13 @@ def release_permits_plan(
         note_unsure(lease, nodes, mine)
     by_record = {id(lease): ok for lease, ok in zip(live, held, strict=True)}
     return [by_record.get(id(lease), False) for lease in leases]
+
+
+def release_set_plan(
+    state: AliasState, nodes: Sequence[NodeView], leases: Sequence[LeaseRecord]
+) -> Plan[list[bool]]:
+    """The release of a set in one call per node: a ``lock_many`` set's locks, or a
+    ``limits()`` set's permits with their semaphores' slots."""
+    if leases and leases[0].kind == PERMIT:
+        return release_permits_plan(state, nodes, leases)
+    return release_many_plan(state, nodes, leases)

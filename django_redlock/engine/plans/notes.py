@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..keyspace import RESERVED_MARK
-from ..replies import Call, Request
+from ..replies import Call, NodeFailure, Request
 from ..scripts.script import Script
 from ..state import AliasState, NodeView, Plan
 
@@ -54,6 +54,16 @@ class NoteReplies:
     @property
     def answered(self) -> int:
         return len(self.values) - len(self.errors)
+
+    @classmethod
+    def of(cls, labels: Sequence[str], replies: Sequence[Any]) -> NoteReplies:
+        """One call's replies, one per node (a :class:`~..replies.NodeFailure` where a node
+        gave none), by the nodes' ``labels``."""
+        outcome = cls([None if isinstance(r, NodeFailure) else r for r in replies])
+        for label, reply in zip(labels, replies, strict=True):
+            if isinstance(reply, NodeFailure):
+                outcome.errors[label] = str(reply)
+        return outcome
 
 
 class NoteHolder(Protocol):

@@ -16,7 +16,8 @@ from ..drive import PlanMaker, drive
 from ..state import AliasState
 from ..transport.aio import AsyncConnectionFactory
 from ..transport.blpop import ReleaseWaiter
-from ..transport.sync import Channel, ConnectionFactory
+from ..transport.link import ConnectionFactory
+from ..transport.sync import Channel
 from .budget import SPARE, SPARE_WAIT, Budget
 from .loop_channels import LoopChannels
 
