@@ -308,6 +308,16 @@ class LockAdmin(_LockAdminBase):
         messages.success(request, summary)
 
 
+class _ReadOnly:
+    """An admin of rows only the app writes (under a lease): nobody adds or changes one."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 if TYPE_CHECKING:
     _EffectAdminBase = admin.ModelAdmin[Effect]
 else:
@@ -315,7 +325,7 @@ else:
 
 
 @admin.register(Effect)
-class EffectAdmin(_EffectAdminBase):
+class EffectAdmin(_ReadOnly, _EffectAdminBase):
     """The effect ledger (``lease.once``), read-only: a row is written only under a lease.
     Deleting a row (``delete_effect``) makes its effect pending again."""
 
@@ -344,12 +354,6 @@ class EffectAdmin(_EffectAdminBase):
         "done_at",
     )
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Effect | None = None) -> bool:
-        return False
-
 
 if TYPE_CHECKING:
     _TickAdminBase = admin.ModelAdmin[ScheduledTick]
@@ -358,7 +362,7 @@ else:
 
 
 @admin.register(ScheduledTick)
-class ScheduledTickAdmin(_TickAdminBase):
+class ScheduledTickAdmin(_ReadOnly, _TickAdminBase):
     """What became of each tick of ``REDLOCK_SCHEDULE`` (docs/schedules.md), read-only: the
     scheduler writes these rows under the entry's lease."""
 
@@ -390,9 +394,3 @@ class ScheduledTickAdmin(_TickAdminBase):
             # a bad REDLOCK_SCHEDULE (or CRON without cronsim): checks E040-E042 name it too
             context["schedule_error"] = str(exc)
         return super().changelist_view(request, context)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: ScheduledTick | None = None) -> bool:
-        return False

@@ -150,13 +150,7 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
         limits = {name: (self.lock_limits or {})[template] for name, template in templates.items()}
 
         def block(timeout: float) -> Any:
-            made = manager.limits(
-                limits,
-                ttl=self.lock_ttl,
-                timeout=timeout,
-                auto_extend=True,
-                max_hold=self._hard_time_limit(),
-            )
+            made = manager.limits(limits, timeout=timeout, **self._held_until_time_limit())
             made.order_templates = templates  # the lock-order checker's shapes
             return made
 
@@ -199,17 +193,16 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type hints
         return _HELD
 
     def _block(self, manager: LockManager, name: str, timeout: float) -> Any:
-        """The lock block of one run: auto-extended until the hard time limit."""
+        """The lock block of one run."""
         block = manager.lock(
-            name,
-            ttl=self.lock_ttl,
-            timeout=timeout,
-            auto_extend=True,
-            max_hold=self._hard_time_limit(),
-            min_hold=self.lock_min_hold,
+            name, timeout=timeout, min_hold=self.lock_min_hold, **self._held_until_time_limit()
         )
         block.order_template = self._lock_template().template  # the lock-order checker's shape
         return block
+
+    def _held_until_time_limit(self) -> dict[str, Any]:
+        """What every run's block shares: its TTL, auto-extended until the hard time limit."""
+        return {"ttl": self.lock_ttl, "auto_extend": True, "max_hold": self._hard_time_limit()}
 
     def _lease_ttl(self, manager: LockManager) -> float:
         return manager.config.ttl if self.lock_ttl is None else self.lock_ttl

@@ -33,7 +33,7 @@ class HeldLease(Protocol):
     def lost(self) -> bool: ...
     @property
     def validity(self) -> float: ...
-    def _ensure_own(self) -> None: ...
+    def ensure_own(self) -> None: ...
 
 
 #: Per lease, the (database, key) of its effect blocks open now: one block per key and lease
@@ -122,7 +122,7 @@ class EffectBlock:
         if self._effect is not None:
             raise LockError(f"The block of effect {self._key!r} was already entered once.")
         lease = self._lease
-        lease._ensure_own()
+        lease.ensure_own()
         if lease.released:
             raise LockError(
                 f"Effect {self._key!r}: lock {lease.name!r} was already released; run the "

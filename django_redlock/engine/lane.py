@@ -105,7 +105,7 @@ def lane_acquire(attempt: LaneAttempt, channel: Channel) -> Outcome:
         state.longest_ttl_ms = ttl_ms
     owner = new_owner()
     suffix = LockValue.suffix(int(time.time() * 1000), state.host, state.pid)
-    run_id = link._run_id
+    run_id = link.run_id
     assert run_id is not None
     started = time.monotonic()
     tail = acquire_tail(attempt, owner, ttl_ms, run_id, suffix)

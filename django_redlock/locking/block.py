@@ -416,4 +416,4 @@ def _left_interrupted(entry: Entered) -> None:
         with contextlib.suppress(Exception):
             context.pop(entry.token)
     if lease.open_blocks <= 0 and not lease.released and lease.commit_pending is None:
-        lease._release_interrupted()
+        lease.release_interrupted()

@@ -43,7 +43,11 @@ _LOST_MUTEX = threading.Lock()
 
 
 class Lease:
-    """A held lock. ``token`` is its fencing token; ``validity`` the seconds it has left."""
+    """A held lock. ``token`` is its fencing token; ``validity`` the seconds it has left.
+
+    Besides its API for applications it has a small surface for the app's own modules
+    (blocks, ``lock_many`` sets, renewals, effects): ``record``, ``engine``, ``release_begin``/
+    ``release_end``, ``renew_once``... Applications need not use those."""
 
     def __init__(
         self, manager: LeaseOwner, record: LeaseRecord, engine: Engine | None = None
@@ -57,16 +61,16 @@ class Lease:
         self._renewer: RenewalThread | None = None
         self._renewal_task: asyncio.Task[None] | None = None
         #: until when the renewals go on (set when they start)
-        self._bound: RenewalBound | None = None
+        self.renewal_bound: RenewalBound | None = None
         #: set to cut the renewal task's pause short (a shorter ``extend``)
-        self._renewal_wakeup: asyncio.Event | None = None
+        self.renewal_wakeup: asyncio.Event | None = None
         #: called once when the lease is found lost (``alock(on_lost="cancel")``)
         self.on_lost: Callable[[], None] | None = None
         #: when the lease was released (``time.monotonic()``; None while not released)
         self._released_at: float | None = None
         #: kept for a commit: True once its transaction ended without running the release
         #: (a rollback); the renewals then release it instead of renewing
-        self._transaction_ended: Callable[[], bool] | None = None
+        self.transaction_ended: Callable[[], bool] | None = None
         #: kept for a commit: True while that commit is still to come (re-entry in it)
         self.commit_pending: Callable[[], bool] | None = None
         #: lock blocks (and request locks, lock_many sets) holding it open now; the last to
@@ -172,7 +176,7 @@ class Lease:
         """True in a child process for a lease its parent acquired before the fork."""
         return not self.engine.owns(self.record)
 
-    def _ensure_own(self) -> None:
+    def ensure_own(self) -> None:
         if self.foreign:
             raise LockError(
                 f"Lock {self.name!r} (alias {self.alias!r}) was acquired by the parent process "
@@ -190,7 +194,7 @@ class Lease:
         """Raise ``LockLost`` if the lease is lost (expired, or a node said someone else owns
         it); call it before a step that must not run unprotected. In a child process, for a
         lease its parent acquired, or after a release too few nodes confirmed: ``LockError``."""
-        self._ensure_own()
+        self.ensure_own()
         if self.release_unconfirmed:
             raise LockError(
                 f"Lock {self.name!r} (alias {self.alias!r}) was released, but too few nodes "
@@ -215,14 +219,14 @@ class Lease:
     def extend(self, ttl: float | None = None) -> None:
         """Renew the lease to ``ttl`` seconds (default: its TTL); raises ``LockLost``. Its
         auto-extend renewals, if any, go on every third of the new TTL."""
-        self._ensure_own()
+        self.ensure_own()
         before = self.record.ttl
         self._extended(self.engine.extend(self.record, self._ttl_for(ttl)), "extend()")
         self._rescheduled(before)
 
     async def aextend(self, ttl: float | None = None) -> None:
         """Asyncio twin of :meth:`extend`."""
-        self._ensure_own()
+        self.ensure_own()
         before = self.record.ttl
         self._extended(await self.engine.aextend(self.record, self._ttl_for(ttl)), "aextend()")
         self._rescheduled(before)
@@ -232,7 +236,7 @@ class Lease:
         cut to a third of the new one: the lease must not run out while they sleep."""
         if self.record.ttl >= ttl_before:
             return
-        renewer, task, wakeup = self._renewer, self._renewal_task, self._renewal_wakeup
+        renewer, task, wakeup = self._renewer, self._renewal_task, self.renewal_wakeup
         if renewer is not None:
             renewer.hasten(self)
         if task is not None and wakeup is not None:
@@ -242,15 +246,15 @@ class Lease:
         """Release the lock. True the first time if it was still held; never deletes a key
         that someone else owns."""
         try:
-            if not self._releasing():
+            if not self.release_begin():
                 return False
             held = self.engine.release(self.record)
         except BaseException:  # an interrupt: the release still goes out, from the background
-            self._release_interrupted()
+            self.release_interrupted()
             raise
-        return self._released(held)
+        return self.release_end(held)
 
-    def _release_interrupted(self) -> None:
+    def release_interrupted(self) -> None:
         """:meth:`release` was interrupted (a signal handler raised, or the release failed):
         the renewals stop and the engine sends the release again in the background."""
         if self.foreign:
@@ -265,7 +269,7 @@ class Lease:
         """Asyncio twin of :meth:`release`. A cancellation (``task.cancel()``, ``wait_for``)
         while it runs is passed on, but the release still goes out: a cancelled caller does
         not leave its lease held until the TTL."""
-        if not self._releasing():
+        if not self.release_begin():
             return False
         release = asyncio.ensure_future(self.engine.arelease(self.record))
         try:
@@ -274,13 +278,13 @@ class Lease:
             _RELEASING.add(release)  # kept referenced until it ends (the loop holds tasks weakly)
             release.add_done_callback(self._released_late)
             raise
-        return self._released(held)
+        return self.release_end(held)
 
     def _released_late(self, release: asyncio.Future[bool]) -> None:
         """The end of a release its caller stopped waiting for (cancelled)."""
         _RELEASING.discard(release)
         if not release.cancelled() and release.exception() is None:
-            self._released(release.result())
+            self.release_end(release.result())
 
     def _ttl_for(self, ttl: float | None) -> float:
         return self.record.ttl if ttl is None else check_ttl(ttl, self._manager.config.drift_factor)
@@ -300,10 +304,10 @@ class Lease:
         self._mark_lost(f"{how} found it no longer held")
         raise LockLost(self.name, f"it was no longer held when {how} ran")
 
-    def _releasing(self) -> bool:
+    def release_begin(self) -> bool:
         """Stop renewing and stop guarding writes here; True if there is something to release."""
         if self.record.generation != forks.current:  # a child's copy of its parent's lease
-            self._ensure_own()
+            self.ensure_own()
         if self._renewer is not None or self._renewal_task is not None:
             self.stop_auto_extend()
         owner = context.deactivate(self)
@@ -312,9 +316,11 @@ class Lease:
         self.released_by = owner  # a block's exit tells its own release apart
         return True
 
-    def _released(self, held: bool) -> bool:
+    def release_end(self, held: bool) -> bool:
+        """After the engine's release (:meth:`release_begin` first): record it, a loss when it
+        was no longer ``held``; ``lock_released`` is sent. Returns ``held``."""
         self._released_at = time.monotonic()
-        if not held and not self._given_back_later():
+        if not held and not self.given_back_later():
             self._mark_lost("it had expired or was taken when it was released")
         if signals.wanted(signals.lock_released):
             signals.emit(
@@ -322,7 +328,7 @@ class Lease:
             )
         return held
 
-    def _given_back_later(self) -> bool:
+    def given_back_later(self) -> bool:
         """True when the release of this (valid) lease was unconfirmed and went to the
         background give-back: not a loss, even if the give-back has already ended (it used to
         count as one when the give-back was confirmed before the caller looked)."""
@@ -347,9 +353,9 @@ class Lease:
     def astart_auto_extend(self, max_hold: float | None) -> None:
         """Renew from an asyncio task every third of the TTL until release or ``max_hold``."""
         loop = asyncio.get_running_loop()
-        self._bound = RenewalBound(max_hold)
-        self._renewal_wakeup = asyncio.Event()
-        self._renewal_task = loop.create_task(renew_in_task(self, self._bound))
+        self.renewal_bound = RenewalBound(max_hold)
+        self.renewal_wakeup = asyncio.Event()
+        self._renewal_task = loop.create_task(renew_in_task(self, self.renewal_bound))
 
     def keep_alive(
         self, max_hold: float | None, *, longer: bool = True
@@ -358,7 +364,7 @@ class Lease:
         on at least that long (unless ``longer`` is False); renewals that stopped for good
         (their ``max_hold`` passed) are started afresh. Returns the call that undoes this
         (stops the renewals it started, or takes off the bound it added), or None."""
-        bound = self._bound
+        bound = self.renewal_bound
         if (self._renewer is not None or self._renewal_task is not None) and bound is not None:
             if not bound.final:
                 return bound.hold(max_hold) if longer else None
@@ -375,13 +381,13 @@ class Lease:
         if task is not None:
             task.cancel()
 
-    def _renew_once(self) -> str:
+    def renew_once(self) -> str:
         if self._ended_without_commit():
             self.release()
             return LOST  # ends the renewals (nothing reported: it was released)
         return self._renewal_status(self.engine.extend(self.record, self.ttl))
 
-    async def _arenew_once(self) -> str:
+    async def arenew_once(self) -> str:
         if self._ended_without_commit():
             self._renewal_task = None  # this very task releases: do not cancel it
             await self.arelease()
@@ -391,7 +397,7 @@ class Lease:
     def _ended_without_commit(self) -> bool:
         """Kept for a commit whose transaction ended without it (a rollback whose discarded
         callback is still referenced, or a commit whose earlier hook raised)."""
-        ended = self._transaction_ended
+        ended = self.transaction_ended
         return ended is not None and ended()
 
     def _renewal_status(self, renewal: Renewal) -> str:
@@ -401,7 +407,7 @@ class Lease:
             logger.info("Lock %r (alias %r): renewal unconfirmed, retrying", self.name, self.alias)
         return renewal.status
 
-    def _renewals_ended(self, why: str | None) -> None:
+    def renewals_ended(self, why: str | None) -> None:
         """The renewals ended without a renewal finding the lease lost: it ran out."""
         if why is not None and not self.record.released:
             self._mark_lost(
@@ -420,7 +426,7 @@ def start_renewals(leases: list[Lease], max_hold: float | None) -> None:
     third of its TTL, until each is released or ``max_hold`` passes: a set of a thousand
     names is one thread, not a thousand."""
     for lease in leases:
-        lease._bound = RenewalBound(max_hold)
+        lease.renewal_bound = RenewalBound(max_hold)
     renewer = RenewalThread(leases)
     for lease in leases:
         lease._renewer = renewer

@@ -115,7 +115,7 @@ class HeldLocks:
         return [
             lease
             for name, lease in self.leases.items()
-            if name not in self.borrowed and lease._releasing()
+            if name not in self.borrowed and lease.release_begin()
         ]
 
     def _released(self, leases: list[Lease], held: list[bool]) -> list[str]:
@@ -123,7 +123,7 @@ class HeldLocks:
         lost = [
             lease.name
             for lease, ok in zip(leases, held, strict=True)
-            if not lease._released(ok) and not lease._given_back_later()
+            if not lease.release_end(ok) and not lease.given_back_later()
         ]
         return lost + [name for name in self.leases if name not in done]
 

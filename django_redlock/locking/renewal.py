@@ -17,8 +17,8 @@ class Renewable(Protocol):
     """What the drivers need of a lease (:class:`~.lease.Lease`)."""
 
     record: LeaseRecord
-    _bound: RenewalBound | None
-    _renewal_wakeup: asyncio.Event | None
+    renewal_bound: RenewalBound | None
+    renewal_wakeup: asyncio.Event | None
 
     @property
     def ttl(self) -> float: ...
@@ -26,11 +26,11 @@ class Renewable(Protocol):
     @property
     def name(self) -> str: ...
 
-    def _renew_once(self) -> str: ...
+    def renew_once(self) -> str: ...
 
-    async def _arenew_once(self) -> str: ...
+    async def arenew_once(self) -> str: ...
 
-    def _renewals_ended(self, why: str | None) -> None: ...
+    def renewals_ended(self, why: str | None) -> None: ...
 
 
 class RenewalThread(threading.Thread):
@@ -41,7 +41,7 @@ class RenewalThread(threading.Thread):
         names = leases[0].name if len(leases) == 1 else f"{leases[0].name} +{len(leases) - 1}"
         super().__init__(name=f"redlock-renew {names}", daemon=True)
         self._runs = {
-            lease: Stepper(renewal_policy(lease.record, cast(RenewalBound, lease._bound)))
+            lease: Stepper(renewal_policy(lease.record, cast(RenewalBound, lease.renewal_bound)))
             for lease in leases
         }
         #: held while a renewal runs: a lease stopped meanwhile is renewed no more after stop()
@@ -100,11 +100,11 @@ class RenewalThread(threading.Thread):
                 if lease in self._stopped:
                     due.pop(lease, None)
                     return
-                run.send(lease._renew_once())
+                run.send(lease.renew_once())
         if run.step is None:
             due.pop(lease, None)
             if lease not in self._stopped:
-                lease._renewals_ended(run.result)
+                lease.renewals_ended(run.result)
         else:
             due[lease] = time.monotonic() + run.step.seconds
 
@@ -114,16 +114,16 @@ async def renew_in_task(lease: Renewable, bound: RenewalBound) -> None:
     run = Stepper(renewal_policy(lease.record, bound))
     while run.step is not None:
         if isinstance(run.step, Renew):
-            run.send(await lease._arenew_once())
+            run.send(await lease.arenew_once())
         else:
             await _pause(lease, run.step.seconds)
             run.send(None)
-    lease._renewals_ended(run.result)
+    lease.renewals_ended(run.result)
 
 
 async def _pause(lease: Renewable, seconds: float) -> None:
     """Sleep ``seconds``, cut to a third of the TTL whenever an extend shortens it."""
-    wakeup = cast(asyncio.Event, lease._renewal_wakeup)
+    wakeup = cast(asyncio.Event, lease.renewal_wakeup)
     until = time.monotonic() + seconds
     while (left := until - time.monotonic()) > 0:
         try:

@@ -112,7 +112,7 @@ def release_after_commit(
     def ended() -> bool:
         return not pending() and lease.open_blocks == 0 and release.claim()
 
-    lease._transaction_ended = ended
+    lease.transaction_ended = ended
     lease.commit_pending = pending
     lease.keep_alive(max_hold, longer=False)
     return pending

@@ -134,8 +134,8 @@ class RedisNode(StopOnExit):
 
     def start(self, timeout: float = START_TIMEOUT) -> RedisNode:
         """Spawn the server and wait until it answers PING."""
-        self._spawn()
-        self._wait_started(timeout)
+        self.spawn()
+        self.wait_started(timeout)
         return self
 
     def pause(self) -> None:
@@ -154,13 +154,13 @@ class RedisNode(StopOnExit):
             return
         with contextlib.suppress(ProcessLookupError):
             self._proc.kill()
-        self._reap(None)
+        self.reap(None)
 
     def stop(self, grace: float = STOP_GRACE) -> None:
         """Shut the node down (SIGTERM, SIGKILL after ``grace`` seconds) and remove temp dirs."""
         if self._proc is not None:
-            self._signal_stop()
-            self._reap(grace)
+            self.signal_stop()
+            self.reap(grace)
         for directory in self._own_dirs:
             shutil.rmtree(directory, ignore_errors=True)
         self._own_dirs = []
@@ -240,11 +240,13 @@ class RedisNode(StopOnExit):
             extra_args=self.extra_args,
         )
 
-    def _spawn(self) -> None:
+    def spawn(self) -> None:
+        """Start the process without waiting for it (:meth:`start` is this, then
+        :meth:`wait_started`; a group spawns all its nodes first)."""
         if self.is_running:
             raise RedisNodeError(f"{self!r} is already running")
         if self._proc is not None:
-            self._reap(None)
+            self.reap(None)
         if self.unix_socket is None and self.port is None:
             self.port = free_port()
         self.data_dir.mkdir(parents=True, exist_ok=True)  # stop() removed it; start() again
@@ -265,7 +267,7 @@ class RedisNode(StopOnExit):
         self._paused = False
         register(self, self._proc.pid)
 
-    def _wait_started(self, timeout: float) -> None:
+    def wait_started(self, timeout: float) -> None:
         """Wait for PING; on a port clash at first start, retry on a new free port."""
         for attempt in range(5):
             try:
@@ -281,7 +283,7 @@ class RedisNode(StopOnExit):
                 if not retry:
                     raise
                 self.port = None
-                self._spawn()
+                self.spawn()
             else:
                 self._started_once = True
                 return
@@ -294,7 +296,7 @@ class RedisNode(StopOnExit):
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 code = self._proc.returncode
-                self._reap(None)
+                self.reap(None)
                 raise RedisNodeError(
                     f"redis-server ({self.server}) exited with status {code} while starting on "
                     f"{self.url}.\n{self._log_tail()}"
@@ -336,7 +338,7 @@ class RedisNode(StopOnExit):
             raise RedisNodeError(f"{self!r} is not running")
         self._proc.send_signal(signum)
 
-    def _signal_stop(self) -> None:
+    def signal_stop(self) -> None:
         """Ask a running process to exit (SIGCONT first if paused)."""
         proc = self._proc
         if proc is None or proc.poll() is not None:
@@ -346,7 +348,7 @@ class RedisNode(StopOnExit):
                 proc.send_signal(signal.SIGCONT)
             proc.terminate()
 
-    def _reap(self, grace: float | None) -> None:
+    def reap(self, grace: float | None) -> None:
         """Wait for the process (SIGKILL after ``grace`` seconds; None: kill now) and forget it."""
         proc = self._proc
         if proc is None:

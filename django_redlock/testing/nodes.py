@@ -70,9 +70,9 @@ class RedisNodes(StopOnExit, Sequence[RedisNode]):
         )
         try:
             for node in nodes:
-                node._spawn()
+                node.spawn()
             for node in nodes:
-                node._wait_started(timeout)
+                node.wait_started(timeout)
         except BaseException:
             nodes.stop()
             raise
@@ -91,7 +91,7 @@ class RedisNodes(StopOnExit, Sequence[RedisNode]):
     def stop(self) -> None:
         """Stop every node (terminate all first, then reap, so it takes one grace at most)."""
         for node in self._nodes:
-            node._signal_stop()
+            node.signal_stop()
         for node in self._nodes:
             node.stop()
 

@@ -23,8 +23,8 @@ _PR_SET_PDEATHSIG = 1
 class Stoppable(Protocol):
     """What the registry needs from a node to stop it."""
 
-    def _signal_stop(self) -> None: ...
-    def _reap(self, grace: float | None) -> None: ...
+    def signal_stop(self) -> None: ...
+    def reap(self, grace: float | None) -> None: ...
 
 
 _registry: dict[int, Stoppable] = {}
@@ -54,10 +54,10 @@ def stop_all(grace: float = 2.0) -> None:
     with _registry_lock:
         nodes = list(_registry.values())
     for node in nodes:
-        node._signal_stop()
+        node.signal_stop()
     deadline = time.monotonic() + grace
     for node in nodes:
-        node._reap(max(0.0, deadline - time.monotonic()))
+        node.reap(max(0.0, deadline - time.monotonic()))
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:

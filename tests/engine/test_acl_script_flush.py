@@ -38,7 +38,9 @@ def test_a_release_refused_after_script_flush_is_unconfirmed_and_says_why(
     refused command instead of a broken connection."""
     nodes = redis_node_factory(count)
     manager = redlock_alias(
-        acl_user_urls(nodes, "noeval", "pw", "acl:", WITHOUT_EVAL), KEY_PREFIX="acl:"
+        acl_user_urls(nodes, "noeval", "pw", "acl:", WITHOUT_EVAL),
+        KEY_PREFIX="acl:",
+        NODE_TIMEOUT=2.0,  # refusals are what it tests, not a slow node (a loaded machine)
     )
     lease = manager.acquire("n", ttl=5, timeout=0)
     _flush(nodes)
@@ -61,7 +63,9 @@ def test_acquire_and_extend_refused_after_script_flush_are_not_granted(
     asyncio alike; an asyncio release is unconfirmed too."""
     nodes = redis_node_factory(3)
     manager = redlock_alias(
-        acl_user_urls(nodes, "noeval", "pw", "acl:", WITHOUT_EVAL), KEY_PREFIX="acl:"
+        acl_user_urls(nodes, "noeval", "pw", "acl:", WITHOUT_EVAL),
+        KEY_PREFIX="acl:",
+        NODE_TIMEOUT=2.0,  # refusals are what it tests, not a slow node (a loaded machine)
     )
     held = manager.acquire("e", ttl=5, timeout=0)
     _flush(nodes)

@@ -127,14 +127,14 @@ def test_a_call_interrupted_as_it_is_written_never_shifts_the_replies(
     warm = manager.acquire("warm", timeout=0)
     link = warm.record.pinned.links[0]
     warm.release()
-    real = link._output
+    real = link.output
 
     def write_then_raise(data: bytes) -> None:
-        link._output = real
+        link.output = real
         real(data)
         raise Interrupted
 
-    link._output = write_then_raise
+    link.output = write_then_raise
     with pytest.raises(Interrupted):
         manager.acquire("x", timeout=0)
     tokens = []

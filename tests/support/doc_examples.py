@@ -104,9 +104,16 @@ def _pk() -> int:
 
 
 def _celery_app() -> Any:
+    """A Celery app of the example's own: its tasks are not shared with other apps (Celery
+    shares a task with every app by default, and the suite's own apps would get them)."""
     from celery import Celery
 
-    return Celery("doc_examples", set_as_current=False)
+    class ExampleApp(Celery):  # type: ignore[misc]
+        def task(self, *args: Any, **options: Any) -> Any:
+            options.setdefault("shared", False)
+            return super().task(*args, **options)
+
+    return ExampleApp("doc_examples", set_as_current=False)
 
 
 def _debug_toolbar() -> Any:

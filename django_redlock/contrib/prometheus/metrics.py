@@ -9,6 +9,7 @@ node gauges are set by :mod:`.refresher`, away from the request path.
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
@@ -62,19 +63,17 @@ class RedlockMetrics(LockObserver):
             registry=registry,
             multiprocess_mode="livesum",
         )
-        self.node_up = Gauge(
-            "redlock_node_up",
-            "1 when the node answered the last health probe, else 0.",
-            ["alias", "node"],
+        node_gauge = functools.partial(
+            Gauge,
+            labelnames=["alias", "node"],
             registry=registry,
             multiprocess_mode="livemostrecent",
         )
-        self.node_rtt = Gauge(
-            "redlock_node_rtt_seconds",
-            "Round-trip time of the last health probe of the node.",
-            ["alias", "node"],
-            registry=registry,
-            multiprocess_mode="livemostrecent",
+        self.node_up = node_gauge(
+            "redlock_node_up", "1 when the node answered the last health probe, else 0."
+        )
+        self.node_rtt = node_gauge(
+            "redlock_node_rtt_seconds", "Round-trip time of the last health probe of the node."
         )
         self.refresher = Refresher(self, waiters_interval, nodes_interval)
         #: the label children of the hot path, per alias

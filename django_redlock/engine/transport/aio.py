@@ -90,7 +90,7 @@ class AsyncLink(LinkBase):
         transport.set_protocol(_Replies(self))
         self._conn = conn
         self._transport = transport
-        self._output = transport.write
+        self.output = transport.write
         self.connected = True
         return True
 
@@ -126,7 +126,7 @@ class AsyncLink(LinkBase):
         return task
 
     def _drop(self) -> None:
-        self.connected, self._output = False, None
+        self.connected, self.output = False, None
         transport, self._transport = self._transport, None
         conn, self._conn = self._conn, None
         if transport is not None:

@@ -117,8 +117,9 @@ class LinkBase:
         #: True while a connection is up (a plain attribute: read on every call)
         self.connected = False
         #: writes bytes to the connection (``socket.sendall`` or ``transport.write``) while up
-        self._output: Callable[[bytes], object] | None = None
-        self._unread: deque[Slot] = deque()
+        self.output: Callable[[bytes], object] | None = None
+        #: the calls sent whose replies are not read yet, oldest first
+        self.unread: deque[Slot] = deque()
         self._reader: Any = None
         self._run_id: str | None = None
         self._node_started: float | None = None
@@ -158,7 +159,7 @@ class LinkBase:
 
     def _ready(self) -> None:
         """A new connection is up: nothing unread, a fresh reader, no backoff."""
-        self._unread.clear()
+        self.unread.clear()
         self._reader = hiredis.Reader()
         self._backoff = RECONNECT_MIN
         self.last_error = ""
@@ -180,8 +181,8 @@ class LinkBase:
         """Drop the connection; every unread call fails with ``reason``."""
         self._fresh_failure = self.connected and self._backoff == RECONNECT_MIN
         self._drop()
-        while self._unread:
-            self._unread.popleft().fill(NodeFailure(reason))
+        while self.unread:
+            self.unread.popleft().fill(NodeFailure(reason))
         self._down(reason)
 
     def close_link(self) -> None:
@@ -195,8 +196,8 @@ class LinkBase:
         self.never("closed")
         self._fresh_failure = False
         self._drop()
-        while self._unread:
-            slot = self._unread.popleft()
+        while self.unread:
+            slot = self.unread.popleft()
             with contextlib.suppress(RuntimeError):  # a waiter's event loop closed already
                 slot.fill(NodeFailure("closed"))
 
@@ -211,19 +212,19 @@ class LinkBase:
         # up, but the connection is kept: closing it would make the node drop, unprocessed, the
         # releases queued behind its late acquires. Releases are always sent, so it runs each
         # one right after the acquire it undoes.
-        if len(self._unread) >= MAX_UNREAD and call.script is not RELEASE:
-            return failed_slot(call, f"not answering ({len(self._unread)} calls queued)")
+        if len(self.unread) >= MAX_UNREAD and call.script is not RELEASE:
+            return failed_slot(call, f"not answering ({len(self.unread)} calls queued)")
         slot = Slot(call, notify)
-        assert self._output is not None
+        assert self.output is not None
         packed = pack(call.packed_args(by_sha=by_sha))
         if call.before:
             packed = b"".join([*map(pack, call.before), packed])
         try:
-            self._output(packed)
+            self.output(packed)
             if call.before:
                 slot.ahead = tuple(Slot(None) for _ in call.before)
-                self._unread.extend(slot.ahead)
-            self._unread.append(slot)
+                self.unread.extend(slot.ahead)
+            self.unread.append(slot)
         except OSError as exc:  # includes a full send buffer on a non-blocking socket
             self.fail(describe(exc))
             slot.fill(NodeFailure(f"down: {describe(exc)}"))
@@ -235,18 +236,18 @@ class LinkBase:
 
     def pending(self) -> bool:
         """True while a call sent on this connection has no reply read yet."""
-        return bool(self._unread)
+        return bool(self.unread)
 
     @property
     def behind(self) -> bool:
-        return bool(self._unread)
+        return bool(self.unread)
 
     def _read_replies(self) -> bool:
         """Fill unread slots, in order, from what the reader has parsed; True if any was
         filled (or the link failed on a protocol error)."""
         progressed = demoted = False
         try:
-            while self._unread:
+            while self.unread:
                 try:
                     reply = self._reader.gets()
                 except hiredis.ProtocolError as exc:
@@ -257,7 +258,7 @@ class LinkBase:
                 if isinstance(reply, hiredis.ReplyError):
                     demoted = demoted or str(reply).startswith(RELOCATE)
                     reply = NodeFailure(f"ResponseError: {reply}")
-                self._unread.popleft().fill(reply)
+                self.unread.popleft().fill(reply)
                 progressed = True
         except BaseException:  # between taking a reply and filling its slot, maybe
             self.interrupted()

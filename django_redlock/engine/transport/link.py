@@ -79,7 +79,7 @@ class Link(LinkBase):
         self._conn = conn
         self._sock = sock
         self.fd = sock.fileno()
-        self._output = sock.sendall
+        self.output = sock.sendall
         self.connected = True  # last: a sender that sees it sees everything above
         if self.retired:  # its channel closed meanwhile (set before that close's drop)
             self._drop()
@@ -128,7 +128,7 @@ class Link(LinkBase):
             return self.connected or self.connect()
 
     def _drop(self) -> None:
-        self.connected, self._output, self.fd = False, None, -1
+        self.connected, self.output, self.fd = False, None, -1
         conn, self._conn, self._sock = self._conn, None, None
         if conn is not None:
             conn.disconnect()
@@ -137,7 +137,7 @@ class Link(LinkBase):
     def is_idle(self) -> bool:
         """Connected with no reply outstanding: if its socket is readable, the server closed
         it (CLIENT KILL, idle timeout, restart)."""
-        return self.connected and not self._unread and not self.has_buffered()
+        return self.connected and not self.unread and not self.has_buffered()
 
     def fileno(self) -> int | None:
         sock = self._sock

@@ -243,7 +243,7 @@ class Channel:
         otherwise: the general path's :meth:`prepare` deals with it."""
         link = self.links[0]
         fd = link.fd
-        if not link.connected or link._unread or fd < 0:
+        if not link.connected or link.unread or fd < 0:
             return None
         if fd != self._lane_fd:  # a new connection: a new poll set (one assignment)
             poller = select.poll()
@@ -266,8 +266,8 @@ class Channel:
             else:  # still waiting in the queue for a late reply
                 slot = link.spare = Slot(None)
             try:
-                link._output(packed)  # type: ignore[misc]
-                link._unread.append(slot)  # a reply that comes too late is dropped in order
+                link.output(packed)  # type: ignore[misc]
+                link.unread.append(slot)  # a reply that comes too late is dropped in order
             except OSError as exc:  # includes a full send buffer on a non-blocking socket
                 link.fail(describe(exc))
                 return NodeFailure(f"down: {describe(exc)}")
