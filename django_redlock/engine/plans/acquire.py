@@ -20,7 +20,7 @@ from ..state import (
     Plan,
 )
 from .rounds import Sent, attempt_round, quorum_first, write_back
-from .waiters import withdraw_plan
+from .waiters import withdraw_plan, withdrawing
 
 #: Why a node's vote did not count while it is in the restart quarantine (docs/algorithm.md).
 QUARANTINED = (
@@ -95,29 +95,23 @@ def acquire_plan(
 
     args = (mark_ms, "1" if woken else "0", waiter, *extra)
     first = quorum_first(state, nodes, name)
-    try:
-        owner, calls, replies, statuses, started = yield from attempt_round(
-            state,
-            nodes,
-            script,
-            touched,
-            ttl,
-            args,
-            settled,
-            give_back,
-            before,
-            wait,
-            first,
-            sent=sent,
-        )
-    except BaseException as given_up:  # Abandoned, or an interrupt in this code
-        if isinstance(given_up, GeneratorExit):  # closed: nothing may be yielded
-            raise
-        # the caller gave up with its attempt in flight (attempt_round gave back what it may
-        # have got): any node may have registered it as a waiter, for a wait that never comes
-        if mark_ms:
-            yield from withdraw_plan(state, nodes, (name,), waiter)
-        raise
+    attempt = attempt_round(
+        state,
+        nodes,
+        script,
+        touched,
+        ttl,
+        args,
+        settled,
+        give_back,
+        before,
+        wait,
+        first,
+        sent=sent,
+    )
+    owner, calls, replies, statuses, started = yield from withdrawing(
+        attempt, state, nodes, (name,), waiter, mark_ms
+    )
     try:
         granted = [
             _granted_slot(r) if st == scripts.GRANTED else -1

@@ -32,7 +32,7 @@ from ..state import (
 from .acquire import failure_of
 from .lease import counted_release, note_unsure, release_many_plan
 from .rounds import attempt_round
-from .waiters import withdraw_plan
+from .waiters import withdraw_plan, withdrawing
 
 _NAMING = (scripts.BUSY, scripts.OTHER_KIND)
 
@@ -92,24 +92,20 @@ def acquire_limits_plan(
         return _give_back(state, nodes, calls, replies, owner, names, slots_of)
 
     args: tuple[str | int, ...] = (mark_ms, str(woken), waiter, *permits)
-    try:
-        owner, calls, replies, statuses, started = yield from attempt_round(
-            state,
-            nodes,
-            scripts_limits.ACQUIRE_LIMITS,
-            touched,
-            ttl,
-            args,
-            settled,
-            give_back,
-            tokens=count,
-        )
-    except BaseException as given_up:  # Abandoned, or an interrupt in this code
-        if isinstance(given_up, GeneratorExit):  # closed: nothing may be yielded
-            raise
-        if mark_ms:
-            yield from withdraw_plan(state, nodes, names, waiter)
-        raise
+    attempt = attempt_round(
+        state,
+        nodes,
+        scripts_limits.ACQUIRE_LIMITS,
+        touched,
+        ttl,
+        args,
+        settled,
+        give_back,
+        tokens=count,
+    )
+    owner, calls, replies, statuses, started = yield from withdrawing(
+        attempt, state, nodes, names, waiter, mark_ms
+    )
     try:
         granted = [_slots_granted(r) for r in replies]
         chosen = [_best(granted, j)[0] for j in range(count)]

@@ -20,7 +20,7 @@ from ..scripts import primitives as more
 from ..state import WAIT_MARK_MS, AcquireFailure, AliasState, LeaseRecord, NodeView, Plan
 from .acquire import failure_of
 from .rounds import attempt_round, write_back
-from .waiters import withdraw_plan
+from .waiters import withdraw_plan, withdrawing
 
 
 def acquire_many_plan(
@@ -64,25 +64,20 @@ def acquire_many_plan(
         return _release_all(state, nodes, calls, replies, owner, names)
 
     args = (mark_ms, "1" if woken else "0", waiter)
-    try:
-        owner, calls, replies, statuses, started = yield from attempt_round(
-            state,
-            nodes,
-            more.ACQUIRE_MANY,
-            touched,
-            ttl,
-            args,
-            settled,
-            give_back,
-            tokens=len(names),
-        )
-    except BaseException as given_up:  # Abandoned, or an interrupt in this code
-        if isinstance(given_up, GeneratorExit):  # closed: nothing may be yielded
-            raise
-        # given up mid-attempt: it waits for none of the names any more (see acquire_plan)
-        if mark_ms:
-            yield from withdraw_plan(state, nodes, names, waiter)
-        raise
+    attempt = attempt_round(
+        state,
+        nodes,
+        more.ACQUIRE_MANY,
+        touched,
+        ttl,
+        args,
+        settled,
+        give_back,
+        tokens=len(names),
+    )
+    owner, calls, replies, statuses, started = yield from withdrawing(
+        attempt, state, nodes, names, waiter, mark_ms
+    )
     try:
         won = [i for i, st in enumerate(statuses) if st == scripts.GRANTED]
         if len(won) >= needed:

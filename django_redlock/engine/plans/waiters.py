@@ -4,11 +4,14 @@ that queues without a failed attempt."""
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from typing import TypeVar
 
 from .. import scripts
 from ..keyspace import wake_node
 from ..replies import Call, Request
 from ..state import AliasState, NodeView, Plan
+
+T = TypeVar("T")
 
 
 def withdraw_plan(
@@ -45,3 +48,25 @@ def register_plan(
     ]
     if any(calls):
         yield Request(calls, 0.0, wait=False)
+
+
+def withdrawing(
+    attempt: Plan[T],
+    state: AliasState,
+    nodes: Sequence[NodeView],
+    names: Sequence[str],
+    waiter: str,
+    mark_ms: int,
+) -> Plan[T]:
+    """``attempt`` (an attempt round registering ``waiter`` for ``mark_ms`` on a busy name);
+    given up mid-attempt (``Abandoned``, an interrupt), the caller waits for none of the
+    ``names`` any more, and any node may have registered it: its registrations are withdrawn
+    on the way out (the attempt round gave back what it may have got)."""
+    try:
+        return (yield from attempt)
+    except BaseException as given_up:
+        if isinstance(given_up, GeneratorExit):  # closed: nothing may be yielded
+            raise
+        if mark_ms:
+            yield from withdraw_plan(state, nodes, names, waiter)
+        raise
