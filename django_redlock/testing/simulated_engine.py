@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Sequence
-from typing import Any, NoReturn
+from collections.abc import Generator, Sequence
+from typing import Any, NoReturn, cast
 
 from ..engine import (
     LOST,
@@ -26,6 +26,7 @@ from ..engine import (
     Outcome,
     RecordRead,
     Renewal,
+    Stepper,
     WaiterCount,
     forks,
 )
@@ -87,11 +88,12 @@ class SimulatedEngine(Engine):
     ) -> list[LeaseRecord] | AcquireFailure:
         return await self._atake(tuple(names), ttl, timeout, PERMIT, tuple(permits))
 
-    def _take(
+    def _attempts(
         self, names: tuple[str, ...], ttl: float, timeout: float | None, kind: str, permits: Permits
-    ) -> Taken:
-        """Attempts until one wins or ``timeout`` runs out; only a name held in this process
-        is waited for (a busy glob or an outage fails at once)."""
+    ) -> Generator[float, None, Taken]:
+        """Attempts until one wins or ``timeout`` runs out, yielding each pause between them
+        (its driver waits it out); only a name held in this process is waited for (a busy
+        glob or an outage fails at once)."""
         started, attempts = time.monotonic(), 0
         while True:
             attempts += 1
@@ -99,21 +101,27 @@ class SimulatedEngine(Engine):
             left = self._left(started, timeout)
             if not waits or left <= 0:
                 return _done(outcome, started, attempts)
+            yield min(left, POLL)
+
+    def _take(
+        self, names: tuple[str, ...], ttl: float, timeout: float | None, kind: str, permits: Permits
+    ) -> Taken:
+        run = Stepper(self._attempts(names, ttl, timeout, kind, permits))
+        while run.step is not None:
             with self.waiters:
-                self.locks.wait(min(left, POLL))
+                self.locks.wait(run.step)
+            run.send(None)
+        return cast(Taken, run.result)
 
     async def _atake(
         self, names: tuple[str, ...], ttl: float, timeout: float | None, kind: str, permits: Permits
     ) -> Taken:
-        started, attempts = time.monotonic(), 0
-        while True:
-            attempts += 1
-            outcome, waits = self._attempt(names, ttl, kind, permits)
-            left = self._left(started, timeout)
-            if not waits or left <= 0:
-                return _done(outcome, started, attempts)
+        run = Stepper(self._attempts(names, ttl, timeout, kind, permits))
+        while run.step is not None:
             with self.waiters:
-                await asyncio.sleep(min(left, POLL))
+                await asyncio.sleep(run.step)
+            run.send(None)
+        return cast(Taken, run.result)
 
     @staticmethod
     def _left(started: float, timeout: float | None) -> float:
