@@ -6,7 +6,7 @@ a permit taken here is a permit of ``semaphore(name, N)`` and the other way roun
 from __future__ import annotations
 
 from .fragments import RELEASE_LUA, TAKE_LUA
-from .script import Script
+from .script import Script, taking
 
 # KEYS: fence, then for each semaphore: waiter set, hand-off reservation, the name's key
 # (marker), then its N slot keys in the order PERMIT tries them (3 + N keys each).
@@ -17,15 +17,10 @@ from .script import Script
 # first + i - 1; ki: the position of its slot, from 1), {0, counter, pttl, i} when semaphore i
 # has no free slot (the caller registers as its waiter), {-1, counter, 0, 0} untrusted,
 # {-2, counter, 0, i} when name i is a lock's or a semaphore's with another N.
-ACQUIRE_LIMITS = Script(
+ACQUIRE_LIMITS = taking(
     "acquire_limits",
-    TAKE_LUA
-    + """
-local ok, counter, max_ttl = trusted(KEYS[1])
-if not ok then
-  return {-1, counter, 0, 0}
-end
-local chosen, base = {}, 2
+    TAKE_LUA,
+    """local chosen, base = {}, 2
 for i = 8, #ARGV do
   local which, n = i - 7, tonumber(ARGV[i])
   local found = redis.call('GET', KEYS[base + 2])
@@ -67,6 +62,7 @@ end
 note_ttl(KEYS[1], max_ttl)
 return reply
 """,
+    width=4,
 )
 
 # KEYS: for each permit of a set (one owner): waiter set, wake-up list, hand-off reservation,

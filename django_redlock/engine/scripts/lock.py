@@ -4,7 +4,7 @@ force-release, with their reply codes."""
 from __future__ import annotations
 
 from .fragments import RELEASE_LUA, TAKE_LUA
-from .script import Script
+from .script import Script, taking
 
 # KEYS: lock, fence, waiter set, hand-off reservation.
 # ARGV: owner, ttl_ms, run_id, value suffix ("|acquired_ms|host|pid"), how long the caller's
@@ -14,15 +14,10 @@ from .script import Script
 # caller no longer counts as a waiter), {0, counter, pttl} when the name is busy or reserved for
 # a woken waiter (and registers the caller as a waiter, if it will wait), {-1, counter, 0} when
 # this node is not trusted.
-ACQUIRE = Script(
+ACQUIRE = taking(
     "acquire",
-    TAKE_LUA
-    + """
-local ok, counter, max_ttl = trusted(KEYS[2])
-if not ok then
-  return {-1, counter, 0}
-end
-local woken = ARGV[6] == '1'
+    TAKE_LUA,
+    """local woken = ARGV[6] == '1'
 -- the common case, in one call: neither the lock nor a hand-off reservation exists
 if redis.call('EXISTS', KEYS[1], KEYS[4]) > 0 then
   local pttl = redis.call('PTTL', KEYS[1])
@@ -39,6 +34,7 @@ end
 -- only a woken caller can find a reservation to use up
 return {1, take(KEYS[1], KEYS[2], KEYS[3], woken and KEYS[4] or nil, max_ttl), 0}
 """,
+    fence=2,
 )
 #: ACQUIRE reply statuses (the first element of its reply).
 GRANTED, BUSY, UNTRUSTED, OTHER_KIND = 1, 0, -1, -2

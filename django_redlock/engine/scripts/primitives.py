@@ -5,7 +5,7 @@ and are loaded with the others (``ALL_SCRIPTS``)."""
 from __future__ import annotations
 
 from .fragments import RELEASE_LUA, TAKE_LUA
-from .script import Script
+from .script import Script, taking
 
 # KEYS: fence, then for each name: lock, waiter set, hand-off reservation (three keys each).
 # ARGV: as ACQUIRE. All or nothing (``lock_many``): grants every name or none. Returns {1,
@@ -13,15 +13,10 @@ from .script import Script
 # {0, counter, pttl, i} when name i (from 1) is busy or reserved for a woken waiter (the caller
 # registers as that name's waiter), {-1, counter, 0, 0} untrusted, {-2, counter, 0, i} when
 # name i is a semaphore's.
-ACQUIRE_MANY = Script(
+ACQUIRE_MANY = taking(
     "acquire_many",
-    TAKE_LUA
-    + """
-local ok, counter, max_ttl = trusted(KEYS[1])
-if not ok then
-  return {-1, counter, 0, 0}
-end
-local looked = {}  -- the locks, and the reservations unless a release woke this caller
+    TAKE_LUA,
+    """local looked = {}  -- the locks, and the reservations unless a release woke this caller
 for i = 2, #KEYS, 3 do
   looked[#looked + 1] = KEYS[i]
   if ARGV[6] ~= '1' then
@@ -63,6 +58,7 @@ end
 note_ttl(KEYS[1], max_ttl)
 return {1, first, 0}
 """,
+    width=4,
 )
 
 # A semaphore of N permits is N slots, each a lock of its own: ``<prefix>__permit__:<k>:<name>``
@@ -77,15 +73,10 @@ return {1, first, 0}
 # pttl} when every slot is taken (pttl: the soonest a slot frees) or the free ones are
 # reserved for woken waiters, {-1, counter, 0} untrusted, {-2, counter, 0} when the name is
 # a lock's or a semaphore's with another N.
-PERMIT = Script(
+PERMIT = taking(
     "permit",
-    TAKE_LUA
-    + """
-local ok, counter, max_ttl = trusted(KEYS[1])
-if not ok then
-  return {-1, counter, 0}
-end
-local marker = 'semaphore|' .. ARGV[8]
+    TAKE_LUA,
+    """local marker = 'semaphore|' .. ARGV[8]
 local found = redis.call('GET', KEYS[4])
 if found and found ~= marker then
   return {-2, counter, 0}
@@ -175,15 +166,10 @@ local function refused(counter)
 end
 """
 )
-READ = Script(
+READ = taking(
     "read",
-    _RW
-    + """
-local ok, counter, max_ttl = trusted(KEYS[1])
-if not ok then
-  return {-1, counter, 0}
-end
-local refusal = refused(counter)
+    _RW,
+    """local refusal = refused(counter)
 if refusal then
   return refusal
 end
@@ -205,15 +191,10 @@ mark(KEYS[3], 'rwlock|readers', tonumber(ARGV[2]))
 return {1, token, 0}
 """,
 )
-WRITE = Script(
+WRITE = taking(
     "write",
-    _RW
-    + """
-local ok, counter, max_ttl = trusted(KEYS[1])
-if not ok then
-  return {-1, counter, 0}
-end
-local refusal, holder = refused(counter)
+    _RW,
+    """local refusal, holder = refused(counter)
 if refusal then
   return refusal
 end

@@ -16,3 +16,15 @@ class Script:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
+
+
+def taking(name: str, functions: str, body: str, *, fence: int = 1, width: int = 3) -> Script:
+    """A script that takes something: ``functions`` (the Lua they share, with ``trusted()``),
+    then the trust check of the fence hash at ``KEYS[fence]`` (a node not trusted answers
+    ``{-1, counter, 0...}``, ``width`` items long), then ``body``."""
+    untrusted = "{-1, counter" + ", 0" * (width - 2) + "}"
+    check = (
+        f"\nlocal ok, counter, max_ttl = trusted(KEYS[{fence}])\n"
+        f"if not ok then\n  return {untrusted}\nend\n"
+    )
+    return Script(name, functions + check + body)
