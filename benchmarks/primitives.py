@@ -1,7 +1,9 @@
-"""What a semaphore permit costs against a lock (docs/primitives.md): prints two tables.
+"""What a semaphore permit, a read and a write lease cost against a lock (docs/primitives.md):
+prints three tables.
 
 1. Acquire + release pairs, one thread, on 1 and on 5 nodes (same run, interleaved rounds):
-   ``acquire(name)`` + ``release()`` against ``acquire(name, permits=3)`` + ``release()``.
+   ``acquire(name)`` + ``release()`` against ``acquire(name, permits=3)``, ``acquire(name,
+   rw="read")`` and ``acquire(name, rw="write")`` + ``release()``.
 2. Acquire p50 of ``lock_many`` of 10 names against one lock's (the two take turns call by
    call).
 3. Contended: 8 spawned processes, each looping for ``--seconds``: take the name (a lock, or
@@ -147,6 +149,8 @@ def main() -> None:
                 "semaphore (3 permits)": lambda m=manager: m.acquire(
                     "bench:sem", timeout=0, permits=3
                 ),
+                "read lease": lambda m=manager: m.acquire("bench:read", timeout=0, rw="read"),
+                "write lease": lambda m=manager: m.acquire("bench:write", timeout=0, rw="write"),
             }
             medians = median_rates(cases, args.pairs, args.rounds)
             for label, rate in medians.items():

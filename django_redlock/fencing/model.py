@@ -65,7 +65,9 @@ class FencedModel(models.Model):
     fence_required: ClassVar[bool] = False
     #: if set, only leases of this alias guard writes (tokens of two aliases are not comparable)
     fence_alias: ClassVar[str | None] = None
-    _fence_loaded: int | None = None
+    #: L: the token the instance was loaded, claimed, saved or reloaded with (None: never
+    #: read from the database); a guarded write also requires ``fence_token = L``
+    fence_loaded: int | None = None
     _fence_guard: _Guard | None = None
 
     objects = FencedManager()
@@ -84,7 +86,7 @@ class FencedModel(models.Model):
         fence_token: int | None = None,
     ) -> None:
         """Save, guarded by ``fence_token`` or the innermost active lease's token."""
-        token = resolve_token(fence_token, type(self), self._fence_loaded)
+        token = resolve_token(fence_token, type(self), self.fence_loaded)
         if token is None and self.fence_required:
             raise unguarded_error(type(self), self.pk, "save()")
         if update_fields is not None:
@@ -99,7 +101,7 @@ class FencedModel(models.Model):
         if token is not None:
             self.fence_token = token
         guard = self._fence_guard = _Guard(
-            token, self._fence_loaded, self._state.adding, self.pk is None
+            token, self.fence_loaded, self._state.adding, self.pk is None
         )
         try:
             super().save(
@@ -118,7 +120,7 @@ class FencedModel(models.Model):
         finally:
             self._fence_guard = None
         if token is not None or not guard.updated:  # guarded, or inserted: the row has it
-            self._fence_loaded = self.__dict__.get(FIELD)
+            self.fence_loaded = self.__dict__.get(FIELD)
 
     save.alters_data = True  # type: ignore[attr-defined]
 
@@ -132,7 +134,7 @@ class FencedModel(models.Model):
         self, using: Any = None, keep_parents: bool = False, *, fence_token: int | None = None
     ) -> tuple[int, dict[str, int]]:
         """Delete, guarded like :meth:`save`: a stale lease's delete raises, deletes nothing."""
-        token = resolve_token(fence_token, type(self), self._fence_loaded)
+        token = resolve_token(fence_token, type(self), self.fence_loaded)
         if token is None:
             if self.fence_required:
                 raise unguarded_error(type(self), self.pk, "delete()")
@@ -140,13 +142,13 @@ class FencedModel(models.Model):
         db = using or router.db_for_write(type(self), instance=self)
         rows = type(self)._base_manager.using(db).filter(pk=self.pk)
         conditions = {f"{FIELD}__lte": token}
-        if self._fence_loaded is not None:
-            conditions[FIELD] = self._fence_loaded
+        if self.fence_loaded is not None:
+            conditions[FIELD] = self.fence_loaded
         with transaction.atomic(using=db, savepoint=False):
             if not models.QuerySet.update(rows.filter(**conditions), **{FIELD: token}):
                 row_token = rows.values_list(FIELD, flat=True).first()
                 raise stale_error(
-                    type(self), self.pk, token=token, loaded=self._fence_loaded, row_token=row_token
+                    type(self), self.pk, token=token, loaded=self.fence_loaded, row_token=row_token
                 )
             keysets = tombstones.deleted_keys(type(self), keep_parents)
             if all(keyset.is_pk for keyset in keysets):  # what Django deletes by
@@ -174,7 +176,7 @@ class FencedModel(models.Model):
     def from_db(cls, db: str | None, field_names: Any, values: Any, **kwargs: Any) -> Self:
         """Load a row and remember its token as L."""
         instance = super().from_db(db, field_names, values, **kwargs)
-        instance._fence_loaded = instance.__dict__.get(FIELD)
+        instance.fence_loaded = instance.__dict__.get(FIELD)
         return instance
 
     def refresh_from_db(
@@ -192,7 +194,7 @@ class FencedModel(models.Model):
             if kept is not None:  # the fenced base manager loads it anyway: keep it as it was
                 self.__dict__[FIELD] = kept
         elif FIELD in self.__dict__:
-            self._fence_loaded = self.__dict__[FIELD]
+            self.fence_loaded = self.__dict__[FIELD]
 
     def _do_insert(self, manager: Any, using: Any, fields: Any, *args: Any, **kwargs: Any) -> Any:
         """Django's INSERT step: a row stores only a valid token (also for raw saves); a

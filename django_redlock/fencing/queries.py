@@ -118,7 +118,7 @@ class FencedQuerySet(models.QuerySet[_M]):
             if token is None:
                 validate_stored(getattr(obj, FIELD))
             else:
-                obj.fence_token = obj._fence_loaded = token  # type: ignore[attr-defined]
+                obj.fence_token = obj.fence_loaded = token  # type: ignore[attr-defined]
         keysets = tombstones.local_keys(self.model)
         fresh = [obj.pk is None for obj in objs]  # pks the database picks are new ones
         check = token is not None and (len(keysets) > 1 or not all(fresh))
