@@ -5,10 +5,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+#: ``/proc/net/tcp``'s state of a socket whose peer has closed its end (CLOSE_WAIT)
+_CLOSE_WAIT = "08"
+
 
 def open_sockets_to(port: int) -> int:
     """How many sockets of this process are connected to ``port`` (``/proc/self/fd`` matched
-    with ``/proc/self/net/tcp``): a socket the process closed is gone from there at once."""
+    with ``/proc/self/net/tcp``): a socket the process closed is gone from there at once.
+
+    A socket whose peer closed it (CLOSE_WAIT) is not counted: it is no connection to the
+    server on ``port`` now. It may be one to an earlier server on the same port (a test's
+    node whose port a new node drew again), kept by an idle pooled connection that is closed
+    at its next use or by the idle closer, and it would count against the new node."""
     inodes = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -25,6 +33,10 @@ def open_sockets_to(port: int) -> int:
             continue
         for line in lines:
             fields = line.split()
-            if int(fields[2].rpartition(":")[2], 16) == port and fields[9] in inodes:
+            if (
+                int(fields[2].rpartition(":")[2], 16) == port
+                and fields[9] in inodes
+                and fields[3] != _CLOSE_WAIT
+            ):
                 count += 1
     return count
