@@ -62,9 +62,9 @@ def _run(statement: ast.stmt, where: str, namespace: dict[str, Any]) -> None:
         exec(code, namespace)
 
 
-def _call_tests(namespace: dict[str, Any], request: pytest.FixtureRequest) -> int:
+def _call_tests(namespace: dict[str, Any], request: pytest.FixtureRequest) -> None:
     """Call each ``test_...`` function the example defined, its arguments from the stand-ins
-    or this suite's fixtures; returns how many."""
+    or this suite's fixtures."""
     tests = [f for name, f in namespace.items() if name.startswith("test_") and callable(f)]
     for test in tests:
         arguments = {
@@ -72,7 +72,6 @@ def _call_tests(namespace: dict[str, Any], request: pytest.FixtureRequest) -> in
             for name in inspect.signature(test).parameters
         }
         test(**arguments)
-    return len(tests)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -205,8 +205,7 @@ class Engine:
             held = self.pools.run(
                 lambda nodes: release_plan(self.state, nodes, lease), lease.pinned
             )[0]
-        if lease.handed_off:
-            self.reservations.note(lease)
+        held = self._released(lease, held)
         if self.state.owed:
             giveback.settle_owed(self.state, self.pools.run_aside)
         return giveback.confirm(self.state, lease, held, self._run_first, self.pools.run_aside)

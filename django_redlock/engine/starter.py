@@ -27,10 +27,10 @@ from collections.abc import Callable
 logger = logging.getLogger("django_redlock")
 
 _jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-#: the pid whose starter serves ``_jobs`` (set by that starter), and the pid whose main thread
-#: launched one (set by the launcher): a child process after a fork has neither
-_serving = 0
-_launched = 0
+#: a starter serves ``_jobs`` (set by that starter), and the main thread launched one (set
+#: once the launch returned); both cleared in a child process after a fork
+_serving = False
+_launched = False
 _mutex = threading.Lock()
 
 
@@ -41,9 +41,8 @@ def call_soon(job: Callable[[], None]) -> None:
     if threading.get_ident() != threading.main_thread().ident:
         job()
         return
-    pid = os.getpid()
-    if _serving != pid and _launched != pid:
-        _launch(pid)
+    if not (_serving or _launched):
+        _launch()
     _jobs.put(job)
 
 
@@ -69,18 +68,18 @@ def start_thread(thread: threading.Thread) -> None:
         raise failure
 
 
-def _launch(pid: int) -> None:
+def _launch() -> None:
     global _launched
-    _thread.start_new_thread(_serve, (pid,))
-    _launched = pid  # an exception just before this at worst launches a second, which ends
+    _thread.start_new_thread(_serve, ())
+    _launched = True  # an exception just before this at worst launches a second, which ends
 
 
-def _serve(pid: int) -> None:
+def _serve() -> None:
     global _serving
     with _mutex:
-        if _serving == pid:
+        if _serving:
             return
-        _serving = pid
+        _serving = True
     threading.current_thread().name = "redlock-starter"
     while True:
         job = _jobs.get()
@@ -91,8 +90,9 @@ def _serve(pid: int) -> None:
 
 
 def _forked() -> None:
-    global _jobs, _mutex
-    _jobs, _mutex = queue.SimpleQueue(), threading.Lock()  # the parent's starter serves its own
+    global _jobs, _mutex, _serving, _launched
+    # the parent's starter serves its own queue; this process launches one when it needs it
+    _jobs, _mutex, _serving, _launched = queue.SimpleQueue(), threading.Lock(), False, False
 
 
 if hasattr(os, "register_at_fork"):

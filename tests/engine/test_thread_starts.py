@@ -8,11 +8,9 @@ reconnect is never recorded as running when none runs."""
 from __future__ import annotations
 
 import queue
-import signal
 import socket
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,46 +19,11 @@ import redis
 
 from django_redlock.engine import start_thread
 from django_redlock.engine.transport.link import Link
-from tests.support.signal_storm import Interrupted
+from tests.support.signal_storm import Hail, Interrupted
 from tests.support.waiting import until
 
-#: How long each storm lasts.
+#: How long each hail lasts.
 SECONDS = 2.0
-
-
-class _Hail:
-    """``SIGALRM`` every ``interval`` seconds, its handler raising :class:`Interrupted` wherever
-    the main thread is while ``armed``: the library's code, ``threading``, the test's own."""
-
-    def __init__(self, interval: float) -> None:
-        self.interval = interval
-        self.armed = False
-        self.interrupted = 0
-
-    def _handler(self, signum: int, frame: Any) -> None:
-        if self.armed:
-            self.armed = False
-            raise Interrupted
-
-    def run(self, step: Any) -> int:
-        """``step()`` over and over for :data:`SECONDS`; returns how many calls returned."""
-        previous = signal.signal(signal.SIGALRM, self._handler)
-        signal.setitimer(signal.ITIMER_REAL, self.interval, self.interval)
-        returned = 0
-        deadline = time.monotonic() + SECONDS
-        try:
-            while time.monotonic() < deadline:
-                try:
-                    self.armed = True
-                    step()
-                    self.armed = False
-                    returned += 1
-                except Interrupted:
-                    self.interrupted += 1
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
-        return returned
 
 
 @pytest.fixture
@@ -95,7 +58,7 @@ def test_every_start_handed_over_runs_its_thread(thread_failures: list[str]) -> 
         made[0] += 1
         start_thread(threading.Thread(target=ran.put, args=(made[0],), daemon=True))
 
-    hail = _Hail(0.0003)  # about as long as a start: half of them are interrupted
+    hail = Hail(0.0003, SECONDS)  # about as long as a start: half of them are interrupted
     returned = hail.run(step)
     print(f"\n{made[0]} starts: {hail.interrupted} interrupted, {returned} returned")
     assert hail.interrupted > 20, "the storm never interrupted a start: it tests nothing"
@@ -136,7 +99,7 @@ def test_an_interrupted_reconnect_start_is_never_recorded_as_running(
         link._retry_at = 0.0  # due at once, every time
         link.usable()
 
-    hail = _Hail(0.00005)
+    hail = Hail(0.00005, SECONDS)
     returned = hail.run(step)
     print(f"\n{returned + hail.interrupted} reconnect requests: {hail.interrupted} interrupted")
     assert hail.interrupted > 20, "the storm never interrupted a request: it tests nothing"

@@ -20,6 +20,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from django.utils.module_loading import import_string
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"^( *)```python\n(.*?)^\1```", re.S | re.M)
@@ -77,11 +79,7 @@ class AsyncCalls(Calls):
 
 
 def _django(path: str) -> Callable[[], Any]:
-    def make() -> Any:
-        module, _, name = path.rpartition(".")
-        return getattr(__import__(module, fromlist=[name]), name)
-
-    return make
+    return lambda: import_string(path)
 
 
 def _model(name: str) -> Callable[[], Any]:

@@ -1,13 +1,15 @@
 """A signal storm: ``SIGALRM`` at a random moment of each call, its handler raising
 :class:`Interrupted` (as Ctrl-C, Celery's ``SoftTimeLimitExceeded`` or a timeout decorator
 would) only while the main thread runs the library's code, so every interrupt lands inside
-the call under test, never in the test's own bookkeeping."""
+the call under test, never in the test's own bookkeeping. A :class:`Hail` raises every few
+microseconds wherever the main thread is, for calls too short for one interrupt to land in."""
 
 from __future__ import annotations
 
 import gc
 import random
 import signal
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -135,3 +137,39 @@ def storm(seed: int = 0) -> Iterator[Storm]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+class Hail:
+    """``SIGALRM`` every ``interval`` seconds for ``seconds``, its handler raising
+    :class:`Interrupted` wherever the main thread is while armed (the library's code,
+    ``threading``, the caller's own): for calls too short for a :class:`Storm` to land in."""
+
+    def __init__(self, interval: float, seconds: float) -> None:
+        self.interval, self.seconds = interval, seconds
+        self.armed = False
+        self.interrupted = 0
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        if self.armed:
+            self.armed = False
+            raise Interrupted
+
+    def run(self, step: Callable[[], object]) -> int:
+        """``step()`` over and over, armed; returns how many calls returned."""
+        previous = signal.signal(signal.SIGALRM, self._handler)
+        signal.setitimer(signal.ITIMER_REAL, self.interval, self.interval)
+        returned = 0
+        deadline = time.monotonic() + self.seconds
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    self.armed = True
+                    step()
+                    self.armed = False
+                    returned += 1
+                except Interrupted:
+                    self.interrupted += 1
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        return returned
