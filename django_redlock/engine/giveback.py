@@ -27,7 +27,9 @@ from collections.abc import Awaitable, Callable
 from time import monotonic, sleep
 from typing import Any
 
+from . import scripts
 from .plans import release_again_plan
+from .replies import NodeFailure
 from .state import AliasState, LeaseRecord
 
 logger = logging.getLogger("django_redlock")
@@ -95,9 +97,30 @@ def _settled(state: AliasState, lease: LeaseRecord, confirmed: bool, run: Run) -
     return False
 
 
+def late_answers(lease: LeaseRecord) -> None:
+    """Settle the ``unsure`` nodes whose release reply came after the call was decided (a
+    quorum answered first, or it timed out) and was read since, in order, by the next call
+    on that connection: an answer says the compare-and-delete ran there, so it is not sent
+    again. A refusal stays unsure (sent again); "not yours" leaves nothing to release."""
+    late = lease.late
+    if not late:
+        return
+    still = []
+    for i in lease.unsure:
+        slot = late.get(i)
+        if slot is None or not slot.done or isinstance(slot.value, NodeFailure):
+            still.append(i)
+        elif slot.value != scripts.NOT_HELD:
+            lease.confirmed += 1
+    lease.unsure = tuple(still)
+    if not still:
+        lease.late = {}
+
+
 def _pending(state: AliasState, lease: LeaseRecord) -> bool:
-    """Whether ``lease``'s release is still worth sending: nodes did not answer it, its keys
-    have not expired, and its engine is open."""
+    """Whether ``lease``'s release is still worth sending: nodes did not answer it (late
+    answers counted first), its keys have not expired, and its engine is open."""
+    late_answers(lease)
     return bool(lease.unsure) and monotonic() < lease.deadline and not state.closed
 
 

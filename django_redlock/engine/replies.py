@@ -4,7 +4,7 @@ and the transport (sync and asyncio alike)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .scripts import Script
@@ -50,6 +50,9 @@ class NodeFailure:
 
     reason: str
     sent: bool = True
+    #: the call's :class:`Slot` when it was sent and not answered yet (timed out, or not
+    #: awaited): the reply may still come, read in order by the connection's next call
+    late: Slot | None = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         return self.reason
@@ -80,7 +83,7 @@ class Slot:
         request's deadline has passed (``expired``), else ``not awaited``."""
         if self.done:
             return self.value
-        return NodeFailure(TIMED_OUT if expired else NOT_AWAITED)
+        return NodeFailure(TIMED_OUT if expired else NOT_AWAITED, late=self)
 
 
 def failed_slot(call: Call | None, reason: str) -> Slot:

@@ -186,6 +186,10 @@ class LeaseRecord:
     #: the release's nodes whose compare-and-delete is not confirmed yet (no reply: the
     #: connection broke, or the node did not answer in time): it is sent there again
     unsure: tuple[int, ...] = ()
+    #: of the ``unsure`` nodes, the slots of release calls sent and not answered yet: a
+    #: reply that comes later (read by the connection's next call) settles that node
+    #: without sending the release again (see :func:`~.giveback.late_answers`)
+    late: dict[int, Any] = field(default_factory=dict, repr=False, compare=False)
     #: why the nodes of ``unsure`` did not confirm it ("label: reason; ...": a refused
     #: command names the permission the node's ACL user lacks)
     unsure_why: str = ""

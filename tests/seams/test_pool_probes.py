@@ -427,12 +427,6 @@ def test_paused_node_with_a_spent_budget_still_grants_and_recovers(
 # -- kinds sharing a budget of one ------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=False,  # the starving kind wins the connection by timing now and then (a loaded machine)
-    reason="open defect: a kind always keeps its last connection (docs/production.md), so "
-    "with more kinds than MAX_CONNECTIONS a busy kind starves the other; giving the last one "
-    "up after a grace stalled test_threads_and_tasks_share_one_budget ~60 s in 1 run of 3",
-)
 @pytest.mark.parametrize("busy_side", ["threads", "loop"])
 def test_budget_of_one_shared_by_a_busy_kind_and_a_starving_one(
     redis_node_factory: Nodes, redlock_alias: Alias, unique_name: str, busy_side: str

@@ -88,6 +88,8 @@ def counted_release(
             refused += 1
         elif isinstance(reply, NodeFailure):
             unsure.append(i)
+            if reply.late is not None:
+                lease.late[i] = reply.late
         else:
             confirmed += 1
     lease.confirmed, lease.unsure, lease.settled = confirmed, (), confirmed >= needed
@@ -136,6 +138,8 @@ def release_again_plan(
         reply = replies[i]
         if isinstance(reply, NodeFailure):
             still.append(i)
+            if reply.late is not None:
+                lease.late[i] = reply.late
         elif reply != scripts.NOT_HELD or ran_before:
             lease.confirmed += 1
     lease.unsure = tuple(still)

@@ -6,7 +6,11 @@ A channel (one connection per node) takes a slot on every node; a ``BLPOP`` conn
 slot on its node. Blocking waits may hold at most half the budget (rounded down), so lock
 calls, releases first, always keep connections of their own; a waiter refused one polls.
 A caller that finds the budget full registers a wake-up (called, outside any lock, when a slot
-is given back) and asks the pools holding idle connections to close one.
+is given back) and asks the pools holding idle connections to close one. A caller whose kind
+(the sync callers, or one event loop) holds no connection is *hungry*: while one waits, no
+other kind takes a new slot, and every other kind closes its channels as they come back, its
+last one included, until the hungry caller got one (with ``MAX_CONNECTIONS=1`` the kinds take
+turns).
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from .. import forks
 
@@ -29,6 +35,16 @@ SPARE_WAIT = 5.0
 SPARE = -1.0
 
 Wake = Callable[[], None]
+W = TypeVar("W")
+
+
+def line_up(waiters: deque[W], waiter: W, *, urgent: bool) -> None:
+    """Put ``waiter`` in the queue for a pool's next free channel: a release or an extend
+    (``urgent``) at the front, ahead of waiting attempts."""
+    if urgent:
+        waiters.appendleft(waiter)
+    else:
+        waiters.append(waiter)
 
 
 class Budget:
@@ -54,9 +70,9 @@ class Budget:
         self._listeners: dict[object, Wake] = {}
         #: pools that may hold idle connections: each closes one when called (if it can)
         self._evictors: dict[object, Wake] = {}
-        #: callers waiting that hold no connection of their kind: while there are any, a
-        #: pool with more than one channel closes a channel coming back instead of keeping it
-        self.hungry: set[object] = set()
+        #: callers waiting that hold no connection of their kind, each with its kind: while
+        #: there are any, another kind's channel coming back is closed instead of kept
+        self.hungry: dict[object, object] = {}
 
     def _check_fork(self) -> None:
         if self._generation != forks.generation():  # a child: the parent's slots are not ours
@@ -69,17 +85,16 @@ class Budget:
         blocking: bool = False,
         listener: object = None,
         wake: Wake | None = None,
-        fed: bool = True,
+        kind: object = None,
     ) -> bool:
         """Take a slot on each of ``nodes``; False if one has none left, or if a hungry
-        caller waits and this one is ``fed`` (its kind holds connections already). Then
-        ``wake`` (if given) is registered under ``listener``, called once a slot is given
-        back."""
+        caller of another ``kind`` waits (the slot is its). Then ``wake`` (if given) is
+        registered under ``listener``, called once a slot is given back."""
         self._check_fork()
         with self._mutex:
             used, limit = self._used, self.limit
             if (
-                not (fed and self.hungry and listener not in self.hungry)
+                (listener in self.hungry or not self._starving_besides(kind))
                 and all(used[i] < limit for i in nodes)
                 and not (blocking and any(self._blocking[i] >= self.blocking_limit for i in nodes))
             ):
@@ -91,6 +106,18 @@ class Budget:
             if wake is not None:
                 self._listeners[listener] = wake
             return False
+
+    def _starving_besides(self, kind: object) -> bool:
+        """A hungry caller of a kind other than ``kind`` waits (hold the mutex)."""
+        return any(other is not kind for other in self.hungry.values())
+
+    def should_surrender(self, kind: object) -> bool:
+        """A channel of ``kind`` coming back should be closed, not kept: a caller of another
+        kind starves and the budget is spent (a slot already free is the hungry caller's)."""
+        if not self.hungry:  # the hot path: nobody starves
+            return False
+        with self._mutex:
+            return self._starving_besides(kind) and any(u >= self.limit for u in self._used)
 
     def give(self, nodes: Sequence[int], *, blocking: bool = False) -> None:
         """Give back the slots ``take`` took; wakes every registered caller."""
@@ -116,7 +143,7 @@ class Budget:
         self._check_fork()
         with self._mutex:
             self._listeners.pop(listener, None)
-            self.hungry.discard(listener)
+            self.hungry.pop(listener, None)
 
     def add_evictor(self, owner: object, evict: Wake) -> None:
         self._check_fork()
@@ -128,12 +155,13 @@ class Budget:
         with self._mutex:
             self._evictors.pop(owner, None)
 
-    def starve(self, listener: object) -> None:
-        """``listener`` waits and its kind holds no connection to wait for: every pool closes
-        one idle connection now, and gives back channels as they come back meanwhile."""
+    def starve(self, listener: object, kind: object) -> None:
+        """``listener`` waits and its ``kind`` holds no connection to wait for: every pool
+        closes one idle connection now, and the other kinds give back channels as they come
+        back meanwhile."""
         self._check_fork()
         with self._mutex:
-            self.hungry.add(listener)
+            self.hungry[listener] = kind
             evictors = list(self._evictors.values())
         for evict in evictors:
             evict()

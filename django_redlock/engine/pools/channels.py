@@ -18,7 +18,7 @@ from ..transport.aio import AsyncConnectionFactory
 from ..transport.blpop import ReleaseWaiter
 from ..transport.link import ConnectionFactory
 from ..transport.sync import Channel
-from .budget import SPARE, SPARE_WAIT, Budget
+from .budget import SPARE, SPARE_WAIT, Budget, line_up
 from .loop_channels import LoopChannels
 
 T = TypeVar("T")
@@ -168,7 +168,7 @@ class ChannelPools:
         finally:
             if channel.idle_since >= 0:  # not a stand-in
                 with self._mutex:
-                    surrender = bool(self.budget.hungry) and len(self._all) > 1
+                    surrender = self.budget.should_surrender(self)
                     if surrender:
                         self._all.remove(channel)
                     else:
@@ -194,15 +194,12 @@ class ChannelPools:
                         return self._free.pop()
                     wake.clear()
                     fed = bool(self._all)
-                    if self.budget.take(self._every, listener=wake, wake=wake.set, fed=fed):
+                    if self.budget.take(self._every, listener=wake, wake=wake.set, kind=self):
                         break
                     if wake not in self._sync_waiters:
-                        if urgent:
-                            self._sync_waiters.appendleft(wake)
-                        else:
-                            self._sync_waiters.append(wake)
+                        line_up(self._sync_waiters, wake, urgent=urgent)
                 if not fed:  # nothing of ours will come back: ask the others for one
-                    self.budget.starve(wake)
+                    self.budget.starve(wake, self)
                 remaining = until - time.monotonic()
                 if remaining <= 0:
                     return self._stand_in()

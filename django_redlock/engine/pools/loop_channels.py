@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from ..drive import PlanMaker, adrive
 from ..state import AliasState
 from ..transport.aio import AsyncChannel, AsyncConnectionFactory
-from .budget import SPARE, SPARE_WAIT, Budget
+from .budget import SPARE, SPARE_WAIT, Budget, line_up
 from .loops import LoopPools, finish
 
 T = TypeVar("T")
@@ -66,7 +66,7 @@ class LoopChannels:
 
     def _areturn(self, pools: LoopPools, channel: AsyncChannel) -> None:
         """``channel`` is free again: pooled, or closed while another kind starves."""
-        if self.budget.hungry and len(pools.channels) > 1 and channel in pools.channels:
+        if channel in pools.channels and self.budget.should_surrender(pools):
             pools.channels.remove(channel)
             pools.retire(channel)
             return
@@ -81,37 +81,38 @@ class LoopChannels:
         if urgent:
             until = time.monotonic() + SPARE_WAIT
         loop = asyncio.get_running_loop()
-        while True:
-            channel = next((c for c in reversed(pools.channels) if not c.mutex.locked()), None)
-            if channel is not None:
-                return channel
-            future: asyncio.Future[None] = loop.create_future()
-            wake = functools.partial(pools.wake_threadsafe, future)
-            fed = bool(pools.channels)
-            if self.budget.take(self._every, listener=future, wake=wake, fed=fed):
-                return None
-            remaining = until - time.monotonic()
-            if remaining <= 0:
-                self.budget.forget(future)
-                stand_in = AsyncChannel(
-                    self.labels, self._async_factories, self.state.node_timeout, self._spent()
-                )
-                stand_in.idle_since = -1.0
-                return stand_in
-            if urgent:
-                pools.waiters.appendleft(future)
-            else:
-                pools.waiters.append(future)
-            if not fed:  # nothing of ours will come back: ask the others for one
-                self.budget.starve(future)
-            timer = loop.call_later(remaining, finish, future)
-            try:
-                await future
-            finally:
-                timer.cancel()
-                self.budget.forget(future)
-                with contextlib.suppress(ValueError):
-                    pools.waiters.remove(future)
+        #: this call's key in the budget, kept across its wake-ups: a hungry caller stays
+        #: hungry (served first) until it leaves, not only until its first wake-up
+        caller = object()
+        try:
+            while True:
+                channel = next((c for c in reversed(pools.channels) if not c.mutex.locked()), None)
+                if channel is not None:
+                    return channel
+                future: asyncio.Future[None] = loop.create_future()
+                wake = functools.partial(pools.wake_threadsafe, future)
+                fed = bool(pools.channels)
+                if self.budget.take(self._every, listener=caller, wake=wake, kind=pools):
+                    return None
+                remaining = until - time.monotonic()
+                if remaining <= 0:
+                    stand_in = AsyncChannel(
+                        self.labels, self._async_factories, self.state.node_timeout, self._spent()
+                    )
+                    stand_in.idle_since = -1.0
+                    return stand_in
+                line_up(pools.waiters, future, urgent=urgent)
+                if not fed:  # nothing of ours will come back: ask the others for one
+                    self.budget.starve(caller, pools)
+                timer = loop.call_later(remaining, finish, future)
+                try:
+                    await future
+                finally:
+                    timer.cancel()
+                    with contextlib.suppress(ValueError):
+                        pools.waiters.remove(future)
+        finally:
+            self.budget.forget(caller)
 
     async def arun(
         self, make_plan: PlanMaker[T], pinned: Any = None, until: float = SPARE
@@ -162,8 +163,9 @@ class LoopChannels:
                 await channel.connect()
             except BaseException:  # cancelled while connecting: never leave it half-made
                 pools.channels.remove(channel)
-                await asyncio.shield(channel.close())
-                pools.give_soon(self._every)
+                # no await: a second cancel here would skip the give-back, or give the
+                # slot back before the socket is closed; retire gives it once it is
+                pools.retire(channel)
                 raise
             try:
                 result = await adrive(make_plan, channel)

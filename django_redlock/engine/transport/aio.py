@@ -74,7 +74,8 @@ class AsyncLink(LinkBase):
         except asyncio.CancelledError:  # given up mid-handshake: never leave it open
             if conn is not None:
                 redis_py.abandon(conn)
-            self._fresh_failure = True  # the caller's doing, not the node's: inline again
+            # the caller's doing, not the node's: inline again (never for a closed link)
+            self._fresh_failure = not self.retired
             raise
         except CONNECT_ERRORS as exc:  # also a factory that raises (bad TLS option, overflow)
             if conn is not None:

@@ -248,12 +248,12 @@ class ReleaseWaiter:
                 idle[node].append(conn)
                 return popped is not None
             except asyncio.CancelledError:  # mid-BLPOP: a late reply must never be misread
-                try:
-                    if conn is not None:
-                        with contextlib.suppress(Exception):
-                            await asyncio.shield(conn.disconnect(nowait=True))
-                finally:
-                    self._budget.give_after_close((node,), blocking=True)
+                # closed without an await (a second cancel cannot come between the close and
+                # the give-back); the slot comes back once the transport closed its socket
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        redis_py.abandon(conn)
+                self._budget.give_after_close((node,), blocking=True)
                 raise
             except Exception as exc:  # RedisError, OSError, TimeoutError, a raising factory
                 if conn is not None:

@@ -71,12 +71,14 @@ def abandon(conn: AsyncConnection) -> None:
     forget_stream(conn)
 
 
-def close_transport(transport: asyncio.BaseTransport) -> None:
-    """``transport.close()``; when its event loop is closed, which makes ``close()`` raise and
-    leave the socket to a loop turn that never comes (it would stay open until the garbage
-    collector found the transport, its budget slot given back), the socket is closed here."""
+def close_transport(transport: asyncio.WriteTransport) -> None:
+    """``transport.abort()``: the socket closes on the loop's next turn even with bytes
+    still buffered (``close()`` would keep it open until they are written, past the turn
+    after which its budget slot comes back; the calls behind those bytes are failed by the
+    caller). When its event loop is closed, which makes it raise and leave the socket to a
+    loop turn that never comes, the socket is closed here."""
     try:
-        transport.close()
+        transport.abort()
     except RuntimeError:
         sock = getattr(transport, "_sock", None)  # where asyncio's socket transports keep it
         if isinstance(sock, socket.socket):
