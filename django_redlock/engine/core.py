@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from . import forks, giveback
 from .acquire_loop import LoopRequest, Pipe, Try, Wait, acquire_loop
 from .drive import PlanMaker
+from .fan_lane import fan_acquire, fan_release
 from .lane import lane_acquire, lane_release
 from .plans import (
     extend_plan,
@@ -68,9 +69,14 @@ class Engine:
         )  # fmt: skip
         #: waits for a release's wake-up, piped with the next attempt where they can be
         self.waits = ReleaseWaits(state, self.pools, len(self.labels))
-        #: a lock on a one-node alias takes the single-node lane (:mod:`.lane`)
+        #: a lock takes a lane: the single-node one (:mod:`.lane`) on a one-node alias, else
+        #: the lane for a set of nodes (:mod:`.fan_lane`), where the plans would ask every
+        #: node at once (not with ``FAN_OUT = "quorum"``)
         self._lane = len(self.labels) == 1
-        self._lane_release = functools.partial(lane_release, state=state)
+        self._lane_acquire = lane_acquire if self._lane else fan_acquire
+        self._lane_release = functools.partial(
+            lane_release if self._lane else fan_release, state=state
+        )
         self._start_afresh()
 
     def _start_afresh(self) -> None:
@@ -147,9 +153,9 @@ class Engine:
         first = None
         if not queue_first:  # the common case: one attempt, no policy needed if it wins
             until = SPARE if waiting is None else deadline_of(waiting)
-            if self._lane and target.lane:  # a lock on one node: the short way (see .lane)
+            if target.lane and (self._lane or not self.state.quorum_first):  # a lock: a lane
                 attempt = target.lane_attempt(waiting)
-                ran = self.pools.run_with(lane_acquire, attempt, None, until)
+                ran = self.pools.run_with(self._lane_acquire, attempt, None, until)
             else:
                 ran = self.pools.run(target.attempt(waiting, False), None, until)
             first = target.seen(*ran)
@@ -199,7 +205,7 @@ class Engine:
     def release(self, lease: LeaseRecord) -> bool:
         """Release ``lease``; True if it was still held and a quorum confirmed the release
         (else it is sent again: see :mod:`.giveback`)."""
-        if self._lane:
+        if self._lane or not self.state.quorum_first:
             held = self.pools.run_with(self._lane_release, lease, lease.pinned)[0]
         else:
             held = self.pools.run(

@@ -93,6 +93,17 @@ def granted_record(
     return record
 
 
+def opening(attempt: LaneAttempt) -> tuple[int, str, str]:
+    """What a lane's round draws before it is sent, as ``attempt_round`` does: the TTL in
+    milliseconds (noted as the restart quarantine's bound), a new owner, the value suffix."""
+    state = attempt.state
+    ttl_ms = math.ceil(attempt.ttl * 1000)
+    if ttl_ms > state.longest_ttl_ms:
+        state.longest_ttl_ms = ttl_ms
+    owner = new_owner()
+    return ttl_ms, owner, LockValue.suffix(int(time.time() * 1000), state.host, state.pid)
+
+
 def lane_acquire(attempt: LaneAttempt, channel: Channel) -> Outcome:
     """Run ``attempt`` on ``channel`` (a driver for :meth:`~.pools.channels.ChannelPools.run`)."""
     link = channel.lane_link()
@@ -100,11 +111,7 @@ def lane_acquire(attempt: LaneAttempt, channel: Channel) -> Outcome:
         return drive(attempt.resume(None), channel)
     state = attempt.state
     ttl = attempt.ttl
-    ttl_ms = math.ceil(ttl * 1000)
-    if ttl_ms > state.longest_ttl_ms:  # as attempt_round does: the restart quarantine's bound
-        state.longest_ttl_ms = ttl_ms
-    owner = new_owner()
-    suffix = LockValue.suffix(int(time.time() * 1000), state.host, state.pid)
+    ttl_ms, owner, suffix = opening(attempt)
     run_id = link.run_id
     assert run_id is not None
     started = time.monotonic()
@@ -113,11 +120,11 @@ def lane_acquire(attempt: LaneAttempt, channel: Channel) -> Outcome:
         reply = channel.roundtrip(link, scripts.ACQUIRE, tail, state.node_timeout)
         record = granted_record(state, attempt.name, ttl, owner, started, reply)
     except BaseException:  # an interrupt mid-call: the plan gives back what it may have got
-        give_up(attempt.resume(Sent(owner, suffix, started, None, run_id)), channel)
+        give_up(attempt.resume(Sent(owner, suffix, started, None, (run_id,))), channel)
         raise
     if record is not None:
         return record
-    return drive(attempt.resume(Sent(owner, suffix, started, [reply], run_id)), channel)
+    return drive(attempt.resume(Sent(owner, suffix, started, [reply], (run_id,))), channel)
 
 
 def release_tail(state: AliasState, lease: LeaseRecord) -> tuple[str, ...]:

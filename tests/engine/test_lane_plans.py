@@ -91,6 +91,25 @@ def _outcome(value: Any) -> Any:
     return ("failure", value.reason, value.votes, value.answered, value.errors, value.retry_after)
 
 
+def planned_from_scratch(
+    make: Any, state: AliasState, clock: Clock, late: bool, finish: Any
+) -> tuple[Request, str, str, Any, list[tuple[Any, ...]]]:
+    """The plan run from scratch (``late``: its validity gone by the time the replies come):
+    its first request, the owner and value suffix of its first call, and what ``finish(plan,
+    request)`` returns (its outcome and the shape of every request); then the state's trust
+    bookkeeping reset, as the lane's run will find it."""
+    plan = make()
+    request = next(plan)
+    call = request.calls[0]
+    assert call is not None
+    if late:
+        clock.advance(5.0)
+    expected, shapes = finish(plan, request)
+    state.untrusted_seen.clear()
+    state.next_rejoin_check = 0.0
+    return request, str(call.args[0]), str(call.args[3]), expected, shapes
+
+
 REPLIES: dict[str, Any] = {
     "granted": [1, 7, 0],
     "granted at the token limit": [1, TOKEN_LIMIT, 0],
@@ -138,18 +157,12 @@ def test_the_lane_acquires_as_the_plan_does(
             state, nodes, NAME, 5.0, waiter=waiter, mark_ms=mark_ms, sent=sent
         )
 
-    # the plan from scratch
-    plan = make()
-    request = next(plan)
+    request, owner, suffix, expected, expected_shapes = planned_from_scratch(
+        make, state, clock, late, lambda plan, request: _finish(plan, request, reply)
+    )
     call = request.calls[0]
     assert call is not None
-    owner, suffix = call.args[0], call.args[3]
-    if late:
-        clock.advance(5.0)
-    expected, expected_shapes = _finish(plan, request, reply)
     owners = iter(f"{i:032x}" for i in range(1, 100))  # the lane's run draws the same ones
-    state.untrusted_seen.clear()
-    state.next_rejoin_check = 0.0
 
     # the lane: the same bytes, then its own record or the plan resumed
     attempt = lane.LaneAttempt(state, NAME, 5.0, waiter, mark_ms, False, lambda s: None)  # type: ignore[arg-type,return-value]
@@ -253,7 +266,7 @@ def test_a_lane_round_whose_connection_broke_gives_its_grant_back(
     owner, suffix = call.args[0], call.args[3]
     broken = fake_nodes(1, down=[0])  # the link failed: its run id reads None
     resumed = plans.acquire_plan(
-        state, broken, NAME, 5.0, sent=Sent(owner, suffix, START, replies, "r0")
+        state, broken, NAME, 5.0, sent=Sent(owner, suffix, START, replies, ("r0",))
     )
     give_back = next(resumed)
     assert [c.script.name for c in give_back.calls if c] == ["release"]

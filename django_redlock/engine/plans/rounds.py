@@ -26,9 +26,9 @@ class Sent(NamedTuple):
     suffix: str
     started: float
     replies: list[Any] | None
-    #: the node's run id the round was sent with: the connection may have broken since (its
+    #: per node, the run id the round was sent with: a connection may have broken since (its
     #: run id then reads None), and the round's give-back must still go to that node
-    run_id: str | None = None
+    run_ids: tuple[str | None, ...] = ()
 
 
 class Attempted(NamedTuple):
@@ -89,9 +89,11 @@ def attempt_round(
     later: list[Call | None] | None = None
     before = bracketed(before)
 
-    def call(node: NodeView, ahead: tuple[tuple[str | int, ...], ...] = ()) -> Call | None:
+    def call(i: int, node: NodeView, ahead: tuple[tuple[str | int, ...], ...] = ()) -> Call | None:
         # the round the lane sent, as it was sent (its node may read disconnected by now)
-        run_id = node.run_id if sent is None or node.run_id is not None else sent.run_id
+        run_id = node.run_id
+        if run_id is None and sent is not None and sent.run_ids:
+            run_id = sent.run_ids[i]
         if run_id is None:
             return None
         return Call(script, touched, (owner, ttl_ms, run_id, suffix, *args), ahead)
@@ -100,10 +102,10 @@ def attempt_round(
         while True:
             started = time.monotonic() if sent is None else sent.started
             asked = range(total) if first is None or rejoined else first
-            calls = [call(node, before) if i in asked else None for i, node in enumerate(nodes)]
+            calls = [call(i, node, before) if i in asked else None for i, node in enumerate(nodes)]
             later = None
             if len(asked) < total:
-                later = [None if i in asked else call(node) for i, node in enumerate(nodes)]
+                later = [None if i in asked else call(i, node) for i, node in enumerate(nodes)]
             hedge = state.hedge_delay()
             # a node ends a timed-out BLPOP on its next cycle: wait for that too, rather than
             # give up on an attempt it is about to run

@@ -21,6 +21,7 @@ from .. import starter
 from ..replies import TIMED_OUT, NodeFailure, Request, Slot, is_noscript, result_of
 from ..scripts import Script
 from .base import (
+    MAX_UNREAD,
     describe,
     hold_for_later,
     request_slots,
@@ -100,6 +101,10 @@ class Channel:
         #: descriptor stays the same (:meth:`lane_link`)
         self._lane_poller = select.poll()
         self._lane_fd = -1
+        #: the lane for a set of nodes' poll set, over every link (:meth:`fan_links`)
+        self._fan_poller = select.poll()
+        self._fan_fds: list[int] = []
+        self._fan_links: dict[int, Link] = {}
         if unavailable:  # a stand-in that never connects: every node fails with this reason
             for link in self.links:
                 link.never(unavailable)
@@ -305,6 +310,64 @@ class Channel:
                 continue
             return reply
 
+    # -- the lane for a set of nodes (see ..fan_lane) -------------------------------------
+    def fan_links(self) -> list[Link] | None:
+        """Every link of the channel when the lane may use them as they are: connected and
+        not far behind, replies that arrived since the last call read (late ones, in order).
+        None when a link is down or was closed by the server while idle: the general path's
+        :meth:`prepare` deals with it. One zero-timeout poll over a poll set kept while the
+        descriptors stay the same."""
+        links = self.links
+        fds = []
+        for link in links:
+            fd = link.fd
+            if not link.connected or fd < 0 or len(link.unread) >= MAX_UNREAD:
+                return None
+            fds.append(fd)
+        if fds != self._fan_fds:  # a new connection: a new poll set
+            poller = select.poll()
+            for fd in fds:
+                poller.register(fd, _POLL_EVENTS)
+            self._fan_poller, self._fan_fds = poller, fds
+            self._fan_links = dict(zip(fds, links, strict=True))
+        for fd, _ in self._fan_poller.poll(0):
+            link = self._fan_links[fd]
+            if link.is_idle():  # nothing is expected from it: the server closed it
+                return None
+            link.drain(receive=True)
+            if not link.connected:
+                return None
+        return links
+
+    def fan_call(
+        self,
+        links: Sequence[Link],
+        script: Script,
+        tails: Sequence[tuple[str, ...]],
+        timeout: float,
+        decided: Callable[[list[Slot]], bool],
+    ) -> list[Any]:
+        """``script`` with ``tails[i]`` (its key count, keys and arguments, all text) on
+        ``links[i]``, written to every link before any reply is read, then read as
+        :meth:`_collect` reads until ``decided`` says yes or ``timeout`` seconds pass; a node
+        that lost its scripts gets it once more in full. Returns what :meth:`execute` would:
+        a reply or a :class:`~..replies.NodeFailure` per link."""
+        deadline = time.monotonic() + timeout
+        sha = script.sha
+        # every argument is text (see .base.texts): packed as it is
+        slots = [
+            _written(link, hiredis.pack_command(("EVALSHA", sha, *tail)))  # type: ignore[arg-type]
+            for link, tail in zip(links, tails, strict=True)
+        ]
+        self._collect(slots, deadline, decided)
+        for i, slot in enumerate(slots):
+            if slot.done and is_noscript(slot.value) and links[i].connected:
+                full = ("EVAL", script.source, *tails[i])
+                slots[i] = _written(links[i], hiredis.pack_command(full))  # type: ignore[arg-type]
+                self._collect(slots, deadline, decided)
+        expired = time.monotonic() >= deadline
+        return [slot.value if slot.done else slot.result(expired=expired) for slot in slots]
+
     def close(self) -> None:
         """Close every connection; returns once none of them has a socket open, a connect
         under way (a background reconnect) included: it closes what it made, then this
@@ -315,3 +378,18 @@ class Channel:
             if link.mutex.locked():  # a connect under way: wait for it to drop its socket
                 with link.mutex:
                     pass
+
+
+def _written(link: Link, packed: bytes) -> Slot:
+    """Write ``packed`` (one call) on ``link``; its slot is filled when the reply is read."""
+    slot = Slot(None)
+    try:
+        link.output(packed)  # type: ignore[misc]
+        link.unread.append(slot)
+    except OSError as exc:  # includes a full send buffer on a non-blocking socket
+        link.fail(describe(exc))
+        slot.fill(NodeFailure(f"down: {describe(exc)}"))
+    except BaseException:
+        link.interrupted()
+        raise
+    return slot

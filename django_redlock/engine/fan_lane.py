@@ -1,0 +1,166 @@
+"""The lane for a set of nodes: a lock on an alias of several nodes acquired and released with
+one packed call per node, all written before any reply is read, the replies counted into a
+quorum, without the plan generators, a request's calls or a poll set per call.
+
+As for the single-node lane (:mod:`.lane`), the plans stay the source of truth. The lane
+settles only a plain quorum of grants (:func:`quorum_record`: every winner at the same token,
+within the validity, and for a waiting caller no node that registered it) and a release's
+answers (:func:`fan_release`, counted by :func:`~.plans.counted_release`). Anything else
+resumes :func:`~.plans.acquire_plan` with the round already made
+(:class:`~.plans.rounds.Sent`); a channel the lane cannot use as it is runs the plan. The
+lane is used where the plans would ask every node at once (not with ``FAN_OUT = "quorum"``).
+``tests/engine/test_fan_lane_plans.py`` runs the lane and the plans on the same scripted
+replies and checks the calls they send are the same bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from . import scripts
+from .drive import drive, give_up
+from .keyspace import TOKEN_LIMIT, quorum, wake_node
+from .kinds import KINDS, LOCK
+from .lane import LaneAttempt, Outcome, acquire_tail, opening, release_tail
+from .plans import counted_release, note_unsure, release_plan
+from .plans.rounds import Sent
+from .replies import NOT_INVOLVED, NodeFailure, Slot
+from .state import DRIFT_ALLOWANCE, AliasState, LeaseRecord
+from .transport.sync import Channel
+
+_GRANTED, _BUSY = scripts.GRANTED, scripts.BUSY
+_NOT_INVOLVED = NodeFailure(NOT_INVOLVED, sent=False)
+_LOCK_HANDOFF_NEEDS_QUORUM = KINDS[LOCK].handoff_needs_quorum
+
+
+def _granted(reply: Any) -> bool:
+    return type(reply) is list and reply[0] == _GRANTED
+
+
+def quorum_record(
+    state: AliasState,
+    attempt: LaneAttempt,
+    owner: str,
+    started: float,
+    replies: Sequence[Any],
+) -> LeaseRecord | None:
+    """The lease a lock attempt on several nodes won, exactly as
+    :func:`~.plans.acquire_plan` builds it, when the replies are a plain quorum of grants:
+    every winner at the same token, below the token limit, within the validity, and (for a
+    caller that would wait) no node that answered "busy" (and registered it as a waiter,
+    which the plan withdraws). None for anything else: the plan decides those."""
+    total = len(replies)
+    won = [i for i, reply in enumerate(replies) if _granted(reply)]
+    if len(won) < quorum(total):
+        return None
+    token = int(replies[won[0]][1])
+    if token >= TOKEN_LIMIT or any(int(replies[i][1]) != token for i in won):
+        return None  # a winner behind on tokens: the plan's write-back
+    if attempt.waiter and any(type(r) is list and r[0] == _BUSY for r in replies):
+        return None
+    ttl = attempt.ttl
+    deadline = started + ttl - (ttl * state.drift_factor + DRIFT_ALLOWANCE)  # state.drift
+    if time.monotonic() >= deadline:
+        return None
+    name = attempt.name
+    record = LeaseRecord(name, state.keys.lock_prefix + name, owner, token, ttl, deadline)
+    # nodes that may hold the key: the winners, and those that got the call and did not
+    # answer (granted_per_node's None)
+    record.reached = tuple(
+        reply.sent if isinstance(reply, NodeFailure) else i in won
+        for i, reply in enumerate(replies)
+    )
+    record.voters = tuple(won)
+    return record
+
+
+def fan_acquire(attempt: LaneAttempt, channel: Channel) -> Outcome:
+    """Run ``attempt`` on ``channel`` (a driver for :meth:`~.pools.channels.ChannelPools.run`)."""
+    links = channel.fan_links()
+    if links is None:
+        return drive(attempt.resume(None), channel)
+    state = attempt.state
+    ttl_ms, owner, suffix = opening(attempt)
+    run_ids = tuple(link.run_id for link in links)
+    total = len(links)
+    needed = quorum(total)
+
+    def decided(slots: list[Slot]) -> bool:  # acquire_plan's settled(), for a lock
+        done = granted = 0
+        for slot in slots:
+            if slot.done:
+                done += 1
+                if _granted(slot.value):
+                    granted += 1
+        return granted >= needed or granted + total - done < needed
+
+    started = time.monotonic()
+    try:
+        tails = [acquire_tail(attempt, owner, ttl_ms, run_id or "", suffix) for run_id in run_ids]
+        replies = channel.fan_call(links, scripts.ACQUIRE, tails, state.node_timeout, decided)
+        record = quorum_record(state, attempt, owner, started, replies)
+    except BaseException:  # an interrupt mid-call: the plan gives back what it may have got
+        give_up(attempt.resume(Sent(owner, suffix, started, None, run_ids)), channel)
+        raise
+    if record is not None:
+        return record
+    return drive(attempt.resume(Sent(owner, suffix, started, replies, run_ids)), channel)
+
+
+def release_calls(
+    state: AliasState, lease: LeaseRecord, total: int
+) -> tuple[list[int], list[tuple[str, ...]]]:
+    """The nodes a lock's release goes to (those it may hold) and, for each, ``RELEASE``'s
+    key count, keys and arguments as :func:`~.plans.release_plan` sends them, all as text:
+    only the node waiters block on wakes one."""
+    reached = lease.reached
+    asked = [i for i in range(total) if reached[i]]
+    waking = wake_node(lease.name, total)
+    wakes = release_tail(state, lease)
+    quiet = (*wakes[:8], "0", *wakes[9:])
+    return asked, [wakes if i == waking else quiet for i in asked]
+
+
+def released(
+    lease: LeaseRecord, total: int, asked: Sequence[int], got: Sequence[Any], was_valid: bool
+) -> tuple[bool, list[Any]]:
+    """What :func:`~.plans.release_plan` makes of the answers ``got`` of the ``asked``
+    nodes: whether the lease was still held (and a quorum confirmed it), and the replies
+    per node (the others: not involved)."""
+    replies: list[Any] = [_NOT_INVOLVED] * total
+    for i, reply in zip(asked, got, strict=True):
+        replies[i] = reply
+    handed = sum(1 for reply in got if reply == scripts.HANDED_OFF)
+    lease.handed_off = handed >= quorum(total) if _LOCK_HANDOFF_NEEDS_QUORUM else handed > 0
+    return counted_release(lease, lease.reached, replies, was_valid), replies
+
+
+def fan_release(lease: LeaseRecord, channel: Channel, state: AliasState) -> bool:
+    """Release a lock on ``channel``'s nodes (those it may hold); True if it was still
+    held and a quorum confirmed it, as :func:`~.plans.release_plan` says."""
+    links = None
+    if lease.kind == LOCK and len(lease.reached) == len(channel.links):
+        links = channel.fan_links()
+    if links is None:
+        return drive(lambda nodes: release_plan(state, nodes, lease), channel)
+    if lease.released:
+        return False
+    was_valid = not lease.lost and lease.deadline > time.monotonic()  # validity() > 0
+    lease.released = True
+    total = len(links)
+    needed = quorum(total)
+    asked, tails = release_calls(state, lease, total)
+
+    def decided(slots: list[Slot]) -> bool:  # release_plan's settled()
+        answered = sum(1 for slot in slots if slot.done)
+        return answered >= needed or answered == len(slots)
+
+    got = channel.fan_call(
+        [links[i] for i in asked], scripts.RELEASE, tails, state.node_timeout, decided
+    )
+    held, replies = released(lease, total, asked, got, was_valid)
+    if lease.unsure:  # not on the hot path: only when a node did not answer
+        note_unsure(lease, links, replies)
+    return held
