@@ -175,13 +175,22 @@ class LockBlock:
             ordering.expect(self._name, self.order_template)
         # From here until this returns, an interrupt (a signal handler that raises) gives the
         # grant back: after it returns, the with statement calls __exit__ whatever happens.
+        engine_for = interrupted.engine_finder(manager)
         opened = handoff.opened()
         try:
             lease = self._entered(manager.acquire(self._name, **self._options.acquire_kwargs()))
         except BaseException:
-            if opened is not None:
-                self._unenter(opened.leases)
-            interrupted.give_back(opened, interrupted.engine_finder(manager))
+            # a second interrupt in this cleanup must not leave the handoff open: every later
+            # grant of this thread would be noted there, and none given back
+            try:
+                try:
+                    if opened is not None:
+                        self._unenter(opened.leases)
+                finally:
+                    interrupted.give_back(opened, engine_for)
+            finally:
+                if opened is not None:
+                    handoff.LOCAL.current = None  # a store: it runs whatever was raised
             raise
         if opened is not None:
             handoff.LOCAL.current = None  # a store, not a call: no interrupt lands after it

@@ -136,7 +136,11 @@ class LockManager(KindBlocks):
                 if auto_extend:
                     lease.start_auto_extend(wanted.max_hold)
         except BaseException:
-            interrupted.give_back(opened, self.engine_for)
+            try:
+                interrupted.give_back(opened, self.engine_for)
+            finally:  # a second interrupt in the give-back must not leave the handoff open
+                if opened is not None:
+                    handoff.LOCAL.current = None
             raise
         if opened is not None:
             handoff.LOCAL.current = None  # a store, not a call: no interrupt lands after it

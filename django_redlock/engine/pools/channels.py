@@ -157,28 +157,40 @@ class ChannelPools:
             with pinned.mutex:
                 if pinned in self._all:  # not closed as idle meanwhile
                     return driver(job, pinned), pinned
-        # pool checkout inline (no context manager): this is the hot path of every call
-        with self._mutex:
-            channel = self._free.pop() if self._free else None
-        if channel is None:
-            channel = self._checkout(until)
+        # pool checkout inline (no context manager): this is the hot path of every call.
+        # A signal handler's exception lands after a call returns: the channel is taken
+        # from the pool and put back with subscripts and appends only, so an interrupt
+        # never leaves it out of the pool for good (its slot spent for the process).
+        channel: Channel | None = None
         try:
+            with self._mutex:
+                if self._free:
+                    channel = self._free[-1]
+                    del self._free[-1]
+            if channel is None:
+                channel = self._checkout(until)
             with channel.mutex:
                 return driver(job, channel), channel
         finally:
-            if channel.idle_since >= 0:  # not a stand-in
-                with self._mutex:
-                    surrender = self.budget.should_surrender(self)
-                    if surrender:
-                        self._all.remove(channel)
-                    else:
-                        channel.idle_since = time.monotonic()
-                        self._free.append(channel)
-                        if self._sync_waiters:
-                            self._sync_waiters.popleft().set()
-                if surrender:  # a caller of another kind holds none: its turn
-                    channel.close()
-                    self.budget.give(self._every)
+            if channel is not None and channel.idle_since >= 0:  # not a stand-in
+                self._put_back(channel)
+
+    def _put_back(self, channel: Channel) -> None:
+        """``channel`` is free again: pooled (first, before any other call), or closed while
+        another kind starves."""
+        with self._mutex:
+            self._free.append(channel)
+            channel.idle_since = time.monotonic()
+            surrender = self.budget.should_surrender(self)
+            if surrender:
+                self._free.remove(channel)
+                self._all.remove(channel)
+            elif self._sync_waiters:
+                self._sync_waiters[0].set()  # then dropped: an interrupt leaves it to the next
+                del self._sync_waiters[0]
+        if surrender:  # a caller of another kind holds none: its turn
+            channel.close()
+            self.budget.give(self._every)
 
     def _checkout(self, until: float) -> Channel:
         """No channel free: open one if the budget allows, else wait for one to come back
@@ -187,14 +199,19 @@ class ChannelPools:
         if urgent:
             until = time.monotonic() + SPARE_WAIT
         wake = threading.Event()
+        got: Channel | None = None  # a pooled channel that came back
+        taken = False  # a slot for a new one
         try:
             while True:
                 with self._mutex:
-                    if self._free:
-                        return self._free.pop()
+                    if self._free:  # subscripts, no call: no interrupt between them
+                        got = self._free[-1]
+                        del self._free[-1]
+                        break
                     wake.clear()
                     fed = bool(self._all)
                     if self.budget.take(self._every, listener=wake, wake=wake.set, kind=self):
+                        taken = True
                         break
                     if wake not in self._sync_waiters:
                         line_up(self._sync_waiters, wake, urgent=urgent)
@@ -205,15 +222,33 @@ class ChannelPools:
                     return self._stand_in()
                 wake.wait(remaining)
         finally:
-            self._leave(wake)
+            try:
+                self._leave(wake)
+            except BaseException:  # an interrupt: what this call got goes back
+                try:
+                    if got is not None:
+                        self._put_back(got)
+                    elif taken:
+                        self.budget.give(self._every)
+                finally:
+                    self.budget.forget(wake)  # never a dead caller left hungry
+                raise
+        if got is not None:
+            return got
+        channel = None
         try:
             channel = Channel(self.labels, self._factories, self.state.busy_poll)
-        except BaseException:
+            with self._mutex:
+                self._all.append(channel)
+            self._opened()
+        except BaseException:  # an interrupt: never a channel outside the pool with a slot
+            if channel is not None:
+                with self._mutex:
+                    if channel in self._all:
+                        self._all.remove(channel)
+                channel.close()
             self.budget.give(self._every)
             raise
-        with self._mutex:
-            self._all.append(channel)
-        self._opened()
         return channel
 
     def _leave(self, wake: threading.Event) -> None:

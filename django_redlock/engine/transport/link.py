@@ -64,6 +64,9 @@ class Link(LinkBase):
             conn = self._factory()
             info, *_ = redis_py.handshake(conn, HANDSHAKE)
             sock = redis_py.connected_socket(conn)
+            fd = sock.fileno()
+            self._learn(info)  # calls: an interrupt here drops the socket, as above
+            self._ready()
         except BaseException as exc:
             if conn is not None:
                 conn.disconnect()
@@ -74,11 +77,10 @@ class Link(LinkBase):
             # reconnects inline again instead of failing "down" until a background retry
             self._fresh_failure = True
             raise
-        self._learn(info)
-        self._ready()
+        # stores only from here (no call, so no signal handler's exception lands between)
         self._conn = conn
         self._sock = sock
-        self.fd = sock.fileno()
+        self.fd = fd
         self.output = sock.sendall
         self.connected = True  # last: a sender that sees it sees everything above
         if self.retired:  # its channel closed meanwhile (set before that close's drop)
@@ -90,8 +92,11 @@ class Link(LinkBase):
         """Reconnect inline a connection that was healthy until it just broke (on loopback or
         a LAN that costs less than a failed call); later attempts run in the background."""
         if self._sock is None and self._fresh_failure and not self._reconnecting:
-            self._fresh_failure = False
+            # the flag is cleared after the connect: an interrupt in it leaves the next call
+            # to reconnect inline again (cleared first, the link waited for a background
+            # retry and its backoff, reported down though the node was healthy)
             self.connect_detached()
+            self._fresh_failure = False
 
     def usable(self) -> bool:
         """True when connected; else start a background reconnect when its time has come."""

@@ -8,6 +8,7 @@ the socket directly with a ``hiredis`` reader (see :mod:`.redis_py`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import threading
@@ -136,11 +137,15 @@ class Channel:
         if ready:
             by_fd = dict(registered)
             for fd, _ in ready:
-                link = by_fd[fd]
-                if link.is_idle():  # nothing is expected from an idle link: the server closed it
-                    link.fail("ConnectionError: connection closed by the server")
+                found = by_fd.get(fd)
+                if found is None:  # left registered by an interrupted unregister: drop it
+                    with contextlib.suppress(KeyError):
+                        poller.unregister(fd)
+                    continue
+                if found.is_idle():  # nothing is expected from an idle link: the server closed it
+                    found.fail("ConnectionError: connection closed by the server")
                 else:
-                    link.drain(receive=True)
+                    found.drain(receive=True)
         for link in self.links:
             link.revive()
 
@@ -234,7 +239,12 @@ class Channel:
             for fd in by_fd:
                 poller.unregister(fd)
         for fd, _ in ready:
-            by_fd[fd].drain(receive=True)
+            link = by_fd.get(fd)
+            if link is None:  # left registered by an interrupted unregister: drop it
+                with contextlib.suppress(KeyError):
+                    poller.unregister(fd)
+                continue
+            link.drain(receive=True)
         return bool(ready)
 
     def pending(self) -> bool:

@@ -1,0 +1,120 @@
+"""An interrupt at every call boundary of a lock call: a signal handler that raises runs
+where CPython checks for signals, which includes the entry of every Python function. Here the
+exception is raised, deterministically, at the entry of the k-th function a ``with lock()``
+or an ``acquire()`` calls, for every k, with a fresh pool each time (so the connection's
+checkout is covered too). After each: the thread has no handoff left open, and no connection
+is lost from the pool; at the end no name is left locked and the budget of one connection
+still serves a call at once (two connections: the calls' and the background give-backs')."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+
+import django_redlock
+from django_redlock.engine import handoff
+from django_redlock.exceptions import LockError
+from django_redlock.locking.manager import LockManager
+from django_redlock.testing import RedisNodes
+from tests.support.waiting import until
+
+Nodes = Callable[..., RedisNodes]
+Alias = Callable[..., LockManager]
+
+pytestmark = pytest.mark.wire
+
+
+LIBRARY = str(Path(django_redlock.__file__).parent)
+
+
+class Interrupt(Exception):
+    """What the injected 'signal handler' raises."""
+
+
+def _raising_at_call(k: int) -> tuple[Callable[..., Any], list[int]]:
+    """A trace function raising :class:`Interrupt` at the entry of the ``k``-th function of
+    the library called (counting from 1) in this thread; ``seen[0]`` counts the calls. (The
+    standard library's own windows, such as ``Condition.wait`` turning an interrupt into
+    ``RuntimeError: release unlocked lock``, are CPython's.)"""
+    seen = [0]
+
+    def tracer(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" and LIBRARY in frame.f_code.co_filename:
+            seen[0] += 1
+            if seen[0] == k:
+                raise Interrupt(frame.f_code.co_name)
+
+    return tracer, seen
+
+
+def _out_of_pool(pools: Any) -> list[int]:
+    with pools._mutex:
+        return [id(c) for c in pools._all if c not in pools._free]
+
+
+def _keys(nodes: RedisNodes, prefix: str) -> list[bytes]:
+    return [key for node in nodes for key in node.client().keys(f"{prefix}lock:*")]
+
+
+# an interrupt raised in a generator being closed (a plan, a generator expression) is
+# "ignored" by Python, as a real signal handler's would be there
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("count", [1, 3])
+@pytest.mark.parametrize("shape", ["with lock()", "acquire()"])
+def test_an_interrupt_at_every_call_boundary_leaves_nothing_behind(
+    redis_node_factory: Nodes, redlock_alias: Alias, unique_name: str, count: int, shape: str
+) -> None:
+    nodes = redis_node_factory(count)
+    manager = redlock_alias(nodes, MAX_CONNECTIONS=2, TTL=30)
+    prefix = manager.config.key_prefix
+    pools = manager.engine.pools
+    busy = manager.acquire(f"{unique_name}:busy", timeout=0)
+
+    def call(name: str) -> None:
+        if shape == "with lock()":
+            with manager.lock(name, timeout=0):
+                pass
+        else:
+            manager.acquire(name, timeout=0).release()
+
+    interrupted = k = 0
+    lost_at: list[int] = []
+    while True:
+        k += 1
+        pools._reap(float("inf"))  # a fresh pool: the checkout opens a connection
+        # the name busy on even rounds: the failed acquire's cleanup is interrupted too
+        name = f"{unique_name}:busy" if k % 2 == 0 else f"{unique_name}:{k}"
+        tracer, seen = _raising_at_call(k // 2 + 1)
+        sys.settrace(tracer)
+        try:
+            call(name)
+        except (Interrupt, LockError):
+            pass
+        finally:
+            sys.settrace(None)
+        if seen[0] > k // 2:
+            interrupted += 1
+        assert handoff.current() is None, k  # left open, it swallowed every later grant
+        # no channel left out of the pool with its slot (a background give-back may be
+        # using one for a moment)
+        try:
+            until(lambda: _out_of_pool(pools) == [], 0.5, "every channel back in the pool")
+        except AssertionError:
+            lost_at.append(k)  # its slot is spent: the next calls would wait for one
+            break
+        if seen[0] <= k // 2 and k % 2 == 1:  # ran to its end without an interrupt
+            break
+    assert interrupted > 20 or lost_at
+    busy.release()
+    until(lambda: _keys(nodes, prefix) == [], 5.0, "every interrupted grant given back")
+    if lost_at:  # open (issue 38): windows where an interrupt still strands a channel
+        pytest.xfail(f"a channel left out of the pool after an interrupt at calls {lost_at}")
+    started = time.monotonic()
+    manager.acquire(f"{unique_name}:after", timeout=0).release()
+    assert time.monotonic() - started < 1.0  # not a 5 s wait for a lost connection
