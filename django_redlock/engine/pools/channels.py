@@ -173,24 +173,20 @@ class ChannelPools:
                 return driver(job, channel), channel
         finally:
             if channel is not None and channel.idle_since >= 0:  # not a stand-in
-                self._put_back(channel)
-
-    def _put_back(self, channel: Channel) -> None:
-        """``channel`` is free again: pooled (first, before any other call), or closed while
-        another kind starves."""
-        with self._mutex:
-            self._free.append(channel)
-            channel.idle_since = time.monotonic()
-            surrender = self.budget.should_surrender(self)
-            if surrender:
-                self._free.remove(channel)
-                self._all.remove(channel)
-            elif self._sync_waiters:
-                self._sync_waiters[0].set()  # then dropped: an interrupt leaves it to the next
-                del self._sync_waiters[0]
-        if surrender:  # a caller of another kind holds none: its turn
-            channel.close()
-            self.budget.give(self._every)
+                # inline, pooled first: an interrupt after any call here leaves it pooled
+                with self._mutex:
+                    self._free.append(channel)
+                    channel.idle_since = time.monotonic()
+                    surrender = self.budget.should_surrender(self)
+                    if surrender:
+                        del self._free[-1]
+                        self._all.remove(channel)
+                    elif self._sync_waiters:
+                        self._sync_waiters[0].set()  # dropped next: an interrupt between
+                        del self._sync_waiters[0]  # leaves the wake-up to the next return
+                if surrender:  # a caller of another kind holds none: its turn
+                    channel.close()
+                    self.budget.give(self._every)
 
     def _checkout(self, until: float) -> Channel:
         """No channel free: open one if the budget allows, else wait for one to come back
@@ -227,7 +223,8 @@ class ChannelPools:
             except BaseException:  # an interrupt: what this call got goes back
                 try:
                     if got is not None:
-                        self._put_back(got)
+                        with self._mutex:
+                            self._free.append(got)
                     elif taken:
                         self.budget.give(self._every)
                 finally:
