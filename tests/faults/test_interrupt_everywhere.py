@@ -8,7 +8,9 @@ still serves a call at once (two connections: the calls' and the background give
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +21,7 @@ import pytest
 
 import django_redlock
 from django_redlock.engine import handoff
-from django_redlock.exceptions import LockError
+from django_redlock.exceptions import LockError, NodesUnavailable
 from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes
 from tests.support.waiting import until
@@ -112,3 +114,55 @@ def test_an_interrupt_at_every_call_boundary_leaves_nothing_behind(
     started = time.monotonic()
     manager.acquire(f"{unique_name}:after", timeout=0).release()
     assert time.monotonic() - started < 1.0  # not a 5 s wait for a lost connection
+
+
+# an interrupt inside redis-py's connect (between its socket() and the assignment that lets
+# its disconnect() find the socket) leaves that socket to the garbage collector, which closes
+# it with a ResourceWarning: redis-py's window, not a lock held or a slot spent
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+def test_an_interrupt_while_waiting_for_a_connection_is_the_callers_own(
+    redis_node_factory: Nodes, redlock_alias: Alias, unique_name: str
+) -> None:
+    """The connection held by another thread's calls: the main thread's acquires wait for
+    the connection, under a hail of raising ``SIGALRM`` handlers. Each interrupt reaches the
+    caller as its own exception (a ``KeyboardInterrupt`` stays one), never as
+    ``RuntimeError: release unlocked lock`` from a broken ``threading.Event`` wait (it did),
+    and afterwards a plain call gets the connection at once."""
+    from tests.support.signal_storm import Hail, Interrupted
+
+    nodes = redis_node_factory(1)
+    # two: the calls' connection, and the background give-backs' of interrupted grants
+    manager = redlock_alias(nodes, MAX_CONNECTIONS=2, TTL=30)
+    stop = threading.Event()
+
+    def hog() -> None:  # keeps the calls' connection busy most of the time
+        while not stop.is_set():
+            with contextlib.suppress(LockError, NodesUnavailable):
+                manager.acquire(f"{unique_name}:hog", timeout=0).release()
+
+    other = threading.Thread(target=hog, daemon=True)
+    other.start()
+    foreign: list[BaseException] = []
+
+    def step() -> None:
+        try:
+            manager.acquire(f"{unique_name}:main", timeout=1).release()
+        except Interrupted:
+            raise  # the hail counts it
+        except LockError:
+            pass
+        except Exception as exc:  # anything but the hail's own interrupt
+            foreign.append(exc)
+
+    hail = Hail(0.0002, 2.0)
+    try:
+        hail.run(step)
+    finally:
+        stop.set()
+        other.join(10)
+    assert hail.interrupted > 100
+    assert [repr(exc) for exc in foreign] == []
+    started = time.monotonic()
+    manager.acquire(f"{unique_name}:after", timeout=0).release()
+    assert time.monotonic() - started < 1.0

@@ -16,6 +16,7 @@ turns).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import threading
 from collections import deque
@@ -36,6 +37,34 @@ SPARE = -1.0
 
 Wake = Callable[[], None]
 W = TypeVar("W")
+
+
+class Doorbell:
+    """A flag a thread waits on until another sets it: :class:`threading.Event`'s
+    ``set``/``clear``/``wait``, on one lock. A signal handler that raises while the waiter
+    waits ends the wait with its own exception and leaves nothing broken (an ``Event``'s
+    wait can then raise ``RuntimeError: release unlocked lock`` instead, from its
+    ``Condition``, hiding a ``KeyboardInterrupt`` or a worker's time limit)."""
+
+    __slots__ = ("_rung",)
+
+    def __init__(self) -> None:
+        self._rung = threading.Lock()  # held while not rung
+        self._rung.acquire()
+
+    def set(self) -> None:
+        with contextlib.suppress(RuntimeError):  # rung already
+            self._rung.release()
+
+    def clear(self) -> None:
+        self._rung.acquire(blocking=False)
+
+    def wait(self, timeout: float) -> bool:
+        """Until rung (True) or ``timeout`` seconds pass (False); rung stays rung."""
+        if not self._rung.acquire(timeout=max(timeout, 0.0)):
+            return False
+        self._rung.release()
+        return True
 
 
 def line_up(waiters: deque[W], waiter: W, *, urgent: bool) -> None:

@@ -18,7 +18,7 @@ from ..transport.aio import AsyncConnectionFactory
 from ..transport.blpop import ReleaseWaiter
 from ..transport.link import ConnectionFactory
 from ..transport.sync import Channel
-from .budget import SPARE, SPARE_WAIT, Budget, line_up
+from .budget import SPARE, SPARE_WAIT, Budget, Doorbell, line_up
 from .loop_channels import LoopChannels
 
 T = TypeVar("T")
@@ -42,7 +42,7 @@ class ChannelPools:
     _all: list[Channel]
     _mutex: threading.Lock
     #: threads waiting for a channel (each woken by a channel going back to the pool)
-    _sync_waiters: deque[threading.Event]
+    _sync_waiters: deque[Doorbell]
     #: wakes the idle reaper thread early (engine closed); True while it runs
     _reaper_wake: threading.Event
     _reaping: bool
@@ -194,7 +194,7 @@ class ChannelPools:
         urgent = until == SPARE  # a release or an extend: served before waiting attempts
         if urgent:
             until = time.monotonic() + SPARE_WAIT
-        wake = threading.Event()
+        wake = Doorbell()
         got: Channel | None = None  # a pooled channel that came back
         taken = False  # a slot for a new one
         try:
@@ -248,7 +248,7 @@ class ChannelPools:
             raise
         return channel
 
-    def _leave(self, wake: threading.Event) -> None:
+    def _leave(self, wake: Doorbell) -> None:
         """A thread stops waiting for a channel; a wake-up meant for it goes to the next."""
         self.budget.forget(wake)
         with self._mutex:
