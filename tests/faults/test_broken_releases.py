@@ -495,3 +495,25 @@ def test_late_answers_to_a_release_are_not_sent_again(
     extra = [after - b - 2 * (pairs + 1) for after, b in zip(scripts_run(), before, strict=True)]
     # the last pair's late answers are never read (no call follows): sent again, at most 1
     assert max(extra) <= 2, extra
+
+
+def test_a_release_to_the_nodes_a_lease_reached_reads_their_answers(
+    redis_node_factory: Nodes, redlock_alias: Alias, unique_name: str
+) -> None:
+    """Three nodes, the name held by someone else on the first: the lease holds the other
+    two (``reached`` leaves the first out), and its release goes to those two only. Their
+    answers are read as they come: ``release()`` is True and confirmed at once. The lane for
+    a set of nodes used to read the first two connections for the answers of the last two,
+    so the release waited ``NODE_TIMEOUT`` (5 s here) for an answer it never looked for."""
+    nodes = redis_node_factory(3)
+    manager = redlock_alias(nodes, TTL=TTL, NODE_TIMEOUT=5.0)
+    manager.acquire(f"{unique_name}:warm", timeout=0).release()
+    key = f"{manager.config.key_prefix}{unique_name}"
+    nodes[0].client().set(key, "someone|1|0|host|1", px=int(TTL * 1000))
+    lease = manager.acquire(unique_name, timeout=0)
+    assert lease.record.reached == (False, True, True)
+    started = time.monotonic()
+    assert lease.release() is True
+    assert time.monotonic() - started < 2.5  # half the node timeout: nothing waited for it
+    assert lease.record.unsure == () and not lease.release_unconfirmed
+    assert [int(node.client().exists(key)) for node in nodes] == [1, 0, 0]

@@ -178,12 +178,15 @@ class Channel:
         deadline: float,
         settled: Callable[[list[Slot]], bool] | None,
         skip: set[int] | frozenset[int] = frozenset(),
+        links: Sequence[Link] | None = None,
     ) -> None:
         """Read replies until ``settled`` says yes, every slot (but ``skip``: hedge nodes not
-        asked yet) is filled, or ``deadline`` passes. ``settled`` is asked again only after
+        asked yet) is filled, or ``deadline`` passes; ``slots[i]`` is a call on
+        ``links[i]`` (default: the channel's links). ``settled`` is asked again only after
         a reply came in (this loop runs for every lock call: each turn of a spin is a read
         and a yield, nothing more)."""
-        links = self.links
+        if links is None:
+            links = self.links
         budget = self.spinner.budget()
         spin_until = min(time.monotonic() + budget, deadline)
         waiting = [links[i] for i, slot in enumerate(slots) if not slot.done and i not in skip]
@@ -362,19 +365,21 @@ class Channel:
         :meth:`_collect` reads until ``decided`` says yes or ``timeout`` seconds pass; a node
         that lost its scripts gets it once more in full. Returns what :meth:`execute` would:
         a reply or a :class:`~..replies.NodeFailure` per link."""
-        deadline = time.monotonic() + timeout
         sha = script.sha
         # every argument is text (see .base.texts): packed as it is
         slots = [
             _written(link, hiredis.pack_command(("EVALSHA", sha, *tail)))  # type: ignore[arg-type]
             for link, tail in zip(links, tails, strict=True)
         ]
-        self._collect(slots, deadline, decided)
+        # from the writes, as execute() counts: a pause of this process before them (a
+        # SIGSTOP, a collector pass) must not spend the replies' time
+        deadline = time.monotonic() + timeout
+        self._collect(slots, deadline, decided, links=links)
         for i, slot in enumerate(slots):
             if slot.done and is_noscript(slot.value) and links[i].connected:
                 full = ("EVAL", script.source, *tails[i])
                 slots[i] = _written(links[i], hiredis.pack_command(full))  # type: ignore[arg-type]
-                self._collect(slots, deadline, decided)
+                self._collect(slots, deadline, decided, links=links)
         expired = time.monotonic() >= deadline
         return [slot.value if slot.done else slot.result(expired=expired) for slot in slots]
 
