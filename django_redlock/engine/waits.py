@@ -44,11 +44,15 @@ class ReleaseWaits:
         trip after the wake-up). Returns (woken, the attempt's outcome), or None where this
         does not apply (several nodes, ``lock_many``, a short wait, a node that refused)."""
         plan = self._plan(target, waiting, step)
+        started = time.monotonic()
         channel = None if plan is None else self.pools.blocking_channel()
         if plan is None or channel is None:  # no blocking connection to be had: wait by polling
             return None
-        started = time.monotonic()
-        outcome, ahead = self.pools.run_blocking(plan, channel)
+        try:
+            outcome, ahead = self.pools.run_blocking(plan, channel)
+        except BaseException:  # an interrupt, maybe before run_blocking's own clean-up ran
+            self.pools.abandon_blocking(channel)
+            raise
         rest = _not_waited(outcome, ahead, step, started, waiting)
         if rest > 0:  # never after a grant: an interrupt there would lose it
             time.sleep(rest)

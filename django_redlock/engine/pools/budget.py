@@ -115,10 +115,14 @@ class Budget:
         listener: object = None,
         wake: Wake | None = None,
         kind: object = None,
+        receipt: list[bool] | None = None,
     ) -> bool:
         """Take a slot on each of ``nodes``; False if one has none left, or if a hungry
         caller of another ``kind`` waits (the slot is its). Then ``wake`` (if given) is
-        registered under ``listener``, called once a slot is given back."""
+        registered under ``listener``, called once a slot is given back. ``receipt`` (an
+        empty list) gets ``True`` in the same step as the slots are taken: a caller that a
+        signal handler's exception interrupts on the way back (a ``with`` block's exit is a
+        call) still learns it holds them, and gives them back."""
         self._check_fork()
         with self._mutex:
             used, limit = self._used, self.limit
@@ -127,10 +131,14 @@ class Budget:
                 and all(used[i] < limit for i in nodes)
                 and not (blocking and any(self._blocking[i] >= self.blocking_limit for i in nodes))
             ):
-                for i in nodes:
-                    used[i] += 1
-                    if blocking:
-                        self._blocking[i] += 1
+                taken = [u + 1 if i in nodes else u for i, u in enumerate(used)]
+                held = self._blocking
+                if blocking:
+                    held = [b + 1 if i in nodes else b for i, b in enumerate(held)]
+                # stores, then one append: no interrupt lands between them
+                self._used, self._blocking = taken, held
+                if receipt is not None:
+                    receipt.append(True)
                 return True
             if wake is not None:
                 self._listeners[listener] = wake
@@ -153,10 +161,11 @@ class Budget:
         if self._generation != forks.generation():
             return  # a slot of the parent's: this process's budget never counted it
         with self._mutex:
-            for i in nodes:
-                self._used[i] = max(0, self._used[i] - 1)
-                if blocking:
-                    self._blocking[i] = max(0, self._blocking[i] - 1)
+            used = [max(0, u - 1) if i in nodes else u for i, u in enumerate(self._used)]
+            held = self._blocking
+            if blocking:
+                held = [max(0, b - 1) if i in nodes else b for i, b in enumerate(held)]
+            self._used, self._blocking = used, held  # stores only: all or nothing
             listeners, self._listeners = self._listeners, {}
         for wake in listeners.values():
             wake()

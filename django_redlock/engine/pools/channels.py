@@ -101,15 +101,39 @@ class ChannelPools:
     def blocking_channel(self) -> Channel | None:
         """An idle channel for a piped wait, or a new one if the budget allows; else None."""
         with self._mutex:
-            if self._blocking_free:
-                return self._blocking_free.pop()
+            if self._blocking_free:  # subscripts, no call: no interrupt between them
+                pooled = self._blocking_free[-1]
+                del self._blocking_free[-1]
+                return pooled
             if not self.budget.take(self._every, blocking=True):
                 return None
-        channel = Channel(self.labels, self._factories)
-        with self._mutex:
-            self._blocking_all.append(channel)
-        self._opened()
+        channel = None
+        try:
+            channel = Channel(self.labels, self._factories)
+            with self._mutex:
+                self._blocking_all.append(channel)
+            self._opened()
+        except BaseException:  # an interrupt: never a channel outside the pool with a slot
+            if channel is not None:
+                with self._mutex:
+                    if channel in self._blocking_all:
+                        self._blocking_all.remove(channel)
+                channel.close()
+            self.budget.give(self._every, blocking=True)
+            raise
         return channel
+
+    def abandon_blocking(self, channel: Channel) -> None:
+        """An interrupt came between :meth:`blocking_channel` and :meth:`run_blocking`'s own
+        clean-up: close ``channel`` and give its slot back, unless that clean-up ran (it is
+        pooled, or closed and forgotten already)."""
+        with self._mutex:
+            stranded = channel in self._blocking_all and channel not in self._blocking_free
+            if stranded:
+                self._blocking_all.remove(channel)
+        if stranded:
+            channel.close()
+            self.budget.give(self._every, blocking=True)
 
     def run_blocking(self, make_plan: PlanMaker[T], channel: Channel) -> tuple[T, list[Any]]:
         """Run a plan whose first call blocks, on a channel of its own; returns its result
@@ -196,7 +220,8 @@ class ChannelPools:
             until = time.monotonic() + SPARE_WAIT
         wake = Doorbell()
         got: Channel | None = None  # a pooled channel that came back
-        taken = False  # a slot for a new one
+        taken: list[bool] = []  # a slot for a new one (the budget's receipt)
+        spent = False  # past ``until``: a stand-in
         try:
             while True:
                 with self._mutex:
@@ -206,8 +231,9 @@ class ChannelPools:
                         break
                     wake.clear()
                     fed = bool(self._all)
-                    if self.budget.take(self._every, listener=wake, wake=wake.set, kind=self):
-                        taken = True
+                    if self.budget.take(
+                        self._every, listener=wake, wake=wake.set, kind=self, receipt=taken
+                    ):
                         break
                     if wake not in self._sync_waiters:
                         line_up(self._sync_waiters, wake, urgent=urgent)
@@ -215,21 +241,15 @@ class ChannelPools:
                     self.budget.starve(wake, self)
                 remaining = until - time.monotonic()
                 if remaining <= 0:
-                    return self._stand_in()
+                    spent = True
+                    break
                 wake.wait(remaining)
-        finally:
-            try:
-                self._leave(wake)
-            except BaseException:  # an interrupt: what this call got goes back
-                try:
-                    if got is not None:
-                        with self._mutex:
-                            self._free.append(got)
-                    elif taken:
-                        self.budget.give(self._every)
-                finally:
-                    self.budget.forget(wake)  # never a dead caller left hungry
-                raise
+            self._leave(wake)
+        except BaseException:  # an interrupt (even on the way out of a with): give it back
+            self._undo_checkout(got, taken, wake)
+            raise
+        if spent:
+            return self._stand_in()
         if got is not None:
             return got
         channel = None
@@ -247,6 +267,18 @@ class ChannelPools:
             self.budget.give(self._every)
             raise
         return channel
+
+    def _undo_checkout(self, got: Channel | None, taken: list[bool], wake: Doorbell) -> None:
+        """An interrupted checkout: the channel it got goes back to the pool, or the slot it
+        took to the budget; it stops waiting."""
+        try:
+            if got is not None:
+                with self._mutex:
+                    self._free.append(got)
+            elif taken:
+                self.budget.give(self._every)
+        finally:
+            self._leave(wake)
 
     def _leave(self, wake: Doorbell) -> None:
         """A thread stops waiting for a channel; a wake-up meant for it goes to the next."""
@@ -276,7 +308,13 @@ class ChannelPools:
                 raise ConnectionError("the engine is closed")
             channel, opened = self._aside, False
             if channel is None and self.budget.take(self._every):
-                channel = self._aside = Channel(self.labels, self._factories, self.state.busy_poll)
+                try:
+                    channel = self._aside = Channel(
+                        self.labels, self._factories, self.state.busy_poll
+                    )
+                except BaseException:  # an interrupt: the slot goes back
+                    self.budget.give(self._every)
+                    raise
                 opened = True
             if channel is not None:
                 try:

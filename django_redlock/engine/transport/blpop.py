@@ -133,7 +133,11 @@ class ReleaseWaiter:
         started = time.monotonic()
         node = wake_node(name, len(self._factories))
         with self._mutex:
-            conn = self._idle[node].pop() if self._idle[node] else None
+            idle = self._idle[node]
+            conn = None
+            if idle:  # subscripts, no call: an interrupt cannot strand it between them
+                conn = idle[-1]
+                del idle[-1]
             if conn is None and self._budget.take((node,), blocking=True):
                 self.open += 1
                 opened = True
@@ -142,36 +146,42 @@ class ReleaseWaiter:
         if not opened:  # no blocking connection to be had: wait without a wake-up
             time.sleep(seconds)
             return False
-        if conn is None:
-            self._opened()
-        for _ in range(2):
-            pooled = conn is not None
-            try:
-                if conn is None:
-                    conn = _BlockingConnection(self._factories[node]())
-                left = seconds - (time.monotonic() - started)
-                popped = conn.blpop(key, left, started + seconds + SLACK, before)
-                conn.idle_since = time.monotonic()
-                with self._mutex:
-                    self._idle[node].append(conn)
-                return popped
-            except TimeoutError:  # no answer in time: a late reply must never be misread
-                if conn is not None:
-                    conn.close()
-                break
-            except NODE_ERRORS:  # the node's or the network's
-                if conn is not None:
-                    conn.close()
-                if not pooled:
+        held = True  # this call holds the slot (and ``conn``, if any): an interrupt gives both
+        try:
+            if conn is None:
+                self._opened()
+            for _ in range(2):
+                pooled = conn is not None
+                try:
+                    if conn is None:
+                        conn = _BlockingConnection(self._factories[node]())
+                    left = seconds - (time.monotonic() - started)
+                    popped = conn.blpop(key, left, started + seconds + SLACK, before)
+                    conn.idle_since = time.monotonic()
+                    with self._mutex:
+                        self._idle[node].append(conn)
+                    held = False
+                    return popped
+                except TimeoutError:  # no answer in time: a late reply must never be misread
+                    if conn is not None:
+                        conn.close()
+                        conn = None
                     break
-                conn = None  # the pooled connection had gone stale (idle timeout, CLIENT
-                # KILL, restart): one more try on a fresh one, not a whole wait asleep
-            except BaseException:  # the caller's (a signal handler's exception): it goes on
+                except NODE_ERRORS:  # the node's or the network's
+                    if conn is not None:
+                        conn.close()
+                        conn = None
+                    if not pooled:
+                        break
+                    # the pooled connection had gone stale (idle timeout, CLIENT KILL,
+                    # restart): one more try on a fresh one, not a whole wait asleep
+            self._closed(node)
+            held = False  # a store after the return: no interrupt between
+        finally:
+            if held:  # the caller's exception (a signal handler's): it goes on
                 if conn is not None:
                     conn.close()
                 self._closed(node)
-                raise
-        self._closed(node)
         time.sleep(max(0.0, seconds - (time.monotonic() - started)))
         return False
 
