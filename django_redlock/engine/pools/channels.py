@@ -100,13 +100,19 @@ class ChannelPools:
 
     def blocking_channel(self) -> Channel | None:
         """An idle channel for a piped wait, or a new one if the budget allows; else None."""
-        with self._mutex:
-            if self._blocking_free:  # subscripts, no call: no interrupt between them
-                pooled = self._blocking_free[-1]
-                del self._blocking_free[-1]
-                return pooled
-            if not self.budget.take(self._every, blocking=True):
-                return None
+        taken: list[bool] = []  # the budget's receipt
+        try:
+            with self._mutex:
+                if self._blocking_free:  # subscripts, no call: no interrupt between them
+                    pooled = self._blocking_free[-1]
+                    del self._blocking_free[-1]
+                    return pooled
+                if not self.budget.take(self._every, blocking=True, receipt=taken):
+                    return None
+        except BaseException:  # an interrupt on the way out of the with: the slot goes back
+            if taken:
+                self.budget.give(self._every, blocking=True)
+            raise
         channel = None
         try:
             channel = Channel(self.labels, self._factories)
