@@ -101,12 +101,14 @@ def fan_acquire(attempt: LaneAttempt, channel: Channel) -> Outcome:
         tails = [acquire_tail(attempt, owner, ttl_ms, run_id or "", suffix) for run_id in run_ids]
         replies = channel.fan_call(links, scripts.ACQUIRE, tails, state.node_timeout, decided)
         record = quorum_record(state, attempt, owner, started, replies)
+        if record is not None:
+            return record
+        # resumed inside the try: an interrupt before the plan runs (making it, the driver's
+        # first poll) would leave what some nodes granted to nobody
+        return drive(attempt.resume(Sent(owner, suffix, started, replies, run_ids)), channel)
     except BaseException:  # an interrupt mid-call: the plan gives back what it may have got
         give_up(attempt.resume(Sent(owner, suffix, started, None, run_ids)), channel)
         raise
-    if record is not None:
-        return record
-    return drive(attempt.resume(Sent(owner, suffix, started, replies, run_ids)), channel)
 
 
 def release_calls(

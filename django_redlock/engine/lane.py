@@ -119,12 +119,14 @@ def lane_acquire(attempt: LaneAttempt, channel: Channel) -> Outcome:
     try:
         reply = channel.roundtrip(link, scripts.ACQUIRE, tail, state.node_timeout)
         record = granted_record(state, attempt.name, ttl, owner, started, reply)
+        if record is not None:
+            return record
+        # resumed inside the try: an interrupt before the plan runs would leave a grant
+        # (one whose validity ran out, say) to nobody
+        return drive(attempt.resume(Sent(owner, suffix, started, [reply], (run_id,))), channel)
     except BaseException:  # an interrupt mid-call: the plan gives back what it may have got
         give_up(attempt.resume(Sent(owner, suffix, started, None, (run_id,))), channel)
         raise
-    if record is not None:
-        return record
-    return drive(attempt.resume(Sent(owner, suffix, started, [reply], (run_id,))), channel)
 
 
 def release_tail(state: AliasState, lease: LeaseRecord) -> tuple[str, ...]:
