@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -111,9 +110,8 @@ def test_an_interrupt_at_every_call_boundary_leaves_nothing_behind(
     assert interrupted > 20
     busy.release()
     until(lambda: _keys(nodes, prefix) == [], 5.0, "every interrupted grant given back")
-    started = time.monotonic()
+    # a lost connection: "no free connection in time" (NodesUnavailable) after 5 s
     manager.acquire(f"{unique_name}:after", timeout=0).release()
-    assert time.monotonic() - started < 1.0  # not a 5 s wait for a lost connection
 
 
 # an interrupt inside redis-py's connect (between its socket() and the assignment that lets
@@ -163,6 +161,5 @@ def test_an_interrupt_while_waiting_for_a_connection_is_the_callers_own(
         other.join(10)
     assert hail.interrupted > 100
     assert [repr(exc) for exc in foreign] == []
-    started = time.monotonic()
+    # a lost connection: "no free connection in time" (NodesUnavailable) after 5 s
     manager.acquire(f"{unique_name}:after", timeout=0).release()
-    assert time.monotonic() - started < 1.0

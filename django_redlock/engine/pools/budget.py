@@ -156,11 +156,19 @@ class Budget:
         with self._mutex:
             return self._starving_besides(kind) and any(u >= self.limit for u in self._used)
 
-    def give(self, nodes: Sequence[int], *, blocking: bool = False) -> None:
-        """Give back the slots ``take`` took; wakes every registered caller."""
+    def give(
+        self, nodes: Sequence[int], *, blocking: bool = False, receipt: list[bool] | None = None
+    ) -> None:
+        """Give back the slots ``take`` took; wakes every registered caller. With the
+        ``receipt`` ``take`` filled: only if it is still filled, and it is emptied in the same
+        step (so giving back twice, from an interrupted clean-up and its caller's, is one)."""
         if self._generation != forks.generation():
             return  # a slot of the parent's: this process's budget never counted it
         with self._mutex:
+            if receipt is not None:
+                if not receipt:
+                    return
+                receipt.clear()
             used = [max(0, u - 1) if i in nodes else u for i, u in enumerate(self._used)]
             held = self._blocking
             if blocking:

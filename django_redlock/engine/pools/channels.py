@@ -109,23 +109,30 @@ class ChannelPools:
                     return pooled
                 if not self.budget.take(self._every, blocking=True, receipt=taken):
                     return None
-        except BaseException:  # an interrupt on the way out of the with: the slot goes back
-            if taken:
-                self.budget.give(self._every, blocking=True)
+            return self._open_into(self._blocking_all, taken, blocking=True)
+        except BaseException:  # an interrupt before the slot has a channel: it goes back
+            self.budget.give(self._every, blocking=True, receipt=taken)
             raise
+
+    def _open_into(self, pool: list[Channel], taken: list[bool], *, blocking: bool) -> Channel:
+        """A new channel on the slot ``taken`` (the budget's receipt) holds, registered in
+        ``pool`` (the lock channels, or the blocking ones). An interrupt on the way closes
+        what it made and gives the slot back (its caller gives it back, through the same
+        receipt, if the interrupt came before this could)."""
         channel = None
         try:
-            channel = Channel(self.labels, self._factories)
+            busy_poll = 0.0 if blocking else self.state.busy_poll
+            channel = Channel(self.labels, self._factories, busy_poll)
             with self._mutex:
-                self._blocking_all.append(channel)
+                pool.append(channel)
             self._opened()
-        except BaseException:  # an interrupt: never a channel outside the pool with a slot
+        except BaseException:  # never a channel outside the pool with a slot
             if channel is not None:
                 with self._mutex:
-                    if channel in self._blocking_all:
-                        self._blocking_all.remove(channel)
+                    if channel in pool:
+                        pool.remove(channel)
                 channel.close()
-            self.budget.give(self._every, blocking=True)
+            self.budget.give(self._every, blocking=blocking, receipt=taken)
             raise
         return channel
 
@@ -258,21 +265,11 @@ class ChannelPools:
             return self._stand_in()
         if got is not None:
             return got
-        channel = None
         try:
-            channel = Channel(self.labels, self._factories, self.state.busy_poll)
-            with self._mutex:
-                self._all.append(channel)
-            self._opened()
-        except BaseException:  # an interrupt: never a channel outside the pool with a slot
-            if channel is not None:
-                with self._mutex:
-                    if channel in self._all:
-                        self._all.remove(channel)
-                channel.close()
-            self.budget.give(self._every)
+            return self._open_into(self._all, taken, blocking=False)
+        except BaseException:  # an interrupt before the slot has a channel: it goes back
+            self.budget.give(self._every, receipt=taken)
             raise
-        return channel
 
     def _undo_checkout(self, got: Channel | None, taken: list[bool], wake: Doorbell) -> None:
         """An interrupted checkout: the channel it got goes back to the pool, or the slot it
@@ -281,8 +278,8 @@ class ChannelPools:
             if got is not None:
                 with self._mutex:
                     self._free.append(got)
-            elif taken:
-                self.budget.give(self._every)
+            else:
+                self.budget.give(self._every, receipt=taken)
         finally:
             self._leave(wake)
 
