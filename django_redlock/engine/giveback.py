@@ -27,9 +27,8 @@ from collections.abc import Awaitable, Callable
 from time import monotonic, sleep
 from typing import Any
 
-from . import scripts
 from .plans import release_again_plan
-from .replies import NodeFailure
+from .plans.lease import late_answers
 from .state import AliasState, LeaseRecord
 
 logger = logging.getLogger("django_redlock")
@@ -97,26 +96,6 @@ def _settled(state: AliasState, lease: LeaseRecord, confirmed: bool, run: Run) -
     return False
 
 
-def late_answers(lease: LeaseRecord) -> None:
-    """Settle the ``unsure`` nodes whose release reply came after the call was decided (a
-    quorum answered first, or it timed out) and was read since, in order, by the next call
-    on that connection: an answer says the compare-and-delete ran there, so it is not sent
-    again. A refusal stays unsure (sent again); "not yours" leaves nothing to release."""
-    late = lease.late
-    if not late:
-        return
-    still = []
-    for i in lease.unsure:
-        slot = late.get(i)
-        if slot is None or not slot.done or isinstance(slot.value, NodeFailure):
-            still.append(i)
-        elif slot.value != scripts.NOT_HELD:
-            lease.confirmed += 1
-    lease.unsure = tuple(still)
-    if not still:
-        lease.late = {}
-
-
 def _pending(state: AliasState, lease: LeaseRecord) -> bool:
     """Whether ``lease``'s release is still worth sending: nodes did not answer it (late
     answers counted first), its keys have not expired, and its engine is open."""
@@ -182,7 +161,8 @@ class Stragglers(threading.Thread):
     def __init__(self, state: AliasState, run: Run) -> None:
         super().__init__(name="redlock-give-back stragglers", daemon=True)
         self._state, self._run = state, run
-        self._waiting: list[LeaseRecord] = []
+        #: the releases to send again, with when each was added
+        self._waiting: list[tuple[LeaseRecord, float]] = []
 
     @classmethod
     def add(cls, state: AliasState, lease: LeaseRecord, run: Run) -> None:
@@ -191,7 +171,7 @@ class Stragglers(threading.Thread):
             if not isinstance(worker, Stragglers) or not worker.is_alive():
                 worker = state.stragglers = Stragglers(state, run)
                 worker.start()
-            worker._waiting.append(lease)
+            worker._waiting.append((lease, monotonic()))
             del worker._waiting[: -cls.LIMIT]
         logger.debug("Release of %r: sending it again to the nodes that did not answer", lease.name)
 
@@ -199,19 +179,31 @@ class Stragglers(threading.Thread):
         pause = RETRY_EVERY
         while not self._state.closed:
             sleep(pause)
+            now = monotonic()
             with Stragglers._lock:
-                due = [r for r in self._waiting if _pending(self._state, r)]
-                self._waiting[:] = due
+                self._waiting[:] = [w for w in self._waiting if _pending(self._state, w[0])]
+                due = [r for r, since in self._waiting if now - since >= _grace(r)]
             for lease in due:
                 try:
                     self._run(_again(self._state, lease, background=True))
                 except Exception as exc:  # no traceback: formatting one races other threads'
                     logger.debug("Release of %r: a straggler failed: %r", lease.name, exc)
             with Stragglers._lock:
-                if not any(r.unsure for r in self._waiting):
+                if not any(r.unsure for r, _ in self._waiting):
                     self._state.stragglers = None  # the next add() starts a new thread
                     return
             pause = min(pause * 2, RETRY_AT_MOST)
+
+
+def _grace(lease: LeaseRecord) -> float:
+    """Seconds a straggler waits before it is sent again: none when a node's connection
+    broke or it refused; :data:`RETRY_AT_MOST` while every unsure node's release is on the
+    wire with its answer not read yet (the next call on that connection reads it, so a
+    busy process sends nothing twice; a node that never answers is sent to after that)."""
+    late = lease.late
+    if all((slot := late.get(i)) is not None and not slot.done for i in lease.unsure):
+        return RETRY_AT_MOST
+    return 0.0
 
 
 def _after_fork_in_child() -> None:

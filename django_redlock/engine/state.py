@@ -188,7 +188,7 @@ class LeaseRecord:
     unsure: tuple[int, ...] = ()
     #: of the ``unsure`` nodes, the slots of release calls sent and not answered yet: a
     #: reply that comes later (read by the connection's next call) settles that node
-    #: without sending the release again (see :func:`~.giveback.late_answers`)
+    #: without sending the release again (see :func:`~.plans.lease.late_answers`)
     late: dict[int, Any] = field(default_factory=dict, repr=False, compare=False)
     #: why the nodes of ``unsure`` did not confirm it ("label: reason; ...": a refused
     #: command names the permission the node's ACL user lacks)

@@ -476,7 +476,9 @@ def test_late_answers_to_a_release_are_not_sent_again(
     answers are read by the next call on the connection. Those answers settle their nodes,
     so the background give-back sends nothing: each node runs one script per acquire and one
     per release (it used to send about one release in five again to the last two nodes:
-    0.1-0.2 extra scripts per node and pair, and a thread hand-off per pair)."""
+    0.1-0.2 extra scripts per node and pair, and a thread hand-off per pair), not even when
+    the process stalls between two calls for longer than the give-back's first wait (a
+    loaded machine: CI saw 3-4 extra scripts on two nodes)."""
     nodes = redis_node_factory(5)
     manager = redlock_alias(nodes, TTL=TTL)
     manager.acquire(f"{unique_name}:warm", timeout=0).release()  # scripts loaded, links up
@@ -494,6 +496,8 @@ def test_late_answers_to_a_release_are_not_sent_again(
     pairs = 300
     for i in range(pairs):
         assert manager.acquire(f"{unique_name}:{i % 7}", timeout=0).release() is True
+        if i % 50 == 49:  # a process descheduled on a loaded machine: the answers wait unread
+            time.sleep(3 * giveback.RETRY_EVERY)
     manager.acquire(f"{unique_name}:last", timeout=0).release()  # reads the 300th's answers
     time.sleep(2 * giveback.RETRY_AT_MOST)  # every straggler round has run
     extra = [after - b - 2 * (pairs + 1) for after, b in zip(scripts_run(), before, strict=True)]

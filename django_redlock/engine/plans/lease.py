@@ -106,6 +106,26 @@ def note_unsure(lease: LeaseRecord, nodes: Sequence[Labelled], replies: Sequence
     lease.unsure_why = "; ".join(f"{node.label}: {reply}" for node, reply in unsure)
 
 
+def late_answers(lease: LeaseRecord) -> None:
+    """Settle the ``unsure`` nodes whose release reply came after the call was decided (a
+    quorum answered first, or it timed out) and was read since, in order, by the next call
+    on that connection: an answer says the compare-and-delete ran there, so it is not sent
+    again. A refusal stays unsure (sent again); "not yours" leaves nothing to release."""
+    late = lease.late
+    if not late:
+        return
+    still = []
+    for i in lease.unsure:
+        slot = late.get(i)
+        if slot is None or not slot.done or isinstance(slot.value, NodeFailure):
+            still.append(i)
+        elif slot.value != scripts.NOT_HELD:
+            lease.confirmed += 1
+    lease.unsure = tuple(still)
+    if not still:
+        lease.late = {}
+
+
 def release_again_plan(
     state: AliasState, nodes: Sequence[NodeView], lease: LeaseRecord, *, background: bool = False
 ) -> Plan[bool]:
@@ -121,6 +141,7 @@ def release_again_plan(
     being waited for, so a background send never holds a pooled connection for
     ``NODE_TIMEOUT`` (a caller would open another meanwhile, and wait for that node to
     connect)."""
+    late_answers(lease)  # answers this call's connections read before the plan began
     total = len(nodes)
     waking = wake_node(lease.name, total)
     unsure = set(lease.unsure)
