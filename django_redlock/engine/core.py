@@ -226,7 +226,7 @@ class Engine:
         if not lease.unsure:
             lease.unsure = tuple(i for i in range(len(self.labels)) if lease.may_hold(i))
         if lease.unsure and id(lease) not in giveback.GiveBack.running:
-            giveback.GiveBack(self.state, lease, self.pools.run_aside, quiet=True).start()
+            giveback.GiveBack(self.state, lease, self.pools.run_aside, quiet=True).begin()
 
     def _run_first(self, plan: PlanMaker[Any]) -> Any:
         return self.pools.run(plan)[0]

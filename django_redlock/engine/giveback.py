@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from time import monotonic, sleep
 from typing import Any
 
+from . import starter
 from .plans import release_again_plan
 from .plans.lease import late_answers
 from .state import AliasState, LeaseRecord
@@ -92,7 +93,7 @@ def _settled(state: AliasState, lease: LeaseRecord, confirmed: bool, run: Run) -
             Stragglers.add(state, lease, run)
         return lease.valid_at_release
     if lease.unsure:
-        GiveBack(state, lease, run).start()
+        GiveBack(state, lease, run).begin()
     return False
 
 
@@ -117,10 +118,23 @@ class GiveBack(threading.Thread):
         super().__init__(name=f"redlock-give-back {lease.name}", daemon=True)
         self._state, self._lease, self._run, self._quiet = state, lease, run, quiet
 
-    def start(self) -> None:
+    def begin(self) -> None:
+        """Start it, safely in the main thread (see :mod:`.starter`): once this returns,
+        ``running`` lists it; an interrupt during the call leaves it starting soon after."""
         self._lease.given_back = True
+        starter.start_thread(self)
+
+    def start(self) -> None:
+        """Register and start it (called by :meth:`begin`, never in the main thread
+        directly: there a signal handler's exception could kill the new thread)."""
         with GiveBack._lock:
             GiveBack.running[id(self._lease)] = self
+        try:
+            super().start()
+        except BaseException:  # cannot start new thread: its keys expire with their TTL
+            with GiveBack._lock:
+                GiveBack.running.pop(id(self._lease), None)
+            raise
         if self._quiet:  # a failed attempt's grant: nobody holds it, nothing to report
             logger.debug("Giving back the grant of a failed attempt on %r", self._lease.name)
         else:
@@ -130,7 +144,6 @@ class GiveBack(threading.Thread):
                 self._lease.name,
                 why_unconfirmed(self._lease),
             )
-        super().start()
 
     def run(self) -> None:
         lease, pause = self._lease, RETRY_EVERY
@@ -166,13 +179,24 @@ class Stragglers(threading.Thread):
 
     @classmethod
     def add(cls, state: AliasState, lease: LeaseRecord, run: Run) -> None:
+        new = None
         with cls._lock:
             worker = state.stragglers
-            if not isinstance(worker, Stragglers) or not worker.is_alive():
-                worker = state.stragglers = Stragglers(state, run)
-                worker.start()
+            # a worker not started yet (``ident`` None) is starting: it takes this one too
+            if not isinstance(worker, Stragglers) or not (
+                worker.ident is None or worker.is_alive()
+            ):
+                worker = new = state.stragglers = Stragglers(state, run)
             worker._waiting.append((lease, monotonic()))
             del worker._waiting[: -cls.LIMIT]
+        if new is not None:
+            try:
+                starter.start_thread(new)  # never split by a signal handler's exception
+            except RuntimeError:  # cannot start new thread: the next add() tries again
+                with cls._lock:
+                    if state.stragglers is new:
+                        state.stragglers = None
+                raise
         logger.debug("Release of %r: sending it again to the nodes that did not answer", lease.name)
 
     def run(self) -> None:
@@ -221,8 +245,13 @@ if hasattr(os, "register_at_fork"):
 def settle_owed(state: AliasState, run: Run) -> None:
     """Give back, in the background, the grants whose give-back an attempt could not send
     (``state.owed``: the connection to their node had broken with the reply unread)."""
+    if state.owed:  # popped in the starter: an interrupt cannot drop one between pop and start
+        starter.call_soon(lambda: _give_back_owed(state, run))
+
+
+def _give_back_owed(state: AliasState, run: Run) -> None:
     while state.owed:
-        GiveBack(state, state.owed.pop(), run, quiet=True).start()
+        GiveBack(state, state.owed.pop(), run, quiet=True).begin()
 
 
 def why_unconfirmed(lease: LeaseRecord) -> str:

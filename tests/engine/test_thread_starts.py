@@ -11,13 +11,15 @@ import queue
 import socket
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 
-from django_redlock.engine import start_thread
+from django_redlock.engine import giveback, start_thread
+from django_redlock.engine.state import AliasState, LeaseRecord
 from django_redlock.engine.transport.link import Link
 from tests.support.signal_storm import Hail, Interrupted
 from tests.support.waiting import until
@@ -109,4 +111,34 @@ def test_an_interrupted_reconnect_start_is_never_recorded_as_running(
 
     until(settled, 30, "reconnect threads still running")
     assert not link._reconnecting, "a reconnect is recorded as running, and none runs"
+    assert thread_failures == []
+
+
+def test_every_give_back_begun_sends_its_release(thread_failures: list[str]) -> None:
+    """Background give-backs begun while a storm interrupts the main thread: every one whose
+    ``begin()`` returned sends its release (here to a sender that records it and confirms),
+    and none is left recorded as running. ``Thread.start()`` in the caller's thread (as
+    ``GiveBack`` did) loses some: the new thread dies with ``KeyError`` before it runs, the
+    name stays locked for its TTL and the lease reads "unconfirmed" for good."""
+    state = AliasState("t:", 0.05, 0.01, 5.0)
+    sent: queue.SimpleQueue[str] = queue.SimpleQueue()
+
+    def send(make_plan: Any) -> bool:  # stands in for the pool: no node is involved
+        sent.put(threading.current_thread().name)
+        return True
+
+    made: list[LeaseRecord] = []
+
+    def step() -> None:
+        lease = LeaseRecord(f"n{len(made)}", "k", "o", 1, 5.0, time.monotonic() + 5.0)
+        lease.unsure = (0,)
+        made.append(lease)
+        giveback.GiveBack(state, lease, send, quiet=True).begin()
+
+    hail = Hail(0.0003, SECONDS)
+    returned = hail.run(step)
+    print(f"\n{len(made)} give-backs: {hail.interrupted} interrupted, {returned} returned")
+    assert hail.interrupted > 20, "the storm never interrupted a start: it tests nothing"
+    until(lambda: sent.qsize() >= returned, 30, f"{returned} begun, fewer sent")
+    until(lambda: not giveback.GiveBack.running, 30, "give-backs recorded as running")
     assert thread_failures == []
