@@ -79,8 +79,9 @@ async def aconfirm(
 
 def _answered(state: AliasState, lease: LeaseRecord, run: Run) -> bool:
     """True when the release's outcome is known: every node answered, or a quorum confirmed
-    it (the nodes left are stragglers, sent to in the background)."""
-    if lease.unsure and lease.settled:
+    it (the nodes left are stragglers, sent to in the background, as are nodes to look at
+    once more for a late grant)."""
+    if (lease.unsure and lease.settled) or (lease.recheck and not lease.unsure):
         Stragglers.add(state, lease, run)
     return not lease.unsure or lease.settled
 
@@ -89,7 +90,7 @@ def _settled(state: AliasState, lease: LeaseRecord, confirmed: bool, run: Run) -
     """After the release was sent again: its outcome, with a background give-back started
     only for nodes that still did not answer (not for ones that said "not yours")."""
     if confirmed:
-        if lease.unsure:
+        if lease.unsure or lease.recheck:
             Stragglers.add(state, lease, run)
         return lease.valid_at_release
     if lease.unsure:
@@ -101,7 +102,7 @@ def _pending(state: AliasState, lease: LeaseRecord) -> bool:
     """Whether ``lease``'s release is still worth sending: nodes did not answer it (late
     answers counted first), its keys have not expired, and its engine is open."""
     late_answers(lease)
-    return bool(lease.unsure) and monotonic() < lease.deadline and not state.closed
+    return bool(lease.unsure or lease.recheck) and monotonic() < lease.deadline and not state.closed
 
 
 class GiveBack(threading.Thread):
@@ -206,28 +207,31 @@ class Stragglers(threading.Thread):
             now = monotonic()
             with Stragglers._lock:
                 self._waiting[:] = [w for w in self._waiting if _pending(self._state, w[0])]
-                due = [r for r, since in self._waiting if now - since >= _grace(r)]
+                due = [r for r, since in self._waiting if _due(r, now - since, now)]
             for lease in due:
                 try:
                     self._run(_again(self._state, lease, background=True))
                 except Exception as exc:  # no traceback: formatting one races other threads'
                     logger.debug("Release of %r: a straggler failed: %r", lease.name, exc)
             with Stragglers._lock:
-                if not any(r.unsure for r, _ in self._waiting):
+                if not any(r.unsure or r.recheck for r, _ in self._waiting):
                     self._state.stragglers = None  # the next add() starts a new thread
                     return
             pause = min(pause * 2, RETRY_AT_MOST)
 
 
-def _grace(lease: LeaseRecord) -> float:
-    """Seconds a straggler waits before it is sent again: none when a node's connection
-    broke or it refused; :data:`RETRY_AT_MOST` while every unsure node's release is on the
-    wire with its answer not read yet (the next call on that connection reads it, so a
-    busy process sends nothing twice; a node that never answers is sent to after that)."""
+def _due(lease: LeaseRecord, waited: float, now: float) -> bool:
+    """Whether a straggler that waited ``waited`` seconds is sent again now: at once when a
+    node's connection broke or it refused; after :data:`RETRY_AT_MOST` while every unsure
+    node's release is on the wire with its answer not read yet (the next call on that
+    connection reads it, so a busy process sends nothing twice; a node that never answers is
+    sent to after that); a node only to look at once more, at its time."""
+    if not lease.unsure:
+        return now >= min(lease.recheck.values(), default=0.0)
     late = lease.late
     if all((slot := late.get(i)) is not None and not slot.done for i in lease.unsure):
-        return RETRY_AT_MOST
-    return 0.0
+        return waited >= RETRY_AT_MOST
+    return True
 
 
 def _after_fork_in_child() -> None:

@@ -190,6 +190,11 @@ class LeaseRecord:
     #: reply that comes later (read by the connection's next call) settles that node
     #: without sending the release again (see :func:`~.plans.lease.late_answers`)
     late: dict[int, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: nodes whose acquire never answered and that said "not yours" to the release: the call
+    #: that took the name there may still be on its way (written on a connection that
+    #: closed with it unanswered, held by a proxy), so the release goes there once more at
+    #: the time given (``time.monotonic()``; see :data:`~.plans.lease.LATE_DELIVERY`)
+    recheck: dict[int, float] = field(default_factory=dict, repr=False, compare=False)
     #: why the nodes of ``unsure`` did not confirm it ("label: reason; ...": a refused
     #: command names the permission the node's ACL user lacks)
     unsure_why: str = ""

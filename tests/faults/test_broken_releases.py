@@ -583,6 +583,22 @@ def _copies(nodes: RedisNodes, prefix: str) -> list[tuple[int, str]]:
     ]
 
 
+def _describe_copies(nodes: RedisNodes, prefix: str) -> list[str]:
+    """Each copy left: node, name, when it was granted (ms before now, by its value) and its
+    TTL left (ms): for a failure's message."""
+    now_ms = time.time() * 1000
+    described = []
+    for i, name in _copies(nodes, prefix):
+        client = nodes[i].client()
+        value = (client.get(f"{prefix}{name}") or b"").decode()
+        granted = value.split("|")[1] if value.count("|") >= 3 else "?"
+        age = f"{now_ms - int(granted):.0f}" if granted.isdigit() else "?"
+        described.append(
+            f"node {i} {name}: granted {age} ms ago, {client.pttl(f'{prefix}{name}')} ms left"
+        )
+    return described
+
+
 @_SOCKET_LEFT_TO_GC
 @pytest.mark.parametrize("seconds", [8, pytest.param(60, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("seed", [1, 2])
@@ -628,6 +644,38 @@ def test_interrupted_locks_among_contending_threads_and_flapping_proxies_leave_n
     until(lambda: not _any_locked(nodes, a.config.key_prefix), 5.0, "no name left locked")
     # nor a copy on one node: what a node granted is given back there too (by the failed
     # attempt's give-back, or a release's straggler), not left to its 30 s TTL
-    until(lambda: not _copies(nodes, a.config.key_prefix), 5.0, "no copy left")
+    try:
+        until(lambda: not _copies(nodes, a.config.key_prefix), 5.0, "no copy left")
+    except AssertionError:
+        raise AssertionError(
+            f"copies left: {_describe_copies(nodes, a.config.key_prefix)}"
+        ) from None
     for name in names:  # a timeout: a last release may have reserved it for a waiter (100 ms)
         a.acquire(name, timeout=2.0).release()
+
+
+def test_a_grant_that_lands_after_its_release_is_given_back(
+    redis_node_factory: Nodes,
+    redlock_alias: Alias,
+    proxies: Callable[[RedisNodes], list[Proxy]],
+) -> None:
+    """Three nodes; the third one's proxy holds what the client sends for 300 ms. An acquire
+    wins on the first two; the third connection is dropped by the client with the acquire
+    still in the proxy (an interrupt drops a connection this way), so the release reaches the
+    third node on a new connection before the acquire does: "not yours" there, then the
+    acquire lands. That copy stayed for the 30 s TTL; the release goes to such a node once
+    more (``LATE_DELIVERY`` later) and takes it back."""
+    nodes = redis_node_factory(3)
+    px = proxies(nodes)
+    a = redlock_alias([p.url for p in px], TTL=TTL, NODE_TIMEOUT=0.1)
+    a.acquire("warm", timeout=0).release()  # connections through the proxies are up
+    key = f"{a.config.key_prefix}k"
+    px[2].set("delay", delay_ms=300)
+    lease = a.acquire("k", timeout=0)
+    channel = lease.record.pinned
+    assert channel is not None and not nodes[2].client().exists(key)
+    channel.links[2].interrupted()  # what an interrupt while that call was read does
+    px[2].set("pass")
+    assert lease.release() is True
+    until(lambda: bool(nodes[2].client().exists(key)), 3.0, "the held acquire landed")
+    until(lambda: not nodes[2].client().exists(key), 5.0, "the late grant given back")

@@ -86,6 +86,8 @@ def counted_release(
     for i, (reply, holds) in enumerate(zip(replies, reached, strict=True)):
         if not holds or reply == scripts.NOT_HELD:
             refused += 1
+            if holds and i not in lease.voters:  # its acquire may not have arrived yet
+                lease.recheck[i] = time.monotonic() + LATE_DELIVERY
         elif isinstance(reply, NodeFailure):
             unsure.append(i)
             if reply.late is not None:
@@ -104,6 +106,14 @@ def note_unsure(lease: LeaseRecord, nodes: Sequence[Labelled], replies: Sequence
     background give-back's warning and ``Lease.check()``)."""
     unsure = [(nodes[i], replies[i]) for i in lease.unsure]
     lease.unsure_why = "; ".join(f"{node.label}: {reply}" for node, reply in unsure)
+
+
+#: Seconds after a node that never answered a lease's acquire said "not yours" to its
+#: release before the release is sent there once more: the acquire may have been written on a
+#: connection that closed with it unanswered, and a proxy between us and the node can still
+#: deliver it after the release ran (a copy nobody holds, until its TTL). One more send after
+#: this long catches such a late grant; a proxy that holds a call longer leaves it to its TTL.
+LATE_DELIVERY = 2.0
 
 
 def late_answers(lease: LeaseRecord) -> None:
@@ -145,15 +155,21 @@ def release_again_plan(
     total = len(nodes)
     waking = wake_node(lease.name, total)
     unsure = set(lease.unsure)
+    now = time.monotonic()
+    # nodes to look at once more for a late grant (never waited for: background only)
+    due = {i for i, at in lease.recheck.items() if at <= now} if background else set()
     calls: list[Call | None] = [
         _release_of(state, lease, wakes=i == waking, unsure=i not in lease.voters)
-        if i in unsure and node.run_id is not None and not (background and node.behind)
+        if (i in unsure or i in due)
+        and node.run_id is not None
+        and not (background and node.behind)
         else None
         for i, node in enumerate(nodes)
     ]
     # sent even with no call: the driver starts reconnecting the nodes that are down
     replies = yield Request(calls, state.node_timeout)
-    ran_before = not lease.lost and lease.deadline > time.monotonic()
+    now = time.monotonic()
+    ran_before = not lease.lost and lease.deadline > now
     still = []
     for i in sorted(unsure):
         reply = replies[i]
@@ -163,6 +179,13 @@ def release_again_plan(
                 lease.late[i] = reply.late
         elif reply != scripts.NOT_HELD or ran_before:
             lease.confirmed += 1
+            if reply == scripts.NOT_HELD and i not in lease.voters:
+                lease.recheck[i] = now + LATE_DELIVERY  # its acquire may still arrive
+    for i in due - unsure:  # looked at once more: whatever it says, nothing is on its way
+        if not isinstance(replies[i], NodeFailure):
+            del lease.recheck[i]
+    if not ran_before:
+        lease.recheck.clear()  # its keys have expired
     lease.unsure = tuple(still)
     lease.settled = lease.confirmed >= quorum(total)
     note_unsure(lease, nodes, replies)

@@ -341,14 +341,15 @@ class Channel:
             poller = select.poll()
             for fd in fds:
                 poller.register(fd, _POLL_EVENTS)
-            self._fan_poller, self._fan_fds = poller, fds
-            self._fan_links = dict(zip(fds, links, strict=True))
+            by_fd = dict(zip(fds, links, strict=True))
+            # stored together, after every call: an interrupt cannot leave them apart
+            self._fan_poller, self._fan_fds, self._fan_links = poller, fds, by_fd
         for fd, _ in self._fan_poller.poll(0):
-            link = self._fan_links[fd]
-            if link.is_idle():  # nothing is expected from it: the server closed it
-                return None
-            link.drain(receive=True)
-            if not link.connected:
+            ready = self._fan_links.get(fd)
+            if ready is None or ready.is_idle():  # (idle: the server closed it)
+                return None  # the general path's prepare() deals with it
+            ready.drain(receive=True)
+            if not ready.connected:
                 return None
         return links
 
