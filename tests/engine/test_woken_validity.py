@@ -17,8 +17,10 @@ from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNode, RedisNodes
 
 TTL = 0.2
-#: How far below the nodes' PTTL a woken waiter's validity may be (drift 4 ms + round trip).
-SLACK_MS = 20
+#: How far below the nodes' PTTL a woken waiter's validity may be: drift 4 ms + round trip,
+#: which on a loaded CI machine (4 test workers on 2 cores) reached 41 ms once. The defect this
+#: guards counted the validity from before the wait: 150 ms short, well beyond this.
+SLACK_MS = 50
 #: A guard so a waiter that never returns fails the test instead of hanging it.
 GUARD = 5.0
 
@@ -96,7 +98,7 @@ def test_a_woken_waiter_holds_what_the_nodes_hold(
     how: str,
 ) -> None:
     """The holder releases 0.15 s into the waiter's wait (TTL 0.2 s): the woken waiter's
-    lease is valid for what the nodes' PTTL says, within 20 ms, and its release finds it
+    lease is valid for what the nodes' PTTL says, within SLACK_MS, and its release finds it
     still held (no false loss). On one node the attempt rode behind the ``BLPOP``; counted
     from the write, the lease was left with 0.05 s, or thrown away."""
     nodes = redis_node_factory(count)
