@@ -86,7 +86,7 @@ def counted_release(
     for i, (reply, holds) in enumerate(zip(replies, reached, strict=True)):
         if not holds or reply == scripts.NOT_HELD:
             refused += 1
-            if holds and i not in lease.voters:  # its acquire may not have arrived yet
+            if holds and _late_grant_possible(lease, i):
                 lease.recheck[i] = time.monotonic() + LATE_DELIVERY
         elif isinstance(reply, NodeFailure):
             unsure.append(i)
@@ -114,6 +114,16 @@ def note_unsure(lease: LeaseRecord, nodes: Sequence[Labelled], replies: Sequence
 #: deliver it after the release ran (a copy nobody holds, until its TTL). One more send after
 #: this long catches such a late grant; a proxy that holds a call longer leaves it to its TTL.
 LATE_DELIVERY = 2.0
+
+
+def _late_grant_possible(lease: LeaseRecord, node: int) -> bool:
+    """Whether ``node`` may still receive ``lease``'s acquire: a lease (a quorum voted for
+    it) whose acquire that node never answered. A failed attempt's grant given back again
+    (``state.owed``: no voters) is not rechecked: its give-back went out on the same
+    connection as its acquire before that connection broke, and rechecking every one of them
+    kept give-back threads busy on the connection budget (a pool of 4 shared by 60 callers
+    took 3x as long)."""
+    return bool(lease.voters) and node not in lease.voters
 
 
 def late_answers(lease: LeaseRecord) -> None:
@@ -179,7 +189,7 @@ def release_again_plan(
                 lease.late[i] = reply.late
         elif reply != scripts.NOT_HELD or ran_before:
             lease.confirmed += 1
-            if reply == scripts.NOT_HELD and i not in lease.voters:
+            if reply == scripts.NOT_HELD and _late_grant_possible(lease, i):
                 lease.recheck[i] = now + LATE_DELIVERY  # its acquire may still arrive
     for i in due - unsure:  # looked at once more: whatever it says, nothing is on its way
         if not isinstance(replies[i], NodeFailure):
