@@ -401,10 +401,19 @@ def _locked_on_a_quorum(nodes: RedisNodes, key: str) -> bool:
     return _keys(nodes, key) > len(nodes) // 2
 
 
+def _copies(nodes: RedisNodes, prefix: str) -> list[tuple[int, str]]:
+    """Per node, the pairs' names of ``prefix`` it holds."""
+    return [
+        (i, key.decode().removeprefix(prefix))
+        for i, node in enumerate(nodes)
+        for key in node.client().scan_iter(f"{prefix}p:*")
+    ]
+
+
 def _left_locked(nodes: RedisNodes, prefix: str) -> list[str]:
     """The pairs' names of ``prefix`` locked on a quorum of ``nodes``."""
-    keys = {key.decode() for node in nodes for key in node.client().scan_iter(f"{prefix}p:*")}
-    return sorted(k.removeprefix(prefix) for k in keys if _locked_on_a_quorum(nodes, k))
+    names = {name for _, name in _copies(nodes, prefix)}
+    return sorted(n for n in names if _locked_on_a_quorum(nodes, f"{prefix}{n}"))
 
 
 def _any_locked(nodes: RedisNodes, prefix: str) -> bool:
@@ -572,15 +581,6 @@ def _flapping(px: list[Proxy], stop: threading.Event, seed: int) -> threading.Th
             proxy.set("pass")
 
     return threading.Thread(target=flap, daemon=True)
-
-
-def _copies(nodes: RedisNodes, prefix: str) -> list[tuple[int, str]]:
-    """Per node, the pairs' names of ``prefix`` it holds."""
-    return [
-        (i, key.decode().removeprefix(prefix))
-        for i, node in enumerate(nodes)
-        for key in node.client().scan_iter(f"{prefix}p:*")
-    ]
 
 
 def _describe_copies(nodes: RedisNodes, prefix: str) -> list[str]:
