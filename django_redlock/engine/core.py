@@ -69,10 +69,9 @@ class Engine:
         )  # fmt: skip
         #: waits for a release's wake-up, piped with the next attempt where they can be
         self.waits = ReleaseWaits(state, self.pools, len(self.labels))
-        #: a lock on a one-node alias takes the single-node lane (:mod:`.lane`); the lane for
-        #: a set of nodes (:mod:`.fan_lane`) is not routed to yet: with it, 60 callers on
-        #: MAX_CONNECTIONS=4 (threads and two event loops) waited out their 60 s timeout for a
-        #: connection on loaded CI runs (tests/engine/test_pools.py)
+        #: a lock takes a lane: the single-node one (:mod:`.lane`) on a one-node alias, else
+        #: the lane for a set of nodes (:mod:`.fan_lane`), where the plans would ask every
+        #: node at once (not with ``FAN_OUT = "quorum"``)
         self._lane = len(self.labels) == 1
         self._lane_acquire = lane_acquire if self._lane else fan_acquire
         self._lane_release = functools.partial(
@@ -154,7 +153,7 @@ class Engine:
         first = None
         if not queue_first:  # the common case: one attempt, no policy needed if it wins
             until = SPARE if waiting is None else deadline_of(waiting)
-            if target.lane and self._lane:  # a lock on one node: the single-node lane
+            if target.lane and (self._lane or not self.state.quorum_first):  # a lock: a lane
                 attempt = target.lane_attempt(waiting)
                 ran = self.pools.run_with(self._lane_acquire, attempt, None, until)
             else:
@@ -206,7 +205,7 @@ class Engine:
     def release(self, lease: LeaseRecord) -> bool:
         """Release ``lease``; True if it was still held and a quorum confirmed the release
         (else it is sent again: see :mod:`.giveback`)."""
-        if self._lane:
+        if self._lane or not self.state.quorum_first:
             held = self.pools.run_with(self._lane_release, lease, lease.pinned)[0]
         else:
             held = self.pools.run(

@@ -139,16 +139,18 @@ def test_a_blocking_plain_compute_longer_than_the_ttl_keeps_its_lease(
     backend: str, key: str, settings: Any, redlock_alias: Any
 ) -> None:
     """A plain (blocking) compute runs in a worker thread, so the loop keeps renewing the
-    write lease: a compute of 1.5 s on an alias whose TTL is 0.3 s still holds the key, and a
-    caller arriving 0.7 s in waits and reads its value instead of computing a second time."""
-    manager = redlock_alias(settings.REDLOCK["default"]["NODES"], TTL=0.3, TIMEOUT=30)
+    write lease: a compute of 2 s on an alias whose TTL is 0.6 s still holds the key, and a
+    caller arriving 1.3 s in waits and reads its value instead of computing a second time.
+    (A TTL of 0.3 s lost its lease once on a loaded CI run: a renewal there is due every
+    0.1 s and may come late by more than the TTL's spare 0.2 s; that loss is correct.)"""
+    manager = redlock_alias(settings.REDLOCK["default"]["NODES"], TTL=0.6, TIMEOUT=30)
     computes: list[str] = []
     started = threading.Event()
 
     def slow() -> str:
         computes.append("slow")
         started.set()
-        time.sleep(1.5)
+        time.sleep(2.0)
         return "slow"
 
     first = threading.Thread(
@@ -156,7 +158,7 @@ def test_a_blocking_plain_compute_longer_than_the_ttl_keeps_its_lease(
     )
     first.start()
     assert started.wait(30)
-    time.sleep(0.7)  # more than two TTLs into the compute
+    time.sleep(1.3)  # more than two TTLs into the compute
 
     def second() -> str:
         computes.append("second")
