@@ -98,6 +98,25 @@ def raw_pair(url: str, name: str) -> SyncPair:
     return acquire, release
 
 
+def raw_apair(url: str, name: str) -> AsyncPair:
+    """:func:`raw_pair` on ``redis.asyncio`` (hiredis): ``SET NX PX`` + ``EVALSHA``."""
+    import redis.asyncio
+
+    client = redis.asyncio.Redis.from_url(
+        url, socket_timeout=HEALTHY_SOCKET_TIMEOUT, socket_connect_timeout=HEALTHY_SOCKET_TIMEOUT
+    )
+    sha = redis_client(url, HEALTHY_SOCKET_TIMEOUT).script_load(RELEASE_LUA)
+
+    async def acquire() -> str | None:
+        owner = secrets.token_hex(16)
+        return owner if await client.set(name, owner, nx=True, px=TTL * 1000) else None
+
+    async def release(owner: str) -> object:
+        return await client.evalsha(sha, 1, name, owner)
+
+    return acquire, release
+
+
 def redis_py_lock_pair(url: str, name: str) -> SyncPair:
     client = redis_client(url, HEALTHY_SOCKET_TIMEOUT)
 

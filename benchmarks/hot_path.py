@@ -15,6 +15,7 @@ replies read). Each contender runs in its own process, rounds interleave the con
 the table shows the median over the rounds.
 
     .venv/bin/python benchmarks/hot_path.py [--ref 0f914f6] [--pairs 3000] [--rounds 5]
+    .venv/bin/python benchmarks/hot_path.py --asyncio   # aacquire/arelease vs redis.asyncio
 
 "this tree, busy poll off" is this tree with ``REDLOCK_BUSY_POLL=0`` (replies waited for in
 ``poll()`` at once): busy polling spends client CPU to get replies sooner.
@@ -61,6 +62,9 @@ def commands():
                 total += int(stats["calls"])
     return total
 
+asynchronous = kind.endswith("-async")
+if asynchronous:
+    kind = kind[: -len("-async")]
 if kind.startswith("ours"):
     import django
     from django.conf import settings
@@ -87,10 +91,32 @@ if kind.startswith("ours"):
 
     def release(held):
         held.release()
+
+    async def aacquire(name, manager=manager):
+        return await manager.aacquire(name, timeout=0)
+
+    async def acounted_acquire(name):
+        return await aacquire(name, locks["counting"])
+
+    async def arelease(held):
+        await held.arelease()
 else:  # the raw pairs every benchmark compares with (benchmarks/contenders.py, scale.py)
     sys.path.insert(0, os.environ["BENCH_ROOT"])
-    from benchmarks.contenders import raw_pair
+    from benchmarks.contenders import raw_apair, raw_pair
     from benchmarks.scale import raw_fanout_pair
+
+    if asynchronous:
+        if len(urls) != 1:
+            raise SystemExit("raw redis.asyncio: one node only")
+        atake, agive = raw_apair(urls[0], "raw:hot")
+
+        async def aacquire(name):
+            owner = await atake()
+            if owner is None:
+                raise SystemExit("the raw lock was not free")
+            return owner
+
+        acounted_acquire, arelease = aacquire, agive
 
     one = len(urls) == 1
     take, give = raw_pair(urls[0], "raw:hot") if one else raw_fanout_pair(urls, "raw:hot")
@@ -105,26 +131,60 @@ else:  # the raw pairs every benchmark compares with (benchmarks/contenders.py, 
 
 if kind != "ours":
     counted_acquire = acquire
-for i in range(300):  # warm up: connections, scripts, fence state
-    release(acquire(f"warm:{i}"))
-    release(counted_acquire(f"warm:{i}"))
+    if asynchronous:
+        acounted_acquire = aacquire
 times = []
-ran = commands()
-cpu, server, started = time.process_time(), server_cpu(), time.perf_counter()
-for i in range(pairs):
-    before = time.perf_counter()
-    held = acquire(f"t:{i}")
-    times.append(time.perf_counter() - before)
-    release(held)
-elapsed = time.perf_counter() - started
-cpu, server = time.process_time() - cpu, server_cpu() - server
-ran = (commands() - ran) / pairs / len(clients)
-profile = cProfile.Profile()
 counted = min(pairs, 1000)
-profile.enable()
-for i in range(counted):
-    release(counted_acquire(f"p:{i}"))
-profile.disable()
+profile = cProfile.Profile()
+
+
+def timed():
+    for i in range(300):  # warm up: connections, scripts, fence state
+        release(acquire(f"warm:{i}"))
+        release(counted_acquire(f"warm:{i}"))
+    ran = commands()
+    cpu, server, started = time.process_time(), server_cpu(), time.perf_counter()
+    for i in range(pairs):
+        before = time.perf_counter()
+        held = acquire(f"t:{i}")
+        times.append(time.perf_counter() - before)
+        release(held)
+    elapsed = time.perf_counter() - started
+    measured = time.process_time() - cpu, server_cpu() - server, commands() - ran, elapsed
+    profile.enable()
+    for i in range(counted):
+        release(counted_acquire(f"p:{i}"))
+    profile.disable()
+    return measured
+
+
+async def atimed():  # the same on an event loop (the INFO calls block it: outside the timings)
+    for i in range(300):
+        await arelease(await aacquire(f"warm:{i}"))
+        await arelease(await acounted_acquire(f"warm:{i}"))
+    ran = commands()
+    cpu, server, started = time.process_time(), server_cpu(), time.perf_counter()
+    for i in range(pairs):
+        before = time.perf_counter()
+        held = await aacquire(f"t:{i}")
+        times.append(time.perf_counter() - before)
+        await arelease(held)
+    elapsed = time.perf_counter() - started
+    measured = time.process_time() - cpu, server_cpu() - server, commands() - ran, elapsed
+    profile.enable()
+    for i in range(counted):
+        await arelease(await acounted_acquire(f"p:{i}"))
+    profile.disable()
+    return measured
+
+
+if asynchronous:
+    import asyncio
+
+    cpu, server, ran, elapsed = asyncio.run(atimed())
+else:
+    cpu, server, ran, elapsed = timed()
+ran = ran / pairs / len(clients)
 calls = pstats.Stats(profile).total_calls / counted
 times.sort()
 print(json.dumps({
@@ -142,10 +202,13 @@ print(json.dumps({
 NO_SPIN = "this tree, busy poll off"
 
 
-def run(tree: Path | None, urls: list[str], pairs: int, spin: bool = True) -> dict[str, float]:
+def run(
+    tree: Path | None, urls: list[str], pairs: int, spin: bool = True, asynchronous: bool = False
+) -> dict[str, float]:
     """One contender's pass in a process of its own (``tree``: None for raw redis-py;
-    ``spin``: False runs it with busy polling off)."""
+    ``spin``: False runs it with busy polling off; ``asynchronous``: on an event loop)."""
     path = [str(tree)] if tree is not None else []
+    kind = "raw" if tree is None else ("ours" if spin else "ours-nospin")
     done = subprocess.run(
         [
             sys.executable,
@@ -153,7 +216,7 @@ def run(tree: Path | None, urls: list[str], pairs: int, spin: bool = True) -> di
             CHILD,
             json.dumps(urls),
             str(pairs),
-            "raw" if tree is None else ("ours" if spin else "ours-nospin"),
+            kind + ("-async" if asynchronous else ""),
         ],
         capture_output=True,
         text=True,
@@ -172,7 +235,13 @@ def main() -> None:
     parser.add_argument("--ref", action="append", default=[], help="a git ref to compare")
     parser.add_argument("--pairs", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--asyncio",
+        action="store_true",
+        help="on an event loop (aacquire/arelease; raw redis.asyncio), one node only",
+    )
     args = parser.parse_args()
+    asynchronous = args.asyncio
 
     from django_redlock.testing import RedisNodes
 
@@ -183,7 +252,8 @@ def main() -> None:
         # busy polling trades client CPU for throughput: this tree without it too
         contenders.insert(1, (NO_SPIN, ROOT))
         print(
-            f"uncontended acquire + release, median of {args.rounds} rounds of "
+            f"uncontended acquire + release{' (asyncio)' if asynchronous else ''}, "
+            f"median of {args.rounds} rounds of "
             f"{args.pairs} pairs (calls: cProfile, up to 1,000 pairs)"
         )
         print(
@@ -192,14 +262,16 @@ def main() -> None:
             "pairs/s vs raw | client CPU vs raw | server CPU vs raw |"
         )
         print("|---|---|---|---|---|---|---|---|---|---|---|")
-        for count in (1, 5):
+        for count in (1,) if asynchronous else (1, 5):
             urls = nodes.urls[:1] if count == 1 else nodes.urls[1:]  # a fresh set each
             raw = "raw redis-py" if count == 1 else "raw fan-out"
+            raw = "raw redis.asyncio" if asynchronous else raw
             every = [*contenders, (raw, None)]
             results: dict[str, list[dict[str, float]]] = {name: [] for name, _ in every}
             for _ in range(args.rounds):
                 for name, tree in every:
-                    results[name].append(run(tree, urls, args.pairs, spin=name != NO_SPIN))
+                    spin = name != NO_SPIN
+                    results[name].append(run(tree, urls, args.pairs, spin, asynchronous))
             median = {
                 name: {key: statistics.median(r[key] for r in rows) for key in rows[0]}
                 for name, rows in results.items()

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from . import forks, giveback
 from .acquire_loop import LoopRequest, Pipe, Try, Wait, acquire_loop
+from .alane import alane_acquire, alane_release
 from .drive import PlanMaker
 from .fan_lane import fan_acquire, fan_release
 from .lane import lane_acquire, lane_release
@@ -77,6 +78,7 @@ class Engine:
         self._lane_release = functools.partial(
             lane_release if self._lane else fan_release, state=state
         )
+        self._alane_release = functools.partial(alane_release, state=state)
         self._start_afresh()
 
     def _start_afresh(self) -> None:
@@ -329,8 +331,14 @@ class Engine:
         waiting = Waiting.of(started, timeout)
         first = None
         if not queue_first:
-            attempt = target.attempt(waiting, False)
-            first = target.seen(*await self.pools.loops.arun(attempt, None, deadline_of(waiting)))
+            if target.lane and self._lane:  # a lock on one node: the single-node lane
+                ran = await self.pools.loops.arun_with(
+                    alane_acquire, target.lane_attempt(waiting), None, deadline_of(waiting)
+                )
+            else:
+                attempt = target.attempt(waiting, False)
+                ran = await self.pools.loops.arun(attempt, None, deadline_of(waiting))
+            first = target.seen(*ran)
             if not isinstance(first, AcquireFailure) or timeout == 0:
                 return first
         loop = acquire_loop(target, waiting, self._policy(timeout, queue_first, first, started))
@@ -372,8 +380,12 @@ class Engine:
 
     async def arelease(self, lease: LeaseRecord) -> bool:
         """Asyncio twin of :meth:`release`."""
-        plan = lambda nodes: release_plan(self.state, nodes, lease)  # noqa: E731
-        held = self._released(lease, (await self.pools.loops.arun(plan, lease.pinned))[0])
+        if self._lane:
+            ran = await self.pools.loops.arun_with(self._alane_release, lease, lease.pinned)
+        else:
+            plan = lambda nodes: release_plan(self.state, nodes, lease)  # noqa: E731
+            ran = await self.pools.loops.arun(plan, lease.pinned)
+        held = self._released(lease, ran[0])
         return await giveback.aconfirm(
             self.state, lease, held, self._arun_first, self.pools.run_aside
         )

@@ -45,14 +45,18 @@ def _abandon(plan: Plan[Any], send_now: Callable[[Request], Any]) -> None:
         pass
 
 
-def give_up(make_plan: PlanMaker[Any], channel: Channel) -> None:
+def give_up(make_plan: PlanMaker[Any], channel: Channel | AsyncChannel) -> None:
     """Run a plan that only undoes (one resumed from an abandoned :class:`~.plans.rounds.Sent`
-    round: it yields its fire-and-forget give-backs, then raises ``Abandoned``)."""
+    round: it yields its fire-and-forget give-backs, then raises ``Abandoned``); on an
+    asyncio channel they are written at once, without an await."""
+    send: Callable[[Request], Any] = (
+        channel.execute if isinstance(channel, Channel) else channel.send_now
+    )
     plan = make_plan(channel.links)
     try:
         request = next(plan)
         while True:
-            channel.execute(request)
+            send(request)
             request = plan.send([None] * len(request.calls))
     except (Abandoned, StopIteration):
         pass

@@ -104,28 +104,33 @@ def opening(attempt: LaneAttempt) -> tuple[int, str, str]:
     return ttl_ms, owner, LockValue.suffix(int(time.time() * 1000), state.host, state.pid)
 
 
+def lane_round(attempt: LaneAttempt, run_id: str | None) -> tuple[tuple[str, ...], Sent]:
+    """A lane's round about to be sent on a connection to the node ``run_id``: its call's
+    tail and what it drew (:class:`~.plans.rounds.Sent`, no replies yet)."""
+    assert run_id is not None
+    ttl_ms, owner, suffix = opening(attempt)
+    started = time.monotonic()
+    tail = acquire_tail(attempt, owner, ttl_ms, run_id, suffix)
+    return tail, Sent(owner, suffix, started, None, (run_id,))
+
+
 def lane_acquire(attempt: LaneAttempt, channel: Channel) -> Outcome:
     """Run ``attempt`` on ``channel`` (a driver for :meth:`~.pools.channels.ChannelPools.run`)."""
     link = channel.lane_link()
     if link is None:
         return drive(attempt.resume(None), channel)
     state = attempt.state
-    ttl = attempt.ttl
-    ttl_ms, owner, suffix = opening(attempt)
-    run_id = link.run_id
-    assert run_id is not None
-    started = time.monotonic()
-    tail = acquire_tail(attempt, owner, ttl_ms, run_id, suffix)
+    tail, sent = lane_round(attempt, link.run_id)
     try:
         reply = channel.roundtrip(link, scripts.ACQUIRE, tail, state.node_timeout)
-        record = granted_record(state, attempt.name, ttl, owner, started, reply)
+        record = granted_record(state, attempt.name, attempt.ttl, sent.owner, sent.started, reply)
         if record is not None:
             return record
         # resumed inside the try: an interrupt before the plan runs would leave a grant
         # (one whose validity ran out, say) to nobody
-        return drive(attempt.resume(Sent(owner, suffix, started, [reply], (run_id,))), channel)
+        return drive(attempt.resume(sent._replace(replies=[reply])), channel)
     except BaseException:  # an interrupt mid-call: the plan gives back what it may have got
-        give_up(attempt.resume(Sent(owner, suffix, started, None, (run_id,))), channel)
+        give_up(attempt.resume(sent), channel)
         raise
 
 

@@ -8,40 +8,13 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from django_redlock.engine import lane
 from django_redlock.exceptions import LockNotAcquired, NodesUnavailable
 from django_redlock.locking.manager import LockManager
 from tests.support.waiting import until
-
-targets = sys.modules["django_redlock.engine.targets"]
-
-
-@pytest.fixture
-def plan_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """How often the acquire and release plans ran (the lane runs neither for a free lock)."""
-    counts = {"acquire": 0, "release": 0}
-
-    def counting(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
-        def plan(*args: Any, **kwargs: Any) -> Any:
-            counts[name] += 1
-            return real(*args, **kwargs)
-
-        return plan
-
-    monkeypatch.setattr(targets, "acquire_plan", counting("acquire", targets.acquire_plan))
-    monkeypatch.setattr(lane, "release_plan", counting("release", lane.release_plan))
-    return counts
-
-
-@pytest.fixture
-def one_node(redis_node_factory: Any, redlock_alias: Any) -> tuple[Any, LockManager]:
-    node = redis_node_factory(1)
-    return node, redlock_alias(node, NODE_TIMEOUT=0.3, TTL=5)
 
 
 def test_a_free_lock_takes_the_lane_and_a_busy_one_the_plan(

@@ -8,7 +8,7 @@ import contextlib
 import functools
 import time
 import weakref
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from ..drive import PlanMaker, adrive
@@ -18,6 +18,7 @@ from .budget import SPARE, SPARE_WAIT, Budget, line_up
 from .loops import LoopPools, finish
 
 T = TypeVar("T")
+J = TypeVar("J")
 
 
 class LoopChannels:
@@ -123,20 +124,31 @@ class LoopChannels:
         shuts down (an ``@alock`` generator closed by ``shutdown_asyncgens``) must not start
         one, which asyncio refuses to finalize then (a ResourceWarning; an error where
         warnings are errors)."""
+        return await self.arun_with(adrive, make_plan, pinned, until)
+
+    async def arun_with(
+        self,
+        driver: Callable[[J, AsyncChannel], Awaitable[T]],
+        job: J,
+        pinned: Any = None,
+        until: float = SPARE,
+    ) -> tuple[T, AsyncChannel]:
+        """:meth:`arun` with another driver: ``await driver(job, channel)`` (the single-node
+        lane's, see :mod:`..alane`)."""
         self._check_fork()
         pools = self.pools_of.get(asyncio.get_running_loop()) or await self.loop_pools()
         if isinstance(pinned, AsyncChannel) and pinned in pools.channels:
             async with pinned.mutex:
                 if pinned in pools.channels:  # not closed as idle meanwhile
-                    return await adrive(make_plan, pinned), pinned
+                    return await driver(job, pinned), pinned
         while True:
             channel = next((c for c in reversed(pools.channels) if not c.mutex.locked()), None)
             if channel is None:
                 channel = await self._acheckout(pools, until)
                 if channel is None:  # a slot for a new one
-                    return await self._arun_new(pools, make_plan)
+                    return await self._arun_new(pools, driver, job)
                 if channel.idle_since < 0:  # a stand-in
-                    return await adrive(make_plan, channel), channel
+                    return await driver(job, channel), channel
             # An unlocked channel with a task already woken for it makes this task wait for
             # its mutex; meanwhile the channel may be closed (idle, or evicted for a starving
             # pool): then it is not ours to use, pick again.
@@ -146,14 +158,16 @@ class LoopChannels:
             channel.mutex.release()
         try:
             try:
-                return await adrive(make_plan, channel), channel
+                return await driver(job, channel), channel
             finally:
                 channel.mutex.release()
         finally:
             self._areturn(pools, channel)
 
-    async def _arun_new(self, pools: LoopPools, make_plan: PlanMaker[T]) -> tuple[T, AsyncChannel]:
-        """:meth:`arun` on a new channel of this loop, on a slot the budget gave; held while
+    async def _arun_new(
+        self, pools: LoopPools, driver: Callable[[J, AsyncChannel], Awaitable[T]], job: J
+    ) -> tuple[T, AsyncChannel]:
+        """:meth:`arun_with` on a new channel of this loop, on a slot the budget gave; held while
         it connects, so no other task uses it."""
         channel = AsyncChannel(self.labels, self._async_factories, self.state.node_timeout)
         async with channel.mutex:
@@ -168,7 +182,7 @@ class LoopChannels:
                 pools.retire(channel)
                 raise
             try:
-                result = await adrive(make_plan, channel)
+                result = await driver(job, channel)
             finally:
                 channel.idle_since = time.monotonic()
         self._areturn(pools, channel)

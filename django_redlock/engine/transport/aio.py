@@ -13,9 +13,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import hiredis
 from redis.asyncio.connection import AbstractConnection
 
-from ..replies import Call, Request, Slot, result_of
+from ..replies import TIMED_OUT, Call, NodeFailure, Request, Slot, is_noscript, result_of
+from ..scripts import Script
 from . import redis_py
 from .base import (
     CONNECT_ERRORS,
@@ -190,6 +192,24 @@ class _Gather:
             self._future = None
 
 
+class _Reply(Slot):
+    """The slot of one lane call: its fill resolves the future its caller awaits (no
+    ``notify`` callable per call)."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: asyncio.Future[None]) -> None:
+        super().__init__(None)
+        self.future = future
+
+    def fill(self, value: Any) -> None:
+        self.value = value
+        self.done = True
+        future = self.future
+        if not future.done():
+            future.set_result(None)
+
+
 def _send(link: AsyncLink, call: Call) -> Slot:
     return link.send(call)
 
@@ -259,6 +279,47 @@ class AsyncChannel:
     def pending(self) -> bool:
         """True while a call sent on this channel has no reply read yet."""
         return any(link.pending() for link in self.links)
+
+    # -- the single-node lane (see ..alane) ----------------------------------------------
+    def lane_link(self) -> AsyncLink | None:
+        """The only link of a one-node channel when the lane may use it as it is: connected
+        and no reply due (the event loop has read whatever arrived). None otherwise: the
+        general path's :meth:`prepare` deals with it."""
+        link = self.links[0]
+        return link if link.connected and not link.unread else None
+
+    async def roundtrip(
+        self, link: AsyncLink, script: Script, tail: tuple[str, ...], timeout: float
+    ) -> Any:
+        """Asyncio twin of :meth:`.sync.Channel.roundtrip`: one script call on ``link`` (from
+        :meth:`lane_link`), by its SHA and once more in full if the node lost its scripts;
+        its reply, or ``NodeFailure(TIMED_OUT)`` after ``timeout`` seconds. One future and
+        one timer per call, no task. Cancelled while it waits, the call stays queued: its
+        reply is read in order and dropped."""
+        # every argument of ``tail`` is text (see .base.texts): packed as it is
+        packed = hiredis.pack_command(("EVALSHA", script.sha, *tail))  # type: ignore[arg-type]
+        by_sha = True
+        loop = asyncio.get_running_loop()
+        while True:
+            future = loop.create_future()
+            slot = _Reply(future)
+            try:
+                link.output(packed)  # type: ignore[misc]
+                link.unread.append(slot)  # a reply that comes too late is dropped in order
+            except BaseException:  # transport.write raises nothing of the node's: ours
+                link.interrupted()
+                raise
+            timer = loop.call_later(timeout, _finish, future)
+            try:
+                await future
+            finally:
+                timer.cancel()
+            reply = slot.value if slot.done else NodeFailure(TIMED_OUT)
+            if by_sha and type(reply) is NodeFailure and is_noscript(reply) and link.connected:
+                by_sha = False  # the node lost its scripts: send this one in full
+                packed = hiredis.pack_command(("EVAL", script.source, *tail))  # type: ignore[arg-type]
+                continue
+            return reply
 
     def close_now(self) -> list[asyncio.Task[bool]]:
         """Close every connection at once (no await: usable while being cancelled); returns

@@ -1,0 +1,194 @@
+"""The single-node lane on an event loop (``engine/alane.py``) against a real redis-server: the
+path a free lock takes from ``aacquire``/``arelease`` on a one-node alias. What it does not
+settle itself (a busy name, a paused node, a connection the server closed, scripts flushed,
+a cancelled caller) must come out as the general path's would."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from django_redlock.engine import alane, lane
+from django_redlock.exceptions import LockNotAcquired, NodesUnavailable
+from django_redlock.locking.manager import LockManager
+from tests.support.waiting import until
+
+
+def test_a_free_lock_takes_the_lane_and_a_busy_one_the_plan(
+    one_node: tuple[Any, LockManager], plan_calls: dict[str, int]
+) -> None:
+    _, manager = one_node
+
+    async def run() -> None:
+        await (await manager.aacquire("warm", timeout=0)).arelease()  # the plan's rejoin
+        plan_calls.update(acquire=0, release=0)
+        first = await manager.aacquire("lane", timeout=0)
+        assert plan_calls == {"acquire": 0, "release": 0}
+        with pytest.raises(LockNotAcquired):
+            await manager.aacquire("lane", timeout=0)
+        assert plan_calls["acquire"] == 1  # the busy reply is the plan's to decide
+        assert await first.arelease() is True
+        second = await manager.aacquire("lane", timeout=0)
+        assert second.token > first.token
+        assert await second.arelease() is True
+        assert plan_calls == {"acquire": 1, "release": 0}
+
+    asyncio.run(run())
+
+
+def test_the_lane_sends_the_call_of_the_blocking_lane(
+    one_node: tuple[Any, LockManager], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same calls, key for key and argument for argument, as the blocking lane's (which
+    ``test_lane_plans`` checks against the plans): only the acquire's owner and value suffix
+    (time and process) differ."""
+    _, manager = one_node
+    sent: list[tuple[str, tuple[str, ...]]] = []
+
+    def recorded(kind: str) -> Callable[..., tuple[str, ...]]:
+        real = getattr(lane, f"{kind}_tail")
+
+        def tail(*args: Any) -> tuple[str, ...]:
+            out: tuple[str, ...] = real(*args)
+            sent.append((kind, out))
+            return out
+
+        return tail
+
+    for kind in ("acquire", "release"):
+        tail = recorded(kind)
+        for module in (lane, alane):
+            if hasattr(module, f"{kind}_tail"):
+                monkeypatch.setattr(module, f"{kind}_tail", tail)
+    manager.acquire("warm", timeout=0).release()
+    sent.clear()
+    manager.acquire("same", timeout=0).release()
+
+    async def run() -> None:
+        await (await manager.aacquire("same", timeout=0)).arelease()
+
+    asyncio.run(run())
+    assert [kind for kind, _ in sent] == ["acquire", "release"] * 2
+    (_, acquire), (_, release), (_, aacquire), (_, arelease) = sent
+
+    def masked(tail: tuple[str, ...], owner: str) -> tuple[str, ...]:
+        return tuple("?" if a == owner or i == 8 else a for i, a in enumerate(tail))
+
+    assert masked(aacquire, aacquire[5]) == masked(acquire, acquire[5])
+    assert masked(arelease, aacquire[5]) == masked(release, acquire[5])
+
+
+def test_a_paused_node_times_the_lane_out_and_its_late_grant_is_given_back(
+    one_node: tuple[Any, LockManager],
+) -> None:
+    nodes, manager = one_node
+
+    async def run() -> int:
+        held = await manager.aacquire("warm", timeout=0)
+        await held.arelease()
+        nodes[0].pause()
+        try:
+            with pytest.raises(NodesUnavailable):
+                await manager.aacquire("paused", timeout=0)
+        finally:
+            nodes[0].resume()
+        return held.token
+
+    before = asyncio.run(run())
+    key = f"{manager.config.key_prefix}paused"
+    until(lambda: nodes[0].client().exists(key) == 0, 5, "the late grant was given back")
+
+    async def again() -> None:
+        lease = await manager.aacquire("paused", timeout=0)
+        assert lease.token > before + 1  # the late grant drew a token too
+        assert await lease.arelease() is True
+
+    asyncio.run(again())
+
+
+def test_a_connection_the_server_closed_is_replaced(one_node: tuple[Any, LockManager]) -> None:
+    nodes, manager = one_node
+
+    async def run() -> None:
+        await (await manager.aacquire("closed", timeout=0)).arelease()
+        assert nodes[0].client().client_kill_filter(_type="normal", skipme=True) >= 1
+        await asyncio.sleep(0.05)  # the loop reads the close
+        lease = await manager.aacquire("closed", timeout=0)
+        assert await lease.arelease() is True
+
+    asyncio.run(run())
+
+
+def test_flushed_scripts_are_sent_in_full(
+    one_node: tuple[Any, LockManager], plan_calls: dict[str, int]
+) -> None:
+    nodes, manager = one_node
+
+    async def run() -> None:
+        await (await manager.aacquire("flushed", timeout=0)).arelease()
+        plan_calls.update(acquire=0, release=0)
+        nodes[0].client().script_flush()
+        lease = await manager.aacquire("flushed", timeout=0)  # NOSCRIPT, then EVAL
+        nodes[0].client().script_flush()
+        assert await lease.arelease() is True
+        assert plan_calls == {"acquire": 0, "release": 0}
+
+    asyncio.run(run())
+    assert nodes[0].client().exists(f"{manager.config.key_prefix}flushed") == 0
+
+
+def test_a_cancelled_acquire_gives_its_grant_back_and_later_calls_read_their_own(
+    redis_node_factory: Any, redlock_alias: Any
+) -> None:
+    """A task cancelled while the lane waits for a paused node: the give-back goes out behind
+    the attempt on the same connection, so once the node resumes no key is left, and the calls
+    after it read their own replies (tokens rising, every name free after its release)."""
+    nodes = redis_node_factory(1)
+    manager = redlock_alias(nodes, NODE_TIMEOUT=5.0, TTL=30)
+    client = nodes[0].client()
+    prefix = manager.config.key_prefix
+
+    async def run() -> list[int]:
+        before = await manager.aacquire("warm", timeout=0)
+        await before.arelease()
+        nodes[0].pause()
+        try:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(manager.aacquire("x", timeout=0), 0.3)
+        finally:
+            nodes[0].resume()
+        tokens = [before.token]
+        for name in ("y", "z", "w"):
+            lease = await manager.aacquire(name, timeout=0)
+            tokens.append(lease.token)
+            assert await lease.arelease() is True
+        return tokens
+
+    tokens = asyncio.run(run())
+    assert tokens == sorted(tokens) and len(set(tokens)) == 4
+    until(lambda: client.exists(f"{prefix}x") == 0, 5, "the grant given back")
+    assert [client.exists(f"{prefix}{name}") for name in ("y", "z", "w")] == [0, 0, 0]
+
+
+def test_a_cancelled_release_still_goes_out(redis_node_factory: Any, redlock_alias: Any) -> None:
+    """The caller of ``arelease`` is cancelled while the node is paused: the cancellation is
+    passed on, and the release still reaches the node once it resumes."""
+    nodes = redis_node_factory(1)
+    manager = redlock_alias(nodes, NODE_TIMEOUT=5.0, TTL=30)
+    key = f"{manager.config.key_prefix}r"
+
+    async def run() -> None:
+        lease = await manager.aacquire("r", timeout=0)
+        nodes[0].pause()
+        try:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(lease.arelease(), 0.2)
+        finally:
+            nodes[0].resume()
+        await asyncio.sleep(0.3)
+
+    asyncio.run(run())
+    until(lambda: nodes[0].client().exists(key) == 0, 5, "the release reached the node")
