@@ -267,24 +267,18 @@ class Lease:
 
     async def arelease(self) -> bool:
         """Asyncio twin of :meth:`release`. A cancellation (``task.cancel()``, ``wait_for``)
-        while it runs is passed on, but the release still goes out: a cancelled caller does
-        not leave its lease held until the TTL."""
+        while it runs is passed on, but the release still goes out, as an interrupted
+        :meth:`release` does: the engine sends it again from the background until a quorum
+        confirms it, so a cancelled caller does not leave its lease held until the TTL. (Not
+        a shielded task per call: that cost three turns of the event loop per release.)"""
         if not self.release_begin():
             return False
-        release = asyncio.ensure_future(self.engine.arelease(self.record))
         try:
-            held = await asyncio.shield(release)
-        except asyncio.CancelledError:
-            _RELEASING.add(release)  # kept referenced until it ends (the loop holds tasks weakly)
-            release.add_done_callback(self._released_late)
+            held = await self.engine.arelease(self.record)
+        except BaseException:
+            self.release_interrupted()
             raise
         return self.release_end(held)
-
-    def _released_late(self, release: asyncio.Future[bool]) -> None:
-        """The end of a release its caller stopped waiting for (cancelled)."""
-        _RELEASING.discard(release)
-        if not release.cancelled() and release.exception() is None:
-            self.release_end(release.result())
 
     def _ttl_for(self, ttl: float | None) -> float:
         return self.record.ttl if ttl is None else check_ttl(ttl, self._manager.config.drift_factor)
@@ -415,10 +409,6 @@ class Lease:
                 if why == "max_hold"
                 else "no quorum confirmed a renewal before its validity ran out"
             )
-
-
-#: Releases still running after their caller was cancelled (see :meth:`Lease.arelease`).
-_RELEASING: set[asyncio.Future[bool]] = set()
 
 
 def start_renewals(leases: list[Lease], max_hold: float | None) -> None:

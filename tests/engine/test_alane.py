@@ -192,3 +192,59 @@ def test_a_cancelled_release_still_goes_out(redis_node_factory: Any, redlock_ali
 
     asyncio.run(run())
     until(lambda: nodes[0].client().exists(key) == 0, 5, "the release reached the node")
+
+
+class _CountingLoop(asyncio.SelectorEventLoop):
+    """An event loop that counts its turns (each poll for I/O and timers)."""
+
+    turns = 0
+
+    def _run_once(self) -> None:
+        self.turns += 1
+        super()._run_once()  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("busy_poll", [0.0001, 0.0], ids=["spins", "busy poll off"])
+def test_a_fast_reply_is_read_by_spinning_and_the_loop_still_turns(
+    one_node: tuple[Any, LockManager], monkeypatch: pytest.MonkeyPatch, busy_poll: float
+) -> None:
+    """With ``REDLOCK_BUSY_POLL`` on, a lane call on an idle loop reads its reply from the
+    socket itself and returns without suspending; but never more than
+    ``SPUN_BEFORE_YIELD`` calls in a row, so a task that locks in a tight loop still lets the
+    loop poll for the others' I/O and timers. Off, it never reads by itself."""
+    from django_redlock.engine.transport import aio
+
+    _, manager = one_node
+    manager.engine.state.busy_poll = busy_poll
+    reads = 0
+    real = aio.AsyncLink.spin_read
+
+    def counted(link: Any) -> None:
+        nonlocal reads
+        reads += 1
+        real(link)
+
+    monkeypatch.setattr(aio.AsyncLink, "spin_read", counted)
+    loop = _CountingLoop()
+
+    async def run() -> int:
+        await (await manager.aacquire("warm", timeout=0)).arelease()
+        streak = longest = 0
+        for _ in range(500):
+            for call in ("acquire", "release"):
+                before = loop.turns
+                if call == "acquire":
+                    lease = await manager.aacquire("tight", timeout=0)
+                else:
+                    await lease.arelease()
+                streak = streak + 1 if loop.turns == before else 0
+                longest = max(longest, streak)
+        return longest
+
+    try:
+        longest = loop.run_until_complete(run())
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        loop.close()
+    assert longest <= aio.SPUN_BEFORE_YIELD
+    assert (reads > 0) == (busy_poll > 0)

@@ -5,6 +5,7 @@ Real redis-server processes only. Each test says which promise it checks.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -254,6 +255,14 @@ def test_tls_fails_closed_on_wrong_ca_or_hostname(
     assert woken and woken[0].token > holder.token
     assert_woken(good, "w", holder, woken)
     assert woken[0].release() is True
+
+    async def over_tls() -> None:  # the asyncio lane: its spin never reads a TLS socket
+        for i in range(50):
+            alease = await good.aacquire(f"a{i}", timeout=0)
+            assert await alease.arelease() is True
+        assert alease.record.pinned.links[0].spin_fd == -1
+
+    asyncio.run(over_tls())
     # a sentinel node over TLS: the master it names (TLS-only, no plaintext port) is reached
     # over TLS with the sentinels' URL options
     sentinel = url(certs["ca"], tls_server["sentinel_port"]).replace("/0?", "?")

@@ -169,7 +169,12 @@ class LoopChannels:
     ) -> tuple[T, AsyncChannel]:
         """:meth:`arun_with` on a new channel of this loop, on a slot the budget gave; held while
         it connects, so no other task uses it."""
-        channel = AsyncChannel(self.labels, self._async_factories, self.state.node_timeout)
+        channel = AsyncChannel(
+            self.labels,
+            self._async_factories,
+            self.state.node_timeout,
+            busy_poll=self.state.busy_poll,
+        )
         async with channel.mutex:
             pools.channels.append(channel)
             pools.opened()

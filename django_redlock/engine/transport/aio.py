@@ -9,6 +9,7 @@ like any other.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,6 +33,13 @@ from .base import (
     watch_unanswered,
 )
 from .loop_time import within_loop_time
+from .spinner import Spinner
+
+#: Bytes a spinning lane call reads from its socket at once (its reply is a few dozen).
+_SPIN_READ = 4096
+#: Lane calls in a row a channel may settle by spinning before it yields to its event loop
+#: once (other tasks' I/O and timers are only seen when the loop polls).
+SPUN_BEFORE_YIELD = 8
 
 AsyncConnectionFactory = Callable[[], AbstractConnection]
 
@@ -62,6 +70,10 @@ class AsyncLink(LinkBase):
         self._conn: AbstractConnection | None = None
         self._transport: asyncio.WriteTransport | None = None
         self._connecting: asyncio.Task[bool] | None = None
+        #: the socket's descriptor for a lane call's own reads while it spins (see
+        #: :meth:`spin_read`): a plain (not TLS) socket transport's, else -1
+        self.spin_fd = -1
+        self._spin_buffer: bytearray | None = None
 
     async def connect(self) -> bool:
         if self.retired:  # its channel was closed: no socket outside the connection budget
@@ -93,6 +105,7 @@ class AsyncLink(LinkBase):
         transport.set_protocol(_Replies(self))
         self._conn = conn
         self._transport = transport
+        self.spin_fd = _plain_fd(transport)
         self.output = transport.write
         self.connected = True
         return True
@@ -129,7 +142,7 @@ class AsyncLink(LinkBase):
         return task
 
     def _drop(self) -> None:
-        self.connected, self.output = False, None
+        self.connected, self.output, self.spin_fd = False, None, -1
         transport, self._transport = self._transport, None
         conn, self._conn = self._conn, None
         if transport is not None:
@@ -139,6 +152,31 @@ class AsyncLink(LinkBase):
 
     def received(self, data: bytes) -> None:
         self._reader.feed(data)
+        self._read_replies()
+
+    def spin_read(self) -> None:
+        """Read what has arrived on the socket, without the event loop (a lane call spinning
+        for its reply): a plain socket in non-blocking mode, read in stream order with the
+        transport's own reads, which find nothing where this took it. A failed or closed
+        connection fails the link, as the transport would."""
+        buffer = self._spin_buffer
+        if buffer is None:
+            buffer = self._spin_buffer = bytearray(_SPIN_READ)
+        try:
+            count = os.readv(self.spin_fd, (buffer,))
+            if count > 0:
+                self._reader.feed(buffer, 0, count)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self.fail(describe(exc))
+            return
+        except BaseException:  # the bytes read may be lost before the reader got them
+            self.interrupted()
+            raise
+        if count == 0:
+            self.fail("ConnectionError: connection closed by the server")
+            return
         self._read_replies()
 
     def lost(self, exc: Exception | None) -> None:
@@ -192,21 +230,32 @@ class _Gather:
             self._future = None
 
 
+def _plain_fd(transport: asyncio.WriteTransport) -> int:
+    """The descriptor of a plain socket transport, -1 for TLS (its bytes are the TLS
+    layer's to read) or a transport without a socket."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or transport.get_extra_info("sslcontext") is not None:
+        return -1
+    if transport.get_extra_info("ssl_object") is not None:
+        return -1
+    return int(sock.fileno())
+
+
 class _Reply(Slot):
-    """The slot of one lane call: its fill resolves the future its caller awaits (no
-    ``notify`` callable per call)."""
+    """The slot of one lane call: its fill resolves the future its caller awaits, if it
+    waits (no ``notify`` callable per call; no future for a reply read while spinning)."""
 
     __slots__ = ("future",)
 
-    def __init__(self, future: asyncio.Future[None]) -> None:
+    def __init__(self) -> None:
         super().__init__(None)
-        self.future = future
+        self.future: asyncio.Future[None] | None = None
 
     def fill(self, value: Any) -> None:
         self.value = value
         self.done = True
         future = self.future
-        if not future.done():
+        if future is not None and not future.done():
             future.set_result(None)
 
 
@@ -228,8 +277,13 @@ class AsyncChannel:
         factories: Sequence[AsyncConnectionFactory],
         timeout: float,
         unavailable: str = "",
+        busy_poll: float = 0.0,
     ) -> None:
         self.links = [AsyncLink(lb, f, timeout) for lb, f in zip(labels, factories, strict=True)]
+        #: how long a lane call spins for its reply before it awaits it (see :meth:`roundtrip`)
+        self.spinner = Spinner(busy_poll)
+        #: lane calls settled by spinning since this channel last yielded to its event loop
+        self._spun = 0
         self.mutex = asyncio.Lock()
         #: the replies of the last ``before`` commands sent (see :class:`~..replies.Call`)
         self.ahead: list[Any] = []
@@ -295,31 +349,60 @@ class AsyncChannel:
         :meth:`lane_link`), by its SHA and once more in full if the node lost its scripts;
         its reply, or ``NodeFailure(TIMED_OUT)`` after ``timeout`` seconds. One future and
         one timer per call, no task. Cancelled while it waits, the call stays queued: its
-        reply is read in order and dropped."""
+        reply is read in order and dropped.
+
+        When the event loop has nothing else ready, it first spins for the reply (the
+        channel's :class:`.spinner.Spinner`, ``REDLOCK_BUSY_POLL``), reading the socket
+        itself (:meth:`AsyncLink.spin_read`): a fast node's reply is then read without the
+        loop's poll and wake-up, and the call returns without suspending. After
+        :data:`SPUN_BEFORE_YIELD` such calls in a row it yields to the loop once, so a task
+        that locks in a loop never starves the others' I/O and timers."""
         # every argument of ``tail`` is text (see .base.texts): packed as it is
         packed = hiredis.pack_command(("EVALSHA", script.sha, *tail))  # type: ignore[arg-type]
         by_sha = True
         loop = asyncio.get_running_loop()
         while True:
-            future = loop.create_future()
-            slot = _Reply(future)
+            slot = _Reply()
             try:
                 link.output(packed)  # type: ignore[misc]
                 link.unread.append(slot)  # a reply that comes too late is dropped in order
             except BaseException:  # transport.write raises nothing of the node's: ours
                 link.interrupted()
                 raise
-            timer = loop.call_later(timeout, _finish, future)
-            try:
-                await future
-            finally:
-                timer.cancel()
+            spinner = self.spinner
+            if link.spin_fd >= 0 and spinner.active and not getattr(loop, "_ready", True):
+                self._spin(link, slot, spinner)
+            if slot.done:
+                self._spun += 1
+                if self._spun >= SPUN_BEFORE_YIELD:
+                    self._spun = 0
+                    await asyncio.sleep(0)
+            else:
+                self._spun = 0
+                future = slot.future = loop.create_future()
+                timer = loop.call_later(timeout, _finish, future)
+                try:
+                    await future
+                finally:
+                    timer.cancel()
             reply = slot.value if slot.done else NodeFailure(TIMED_OUT)
             if by_sha and type(reply) is NodeFailure and is_noscript(reply) and link.connected:
                 by_sha = False  # the node lost its scripts: send this one in full
                 packed = hiredis.pack_command(("EVAL", script.source, *tail))  # type: ignore[arg-type]
                 continue
             return reply
+
+    @staticmethod
+    def _spin(link: AsyncLink, slot: Slot, spinner: Spinner) -> None:
+        """Read ``link``'s socket until ``slot`` is filled or the spinner's budget is spent
+        (yielding the CPU between reads), and tell the spinner whether it paid."""
+        spin_until = time.monotonic() + spinner.budget()
+        while True:
+            link.spin_read()
+            if slot.done or link.spin_fd < 0 or time.monotonic() >= spin_until:
+                break
+            os.sched_yield()
+        spinner.settled(slot.done and time.monotonic() <= spin_until)
 
     def close_now(self) -> list[asyncio.Task[bool]]:
         """Close every connection at once (no await: usable while being cancelled); returns
