@@ -16,7 +16,6 @@ the table shows the median over the rounds.
 
     .venv/bin/python benchmarks/hot_path.py [--ref 0f914f6] [--pairs 3000] [--rounds 5]
     .venv/bin/python benchmarks/hot_path.py --asyncio   # aacquire/arelease vs redis.asyncio
-    .venv/bin/python benchmarks/hot_path.py --kinds     # permits, read, write vs a lock
 
 "this tree, busy poll off" is this tree with ``REDLOCK_BUSY_POLL=0`` (replies waited for in
 ``poll()`` at once): busy polling spends client CPU to get replies sooner.
@@ -44,10 +43,6 @@ import cProfile, json, os, pstats, sys, time
 import redis
 
 urls, pairs, kind = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-# the kind of lease: a lock, a permit of a semaphore of 4, a read or a write lease
-lease = {"lock": {}, "permit": {"permits": 4}, "read": {"rw": "read"}, "write": {"rw": "write"}}[
-    sys.argv[4] if len(sys.argv) > 4 else "lock"
-]
 clients = [redis.Redis.from_url(url) for url in urls]
 
 def server_cpu():
@@ -89,7 +84,7 @@ if kind.startswith("ours"):
     locks["counting"].engine.state.busy_poll = 0.0
 
     def acquire(name, manager=manager):
-        return manager.acquire(name, timeout=0, **lease)
+        return manager.acquire(name, timeout=0)
 
     def counted_acquire(name):
         return acquire(name, locks["counting"])
@@ -98,7 +93,7 @@ if kind.startswith("ours"):
         held.release()
 
     async def aacquire(name, manager=manager):
-        return await manager.aacquire(name, timeout=0, **lease)
+        return await manager.aacquire(name, timeout=0)
 
     async def acounted_acquire(name):
         return await aacquire(name, locks["counting"])
@@ -205,45 +200,13 @@ print(json.dumps({
 
 #: The row of this tree with ``REDLOCK_BUSY_POLL=0``.
 NO_SPIN = "this tree, busy poll off"
-#: ``--kinds``: each kind of lease, against a plain lock's pairs in the same run.
-KINDS = ("lock", "permit", "read", "write")
-
-
-def kinds_table(urls_of: dict[int, list[str]], pairs: int, rounds: int) -> None:
-    """This tree's pairs of each kind of lease (a permit of a semaphore of 4, a read and a
-    write lease) against a plain lock's, medians of interleaved rounds."""
-    print(f"lease kinds, this tree, median of {rounds} rounds of {pairs} pairs")
-    print("| nodes | lease | pairs/s | acquire p50 µs | client CPU µs/pair | "
-          "Redis commands/pair/node | pairs/s vs a lock |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
-    for count, urls in urls_of.items():
-        results: dict[str, list[dict[str, float]]] = {kind: [] for kind in KINDS}
-        for _ in range(rounds):
-            for kind in KINDS:
-                results[kind].append(run(ROOT, urls, pairs, lease=kind))
-        median = {
-            kind: {key: statistics.median(r[key] for r in rows) for key in rows[0]}
-            for kind, rows in results.items()
-        }
-        for kind in KINDS:
-            m = median[kind]
-            print(
-                f"| {count} | {kind} | {m['rate']:,.0f} | {m['p50']:.0f} | {m['cpu']:.0f} | "
-                f"{m['commands']:.1f} | {m['rate'] / median['lock']['rate']:.2f}x |"
-            )
 
 
 def run(
-    tree: Path | None,
-    urls: list[str],
-    pairs: int,
-    spin: bool = True,
-    asynchronous: bool = False,
-    lease: str = "lock",
+    tree: Path | None, urls: list[str], pairs: int, spin: bool = True, asynchronous: bool = False
 ) -> dict[str, float]:
     """One contender's pass in a process of its own (``tree``: None for raw redis-py;
-    ``spin``: False runs it with busy polling off; ``asynchronous``: on an event loop;
-    ``lease``: the kind of lease this tree takes, see :data:`KINDS`)."""
+    ``spin``: False runs it with busy polling off; ``asynchronous``: on an event loop)."""
     path = [str(tree)] if tree is not None else []
     kind = "raw" if tree is None else ("ours" if spin else "ours-nospin")
     done = subprocess.run(
@@ -254,7 +217,6 @@ def run(
             json.dumps(urls),
             str(pairs),
             kind + ("-async" if asynchronous else ""),
-            lease,
         ],
         capture_output=True,
         text=True,
@@ -278,18 +240,12 @@ def main() -> None:
         action="store_true",
         help="on an event loop (aacquire/arelease; raw redis.asyncio), one node only",
     )
-    parser.add_argument(
-        "--kinds", action="store_true", help="permits, read and write leases against a lock"
-    )
     args = parser.parse_args()
     asynchronous = args.asyncio
 
     from django_redlock.testing import RedisNodes
 
     with tempfile.TemporaryDirectory() as tmp, RedisNodes.start(6) as nodes:
-        if args.kinds:
-            kinds_table({1: nodes.urls[:1], 5: nodes.urls[1:]}, args.pairs, args.rounds)
-            return
         contenders: list[tuple[str, Path | None]] = [("this tree", ROOT)]
         for ref in args.ref:
             contenders.append((ref, tree_of(ref, Path(tmp) / ref)))
