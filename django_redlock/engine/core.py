@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from . import forks, giveback
 from .acquire_loop import LoopRequest, Pipe, Try, Wait, acquire_loop
+from .afan_lane import afan_acquire, afan_release
 from .alane import alane_acquire, alane_release
 from .drive import PlanMaker
 from .fan_lane import fan_acquire, fan_release
@@ -78,7 +79,11 @@ class Engine:
         self._lane_release = functools.partial(
             lane_release if self._lane else fan_release, state=state
         )
-        self._alane_release = functools.partial(alane_release, state=state)
+        #: the asyncio twins (:mod:`.alane`, :mod:`.afan_lane`)
+        self._alane_acquire = alane_acquire if self._lane else afan_acquire
+        self._alane_release = functools.partial(
+            alane_release if self._lane else afan_release, state=state
+        )
         self._start_afresh()
 
     def _start_afresh(self) -> None:
@@ -331,9 +336,9 @@ class Engine:
         waiting = Waiting.of(started, timeout)
         first = None
         if not queue_first:
-            if target.lane and self._lane:  # a lock on one node: the single-node lane
+            if target.lane and (self._lane or not self.state.quorum_first):  # a lock: a lane
                 ran = await self.pools.loops.arun_with(
-                    alane_acquire, target.lane_attempt(waiting), None, deadline_of(waiting)
+                    self._alane_acquire, target.lane_attempt(waiting), None, deadline_of(waiting)
                 )
             else:
                 attempt = target.attempt(waiting, False)
@@ -380,7 +385,7 @@ class Engine:
 
     async def arelease(self, lease: LeaseRecord) -> bool:
         """Asyncio twin of :meth:`release`."""
-        if self._lane:
+        if self._lane or not self.state.quorum_first:
             ran = await self.pools.loops.arun_with(self._alane_release, lease, lease.pinned)
         else:
             plan = lambda nodes: release_plan(self.state, nodes, lease)  # noqa: E731

@@ -16,7 +16,7 @@ replies and checks the calls they send are the same bytes.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import scripts
@@ -76,18 +76,15 @@ def quorum_record(
     return record
 
 
-def fan_acquire(attempt: LaneAttempt, channel: Channel) -> Outcome:
-    """Run ``attempt`` on ``channel`` (a driver for :meth:`~.pools.channels.ChannelPools.run`)."""
-    links = channel.fan_links()
-    if links is None:
-        return drive(attempt.resume(None), channel)
-    state = attempt.state
-    ttl_ms, owner, suffix = opening(attempt)
-    run_ids = tuple(link.run_id for link in links)
-    total = len(links)
+Decided = Callable[[list[Slot]], bool]
+
+
+def acquire_decided(total: int) -> Decided:
+    """:func:`~.plans.acquire_plan`'s ``settled()`` for a lock on ``total`` nodes: a quorum
+    granted, or it no longer can."""
     needed = quorum(total)
 
-    def decided(slots: list[Slot]) -> bool:  # acquire_plan's settled(), for a lock
+    def decided(slots: list[Slot]) -> bool:
         done = granted = 0
         for slot in slots:
             if slot.done:
@@ -96,18 +93,40 @@ def fan_acquire(attempt: LaneAttempt, channel: Channel) -> Outcome:
                     granted += 1
         return granted >= needed or granted + total - done < needed
 
+    return decided
+
+
+def fan_round(
+    attempt: LaneAttempt, run_ids: tuple[str | None, ...]
+) -> tuple[list[tuple[str, ...]], Sent]:
+    """A lane's round about to be sent to nodes of ``run_ids``: each node's call tail, and
+    what the round drew (:class:`~.plans.rounds.Sent`, no replies yet)."""
+    ttl_ms, owner, suffix = opening(attempt)
     started = time.monotonic()
+    tails = [acquire_tail(attempt, owner, ttl_ms, run_id or "", suffix) for run_id in run_ids]
+    return tails, Sent(owner, suffix, started, None, run_ids)
+
+
+def fan_acquire(attempt: LaneAttempt, channel: Channel) -> Outcome:
+    """Run ``attempt`` on ``channel`` (a driver for :meth:`~.pools.channels.ChannelPools.run`)."""
+    links = channel.fan_links()
+    if links is None:
+        return drive(attempt.resume(None), channel)
+    state = attempt.state
+    decided = acquire_decided(len(links))
+    sent = None
     try:
-        tails = [acquire_tail(attempt, owner, ttl_ms, run_id or "", suffix) for run_id in run_ids]
+        tails, sent = fan_round(attempt, tuple(link.run_id for link in links))
         replies = channel.fan_call(links, scripts.ACQUIRE, tails, state.node_timeout, decided)
-        record = quorum_record(state, attempt, owner, started, replies)
+        record = quorum_record(state, attempt, sent.owner, sent.started, replies)
         if record is not None:
             return record
         # resumed inside the try: an interrupt before the plan runs (making it, the driver's
         # first poll) would leave what some nodes granted to nobody
-        return drive(attempt.resume(Sent(owner, suffix, started, replies, run_ids)), channel)
+        return drive(attempt.resume(sent._replace(replies=replies)), channel)
     except BaseException:  # an interrupt mid-call: the plan gives back what it may have got
-        give_up(attempt.resume(Sent(owner, suffix, started, None, run_ids)), channel)
+        if sent is not None:
+            give_up(attempt.resume(sent), channel)
         raise
 
 
@@ -139,30 +158,56 @@ def released(
     return counted_release(lease, lease.reached, replies, was_valid), replies
 
 
+def release_decided(total: int) -> Decided:
+    """:func:`~.plans.release_plan`'s ``settled()``: a quorum answered, or every node asked."""
+    needed = quorum(total)
+
+    def decided(slots: list[Slot]) -> bool:
+        answered = sum(1 for slot in slots if slot.done)
+        return answered >= needed or answered == len(slots)
+
+    return decided
+
+
+def lane_releasable(lease: LeaseRecord, total: int) -> bool:
+    """A lock whose release the lane may send: one on every node of the channel."""
+    return lease.kind == LOCK and len(lease.reached) == total
+
+
+class FanRelease:
+    """One lane release of a lock on ``total`` nodes, begun (the lease marked released):
+    the nodes it goes to, their call tails and when it is decided; :meth:`end` counts the
+    answers as :func:`~.plans.release_plan` does."""
+
+    __slots__ = ("asked", "decided", "lease", "tails", "total", "was_valid")
+
+    def __init__(self, state: AliasState, lease: LeaseRecord, total: int) -> None:
+        self.lease, self.total = lease, total
+        self.was_valid = not lease.lost and lease.deadline > time.monotonic()  # validity() > 0
+        lease.released = True
+        self.asked, self.tails = release_calls(state, lease, total)
+        self.decided = release_decided(total)
+
+    def end(self, links: Sequence[Any], got: Sequence[Any]) -> bool:
+        """True if the lease was still held and a quorum confirmed its release."""
+        lease = self.lease
+        held, replies = released(lease, self.total, self.asked, got, self.was_valid)
+        if lease.unsure:  # not on the hot path: only when a node did not answer
+            note_unsure(lease, links, replies)
+        return held
+
+
 def fan_release(lease: LeaseRecord, channel: Channel, state: AliasState) -> bool:
     """Release a lock on ``channel``'s nodes (those it may hold); True if it was still
     held and a quorum confirmed it, as :func:`~.plans.release_plan` says."""
-    links = None
-    if lease.kind == LOCK and len(lease.reached) == len(channel.links):
-        links = channel.fan_links()
+    links = channel.fan_links() if lane_releasable(lease, len(channel.links)) else None
     if links is None:
         return drive(lambda nodes: release_plan(state, nodes, lease), channel)
     if lease.released:
         return False
-    was_valid = not lease.lost and lease.deadline > time.monotonic()  # validity() > 0
-    lease.released = True
-    total = len(links)
-    needed = quorum(total)
-    asked, tails = release_calls(state, lease, total)
-
-    def decided(slots: list[Slot]) -> bool:  # release_plan's settled()
-        answered = sum(1 for slot in slots if slot.done)
-        return answered >= needed or answered == len(slots)
-
+    release = FanRelease(state, lease, len(links))
+    asked = [links[i] for i in release.asked]
     got = channel.fan_call(
-        [links[i] for i in asked], scripts.RELEASE, tails, state.node_timeout, decided
+        asked, scripts.RELEASE, release.tails, state.node_timeout, release.decided
     )
-    held, replies = released(lease, total, asked, got, was_valid)
-    if lease.unsure:  # not on the hot path: only when a node did not answer
-        note_unsure(lease, links, replies)
-    return held
+    return release.end(links, got)

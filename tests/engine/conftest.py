@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from django_redlock.engine import alane, lane
+from django_redlock.engine import afan_lane, alane, fan_lane, lane
 from django_redlock.locking.manager import LockManager
 
 targets = sys.modules["django_redlock.engine.targets"]
@@ -27,8 +27,8 @@ def plan_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         return plan
 
     monkeypatch.setattr(targets, "acquire_plan", counting("acquire", targets.acquire_plan))
-    monkeypatch.setattr(lane, "release_plan", counting("release", lane.release_plan))
-    monkeypatch.setattr(alane, "release_plan", counting("release", alane.release_plan))
+    for module in (lane, alane, fan_lane, afan_lane):
+        monkeypatch.setattr(module, "release_plan", counting("release", module.release_plan))
     return counts
 
 
@@ -36,3 +36,12 @@ def plan_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 def one_node(redis_node_factory: Any, redlock_alias: Any) -> tuple[Any, LockManager]:
     node = redis_node_factory(1)
     return node, redlock_alias(node, NODE_TIMEOUT=0.3, TTL=5)
+
+
+@pytest.fixture(params=[1, 3], ids=["one node", "three nodes"])
+def lane_nodes(
+    request: pytest.FixtureRequest, redis_node_factory: Any, redlock_alias: Any
+) -> tuple[Any, LockManager]:
+    """One node (the single-node lane) or three (the lane for a set of nodes)."""
+    nodes = redis_node_factory(request.param)
+    return nodes, redlock_alias(nodes, NODE_TIMEOUT=0.3, TTL=5)

@@ -147,7 +147,7 @@ def test_zombie_frozen_inside_open_postgres_transaction(
     assert anomalies, "the unguarded zombie wrote nothing wrong: the control proves nothing"
 
 
-_READS_VALIDITY_CLOCK = ("attempt_round", "acquire_plan", "fan_acquire", "quorum_record")
+_READS_VALIDITY_CLOCK = ("attempt_round", "acquire_plan", "fan_round", "quorum_record")
 
 
 def test_monotonic_jump_mid_acquire_is_never_granted(

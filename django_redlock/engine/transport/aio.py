@@ -12,7 +12,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import hiredis
 from redis.asyncio.connection import AbstractConnection
@@ -23,6 +23,7 @@ from . import redis_py
 from .base import (
     CONNECT_ERRORS,
     HANDSHAKE,
+    MAX_UNREAD,
     LinkBase,
     describe,
     hold_for_later,
@@ -42,6 +43,7 @@ _SPIN_READ = 4096
 SPUN_BEFORE_YIELD = 8
 
 AsyncConnectionFactory = Callable[[], AbstractConnection]
+S = TypeVar("S", bound=Slot)
 
 
 class _Replies(asyncio.Protocol):
@@ -259,6 +261,22 @@ class _Reply(Slot):
             future.set_result(None)
 
 
+def _written(link: AsyncLink, packed: bytes, notify: Callable[[], None]) -> Slot:
+    """Write ``packed`` (one call) on ``link``; its slot is filled when the reply is read."""
+    return _write(link, packed, Slot(None, notify))
+
+
+def _write(link: AsyncLink, packed: bytes, slot: S) -> S:
+    """Write ``packed`` on ``link``, ``slot`` to be filled with its reply."""
+    try:
+        link.output(packed)  # type: ignore[misc]
+        link.unread.append(slot)  # a reply that comes too late is dropped in order
+    except BaseException:  # transport.write raises nothing of the node's: ours
+        link.interrupted()
+        raise
+    return slot
+
+
 def _send(link: AsyncLink, call: Call) -> Slot:
     return link.send(call)
 
@@ -362,13 +380,7 @@ class AsyncChannel:
         by_sha = True
         loop = asyncio.get_running_loop()
         while True:
-            slot = _Reply()
-            try:
-                link.output(packed)  # type: ignore[misc]
-                link.unread.append(slot)  # a reply that comes too late is dropped in order
-            except BaseException:  # transport.write raises nothing of the node's: ours
-                link.interrupted()
-                raise
+            slot = _write(link, packed, _Reply())
             spinner = self.spinner
             if link.spin_fd >= 0 and spinner.active and not getattr(loop, "_ready", True):
                 self._spin(link, slot, spinner)
@@ -391,6 +403,46 @@ class AsyncChannel:
                 packed = hiredis.pack_command(("EVAL", script.source, *tail))  # type: ignore[arg-type]
                 continue
             return reply
+
+    # -- the lane for a set of nodes (see ..afan_lane) ----------------------------------
+    def fan_links(self) -> list[AsyncLink] | None:
+        """Every link of the channel when the lane may use them as they are: connected and
+        not far behind (the event loop has read whatever arrived). None otherwise: the
+        general path's :meth:`prepare` deals with it."""
+        links = self.links
+        for link in links:
+            if not link.connected or len(link.unread) >= MAX_UNREAD:
+                return None
+        return links
+
+    async def fan_call(
+        self,
+        links: Sequence[AsyncLink],
+        script: Script,
+        tails: Sequence[tuple[str, ...]],
+        timeout: float,
+        decided: Callable[[list[Slot]], bool],
+    ) -> list[Any]:
+        """Asyncio twin of :meth:`.sync.Channel.fan_call`: ``script`` with ``tails[i]`` on
+        ``links[i]``, every call written before the one wait (one future, one timer) that
+        ends once ``decided`` says yes or ``timeout`` seconds pass; a node that lost its
+        scripts gets it once more in full. A reply or a NodeFailure per link."""
+        gather = _Gather(decided)
+        sha = script.sha
+        # every argument is text (see .base.texts): packed as it is
+        gather.slots = slots = [
+            _written(link, hiredis.pack_command(("EVALSHA", sha, *tail)), gather.check)  # type: ignore[arg-type]
+            for link, tail in zip(links, tails, strict=True)
+        ]
+        deadline = time.monotonic() + timeout
+        await gather.wait(deadline)
+        for i, slot in enumerate(slots):
+            if slot.done and is_noscript(slot.value) and links[i].connected:
+                full = ("EVAL", script.source, *tails[i])
+                slots[i] = _written(links[i], hiredis.pack_command(full), gather.check)  # type: ignore[arg-type]
+                await gather.wait(deadline)
+        expired = time.monotonic() >= deadline
+        return [slot.value if slot.done else slot.result(expired=expired) for slot in slots]
 
     @staticmethod
     def _spin(link: AsyncLink, slot: Slot, spinner: Spinner) -> None:
