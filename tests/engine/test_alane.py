@@ -211,6 +211,44 @@ def test_a_cancelled_release_still_goes_out(
     until(lambda: all(node.client().exists(key) == 0 for node in nodes), 5, "the release got there")
 
 
+class Interrupted(Exception):
+    """What a signal handler raises in these tests."""
+
+
+def test_an_interrupt_while_spinning_gives_the_grant_back(
+    one_node: tuple[Any, LockManager], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal handler raises while the lane reads its socket itself, after the node granted
+    (found by an attack: the read's bytes are lost, so the connection is dropped): the grant
+    is given back from the background, not left for the TTL (30 s)."""
+    from django_redlock.engine.transport import aio
+
+    nodes, manager = one_node
+    real = aio.AsyncLink.spin_read
+    armed = [False]
+
+    def interrupted(link: Any) -> None:
+        if armed[0]:
+            armed[0] = False
+            until(lambda: nodes[0].client().exists(key) == 1, 5, "the node granted")
+            link.interrupted()  # what spin_read does when an interrupt lands mid-read
+            raise Interrupted
+        real(link)
+
+    monkeypatch.setattr(aio.AsyncLink, "spin_read", interrupted)
+    key = f"{manager.config.key_prefix}spun"
+
+    async def run() -> None:
+        await (await manager.aacquire("warm", timeout=0)).arelease()
+        armed[0] = True
+        with pytest.raises(Interrupted):
+            await manager.aacquire("spun", ttl=30, timeout=0)
+        assert not armed[0], "the lane did not spin"
+
+    asyncio.run(run())
+    until(lambda: nodes[0].client().exists(key) == 0, 5, "the grant given back")
+
+
 class _CountingLoop(asyncio.SelectorEventLoop):
     """An event loop that counts its turns (each poll for I/O and timers)."""
 

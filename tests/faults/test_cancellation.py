@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
+from django_redlock.exceptions import LockNotAcquired, NodesUnavailable
 from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes
 
@@ -118,3 +119,50 @@ def test_cancel_during_the_first_connect_leaves_no_node_down(
 
     for _ in range(3):
         asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_a_set_whose_release_is_cancelled_before_it_went_out_is_released(
+    redis_node_factory: Nodes, redlock_alias: Alias, count: int
+) -> None:
+    """``alock_many``'s exit cancelled while its release waits for a connection (the only
+    one, ``MAX_CONNECTIONS=1``, busy with another task's call to paused nodes): the caller
+    gets the cancellation, and the set is still released, from the background (before the
+    fix: both names held for the whole 30 s TTL; found by an attack)."""
+    nodes = redis_node_factory(count)
+    manager = redlock_alias(nodes, TTL=30, NODE_TIMEOUT=1.0, MAX_CONNECTIONS=1)
+
+    async def main() -> None:
+        await (await manager.aacquire("warm", timeout=0)).arelease()
+
+        async def hold_the_set() -> None:
+            async with manager.alock_many(["a", "b"], timeout=0):
+                for node in nodes:  # the next call waits for them with the only connection
+                    node.pause()
+                busy.set()
+                await asyncio.sleep(0.05)  # the other task's call is in flight now
+
+        busy = asyncio.Event()
+        held = asyncio.create_task(hold_the_set())
+        await busy.wait()
+        other = asyncio.create_task(manager.aacquire("other", timeout=0))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(held, 0.3)  # the set's release waits for the connection
+        for node in nodes:
+            node.resume()
+        try:
+            lease = await other
+        except NodesUnavailable:  # it waited longer than NODE_TIMEOUT: fine here
+            pass
+        else:
+            await lease.arelease()
+
+    asyncio.run(main())
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            manager.acquire_many(["a", "b"], timeout=0).release()
+            break
+        except LockNotAcquired:
+            assert time.monotonic() < deadline, "the cancelled set's release never went out"
+            time.sleep(0.05)

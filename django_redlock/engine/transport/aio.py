@@ -321,8 +321,11 @@ class AsyncChannel:
                 await link.revive()
 
     def send_now(self, request: Request) -> None:
-        """Send a fire-and-forget request at once, without awaiting anything."""
-        request_slots(self.links, request, _send)
+        """Send a fire-and-forget request at once, without awaiting anything; a call that
+        fails (its connection dropped, say by an interrupt as the reply was read) is reported
+        to the request's ``unanswered``, as :meth:`execute` reports it (a give-back that
+        could not go out is then owed, and sent from the background)."""
+        watch_unanswered(request, request_slots(self.links, request, _send))
 
     async def execute(self, request: Request) -> list[Any]:
         """Run one plan request and return one reply (or NodeFailure) per node."""
