@@ -39,10 +39,19 @@ class LockNotAcquired(LockError):
             )
         else:
             how = f"within {timeout:g} s"
-        super().__init__(
-            f"Lock {name!r} is busy: not acquired {how} ({votes}/{quorum} votes). "
-            "Retry later, or pass a longer timeout=."
-        )
+        if votes >= quorum:  # granted, yet too late: the lease had no validity left
+            message = (
+                f"Lock {name!r} was not acquired {how}: {votes}/{quorum} votes granted it, but "
+                "it could not be kept, most often because its validity ran out before the "
+                "nodes answered (a ttl= too short for their round trip and the clock-drift "
+                "allowance). Pass a longer ttl=."
+            )
+        else:
+            message = (
+                f"Lock {name!r} is busy: not acquired {how} ({votes}/{quorum} votes). "
+                "Retry later, or pass a longer timeout=."
+            )
+        super().__init__(message)
 
 
 class LockLost(LockError):
