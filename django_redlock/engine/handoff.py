@@ -11,23 +11,33 @@ opens a :class:`Handoff` first, in its thread: every record granted while it is 
 on it, and so is every lease made of one. Interrupted before it holds its lease, the caller
 gives back what was noted. Only the outermost caller opens one; the handoff is closed by a
 plain attribute store (no call, so no interrupt can land between the close and the return).
+
+An asyncio task opens its own (:func:`aopened`: ``aacquire()``, an ``async with`` block's
+entry): tasks sharing a thread interleave at their awaits, so the thread's handoff would mix
+their grants. It is held in a context variable (each task runs in a context of its own) and
+closed by the same kind of store (``handoff.open = False``).
 """
 
 from __future__ import annotations
 
 import threading
+from contextvars import ContextVar
 from typing import Any
 
 #: ``LOCAL.current``: the handoff open in this thread, if any (read it with :func:`current`).
 LOCAL = threading.local()
+#: the handoff of the asyncio task running, open while its ``open`` is True
+TASK: ContextVar[Handoff | None] = ContextVar("django_redlock_handoff", default=None)
 
 
 class Handoff:
     """What was granted in this thread since the handoff opened."""
 
-    __slots__ = ("leases", "records")
+    __slots__ = ("leases", "open", "records")
 
     def __init__(self) -> None:
+        #: a task's handoff is closed by setting this False (a thread's: by dropping it)
+        self.open = True
         #: the engine's records of the grants (``LeaseRecord``, noted as each is made)
         self.records: list[Any] = []
         #: the leases made of them (``Lease``, noted as each is made): giving one back stops
@@ -36,8 +46,13 @@ class Handoff:
 
 
 def current() -> Handoff | None:
-    """The handoff open in this thread, or None (one dict lookup: every grant asks)."""
+    """The handoff open in this thread, or in the asyncio task running; None (a dict lookup
+    and a context variable read: every grant asks)."""
     found: Handoff | None = LOCAL.__dict__.get("current")
+    if found is None:
+        found = TASK.get()
+        if found is not None and not found.open:
+            return None
     return found
 
 
@@ -47,4 +62,14 @@ def opened() -> Handoff | None:
     if current() is not None:
         return None
     handoff = LOCAL.current = Handoff()
+    return handoff
+
+
+def aopened() -> Handoff | None:
+    """A new handoff, open in the asyncio task running; None when one is open already (in
+    this task, or in this thread: an outer call gives back what this one is granted)."""
+    if current() is not None:
+        return None
+    handoff = Handoff()
+    TASK.set(handoff)
     return handoff

@@ -220,8 +220,23 @@ class LockBlock:
             return self._entered(held, reentered=True)
         if manager.check_order and self.order_template is not None:
             ordering.expect(self._name, self.order_template)
-        lease = await manager.aacquire(self._name, **self._options.acquire_kwargs())
-        return self._entered(lease)
+        # as in __enter__: until this returns, an interrupt gives the grant back
+        engine_for = interrupted.engine_finder(manager)
+        opened = handoff.aopened()
+        try:
+            lease = self._entered(
+                await manager.aacquire(self._name, **self._options.acquire_kwargs())
+            )
+        except BaseException:
+            try:
+                if opened is not None:
+                    self._unenter(opened.leases)
+            finally:
+                interrupted.give_back_soon(opened, engine_for)
+            raise
+        if opened is not None:
+            opened.open = False  # a store, not a call: no interrupt lands after it
+        return lease
 
     async def __aexit__(self, *exc_info: object) -> None:
         entry = self._entries.pop()

@@ -18,15 +18,33 @@ def give_back(opened: handoff.Handoff | None, engine_for: Callable[[str], Engine
     if opened is None:
         return
     handoff.LOCAL.current = None
+    _release(opened, engine_for, background=False)
+
+
+def give_back_soon(
+    opened: handoff.Handoff | None, engine_for: Callable[[str], Engine] | None
+) -> None:
+    """:func:`give_back` for an asyncio task: closes ``opened`` and hands what it noted to
+    the engine's background give-back (no blocking call on the event loop)."""
+    if opened is None:
+        return
+    opened.open = False
+    _release(opened, engine_for, background=True)
+
+
+def _release(
+    opened: handoff.Handoff, engine_for: Callable[[str], Engine] | None, *, background: bool
+) -> None:
     made = {id(lease.record) for lease in opened.leases}
     for lease in opened.leases:
         with contextlib.suppress(Exception):
-            lease.release()
+            lease.release_interrupted() if background else lease.release()
     for record in opened.records:
         if id(record) in made or record.released or engine_for is None:
             continue
         with contextlib.suppress(Exception):
-            engine_for(record.name).release(record)
+            engine = engine_for(record.name)
+            engine.release_unfinished(record) if background else engine.release(record)
 
 
 def engine_finder(manager: Any) -> Callable[[str], Engine] | None:

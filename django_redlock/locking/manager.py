@@ -162,14 +162,21 @@ class LockManager(KindBlocks):
         """Asyncio twin of :meth:`acquire` (auto-extended from an asyncio task)."""
         wanted = want(self.config, name, ttl, timeout, max_hold, permits, rw)
         shapes = await ordering.ataking(self, (wanted.name,)) if self.check_order else None
-        outcome = await self.engine_for(wanted.name).aacquire(
-            wanted.name, wanted.ttl, wanted.timeout, wanted.permits, wanted.rw
-        )
-        lease = self._lease(wanted, outcome)
-        if shapes is not None:
-            ordering.mark(lease, shapes[0])
-        if auto_extend:
-            lease.astart_auto_extend(wanted.max_hold)
+        opened = handoff.aopened()  # an interrupt before we return gives the grant back
+        try:
+            outcome = await self.engine_for(wanted.name).aacquire(
+                wanted.name, wanted.ttl, wanted.timeout, wanted.permits, wanted.rw
+            )
+            lease = self._lease(wanted, outcome)
+            if shapes is not None:
+                ordering.mark(lease, shapes[0])
+            if auto_extend:
+                lease.astart_auto_extend(wanted.max_hold)
+        except BaseException:
+            interrupted.give_back_soon(opened, self.engine_for)
+            raise
+        if opened is not None:
+            opened.open = False  # a store, not a call: no interrupt lands after it
         return lease
 
     # -- blocks ----------------------------------------------------------------------------

@@ -8,6 +8,7 @@ still serves a call at once (two connections: the calls' and the background give
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
 import threading
@@ -163,3 +164,49 @@ def test_an_interrupt_while_waiting_for_a_connection_is_the_callers_own(
     assert [repr(exc) for exc in foreign] == []
     # a lost connection: "no free connection in time" (NodesUnavailable) after 5 s
     manager.acquire(f"{unique_name}:after", timeout=0).release()
+
+
+@pytest.mark.parametrize("count", [1, 3])
+@pytest.mark.parametrize("where", ["aacquire", "async with alock()"])
+def test_an_interrupt_after_an_asyncio_grant_gives_it_back(
+    redis_node_factory: Nodes,
+    redlock_alias: Alias,
+    monkeypatch: pytest.MonkeyPatch,
+    count: int,
+    where: str,
+) -> None:
+    """A signal handler raising in the event loop's thread after the nodes granted an
+    ``aacquire()`` (as its lease is made) or an ``async with alock()`` (as the block enters
+    it), before the caller holds it: the grant is given back from the background, not left
+    for its TTL of 30 s (found by an attack; the blocking calls had their handoff already)."""
+    from django_redlock.locking import block
+
+    nodes = redis_node_factory(count)
+    manager = redlock_alias(nodes, TTL=30)
+    prefix = manager.config.key_prefix
+    owner, method = (LockManager, "_won") if where == "aacquire" else (block.LockBlock, "_entered")
+    real = getattr(owner, method)
+    armed = [True]
+
+    def interrupted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if armed[0]:
+            armed[0] = False
+            if where != "aacquire":
+                real(self, *args, **kwargs)  # entered, then interrupted before returning
+            raise Interrupt(method)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(owner, method, interrupted)
+
+    async def main() -> None:
+        with pytest.raises(Interrupt):
+            if where == "aacquire":
+                await manager.aacquire("lock:granted", timeout=0)
+            else:
+                async with manager.alock("lock:granted", timeout=0):
+                    pass
+        assert handoff.current() is None  # closed: later grants are not noted there
+
+    asyncio.run(main())
+    until(lambda: _keys(nodes, prefix) == [], 5.0, "the interrupted grant given back")
+    manager.acquire("lock:granted", timeout=0).release()
