@@ -303,4 +303,3 @@ def test_a_fast_reply_is_read_by_spinning_and_the_loop_still_turns(
         loop.close()
     assert longest <= aio.SPUN_BEFORE_YIELD
     assert (reads > 0) == (busy_poll > 0)
-
