@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import hiredis
 from redis.asyncio.connection import AbstractConnection
 
-from ..replies import TIMED_OUT, Call, NodeFailure, Request, Slot, is_noscript, result_of
+from ..replies import Call, NodeFailure, Request, Slot, is_noscript, result_of
 from ..scripts import Script
 from . import redis_py
 from .base import (
@@ -400,7 +400,12 @@ class AsyncChannel:
                     await future
                 finally:
                     timer.cancel()
-            reply = slot.value if slot.done else NodeFailure(TIMED_OUT)
+                if not slot.done and link.spin_fd >= 0:
+                    link.spin_read()  # a last read at the deadline, as the blocking lane's
+            # timed out: the slot (this call's own) stays queued for the late reply, which the
+            # next call on the connection reads; the plans settle a release with it
+            # (``late_answers``) instead of sending it again
+            reply = slot.value if slot.done else slot.result(expired=True)
             if by_sha and type(reply) is NodeFailure and is_noscript(reply) and link.connected:
                 by_sha = False  # the node lost its scripts: send this one in full
                 packed = hiredis.pack_command(("EVAL", script.source, *tail))  # type: ignore[arg-type]
