@@ -75,6 +75,9 @@ class Engine:
         #: the lane for a set of nodes (:mod:`.fan_lane`), where the plans would ask every
         #: node at once (not with ``FAN_OUT = "quorum"``)
         self._lane = len(self.labels) == 1
+        #: whether a lock's first attempt and its release take a lane (set once: FAN_OUT is
+        #: the alias's, fixed when its engine is made)
+        self._laned = self._lane or not state.quorum_first
         self._lane_acquire = lane_acquire if self._lane else fan_acquire
         self._lane_release = functools.partial(
             lane_release if self._lane else fan_release, state=state
@@ -160,7 +163,7 @@ class Engine:
         first = None
         if not queue_first:  # the common case: one attempt, no policy needed if it wins
             until = SPARE if waiting is None else deadline_of(waiting)
-            if target.lane and (self._lane or not self.state.quorum_first):  # a lock: a lane
+            if target.lane and self._laned:  # a lock: a lane
                 attempt = target.lane_attempt(waiting)
                 ran = self.pools.run_with(self._lane_acquire, attempt, None, until)
             else:
@@ -212,7 +215,7 @@ class Engine:
     def release(self, lease: LeaseRecord) -> bool:
         """Release ``lease``; True if it was still held and a quorum confirmed the release
         (else it is sent again: see :mod:`.giveback`)."""
-        if self._lane or not self.state.quorum_first:
+        if self._laned:
             held = self.pools.run_with(self._lane_release, lease, lease.pinned)[0]
         else:
             held = self.pools.run(
@@ -336,7 +339,7 @@ class Engine:
         waiting = Waiting.of(started, timeout)
         first = None
         if not queue_first:
-            if target.lane and (self._lane or not self.state.quorum_first):  # a lock: a lane
+            if target.lane and self._laned:  # a lock: a lane
                 ran = await self.pools.loops.arun_with(
                     self._alane_acquire, target.lane_attempt(waiting), None, deadline_of(waiting)
                 )
@@ -385,7 +388,7 @@ class Engine:
 
     async def arelease(self, lease: LeaseRecord) -> bool:
         """Asyncio twin of :meth:`release`."""
-        if self._lane or not self.state.quorum_first:
+        if self._laned:
             ran = await self.pools.loops.arun_with(self._alane_release, lease, lease.pinned)
         else:
             plan = lambda nodes: release_plan(self.state, nodes, lease)  # noqa: E731

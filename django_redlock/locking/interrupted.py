@@ -38,13 +38,19 @@ def _release(
     made = {id(lease.record) for lease in opened.leases}
     for lease in opened.leases:
         with contextlib.suppress(Exception):
-            lease.release_interrupted() if background else lease.release()
+            if background:
+                lease.release_interrupted()
+            else:
+                lease.release()
     for record in opened.records:
         if id(record) in made or record.released or engine_for is None:
             continue
         with contextlib.suppress(Exception):
             engine = engine_for(record.name)
-            engine.release_unfinished(record) if background else engine.release(record)
+            if background:
+                engine.release_unfinished(record)
+            else:
+                engine.release(record)
 
 
 def engine_finder(manager: Any) -> Callable[[str], Engine] | None:
