@@ -22,7 +22,11 @@ def main(mode: str, name: str, key: str, flag: str) -> None:
     ttl = 1 if mode == "hang" else 10
     with lock(name, ttl=ttl, timeout=30) as lease, lease.once(key) as effect:
         if mode == "hang":
-            Path(flag).write_text(str(lease.token))
+            # written aside and renamed: the test, which reads it once it exists (and then
+            # kills this process), never finds it empty
+            written = Path(f"{flag}.part")
+            written.write_text(str(lease.token))
+            written.replace(flag)
             time.sleep(600)
         state = {
             "done": effect.done,
