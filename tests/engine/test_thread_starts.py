@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import redis
 
-from django_redlock.engine import giveback, start_thread
+from django_redlock.engine import giveback, start_thread, starter
 from django_redlock.engine.state import AliasState, LeaseRecord
 from django_redlock.engine.transport.link import Link
 from tests.support.signal_storm import Hail, Interrupted
@@ -109,6 +109,12 @@ def test_an_interrupted_reconnect_start_is_never_recorded_as_running(
     def settled() -> bool:
         return not any(t.name.startswith("redlock-connect") for t in threading.enumerate())
 
+    # the starter runs its jobs in order: once this one ran, every reconnect handed to it
+    # has been started (a start still queued when the threads were counted, on a loaded
+    # machine, set the flag right after: the check raced it)
+    drained = threading.Event()
+    starter.call_soon(drained.set)
+    assert drained.wait(30), "the starter never got to the end of its queue"
     until(settled, 30, "reconnect threads still running")
     assert not link._reconnecting, "a reconnect is recorded as running, and none runs"
     assert thread_failures == []
