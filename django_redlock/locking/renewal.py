@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import threading
 import time
 from collections.abc import Sequence
@@ -50,13 +51,16 @@ class RenewalThread(threading.Thread):
         self._stopped: set[Renewable] = set()
         #: leases whose TTL was shortened: their pause is cut to a third of the new TTL
         self._hastened: set[Renewable] = set()
-        self._wakeup = threading.Event()
+        #: wake-ups of the thread's pause: a queue, whose put is one C call, where an Event's
+        #: set takes a condition's lock in Python code (a signal handler raising in the main
+        #: thread as that lock was taken left it held, and the next set() hung for good)
+        self._wakeups: queue.SimpleQueue[None] = queue.SimpleQueue()
 
     def hasten(self, lease: Renewable) -> None:
         """Cut ``lease``'s current pause to a third of its (new, shorter) TTL."""
         with self._renewing:
             self._hastened.add(lease)
-        self._wakeup.set()
+        self._wakeups.put(None)
 
     def stop(self, lease: Renewable) -> None:
         """No renewal of ``lease`` starts after this returns; the last lease stopped also waits
@@ -65,7 +69,7 @@ class RenewalThread(threading.Thread):
             self._stopped.add(lease)
             last = len(self._stopped) == len(self._runs)
         if last:
-            self._wakeup.set()
+            self._wakeups.put(None)
             if self is not threading.current_thread():
                 # RuntimeError: its start() was interrupted before the thread said it runs;
                 # it ends on its own (it sees every lease stopped before it renews)
@@ -78,11 +82,10 @@ class RenewalThread(threading.Thread):
             self._advance(lease, due)
         while due:
             pause = min(due.values()) - time.monotonic()
-            if self._wakeup.wait(min(max(0.0, pause), threading.TIMEOUT_MAX)):
+            if self._woken(min(max(0.0, pause), threading.TIMEOUT_MAX)):
                 with self._renewing:
                     if len(self._stopped) == len(self._runs):
                         return  # every lease was stopped
-                    self._wakeup.clear()
                     hastened, self._hastened = self._hastened, set()
                 for lease in hastened & due.keys():
                     due[lease] = min(due[lease], time.monotonic() + lease.ttl / 3)
@@ -90,6 +93,18 @@ class RenewalThread(threading.Thread):
             for lease in [lease for lease, until in due.items() if until <= now]:
                 self._runs[lease].send(None)
                 self._advance(lease, due)
+
+    def _woken(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a wake-up; True (and every wake-up taken) if
+        one came."""
+        try:
+            self._wakeups.get(timeout=timeout)
+        except queue.Empty:
+            return False
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._wakeups.get_nowait()
+        return True
 
     def _advance(self, lease: Renewable, due: dict[Renewable, float]) -> None:
         """Run ``lease``'s renewals up to its policy's next pause and note when it ends; forget
