@@ -16,7 +16,12 @@ def open_sockets_to(port: int) -> int:
     A socket whose peer closed it (CLOSE_WAIT) is not counted: it is no connection to the
     server on ``port`` now. It may be one to an earlier server on the same port (a test's
     node whose port a new node drew again), kept by an idle pooled connection that is closed
-    at its next use or by the idle closer, and it would count against the new node."""
+    at its next use or by the idle closer, and it would count against the new node.
+
+    Sockets are counted once each, by inode: the kernel writes the table a page per read
+    and walks it again from where it stopped, so while other processes open and close
+    sockets a line can come twice (6 counted where this process had 2, under a parallel
+    run)."""
     inodes = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -25,7 +30,7 @@ def open_sockets_to(port: int) -> int:
             continue
         if target.startswith("socket:["):
             inodes.add(target[len("socket:[") : -1])
-    count = 0
+    matched: set[str] = set()
     for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
         try:
             lines = Path(table).read_text().splitlines()[1:]
@@ -38,5 +43,5 @@ def open_sockets_to(port: int) -> int:
                 and fields[9] in inodes
                 and fields[3] != _CLOSE_WAIT
             ):
-                count += 1
-    return count
+                matched.add(fields[9])
+    return len(matched)
