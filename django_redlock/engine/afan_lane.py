@@ -1,5 +1,5 @@
 """The lane for a set of nodes on an event loop: :mod:`.fan_lane`'s acquire and release of a
-lock on an alias of several nodes, each one packed call per node written in one pass and one
+lease on an alias of several nodes, each one packed call per node written in one pass and one
 awaited future (no task, no plan generator, no request).
 
 As in :mod:`.fan_lane`, the plans stay the source of truth: the lane settles only a plain
@@ -10,7 +10,6 @@ it made for anything else, and runs the plan on a channel it cannot use as it is
 
 from __future__ import annotations
 
-from . import scripts
 from .drive import adrive, give_up
 from .fan_lane import FanRelease, acquire_decided, fan_round, lane_releasable, quorum_record
 from .lane import LaneAttempt, Outcome
@@ -26,11 +25,11 @@ async def afan_acquire(attempt: LaneAttempt, channel: AsyncChannel) -> Outcome:
     if links is None:
         return await adrive(attempt.resume(None), channel)
     state = attempt.state
-    decided = acquire_decided(len(links))
+    decided = acquire_decided(len(links), attempt.permits)
     sent = None
     try:
         tails, sent = fan_round(attempt, tuple(link.run_id for link in links))
-        replies = await channel.fan_call(links, scripts.ACQUIRE, tails, state.node_timeout, decided)
+        replies = await channel.fan_call(links, attempt.script, tails, state.node_timeout, decided)
         record = quorum_record(state, attempt, sent.owner, sent.started, replies)
         if record is not None:
             return record
@@ -42,7 +41,7 @@ async def afan_acquire(attempt: LaneAttempt, channel: AsyncChannel) -> Outcome:
 
 
 async def afan_release(lease: LeaseRecord, channel: AsyncChannel, state: AliasState) -> bool:
-    """Release a lock on ``channel``'s nodes (those it may hold); True if it was still held
+    """Release a lease on ``channel``'s nodes (those it may hold); True if it was still held
     and a quorum confirmed it."""
     links = channel.fan_links() if lane_releasable(lease, len(channel.links)) else None
     if links is None:
@@ -52,6 +51,6 @@ async def afan_release(lease: LeaseRecord, channel: AsyncChannel, state: AliasSt
     release = FanRelease(state, lease, len(links))
     asked = [links[i] for i in release.asked]
     got = await channel.fan_call(
-        asked, scripts.RELEASE, release.tails, state.node_timeout, release.decided
+        asked, release.script, release.tails, state.node_timeout, release.decided
     )
     return release.end(links, got)

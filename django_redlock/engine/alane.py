@@ -1,4 +1,4 @@
-"""The single-node lane on an event loop: :mod:`.lane`'s acquire and release of a lock on a
+"""The single-node lane on an event loop: :mod:`.lane`'s acquire and release of a lease on a
 one-node alias, each one write and one awaited reply (one future and one timer, no task),
 without the plan generators or a request's slots.
 
@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import time
 
-from . import scripts
 from .drive import adrive, give_up
-from .kinds import LOCK
+from .kinds import KINDS
 from .lane import (
     LaneAttempt,
     Outcome,
@@ -37,8 +36,8 @@ async def alane_acquire(attempt: LaneAttempt, channel: AsyncChannel) -> Outcome:
     state = attempt.state
     tail, sent = lane_round(attempt, link.run_id)
     try:
-        reply = await channel.roundtrip(link, scripts.ACQUIRE, tail, state.node_timeout)
-        record = granted_record(state, attempt.name, attempt.ttl, sent.owner, sent.started, reply)
+        reply = await channel.roundtrip(link, attempt.script, tail, state.node_timeout)
+        record = granted_record(attempt, sent.owner, sent.started, reply)
         if record is not None:
             return record
         return await adrive(attempt.resume(sent._replace(replies=[reply])), channel)
@@ -48,16 +47,17 @@ async def alane_acquire(attempt: LaneAttempt, channel: AsyncChannel) -> Outcome:
 
 
 async def alane_release(lease: LeaseRecord, channel: AsyncChannel, state: AliasState) -> bool:
-    """Release a lock on a one-node alias on ``channel``; True if it was still held."""
+    """Release a lease on a one-node alias on ``channel``; True if it was still held."""
     link = channel.lane_link()
-    if link is None or not lease.reached or lease.kind != LOCK:
+    if link is None or not lease.reached:
         return await adrive(lambda nodes: release_plan(state, nodes, lease), channel)
     if lease.released:
         return False
     was_valid = not lease.lost and lease.deadline > time.monotonic()  # validity() > 0
     lease.released = True
     tail = release_tail(state, lease)
-    reply = await channel.roundtrip(link, scripts.RELEASE, tail, state.node_timeout)
+    script = KINDS[lease.kind].release
+    reply = await channel.roundtrip(link, script, tail, state.node_timeout)
     held = release_outcome(lease, reply, was_valid)
     if lease.unsure:  # not on the hot path: only when the node did not answer
         note_unsure(lease, channel.links, (reply,))

@@ -71,11 +71,11 @@ class Engine:
         )  # fmt: skip
         #: waits for a release's wake-up, piped with the next attempt where they can be
         self.waits = ReleaseWaits(state, self.pools, len(self.labels))
-        #: a lock takes a lane: the single-node one (:mod:`.lane`) on a one-node alias, else
-        #: the lane for a set of nodes (:mod:`.fan_lane`), where the plans would ask every
-        #: node at once (not with ``FAN_OUT = "quorum"``)
+        #: a lease on one name takes a lane: the single-node one (:mod:`.lane`) on a one-node
+        #: alias, else the lane for a set of nodes (:mod:`.fan_lane`), where the plans would
+        #: ask every node at once (not with ``FAN_OUT = "quorum"``)
         self._lane = len(self.labels) == 1
-        #: whether a lock's first attempt and its release take a lane (set once: FAN_OUT is
+        #: whether a lease's first attempt and its release take a lane (set once: FAN_OUT is
         #: the alias's, fixed when its engine is made)
         self._laned = self._lane or not state.quorum_first
         self._lane_acquire = lane_acquire if self._lane else fan_acquire
@@ -163,7 +163,7 @@ class Engine:
         first = None
         if not queue_first:  # the common case: one attempt, no policy needed if it wins
             until = SPARE if waiting is None else deadline_of(waiting)
-            if target.lane and self._laned:  # a lock: a lane
+            if target.lane and self._laned:  # one name: a lane
                 attempt = target.lane_attempt(waiting)
                 ran = self.pools.run_with(self._lane_acquire, attempt, None, until)
             else:
@@ -339,7 +339,7 @@ class Engine:
         waiting = Waiting.of(started, timeout)
         first = None
         if not queue_first:
-            if target.lane and self._laned:  # a lock: a lane
+            if target.lane and self._laned:  # one name: a lane
                 ran = await self.pools.loops.arun_with(
                     self._alane_acquire, target.lane_attempt(waiting), None, deadline_of(waiting)
                 )

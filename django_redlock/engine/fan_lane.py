@@ -1,20 +1,22 @@
-"""The lane for a set of nodes: a lock on an alias of several nodes acquired and released with
-one packed call per node, all written before any reply is read, the replies counted into a
-quorum, without the plan generators, a request's calls or a poll set per call.
+"""The lane for a set of nodes: a lease of any kind (a lock, a semaphore's permit, a read or a
+write lease) on an alias of several nodes acquired and released with one packed call per node,
+all written before any reply is read, the replies counted into a quorum, without the plan
+generators, a request's calls or a poll set per call.
 
 As for the single-node lane (:mod:`.lane`), the plans stay the source of truth. The lane
-settles only a plain quorum of grants (:func:`quorum_record`: every winner at the same token,
-within the validity, and for a waiting caller no node that registered it) and a release's
-answers (:func:`fan_release`, counted by :func:`~.plans.counted_release`). Anything else
-resumes :func:`~.plans.acquire_plan` with the round already made
-(:class:`~.plans.rounds.Sent`); a channel the lane cannot use as it is runs the plan. The
-lane is used where the plans would ask every node at once (not with ``FAN_OUT = "quorum"``).
-``tests/engine/test_fan_lane_plans.py`` runs the lane and the plans on the same scripted
-replies and checks the calls they send are the same bytes.
+settles only a plain quorum of grants (:func:`quorum_record`: every winner at the same token
+and, for a permit, the same slot, within the validity, and for a waiting caller no node that
+registered it) and a release's answers (:func:`fan_release`, counted by
+:func:`~.plans.counted_release`). Anything else resumes :func:`~.plans.acquire_plan` with the
+round already made (:class:`~.plans.rounds.Sent`); a channel the lane cannot use as it is
+runs the plan. The lane is used where the plans would ask every node at once (not with
+``FAN_OUT = "quorum"``). ``tests/engine/test_fan_lane_plans.py`` runs the lane and the plans
+on the same scripted replies and checks the calls they send are the same bytes.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,7 +25,15 @@ from . import scripts
 from .drive import drive, give_up
 from .keyspace import TOKEN_LIMIT, quorum, wake_node
 from .kinds import KINDS, LOCK
-from .lane import LaneAttempt, Outcome, acquire_tail, opening, release_tail
+from .lane import (
+    LaneAttempt,
+    Outcome,
+    acquire_tail,
+    granted_slot,
+    lease_of,
+    opening,
+    release_tail,
+)
 from .plans import counted_release, note_unsure, release_plan
 from .plans.rounds import Sent
 from .replies import NOT_INVOLVED, NodeFailure, Slot
@@ -32,7 +42,6 @@ from .transport.sync import Channel
 
 _GRANTED, _BUSY = scripts.GRANTED, scripts.BUSY
 _NOT_INVOLVED = NodeFailure(NOT_INVOLVED, sent=False)
-_LOCK_HANDOFF_NEEDS_QUORUM = KINDS[LOCK].handoff_needs_quorum
 
 
 def _granted(reply: Any) -> bool:
@@ -46,10 +55,10 @@ def quorum_record(
     started: float,
     replies: Sequence[Any],
 ) -> LeaseRecord | None:
-    """The lease a lock attempt on several nodes won, exactly as
-    :func:`~.plans.acquire_plan` builds it, when the replies are a plain quorum of grants:
-    every winner at the same token, below the token limit, within the validity, and (for a
-    caller that would wait) no node that answered "busy" (and registered it as a waiter,
+    """The lease an attempt on several nodes won, exactly as :func:`~.plans.acquire_plan`
+    builds it, when the replies are a plain quorum of grants: every winner at the same token
+    (and a permit's at the same slot), below the token limit, within the validity, and (for
+    a caller that would wait) no node that answered "busy" (and registered it as a waiter,
     which the plan withdraws). None for anything else: the plan decides those."""
     total = len(replies)
     won = [i for i, reply in enumerate(replies) if _granted(reply)]
@@ -58,14 +67,17 @@ def quorum_record(
     token = int(replies[won[0]][1])
     if token >= TOKEN_LIMIT or any(int(replies[i][1]) != token for i in won):
         return None  # a winner behind on tokens: the plan's write-back
+    slot = granted_slot(attempt, replies[won[0]])
+    slots = {granted_slot(attempt, replies[i]) for i in won} if attempt.permits else ()
+    if attempt.permits and (not slot or len(slots) > 1):
+        return None  # a permit's nodes that granted other slots: the plan gives those back
     if attempt.waiter and any(type(r) is list and r[0] == _BUSY for r in replies):
         return None
     ttl = attempt.ttl
     deadline = started + ttl - (ttl * state.drift_factor + DRIFT_ALLOWANCE)  # state.drift
     if time.monotonic() >= deadline:
         return None
-    name = attempt.name
-    record = LeaseRecord(name, state.keys.lock_prefix + name, owner, token, ttl, deadline)
+    record = lease_of(attempt, owner, token, deadline, slot)
     # nodes that may hold the key: the winners, and those that got the call and did not
     # answer (granted_per_node's None)
     record.reached = tuple(
@@ -79,10 +91,12 @@ def quorum_record(
 Decided = Callable[[list[Slot]], bool]
 
 
-def acquire_decided(total: int) -> Decided:
-    """:func:`~.plans.acquire_plan`'s ``settled()`` for a lock on ``total`` nodes: a quorum
-    granted, or it no longer can."""
+def acquire_decided(total: int, permits: int = 0) -> Decided:
+    """:func:`~.plans.acquire_plan`'s ``settled()``: a quorum granted (for a permit, the
+    same slot), or it no longer can."""
     needed = quorum(total)
+    if permits:
+        return functools.partial(_permit_decided, total, needed)
 
     def decided(slots: list[Slot]) -> bool:
         done = granted = 0
@@ -94,6 +108,18 @@ def acquire_decided(total: int) -> Decided:
         return granted >= needed or granted + total - done < needed
 
     return decided
+
+
+def _permit_decided(total: int, needed: int, slots: list[Slot]) -> bool:
+    """:func:`acquire_decided` of a permit: counted per slot granted, as the plan does."""
+    done = [slot.value for slot in slots if slot.done]
+    counts: dict[int, int] = {}
+    for value in done:
+        if _granted(value):
+            which = int(value[2]) if len(value) > 2 else 0
+            counts[which] = counts.get(which, 0) + 1
+    best = max(counts.values(), default=0)
+    return best >= needed or best + total - len(done) < needed
 
 
 def fan_round(
@@ -113,11 +139,11 @@ def fan_acquire(attempt: LaneAttempt, channel: Channel) -> Outcome:
     if links is None:
         return drive(attempt.resume(None), channel)
     state = attempt.state
-    decided = acquire_decided(len(links))
+    decided = acquire_decided(len(links), attempt.permits)
     sent = None
     try:
         tails, sent = fan_round(attempt, tuple(link.run_id for link in links))
-        replies = channel.fan_call(links, scripts.ACQUIRE, tails, state.node_timeout, decided)
+        replies = channel.fan_call(links, attempt.script, tails, state.node_timeout, decided)
         record = quorum_record(state, attempt, sent.owner, sent.started, replies)
         if record is not None:
             return record
@@ -133,12 +159,17 @@ def fan_acquire(attempt: LaneAttempt, channel: Channel) -> Outcome:
 def release_calls(
     state: AliasState, lease: LeaseRecord, total: int
 ) -> tuple[list[int], list[tuple[str, ...]]]:
-    """The nodes a lock's release goes to (those it may hold) and, for each, ``RELEASE``'s
-    key count, keys and arguments as :func:`~.plans.release_plan` sends them, all as text:
-    only the node waiters block on wakes one."""
+    """The nodes a lease's release goes to (those it may hold) and, for each, the releasing
+    script's key count, keys and arguments as :func:`~.plans.release_plan` sends them, all as
+    text: only the node waiters block on wakes one."""
     reached = lease.reached
     asked = [i for i in range(total) if reached[i]]
     waking = wake_node(lease.name, total)
+    if lease.kind != LOCK:  # a permit's release differs where its grant is unknown too
+        voters = lease.voters
+        return asked, [
+            release_tail(state, lease, wakes=i == waking, unsure=i not in voters) for i in asked
+        ]
     wakes = release_tail(state, lease)
     quiet = (*wakes[:8], "0", *wakes[9:])
     return asked, [wakes if i == waking else quiet for i in asked]
@@ -154,7 +185,8 @@ def released(
     for i, reply in zip(asked, got, strict=True):
         replies[i] = reply
     handed = sum(1 for reply in got if reply == scripts.HANDED_OFF)
-    lease.handed_off = handed >= quorum(total) if _LOCK_HANDOFF_NEEDS_QUORUM else handed > 0
+    needs_quorum = KINDS[lease.kind].handoff_needs_quorum
+    lease.handed_off = handed >= quorum(total) if needs_quorum else handed > 0
     return counted_release(lease, lease.reached, replies, was_valid), replies
 
 
@@ -170,16 +202,16 @@ def release_decided(total: int) -> Decided:
 
 
 def lane_releasable(lease: LeaseRecord, total: int) -> bool:
-    """A lock whose release the lane may send: one on every node of the channel."""
-    return lease.kind == LOCK and len(lease.reached) == total
+    """A lease whose release the lane may send: one on every node of the channel."""
+    return len(lease.reached) == total
 
 
 class FanRelease:
-    """One lane release of a lock on ``total`` nodes, begun (the lease marked released):
-    the nodes it goes to, their call tails and when it is decided; :meth:`end` counts the
-    answers as :func:`~.plans.release_plan` does."""
+    """One lane release of a lease on ``total`` nodes, begun (the lease marked released):
+    the nodes it goes to, their call tails, its kind's script and when it is decided;
+    :meth:`end` counts the answers as :func:`~.plans.release_plan` does."""
 
-    __slots__ = ("asked", "decided", "lease", "tails", "total", "was_valid")
+    __slots__ = ("asked", "decided", "lease", "script", "tails", "total", "was_valid")
 
     def __init__(self, state: AliasState, lease: LeaseRecord, total: int) -> None:
         self.lease, self.total = lease, total
@@ -187,6 +219,7 @@ class FanRelease:
         lease.released = True
         self.asked, self.tails = release_calls(state, lease, total)
         self.decided = release_decided(total)
+        self.script = KINDS[lease.kind].release
 
     def end(self, links: Sequence[Any], got: Sequence[Any]) -> bool:
         """True if the lease was still held and a quorum confirmed its release."""
@@ -198,7 +231,7 @@ class FanRelease:
 
 
 def fan_release(lease: LeaseRecord, channel: Channel, state: AliasState) -> bool:
-    """Release a lock on ``channel``'s nodes (those it may hold); True if it was still
+    """Release a lease on ``channel``'s nodes (those it may hold); True if it was still
     held and a quorum confirmed it, as :func:`~.plans.release_plan` says."""
     links = channel.fan_links() if lane_releasable(lease, len(channel.links)) else None
     if links is None:
@@ -207,7 +240,6 @@ def fan_release(lease: LeaseRecord, channel: Channel, state: AliasState) -> bool
         return False
     release = FanRelease(state, lease, len(links))
     asked = [links[i] for i in release.asked]
-    got = channel.fan_call(
-        asked, scripts.RELEASE, release.tails, state.node_timeout, release.decided
-    )
+    tails, decided = release.tails, release.decided
+    got = channel.fan_call(asked, release.script, tails, state.node_timeout, decided)
     return release.end(links, got)

@@ -1,5 +1,6 @@
-"""The single-node lane: a lock on a one-node alias acquired and released in one write and one
-read each, without the plan generators, a request's slots or a poll set per call.
+"""The single-node lane: a lease of any kind (a lock, a semaphore's permit, a read or a write
+lease) on a one-node alias acquired and released in one write and one read each, without the
+plan generators, a request's slots or a poll set per call.
 
 The plans stay the source of truth. The lane settles only what one reply makes plain: a grant
 on a trusted node (:func:`granted_record`), and a release's answer (:func:`release_outcome`).
@@ -20,9 +21,11 @@ from typing import Any
 from . import scripts
 from .drive import PlanMaker, drive, give_up
 from .keyspace import TOKEN_LIMIT, LockValue, new_owner
-from .kinds import HANDOFF_MS, KINDS, LOCK
+from .kinds import HANDOFF_MS, KINDS, LOCK, PERMIT
 from .plans import counted_release, note_unsure, release_plan
+from .plans.lease import release_of
 from .plans.rounds import Sent
+from .scripts.script import Script
 from .state import DRIFT_ALLOWANCE, WAKE_TTL_MS, AcquireFailure, AliasState, LeaseRecord
 from .transport.sync import Channel
 
@@ -33,10 +36,22 @@ _REACHED, _VOTERS = (True,), (0,)
 
 
 class LaneAttempt:
-    """One acquire attempt of a lock on a one-node alias: what :func:`lane_acquire` sends,
-    and the plan that decides whatever the lane does not (``resume(sent)``)."""
+    """One acquire attempt of a lease on one name: what the lanes send, and the plan that
+    decides whatever they do not (``resume(sent)``). ``kind``: the lease's
+    (:attr:`~.state.LeaseRecord.kind`); ``permits``: a permit's semaphore's size."""
 
-    __slots__ = ("mark_ms", "name", "resume", "state", "ttl", "waiter", "woken")
+    __slots__ = (
+        "kind",
+        "mark_ms",
+        "name",
+        "permits",
+        "resume",
+        "script",
+        "state",
+        "ttl",
+        "waiter",
+        "woken",
+    )
 
     def __init__(
         self,
@@ -47,20 +62,27 @@ class LaneAttempt:
         mark_ms: int,
         woken: bool,
         resume: Callable[[Sent | None], PlanMaker[Outcome]],
+        kind: str = LOCK,
+        permits: int = 0,
     ) -> None:
         self.state, self.name, self.ttl = state, name, ttl
         self.waiter, self.mark_ms, self.woken = waiter, mark_ms, woken
         self.resume = resume
+        self.kind, self.permits = kind, permits
+        #: the acquiring script of the lease's kind
+        self.script: Script = KINDS[kind].acquire
 
 
 def acquire_tail(
     attempt: LaneAttempt, owner: str, ttl_ms: int, run_id: str, suffix: str
 ) -> tuple[str, ...]:
-    """``ACQUIRE``'s key count, keys and arguments, as :func:`~.plans.acquire_plan` sends them
-    for a lock (see ``_lock_keys`` in :mod:`.kinds`), all as text (see
+    """The acquiring script's key count, keys and arguments, as :func:`~.plans.acquire_plan`
+    sends them (see ``_lock_keys`` in :mod:`.kinds` for a lock's), all as text (see
     :func:`.transport.base.texts`)."""
     keys, name = attempt.state.keys, attempt.name
     mark_ms = attempt.mark_ms if attempt.waiter else 0
+    if attempt.kind != LOCK:
+        return _kind_tail(attempt, owner, ttl_ms, run_id, suffix, mark_ms)
     return (
         "4",
         keys.lock_prefix + name,
@@ -77,18 +99,60 @@ def acquire_tail(
     )
 
 
+def _kind_tail(
+    attempt: LaneAttempt, owner: str, ttl_ms: int, run_id: str, suffix: str, mark_ms: int
+) -> tuple[str, ...]:
+    """:func:`acquire_tail` of a permit, a read or a write lease (the keys its kind's table
+    entry names; a permit's last argument is its semaphore's size)."""
+    _, touched = KINDS[attempt.kind].acquire_keys(attempt.state.keys, attempt.name, attempt.permits)
+    extra = (str(attempt.permits),) if attempt.permits else ()
+    woken = "1" if attempt.woken else "0"
+    head = (str(len(touched)), *touched, owner, str(ttl_ms), run_id, suffix)
+    return (*head, str(mark_ms), woken, attempt.waiter, *extra)
+
+
+def lease_of(
+    attempt: LaneAttempt, owner: str, token: int, deadline: float, slot: int
+) -> LeaseRecord:
+    """The record of a lease ``attempt`` won at ``token`` (``slot``: a permit's, the
+    position its grants named), as :func:`~.plans.acquire_plan` builds it, before its
+    ``reached`` and ``voters``."""
+    state, name, ttl = attempt.state, attempt.name, attempt.ttl
+    kind = attempt.kind
+    if kind == LOCK:
+        return LeaseRecord(name, state.keys.lock_prefix + name, owner, token, ttl, deadline)
+    spec = KINDS[kind]
+    tried, _ = spec.acquire_keys(state.keys, name, attempt.permits)
+    key = tried[slot - 1] if kind == PERMIT else tried[0]
+    record = LeaseRecord(name, key, owner, token, ttl, deadline)
+    if kind == PERMIT:
+        record.slots = tried
+    return record.with_kind(state.keys.lock(name) if spec.marked else "", kind)
+
+
+def granted_slot(attempt: LaneAttempt, reply: Any) -> int:
+    """The slot a permit's grant names (its third item, from 1); 0 for any other kind, or
+    for a permit's reply that names none (the plan decides that one)."""
+    if attempt.kind != PERMIT:
+        return 0
+    slot = int(reply[2]) if len(reply) > 2 else 0
+    return slot if 0 < slot <= attempt.permits else 0
+
+
 def granted_record(
-    state: AliasState, name: str, ttl: float, owner: str, started: float, reply: Any
+    attempt: LaneAttempt, owner: str, started: float, reply: Any
 ) -> LeaseRecord | None:
-    """The lease a one-node lock attempt won, exactly as :func:`~.plans.acquire_plan` builds
-    it; None for any other reply (the plan decides those)."""
+    """The lease a one-node attempt won, exactly as :func:`~.plans.acquire_plan` builds it;
+    None for any other reply (the plan decides those)."""
     if type(reply) is not list or reply[0] != scripts.GRANTED:
         return None
     token = int(reply[1])
-    deadline = started + ttl - (ttl * state.drift_factor + DRIFT_ALLOWANCE)  # state.drift
-    if token >= TOKEN_LIMIT or time.monotonic() >= deadline:
+    ttl = attempt.ttl
+    deadline = started + ttl - (ttl * attempt.state.drift_factor + DRIFT_ALLOWANCE)
+    slot = granted_slot(attempt, reply)
+    if token >= TOKEN_LIMIT or time.monotonic() >= deadline or (attempt.permits and not slot):
         return None
-    record = LeaseRecord(name, state.keys.lock_prefix + name, owner, token, ttl, deadline)
+    record = lease_of(attempt, owner, token, deadline, slot)
     record.reached, record.voters = _REACHED, _VOTERS
     return record
 
@@ -122,8 +186,8 @@ def lane_acquire(attempt: LaneAttempt, channel: Channel) -> Outcome:
     state = attempt.state
     tail, sent = lane_round(attempt, link.run_id)
     try:
-        reply = channel.roundtrip(link, scripts.ACQUIRE, tail, state.node_timeout)
-        record = granted_record(state, attempt.name, attempt.ttl, sent.owner, sent.started, reply)
+        reply = channel.roundtrip(link, attempt.script, tail, state.node_timeout)
+        record = granted_record(attempt, sent.owner, sent.started, reply)
         if record is not None:
             return record
         # resumed inside the try: an interrupt before the plan runs would leave a grant
@@ -134,9 +198,15 @@ def lane_acquire(attempt: LaneAttempt, channel: Channel) -> Outcome:
         raise
 
 
-def release_tail(state: AliasState, lease: LeaseRecord) -> tuple[str, ...]:
-    """``RELEASE``'s key count, keys and arguments for a lock on the only node (the node
-    waiters block on), as :func:`~.plans.release_plan` sends them, all as text."""
+def release_tail(
+    state: AliasState, lease: LeaseRecord, *, wakes: bool = True, unsure: bool = False
+) -> tuple[str, ...]:
+    """The releasing script's key count, keys and arguments for a lease, as
+    :func:`~.plans.release_plan` sends them to a node (``wakes``: the node waiters block on,
+    the only one of a one-node alias; ``unsure``: one whose grant is unknown), all as text."""
+    if lease.kind != LOCK or not wakes:
+        call = release_of(state, lease, wakes=wakes, unsure=unsure)
+        return (str(len(call.keys)), *call.keys, *map(str, call.args))
     keys, name = state.keys, lease.name
     return (
         "4",
@@ -155,21 +225,23 @@ def release_tail(state: AliasState, lease: LeaseRecord) -> tuple[str, ...]:
 
 
 def release_outcome(lease: LeaseRecord, reply: Any, was_valid: bool) -> bool:
-    """What :func:`~.plans.release_plan` makes of a one-node lock release's reply."""
+    """What :func:`~.plans.release_plan` makes of a one-node release's reply (one node: a
+    hand-off there is a quorum's, whatever the kind)."""
     lease.handed_off = reply == scripts.HANDED_OFF
     return counted_release(lease, (True,), (reply,), was_valid)
 
 
 def lane_release(lease: LeaseRecord, channel: Channel, state: AliasState) -> bool:
-    """Release a lock on a one-node alias on ``channel``; True if it was still held."""
+    """Release a lease on a one-node alias on ``channel``; True if it was still held."""
     link = channel.lane_link()
-    if link is None or not lease.reached or lease.kind != LOCK:
+    if link is None or not lease.reached:
         return drive(lambda nodes: release_plan(state, nodes, lease), channel)
     if lease.released:
         return False
     was_valid = not lease.lost and lease.deadline > time.monotonic()  # validity() > 0
     lease.released = True
-    reply = channel.roundtrip(link, scripts.RELEASE, release_tail(state, lease), state.node_timeout)
+    script = KINDS[lease.kind].release
+    reply = channel.roundtrip(link, script, release_tail(state, lease), state.node_timeout)
     held = release_outcome(lease, reply, was_valid)
     if lease.unsure:  # not on the hot path: only when the node did not answer
         note_unsure(lease, channel.links, (reply,))

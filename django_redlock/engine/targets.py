@@ -12,6 +12,7 @@ from typing import Any
 from . import forks
 from .drive import PlanMaker
 from .keyspace import new_waiter
+from .kinds import PERMIT
 from .lane import LaneAttempt
 from .plans import acquire_limits_plan, acquire_many_plan, acquire_plan
 from .plans.rounds import Sent
@@ -78,14 +79,13 @@ class Target:
         self.limits = limits
         self.name = names[0]
         self.many = len(names) > 1
-        #: a lock (one name, not a permit or a read-write lease): what the single-node lane
-        #: (:mod:`.lane`) takes
-        self.lane = not (self.many or permits or rw)
+        #: one name (a lock, a permit, a read or a write lease): what the lanes take
+        self.lane = not self.many
         self.started = time.monotonic()
         self.attempts = 0
 
     def lane_attempt(self, waiting: Waiting | None) -> LaneAttempt:
-        """The first attempt of a lock, for the single-node lane."""
+        """The first attempt of a lease on one name, for the lanes."""
         waiter, mark_ms = "", 0
         if waiting is not None:
             waiter, mark_ms = waiting.waiter, registration_ms(waiting.deadline)
@@ -97,6 +97,8 @@ class Target:
             mark_ms,
             False,
             lambda sent: self.attempt(waiting, False, sent=sent),
+            PERMIT if self.permits else self.rw,
+            self.permits,
         )
 
     def attempt(

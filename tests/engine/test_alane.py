@@ -40,6 +40,49 @@ def test_a_free_lock_takes_the_lane_and_a_busy_one_the_plan(
     asyncio.run(run())
 
 
+@pytest.mark.parametrize("api", ["blocking", "asyncio"])
+def test_every_kind_of_lease_takes_the_lane(
+    lane_nodes: tuple[Any, LockManager], plan_calls: dict[str, int], api: str
+) -> None:
+    """A semaphore's permits, read leases and a write lease on a free name (or one that
+    admits them) take the lanes, acquire and release, as a lock does; what the lanes do not
+    settle (no permit left, a writer behind readers) goes to the plans, and every lease
+    keeps its kind's rules."""
+    _, manager = lane_nodes
+
+    async def acquire(name: str, **kind: Any) -> Any:
+        if api == "asyncio":
+            return await manager.aacquire(name, timeout=0, **kind)
+        return manager.acquire(name, timeout=0, **kind)
+
+    async def release(lease: Any) -> bool:
+        return bool(await lease.arelease() if api == "asyncio" else lease.release())
+
+    async def run() -> None:
+        await release(await acquire("warm"))  # the plan's rejoin
+        plan_calls.update(acquire=0, release=0)
+        permits = [await acquire("pool", permits=2) for _ in range(2)]
+        assert len({p.record.key for p in permits}) == 2  # two slots
+        assert plan_calls == {"acquire": 0, "release": 0}
+        with pytest.raises(LockNotAcquired):
+            await acquire("pool", permits=2)
+        assert plan_calls["acquire"] == 1  # no permit left: the plan's to decide
+        readers = [await acquire("doc", rw="read") for _ in range(2)]
+        assert plan_calls["acquire"] == 1
+        with pytest.raises(LockNotAcquired):
+            await acquire("doc", rw="write")
+        assert plan_calls["acquire"] == 2
+        for lease in (*permits, *readers):
+            assert await release(lease) is True
+        writer = await acquire("doc", rw="write")
+        assert writer.token > max(r.token for r in readers)
+        assert await release(writer) is True
+        assert await release(await acquire("pool", permits=2)) is True
+        assert plan_calls == {"acquire": 2, "release": 0}
+
+    asyncio.run(run())
+
+
 def test_the_lane_sends_the_call_of_the_blocking_lane(
     one_node: tuple[Any, LockManager], monkeypatch: pytest.MonkeyPatch
 ) -> None:

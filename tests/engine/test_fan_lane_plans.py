@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from django_redlock.engine import fan_lane, lane, plans, scripts
+from django_redlock.engine import fan_lane, lane, plans
 from django_redlock.engine.keyspace import TOKEN_LIMIT
 from django_redlock.engine.plans.rounds import Sent
 from django_redlock.engine.replies import NodeFailure
@@ -25,11 +25,16 @@ from django_redlock.engine.state import AliasState, LeaseRecord
 from django_redlock.engine.transport.base import pack
 from tests.engine import test_plans
 from tests.engine.test_lane_plans import (
+    KIND_TABLE,
+    KINDS,
     NAME,
     START,
     _finish,
     _outcome,
     _shape,
+    attempt_args,
+    lane_attempt,
+    lease_of_kind,
     planned_from_scratch,
 )
 from tests.support.scripted import Clock, fake_nodes
@@ -51,27 +56,49 @@ ANSWERS: dict[str, Any] = {
 }
 
 
-def _patterns(nodes: int) -> list[tuple[str, ...]]:
+def _answers(kind: str) -> dict[str, Any]:
+    """:data:`ANSWERS` for a lease of ``kind`` (a key of ``KINDS``): a permit's grants name
+    its first slot, and some name the second."""
+    if kind != "permit":
+        return ANSWERS
+    answers = {
+        key: [*value[:2], 1] if key.startswith("granted") else value
+        for key, value in ANSWERS.items()
+    }
+    return {**answers, "granted the second slot": [1, 7, 2]}
+
+
+def _patterns(nodes: int, answers: dict[str, Any] = ANSWERS) -> list[tuple[str, ...]]:
     """Every combination on three nodes; on five, a fixed sample (every all-same one too)."""
-    every = list(itertools.product(ANSWERS, repeat=nodes))
+    every = list(itertools.product(answers, repeat=nodes))
     if nodes == 3:
         return every
     sample = random.Random(41).sample(every, 400)
-    return sample + [(key,) * nodes for key in ANSWERS]
+    return sample + [(key,) * nodes for key in answers]
 
 
 @pytest.mark.parametrize("late", [False, True], ids=["in time", "validity gone"])
 @pytest.mark.parametrize("waiter", ["", "w1"], ids=["timeout=0", "waits"])
 @pytest.mark.parametrize("count", [3, 5])
+@pytest.mark.parametrize("kind", list(KINDS))
 def test_the_lane_acquires_as_the_plan_does(
-    state: AliasState, clock: Clock, count: int, waiter: str, late: bool, monkeypatch: Any
+    state: AliasState,
+    clock: Clock,
+    kind: str,
+    count: int,
+    waiter: str,
+    late: bool,
+    monkeypatch: Any,
 ) -> None:
-    """Same calls, same follow-ups, same outcome, for every set of replies."""
+    """Same calls, same follow-ups, same outcome, for every kind of lease and set of
+    replies."""
     module = sys.modules[plans.attempt_round.__module__]
     mark_ms = 1000 if waiter else 0
     settled_by_lane = 0
-    for pattern in _patterns(count):
-        replies = [ANSWERS[key] for key in pattern]
+    answers = _answers(kind)
+    kind_args = attempt_args(kind)
+    for pattern in _patterns(count, answers):
+        replies = [answers[key] for key in pattern]
         owners = iter(f"{i:032x}" for i in range(100))
         monkeypatch.setattr(module, "new_owner", lambda owners=owners: next(owners))
         nodes = fake_nodes(count)
@@ -79,7 +106,7 @@ def test_the_lane_acquires_as_the_plan_does(
 
         def make(sent: Sent | None = None, nodes: Any = nodes) -> Any:
             return plans.acquire_plan(
-                state, nodes, NAME, 5.0, waiter=waiter, mark_ms=mark_ms, sent=sent
+                state, nodes, NAME, 5.0, waiter=waiter, mark_ms=mark_ms, sent=sent, **kind_args
             )
 
         request, owner, suffix, expected, expected_shapes = planned_from_scratch(
@@ -93,9 +120,9 @@ def test_the_lane_acquires_as_the_plan_does(
         monkeypatch.setattr(module, "new_owner", lambda owners=owners: next(owners))
 
         # the lane: the same bytes on every node, then its own record or the plan resumed
-        attempt = lane.LaneAttempt(state, NAME, 5.0, waiter, mark_ms, False, make)  # type: ignore[arg-type]
+        attempt = lane_attempt(state, kind, waiter, mark_ms, make)
         for i, call in enumerate(request.calls):
-            assert call is not None
+            assert call is not None and call.script is attempt.script
             tail = lane.acquire_tail(attempt, owner, 5000, f"r{i}", suffix)
             assert pack(tail) == pack((len(call.keys), *call.keys, *call.args)), pattern
         record = fan_lane.quorum_record(state, attempt, owner, started, replies)
@@ -138,22 +165,24 @@ RELEASE_ANSWERS: dict[str, Any] = {
 @pytest.mark.parametrize("valid", [4.0, -1.0], ids=["valid", "expired"])
 @pytest.mark.parametrize("lost", [False, True], ids=["held", "found lost"])
 @pytest.mark.parametrize("count", [3, 5])
+@pytest.mark.parametrize("kind", list(KINDS))
 def test_the_lane_releases_as_the_plan_does(
-    state: AliasState, count: int, valid: float, lost: bool
+    state: AliasState, kind: str, count: int, valid: float, lost: bool
 ) -> None:
     """Same calls to the same nodes, same outcome, hand-off flag and nodes left to send it
-    to again, for every set of answers and of nodes the lease may hold."""
+    to again, for every kind of lease, set of answers and of nodes the lease may hold (and,
+    of those, the ones whose grant is unknown: a permit's release there names every slot)."""
     rng = random.Random(count)
     cases = list(itertools.product(RELEASE_ANSWERS, repeat=count))
     if count == 5:
         cases = rng.sample(cases, 400)
     for pattern in cases:
         reached = tuple(rng.random() > 0.2 for _ in range(count))
+        voters = tuple(i for i, r in enumerate(reached) if r and rng.random() > 0.2)
 
-        def lease(reached: tuple[bool, ...] = reached) -> LeaseRecord:
-            record = LeaseRecord(NAME, "t:job", "a" * 32, 12, 5.0, START + valid, reached=reached)
-            record.voters = tuple(i for i, r in enumerate(reached) if r)
-            record.lost = lost
+        def lease(reached: tuple[bool, ...] = reached, voters: Any = voters) -> LeaseRecord:
+            record = lease_of_kind(state, kind, START + valid, reached)
+            record.voters, record.lost = voters, lost
             return record
 
         answers = [RELEASE_ANSWERS[key] for key in pattern]
@@ -170,7 +199,7 @@ def test_the_lane_releases_as_the_plan_does(
         assert asked == [i for i, c in enumerate(request.calls) if c is not None]
         for i, tail in zip(asked, tails, strict=True):
             call = request.calls[i]
-            assert call is not None and call.script is scripts.RELEASE
+            assert call is not None and call.script is KIND_TABLE[laned.kind].release
             assert pack(tail) == pack((len(call.keys), *call.keys, *call.args)), (pattern, i)
         was_valid = laned.validity() > 0
         got = [answers[i] for i in asked]

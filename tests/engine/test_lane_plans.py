@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from django_redlock.engine import lane, plans, scripts
+from django_redlock.engine import lane, plans
 from django_redlock.engine.keyspace import TOKEN_LIMIT
+from django_redlock.engine.kinds import KINDS as KIND_TABLE
 from django_redlock.engine.plans.rounds import Sent
 from django_redlock.engine.replies import NodeFailure, Request
 from django_redlock.engine.state import Abandoned, AcquireFailure, AliasState, LeaseRecord
@@ -37,8 +38,10 @@ def _later(call: Any) -> Any:
         return ["r0", 40, 0, 1, -1]
     if name == "rejoin":
         return 40
-    if name == "acquire":
+    if name in ("acquire", "read", "write"):
         return [1, 41, 0]
+    if name == "permit":
+        return [1, 41, 1]
     return 1
 
 
@@ -123,38 +126,57 @@ REPLIES: dict[str, Any] = {
 }
 
 
-def _reply(key: str) -> Any:
+#: every kind of lease on one name: (the record's kind, a permit's semaphore size)
+KINDS = {"lock": ("", 0), "permit": ("permit", 3), "read": ("read", 0), "write": ("write", 0)}
+#: a permit's grants name a slot (from 1): the third slot, and one out of range
+PERMIT_REPLIES = {"granted another slot": [1, 7, 3], "granted no slot": [1, 7, 0]}
+
+
+def _reply(key: str, kind: str = "") -> Any:
     from django_redlock.engine.replies import NodeFailure
 
-    value = REPLIES[key]
+    value = PERMIT_REPLIES[key] if key in PERMIT_REPLIES else REPLIES[key]
     if isinstance(value, str):
         return NodeFailure(value, sent=not value.startswith("down"))
+    if kind == "permit" and key.startswith("granted") and key not in PERMIT_REPLIES:
+        return [*value[:2], 1]  # the first slot
     return value
+
+
+def attempt_args(kind: str) -> dict[str, Any]:
+    """``acquire_plan``'s keyword arguments for a lease of ``kind`` (a key of :data:`KINDS`)."""
+    record_kind, permits = KINDS[kind]
+    return {"permits": permits} if permits else {"rw": record_kind}
 
 
 @pytest.mark.parametrize("late", [False, True], ids=["in time", "validity gone"])
 @pytest.mark.parametrize("waiter", ["", "w1"], ids=["timeout=0", "waits"])
-@pytest.mark.parametrize("key", list(REPLIES))
+@pytest.mark.parametrize("key", [*REPLIES, *PERMIT_REPLIES])
+@pytest.mark.parametrize("kind", list(KINDS))
 def test_the_lane_acquires_as_the_plan_does(
     state: AliasState,
     clock: Clock,
+    kind: str,
     key: str,
     waiter: str,
     late: bool,
     monkeypatch: Any,
 ) -> None:
-    """Same first call, same follow-ups, same outcome, for every kind of reply."""
+    """Same first call, same follow-ups, same outcome, for every kind of lease and reply."""
+    if key in PERMIT_REPLIES and kind != "permit":
+        pytest.skip("only a permit's grant names a slot")
     owners = iter(f"{i:032x}" for i in range(100))
     monkeypatch.setattr(
         sys.modules[plans.attempt_round.__module__], "new_owner", lambda: next(owners)
     )
     nodes: list[FakeNode] = fake_nodes(1)
     mark_ms = 1000 if waiter else 0
-    reply = _reply(key)
+    reply = _reply(key, KINDS[kind][0])
+    kind_args = attempt_args(kind)
 
     def make(sent: Sent | None = None) -> Any:
         return plans.acquire_plan(
-            state, nodes, NAME, 5.0, waiter=waiter, mark_ms=mark_ms, sent=sent
+            state, nodes, NAME, 5.0, waiter=waiter, mark_ms=mark_ms, sent=sent, **kind_args
         )
 
     request, owner, suffix, expected, expected_shapes = planned_from_scratch(
@@ -165,15 +187,17 @@ def test_the_lane_acquires_as_the_plan_does(
     owners = iter(f"{i:032x}" for i in range(1, 100))  # the lane's run draws the same ones
 
     # the lane: the same bytes, then its own record or the plan resumed
-    attempt = lane.LaneAttempt(state, NAME, 5.0, waiter, mark_ms, False, lambda s: None)  # type: ignore[arg-type,return-value]
+    attempt = lane_attempt(state, kind, waiter, mark_ms, lambda s: None)
+    assert attempt.script is call.script
     tail = lane.acquire_tail(attempt, owner, 5000, "r0", suffix)
     assert all(type(a) is str for a in tail)  # hiredis turns no number into text (see texts)
     assert pack(tail) == pack((len(call.keys), *call.keys, *call.args))
     started = START
-    record = lane.granted_record(state, NAME, 5.0, owner, started, reply)
+    record = lane.granted_record(attempt, owner, started, reply)
     if record is not None:
         got, shapes = record, [_shape(request)]
-        assert key == "granted" and not late  # the lane settles a plain grant, nothing else
+        # the lane settles a plain grant (of a slot that exists), nothing else
+        assert key in ("granted", "granted another slot") and not late
     else:
         got, shapes = _finish(make(Sent(owner, suffix, started, [reply])))
         shapes = [_shape(request), *shapes]
@@ -186,16 +210,17 @@ def test_the_lane_acquires_as_the_plan_does(
 )
 @pytest.mark.parametrize("valid", [4.0, -1.0], ids=["valid", "expired"])
 @pytest.mark.parametrize("lost", [False, True], ids=["held", "found lost"])
+@pytest.mark.parametrize("kind", list(KINDS))
 def test_the_lane_releases_as_the_plan_does(
-    state: AliasState, reply: Any, valid: float, lost: bool
+    state: AliasState, kind: str, reply: Any, valid: float, lost: bool
 ) -> None:
-    """Same call, same outcome, same hand-off flag, for every release reply."""
+    """Same call, same outcome, same hand-off flag, for every kind of lease and reply."""
     from django_redlock.engine.replies import NodeFailure
 
     answer = NodeFailure(reply) if isinstance(reply, str) else reply
 
     def lease() -> LeaseRecord:
-        record = LeaseRecord(NAME, "t:job", "a" * 32, 12, 5.0, START + valid, reached=(True,))
+        record = lease_of_kind(state, kind, START + valid, (True,))
         record.voters, record.lost = (0,), lost
         return record
 
@@ -203,7 +228,7 @@ def test_the_lane_releases_as_the_plan_does(
     plan = plans.release_plan(state, fake_nodes(1), planned)
     request = next(plan)
     call = request.calls[0]
-    assert call is not None and call.script is scripts.RELEASE
+    assert call is not None and call.script is KIND_TABLE[planned.kind].release
     try:
         plan.send([answer])
     except StopIteration as done:
@@ -215,6 +240,30 @@ def test_the_lane_releases_as_the_plan_does(
     was_valid = laned.validity() > 0
     assert lane.release_outcome(laned, answer, was_valid) == expected
     assert laned.handed_off == planned.handed_off
+
+
+def lane_attempt(
+    state: AliasState, kind: str, waiter: str, mark_ms: int, resume: Any
+) -> lane.LaneAttempt:
+    """The lanes' attempt at a lease of ``kind`` (a key of :data:`KINDS`) on :data:`NAME`,
+    with a TTL of 5 s, resumed with ``resume(sent)``."""
+    record_kind, permits = KINDS[kind]
+    return lane.LaneAttempt(state, NAME, 5.0, waiter, mark_ms, False, resume, record_kind, permits)
+
+
+def lease_of_kind(
+    state: AliasState, kind: str, deadline: float, reached: tuple[bool, ...]
+) -> LeaseRecord:
+    """A lease of ``kind`` (a key of :data:`KINDS`) on :data:`NAME` held by one owner, as the
+    acquire plan records it (a permit: on its second slot)."""
+    record_kind, permits = KINDS[kind]
+    spec = KIND_TABLE[record_kind]
+    tried, _ = spec.acquire_keys(state.keys, NAME, permits)
+    key = tried[1] if permits else tried[0]
+    record = LeaseRecord(NAME, key, "a" * 32, 12, 5.0, deadline, reached=reached)
+    if permits:
+        record.slots = tried
+    return record.with_kind(state.keys.lock(NAME) if spec.marked else "", record_kind)
 
 
 def test_an_abandoned_lane_attempt_gives_back_what_the_plan_would(state: AliasState) -> None:

@@ -49,7 +49,7 @@ def release_plan(state: AliasState, nodes: Sequence[NodeView], lease: LeaseRecor
     waking = wake_node(lease.name, total)
     reached = lease.reached or (True,) * total
     calls: list[Call | None] = [
-        _release_of(state, lease, wakes=i == waking, unsure=i not in lease.voters)
+        release_of(state, lease, wakes=i == waking, unsure=i not in lease.voters)
         if node.run_id is not None and reached[i]
         else None
         for i, node in enumerate(nodes)
@@ -169,7 +169,7 @@ def release_again_plan(
     # nodes to look at once more for a late grant (never waited for: background only)
     due = {i for i, at in lease.recheck.items() if at <= now} if background else set()
     calls: list[Call | None] = [
-        _release_of(state, lease, wakes=i == waking, unsure=i not in lease.voters)
+        release_of(state, lease, wakes=i == waking, unsure=i not in lease.voters)
         if (i in unsure or i in due)
         and node.run_id is not None
         and not (background and node.behind)
@@ -293,7 +293,7 @@ def extend_plan(
     lease.lost = True
     waking = wake_node(lease.name, total)
     release = [
-        _release_of(state, lease, wakes=i == waking, unsure=i not in lease.voters)
+        release_of(state, lease, wakes=i == waking, unsure=i not in lease.voters)
         if calls[i] is not None and renewed is not False
         else None
         for i, renewed in enumerate(granted_per_node(replies, _renewed))
@@ -324,7 +324,7 @@ def force_release_plan(
     return sum(1 for r in replies if r == scripts.DELETED)
 
 
-def _release_of(state: AliasState, lease: LeaseRecord, *, wakes: bool, unsure: bool) -> Call:
+def release_of(state: AliasState, lease: LeaseRecord, *, wakes: bool, unsure: bool) -> Call:
     """The call releasing ``lease`` (a lock, a permit, a read or a write lease) on one node;
     ``unsure``: the node's grant is unknown (it had not answered), so a permit's release there
     frees whichever slot holds the owner."""
