@@ -174,20 +174,31 @@ if refusal then
   return refusal
 end
 local now = now_ms()
-redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
-if ARGV[6] ~= '1' then
-  local reserved = redis.call('PTTL', KEYS[5])
-  if reserved ~= -2 then
-    return busy(KEYS[4], reserved, counter)
-  end
-  if redis.call('ZCARD', KEYS[6]) > 0 then
-    return busy(KEYS[4], 1, counter)  -- a writer waits: it goes first
+local woken = ARGV[6] == '1'
+-- the common case, in one call: no hand-off reservation and no writer waiting
+if redis.call('EXISTS', KEYS[5], KEYS[6]) > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
+  if not woken then
+    local reserved = redis.call('PTTL', KEYS[5])
+    if reserved ~= -2 then
+      return busy(KEYS[4], reserved, counter)
+    end
+    if redis.call('ZCARD', KEYS[6]) > 0 then
+      return busy(KEYS[4], 1, counter)  -- a writer waits: it goes first
+    end
   end
 end
-local token = won(KEYS[1], KEYS[4], KEYS[5], max_ttl)
-live_readers(KEYS[2], now)
-register(KEYS[2], ARGV[1], tonumber(ARGV[2]), false)  -- the read lease, until it lapses
-mark(KEYS[3], 'rwlock|readers', tonumber(ARGV[2]))
+-- only a woken caller can find a reservation to use up
+local token = won(KEYS[1], KEYS[4], woken and KEYS[5] or nil, max_ttl)
+local ms = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)  -- lapsed read leases go
+-- the read lease, until it lapses on the clock read above; the set lives as long as its
+-- longest lease
+redis.call('ZADD', KEYS[2], now + ms, ARGV[1])
+if redis.call('PTTL', KEYS[2]) < ms then
+  redis.call('PEXPIRE', KEYS[2], ms)
+end
+mark(KEYS[3], 'rwlock|readers', ms)
 return {1, token, 0}
 """,
 )
@@ -218,8 +229,9 @@ end
 if ARGV[7] ~= '' then
   redis.pcall('ZREM', KEYS[6], ARGV[7])
 end
--- a lock value that ends with '|write', so a listing tells a write lease from a plain lock
-local token = won(KEYS[1], KEYS[4], KEYS[5], max_ttl)
+-- a lock value that ends with '|write', so a listing tells a write lease from a plain lock;
+-- only a woken caller can find a reservation to use up
+local token = won(KEYS[1], KEYS[4], ARGV[6] == '1' and KEYS[5] or nil, max_ttl)
 redis.call('SET', KEYS[3], lock_value(token) .. '|write', 'PX', ARGV[2])
 return {1, token, 0}
 """,
@@ -260,15 +272,17 @@ end
 if not mine then
   return 0
 end
-local now = now_ms()
-if now then
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-end
+-- the common case, the last reader: no clock read
 if redis.call('ZCARD', KEYS[1]) > 0 then
-  if now then
-    fit_to_readers(KEYS[1], KEYS[2], now)
+  local now = now_ms()
+  if not now then
+    return 1
   end
-  return 1
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)  -- lapsed read leases go
+  if redis.call('ZCARD', KEYS[1]) > 0 then
+    fit_to_readers(KEYS[1], KEYS[2], now)
+    return 1
+  end
 end
 if string.sub(redis.call('GET', KEYS[2]) or '', 1, 7) == 'rwlock|' then
   redis.call('DEL', KEYS[2])
