@@ -122,7 +122,7 @@ def test_previous_and_this_engine_never_hold_a_name_together(
             )  # fmt: skip
             workers.append((side, kind, out, proc))
     errors = {}
-    for side, kind, out, proc in workers:
+    for _, _, out, proc in workers:
         try:
             errors[out] = proc.communicate(timeout=60)[1]
         finally:
