@@ -77,15 +77,13 @@ def quorum_record(
     deadline = started + ttl - (ttl * state.drift_factor + DRIFT_ALLOWANCE)  # state.drift
     if time.monotonic() >= deadline:
         return None
-    record = lease_of(attempt, owner, token, deadline, slot)
     # nodes that may hold the key: the winners, and those that got the call and did not
     # answer (granted_per_node's None)
-    record.reached = tuple(
+    reached = tuple(
         reply.sent if isinstance(reply, NodeFailure) else i in won
         for i, reply in enumerate(replies)
     )
-    record.voters = tuple(won)
-    return record
+    return lease_of(attempt, owner, token, deadline, slot, reached, tuple(won))
 
 
 Decided = Callable[[list[Slot]], bool]

@@ -112,22 +112,37 @@ def _kind_tail(
 
 
 def lease_of(
-    attempt: LaneAttempt, owner: str, token: int, deadline: float, slot: int
+    attempt: LaneAttempt,
+    owner: str,
+    token: int,
+    deadline: float,
+    slot: int,
+    reached: tuple[bool, ...],
+    voters: tuple[int, ...],
 ) -> LeaseRecord:
     """The record of a lease ``attempt`` won at ``token`` (``slot``: a permit's, the
-    position its grants named), as :func:`~.plans.acquire_plan` builds it, before its
-    ``reached`` and ``voters``."""
+    position its grants named), as :func:`~.plans.acquire_plan` builds it: complete when
+    made, since it is noted on the caller's handoff as it is made."""
     state, name, ttl = attempt.state, attempt.name, attempt.ttl
     kind = attempt.kind
     if kind == LOCK:
-        return LeaseRecord(name, state.keys.lock_prefix + name, owner, token, ttl, deadline)
+        key = state.keys.lock_prefix + name
+        return LeaseRecord(name, key, owner, token, ttl, deadline, reached=reached, voters=voters)
     spec = KINDS[kind]
     tried, _ = spec.acquire_keys(state.keys, name, attempt.permits)
-    key = tried[slot - 1] if kind == PERMIT else tried[0]
-    record = LeaseRecord(name, key, owner, token, ttl, deadline)
-    if kind == PERMIT:
-        record.slots = tried
-    return record.with_kind(state.keys.lock(name) if spec.marked else "", kind)
+    return LeaseRecord(
+        name,
+        tried[slot - 1] if kind == PERMIT else tried[0],
+        owner,
+        token,
+        ttl,
+        deadline,
+        reached=reached,
+        marker=state.keys.lock(name) if spec.marked else "",
+        kind=kind,
+        voters=voters,
+        slots=tried if kind == PERMIT else (),
+    )
 
 
 def granted_slot(attempt: LaneAttempt, reply: Any) -> int:
@@ -152,9 +167,7 @@ def granted_record(
     slot = granted_slot(attempt, reply)
     if token >= TOKEN_LIMIT or time.monotonic() >= deadline or (attempt.permits and not slot):
         return None
-    record = lease_of(attempt, owner, token, deadline, slot)
-    record.reached, record.voters = _REACHED, _VOTERS
-    return record
+    return lease_of(attempt, owner, token, deadline, slot, _REACHED, _VOTERS)
 
 
 def opening(attempt: LaneAttempt) -> tuple[int, str, str]:

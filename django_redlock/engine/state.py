@@ -214,18 +214,13 @@ class LeaseRecord:
 
     def __post_init__(self) -> None:
         # an acquire interrupted before its caller holds the lease gives this grant back
+        # (so a record is made with every field its release reads: kind, marker, slots)
         if (open_handoff := handoff.current()) is not None:
             open_handoff.records.append(self)
 
     def may_hold(self, node: int) -> bool:
         """Whether node ``node`` (an index) may hold its keys (its acquire may have reached it)."""
         return node >= len(self.reached) or self.reached[node]
-
-    def with_kind(self, marker: str, kind: str) -> LeaseRecord:
-        """This record, for a permit, a read or a write lease (``marker``: a permit's
-        semaphore's or a read lease's marker key)."""
-        self.marker, self.kind = marker, kind
-        return self
 
     def validity(self) -> float:
         if self.lost or self.released:

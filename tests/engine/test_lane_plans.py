@@ -260,10 +260,19 @@ def lease_of_kind(
     spec = KIND_TABLE[record_kind]
     tried, _ = spec.acquire_keys(state.keys, NAME, permits)
     key = tried[1] if permits else tried[0]
-    record = LeaseRecord(NAME, key, "a" * 32, 12, 5.0, deadline, reached=reached)
-    if permits:
-        record.slots = tried
-    return record.with_kind(state.keys.lock(NAME) if spec.marked else "", record_kind)
+    marker = state.keys.lock(NAME) if spec.marked else ""
+    return LeaseRecord(
+        NAME,
+        key,
+        "a" * 32,
+        12,
+        5.0,
+        deadline,
+        reached=reached,
+        marker=marker,
+        kind=record_kind,
+        slots=tried if permits else (),
+    )
 
 
 def test_an_abandoned_lane_attempt_gives_back_what_the_plan_would(state: AliasState) -> None:

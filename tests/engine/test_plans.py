@@ -825,7 +825,8 @@ def test_acquire_keeps_quarantined_node_out(state: AliasState) -> None:
         [
             answer(ACQUIRE, granted(12), TIMED_OUT, UNTRUSTED),
             answer(PROBE, probe("r0", 12), probe("r1", 12), probe("", 0, 0, 0)),
-            # a node without any fence state next to granted ones: looked at once more
+            # a node without any fence state next to granted ones: looked at twice more
+            answer(PROBE, probe("r0", 12), probe("r1", 12), probe("", 0, 0, 0)),
             answer(PROBE, probe("r0", 12), probe("r1", 12), probe("", 0, 0, 0)),
             fire(RELEASE, to=[0, 1]),
         ],
@@ -896,6 +897,7 @@ def test_acquire_counts_a_grant_beside_its_own_as_a_used_cluster(
         plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
         [
             answer(ACQUIRE, UNTRUSTED, UNTRUSTED, granted(floor + 2)),
+            answer(PROBE, probe("", 0, 0, 0), probe("", 0, 0, 0), used),
             answer(PROBE, probe("", 0, 0, 0), probe("", 0, 0, 0), used),
             answer(PROBE, probe("", 0, 0, 0), probe("", 0, 0, 0), used),
             fire(RELEASE, to=[2]),
@@ -1410,7 +1412,7 @@ def test_a_permit_releaser_queues_only_when_a_quorum_has_no_slot_for_it(
     slots = tuple(f"t:__permit__:{k}:job" for k in range(3))
     lease = lease_for()
     lease.key, lease.slots, lease.voters = slots[1], slots, (0, 1, 2)
-    lease = lease.with_kind("t:job", PERMIT_KIND)
+    lease.marker, lease.kind = "t:job", PERMIT_KIND
     run = drive(plans.release_plan(state, fake_nodes(3), lease), [answer(RELEASE_PERMIT, *replies)])
     assert lease.handed_off is queues
     assert run.calls(0)[0].keys[3:] == (slots[1], slots[0], slots[2])

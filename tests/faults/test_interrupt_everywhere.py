@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import django_redlock
-from django_redlock.engine import handoff
+from django_redlock.engine import giveback, handoff
 from django_redlock.exceptions import LockError, NodesUnavailable
 from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes
@@ -61,29 +61,67 @@ def _out_of_pool(pools: Any) -> list[int]:
 
 
 def _keys(nodes: RedisNodes, prefix: str) -> list[bytes]:
-    return [key for node in nodes for key in node.client().keys(f"{prefix}lock:*")]
+    """The keys on ``nodes`` that start with ``prefix`` (a key prefix and the names' start)."""
+    return [key for node in nodes for key in node.client().keys(f"{prefix}*")]
 
 
 # an interrupt raised in a generator being closed (a plan, a generator expression) is
 # "ignored" by Python, as a real signal handler's would be there
+#: the kinds of lease: ``acquire()``'s arguments, and those of a lease the kind's leftover
+#: would keep out (a read lease only keeps out a writer)
+KINDS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "lock": ({}, {}),
+    "permit": ({"permits": 1}, {"permits": 1}),
+    "read": ({"rw": "read"}, {"rw": "write"}),
+    "write": ({"rw": "write"}, {"rw": "write"}),
+}
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("count", [1, 3])
-@pytest.mark.parametrize("shape", ["with lock()", "acquire()"])
+@pytest.mark.parametrize(
+    ("shape", "kind"),
+    [
+        ("with lock()", "lock"),
+        ("acquire()", "lock"),
+        ("acquire()", "permit"),
+        ("acquire()", "read"),
+        ("acquire()", "write"),
+    ],
+)
 def test_an_interrupt_at_every_call_boundary_leaves_nothing_behind(
-    redis_node_factory: Nodes, redlock_alias: Alias, unique_name: str, count: int, shape: str
+    redis_node_factory: Nodes,
+    redlock_alias: Alias,
+    unique_name: str,
+    count: int,
+    shape: str,
+    kind: str,
 ) -> None:
+    """(A read lease interrupted as its record was made, before its kind was set on it, was
+    given back as a lock: its release failed ``WRONGTYPE`` on the readers' set, and the read
+    lease stayed for its TTL; found by an attack.)"""
     nodes = redis_node_factory(count)
     manager = redlock_alias(nodes, MAX_CONNECTIONS=2, TTL=30)
     prefix = manager.config.key_prefix
     pools = manager.engine.pools
-    busy = manager.acquire(f"{unique_name}:busy", timeout=0)
+    options, kept_out = KINDS[kind]
+    busy = manager.acquire(f"{unique_name}:busy", timeout=0, **kept_out)
+    names = [f"{unique_name}:busy"]
+    at_exit: list[str] = []
 
     def call(name: str) -> None:
         if shape == "with lock()":
             with manager.lock(name, timeout=0):
                 pass
         else:
-            manager.acquire(name, timeout=0).release()
+            lease = manager.acquire(name, timeout=0, **options)
+            try:
+                lease.release()
+            finally:
+                # interrupted as release() was called, before its first line: the caller's
+                # own window (it holds the lease), closed as a try/finally would
+                if not lease.released:
+                    lease.release()
 
     interrupted = k = 0
     last: BaseException | None = None
@@ -92,12 +130,18 @@ def test_an_interrupt_at_every_call_boundary_leaves_nothing_behind(
         pools._reap(float("inf"))  # a fresh pool: the checkout opens a connection
         # the name busy on even rounds: the failed acquire's cleanup is interrupted too
         name = f"{unique_name}:busy" if k % 2 == 0 else f"{unique_name}:{k}"
+        names.append(name)
         tracer, seen = _raising_at_call(k // 2 + 1)
         sys.settrace(tracer)
         try:
             call(name)
         except (Interrupt, LockError) as exc:
             last = exc
+            if isinstance(exc, Interrupt) and exc.args == ("__exit__",):
+                # the one window left open (docs/algorithm.md, "Waiting without polling"): the
+                # first instruction of the block's __exit__; that lease waits for its TTL
+                names.remove(name)
+                at_exit.append(name)
         finally:
             sys.settrace(None)
         if seen[0] > k // 2:
@@ -110,9 +154,23 @@ def test_an_interrupt_at_every_call_boundary_leaves_nothing_behind(
             break
     assert interrupted > 20
     busy.release()
-    until(lambda: _keys(nodes, prefix) == [], 5.0, "every interrupted grant given back")
+    # every name free again for what a leftover of its kind would keep out
+    until(lambda: _all_free(manager, names, kept_out), 5.0, "every interrupted grant given back")
+    if kind == "lock":
+        left = {key.decode() for key in _keys(nodes, f"{prefix}{unique_name}:")}
+        assert left <= {f"{prefix}{name}" for name in at_exit}
     # a lost connection: "no free connection in time" (NodesUnavailable) after 5 s
     manager.acquire(f"{unique_name}:after", timeout=0).release()
+
+
+def _all_free(manager: LockManager, names: list[str], options: dict[str, Any]) -> bool:
+    """Whether a lease with ``options`` can be taken on each of ``names`` at once."""
+    for name in dict.fromkeys(names):
+        try:
+            manager.acquire(name, timeout=0, **options).release()
+        except LockError:
+            return False
+    return True
 
 
 # an interrupt inside redis-py's connect (between its socket() and the assignment that lets
@@ -208,5 +266,67 @@ def test_an_interrupt_after_an_asyncio_grant_gives_it_back(
         assert handoff.current() is None  # closed: later grants are not noted there
 
     asyncio.run(main())
-    until(lambda: _keys(nodes, prefix) == [], 5.0, "the interrupted grant given back")
+    until(lambda: _keys(nodes, f"{prefix}lock:") == [], 5.0, "the interrupted grant given back")
     manager.acquire("lock:granted", timeout=0).release()
+
+
+#: ``LeaseRecord.kind`` of each kind of :data:`KINDS`
+KINDS_OF = {"lock": "", "permit": "permit", "read": "read", "write": "write"}
+
+
+@pytest.mark.parametrize("count", [1, 3])
+@pytest.mark.parametrize("kind", ["permit", "read", "write"])
+def test_a_grant_interrupted_as_its_record_is_made_is_given_back_as_its_kind(
+    redis_node_factory: Nodes,
+    redlock_alias: Alias,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    count: int,
+    kind: str,
+) -> None:
+    """A signal handler raising the moment a lease's record is made (and noted on the
+    caller's handoff): the handoff gives the grant back as what it is. The record used to get
+    its kind after it was made, so a read lease was given back as a lock: its release failed
+    ``WRONGTYPE`` on the readers' set (found by an attack, which also saw it sent again from
+    the background until the lease's validity ended)."""
+    from django_redlock.engine.state import LeaseRecord
+    from django_redlock.locking import interrupted
+
+    nodes = redis_node_factory(count)
+    manager = redlock_alias(nodes, TTL=30)
+    manager.acquire("warm", timeout=0).release()  # the nodes joined: the grant is the lane's
+    options, kept_out = KINDS[kind]
+    real = LeaseRecord.__post_init__
+    armed = [True]
+
+    def noted_then_interrupted(self: LeaseRecord) -> None:
+        real(self)
+        if armed[0]:
+            armed[0] = False
+            raise Interrupt("__post_init__")
+
+    monkeypatch.setattr(LeaseRecord, "__post_init__", noted_then_interrupted)
+    given_back: list[str] = []
+    real_release = interrupted._release
+
+    def noting(opened: handoff.Handoff, *args: Any, **kwargs: Any) -> None:
+        given_back.extend(record.kind for record in opened.records)
+        real_release(opened, *args, **kwargs)
+
+    monkeypatch.setattr(interrupted, "_release", noting)
+    caplog.set_level("DEBUG", logger="django_redlock")
+    with pytest.raises(Interrupt):
+        manager.acquire("granted", timeout=0, **options)
+    assert not armed[0]
+    assert given_back == [KINDS_OF[kind]]  # given back as what it is (was: as a lock, '')
+    until(lambda: _all_free(manager, ["granted"], kept_out), 5.0, "the grant given back")
+    state = manager.engine.state
+
+    def giving_back() -> list[str]:
+        running = list(giveback.GiveBack.running.values())
+        return [g._lease.name for g in running if g._state is state]
+
+    # nothing left sending a release again (it was: until the validity's end, 30 s)
+    until(lambda: giving_back() == [], 3.0, "no give-back left running")
+    refused = [r.getMessage() for r in caplog.records if "not confirmed" in r.getMessage()]
+    assert refused == []

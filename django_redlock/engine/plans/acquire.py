@@ -143,12 +143,22 @@ def acquire_plan(
                     )
                 if mark_ms:
                     yield from _withdraw(state, nodes, statuses, name, waiter)
-                marker = keys.lock(name) if spec.marked else ""
-                record = LeaseRecord(name, key, owner, token, ttl, validity_deadline)
-                record.reached, record.voters = reached, tuple(won)
-                if permits:
-                    record.slots = tried
-                return record.with_kind(marker, kind)
+                # complete when made: it is noted on the caller's handoff as it is made, and
+                # an interrupt right after gives back what it says (a kind set later was
+                # missing: a read lease given back as a lock failed WRONGTYPE)
+                return LeaseRecord(
+                    name,
+                    key,
+                    owner,
+                    token,
+                    ttl,
+                    validity_deadline,
+                    reached=reached,
+                    marker=keys.lock(name) if spec.marked else "",
+                    kind=kind,
+                    voters=tuple(won),
+                    slots=tried if permits else (),
+                )
 
         failure = failure_of(nodes, replies, statuses, len(won))
         # a caller that will wait registers where it gives a grant back; one that will not

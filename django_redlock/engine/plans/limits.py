@@ -187,9 +187,20 @@ class _Permit:
         self.reached, self.voters = reached, voters
 
     def _won(self, owner: str, token: int, ttl: float, deadline: float) -> LeaseRecord:
-        record = LeaseRecord(self.name, self.key, owner, token, ttl, deadline)
-        record.reached, record.voters, record.slots = self.reached, self.voters, self.slots
-        return record.with_kind(self.marker, PERMIT)
+        # complete when made (see acquire_plan): noted on the caller's handoff as it is made
+        return LeaseRecord(
+            self.name,
+            self.key,
+            owner,
+            token,
+            ttl,
+            deadline,
+            reached=self.reached,
+            marker=self.marker,
+            kind=PERMIT,
+            voters=self.voters,
+            slots=self.slots,
+        )
 
 
 def _record(

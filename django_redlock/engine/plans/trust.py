@@ -25,6 +25,13 @@ CLOCK_FLOOR = 1024
 REJOIN_INTERVAL = 0.5
 
 
+#: How many times a rejoin check probes while another caller is initialising a new cluster
+#: (a node it found without fence state is still without, another has a grant already): each
+#: probe is a round trip more for that caller's rejoin to land everywhere. Two missed it on a
+#: loaded machine (12 threads' first write leases on a new cluster, one "quarantined").
+RACE_LOOKS = 3
+
+
 def rejoin_plan(
     state: AliasState,
     nodes: Sequence[NodeView],
@@ -76,7 +83,7 @@ def _rejoin_check(
     calls: list[Call | None] = [
         None if node.run_id is None else Call(scripts.PROBE, (fence,), ()) for node in nodes
     ]
-    for look in range(2):
+    for look in range(RACE_LOOKS):
         probes = yield Request(calls, state.node_timeout * 2, None)
         reachable = [i for i, p in enumerate(probes) if not isinstance(p, NodeFailure)]
         if len(reachable) < needed:
@@ -94,7 +101,7 @@ def _rejoin_check(
         # any fence state may have been probed just before another process's initialisation
         # reached it, and another node just after that process's first grant. Look once more.
         racing = any(i in seen_untrusted and not int(probes[i][3]) for i in untrusted)
-        if look or never_granted or not racing:
+        if look == RACE_LOOKS - 1 or never_granted or not racing:
             break
     counters = {i: int(probes[i][1]) for i in reachable}
     longest = max([state.longest_ttl_ms, *(int(probes[i][2]) for i in reachable)])
