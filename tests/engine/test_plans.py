@@ -1381,6 +1381,24 @@ def test_permit_without_a_quorum_on_one_slot_fails_and_releases_every_grant(
     assert all(sorted(run.calls(1)[i].keys[3:]) == sorted(tried) for i in (0, 1))
 
 
+@pytest.mark.parametrize("third", ["timed out", "untrusted"])
+def test_permit_split_among_answering_nodes_is_busy_not_unavailable(
+    state: AliasState, third: str
+) -> None:
+    """Two nodes granted different slots (callers raced) and the third did not vote: a quorum
+    of nodes answered, so the name is contended ("busy", retried within a timeout), not
+    "unavailable". It said "only 2 of 3 Redis nodes could vote, 2 needed" (found by an
+    attack, with the third node quarantined)."""
+    replies = [permit(7, 1), permit(7, 2), TIMED_OUT if third == "timed out" else UNTRUSTED]
+    steps = [
+        answer(PERMIT, *replies),
+        fire(RELEASE_PERMIT, to=[0, 1] if third == "untrusted" else [0, 1, 2]),
+    ]
+    run = drive(plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, permits=3), steps)
+    assert run.result.reason == "busy"
+    assert run.result.answered == 2
+
+
 def test_permit_on_silent_nodes_releases_whichever_slot_has_its_owner(
     state: AliasState,
 ) -> None:

@@ -216,6 +216,8 @@ def failure_of(
         return AcquireFailure("busy", votes, trusted_answers, errors, retry_after)
     if votes >= quorum(total):  # quorum reached but validity ran out or the token overflowed
         return AcquireFailure("busy", votes, trusted_answers, errors)
+    if trusted_answers >= quorum(total):  # a quorum voted and split (a permit's slots)
+        return AcquireFailure("busy", votes, trusted_answers, errors, retry_after)
     for i, st in enumerate(statuses):
         if st == scripts.UNTRUSTED:
             errors[nodes[i].label] = QUARANTINED
