@@ -16,7 +16,6 @@ on the same scripted replies and checks the calls they send are the same bytes.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -29,12 +28,13 @@ from .lane import (
     LaneAttempt,
     Outcome,
     acquire_tail,
-    granted_slot,
     lease_of,
     opening,
+    permit_slot,
     release_tail,
 )
 from .plans import counted_release, note_unsure, release_plan
+from .plans.acquire import attempt_settled
 from .plans.rounds import Sent
 from .replies import NOT_INVOLVED, NodeFailure, Slot
 from .state import DRIFT_ALLOWANCE, AliasState, LeaseRecord
@@ -67,9 +67,8 @@ def quorum_record(
     token = int(replies[won[0]][1])
     if token >= TOKEN_LIMIT or any(int(replies[i][1]) != token for i in won):
         return None  # a winner behind on tokens: the plan's write-back
-    slot = granted_slot(attempt, replies[won[0]])
-    slots = {granted_slot(attempt, replies[i]) for i in won} if attempt.permits else ()
-    if attempt.permits and (not slot or len(slots) > 1):
+    slot = permit_slot(attempt, replies[won[0]])
+    if attempt.permits and (not slot or any(permit_slot(attempt, replies[i]) != slot for i in won)):
         return None  # a permit's nodes that granted other slots: the plan gives those back
     if attempt.waiter and any(type(r) is list and r[0] == _BUSY for r in replies):
         return None
@@ -91,10 +90,11 @@ Decided = Callable[[list[Slot]], bool]
 
 def acquire_decided(total: int, permits: int = 0) -> Decided:
     """:func:`~.plans.acquire_plan`'s ``settled()``: a quorum granted (for a permit, the
-    same slot), or it no longer can."""
-    needed = quorum(total)
+    same slot: the plan's own rule, :func:`~.plans.acquire.attempt_settled`), or it no
+    longer can."""
     if permits:
-        return functools.partial(_permit_decided, total, needed)
+        return attempt_settled(total, permits)
+    needed = quorum(total)
 
     def decided(slots: list[Slot]) -> bool:
         done = granted = 0
@@ -106,18 +106,6 @@ def acquire_decided(total: int, permits: int = 0) -> Decided:
         return granted >= needed or granted + total - done < needed
 
     return decided
-
-
-def _permit_decided(total: int, needed: int, slots: list[Slot]) -> bool:
-    """:func:`acquire_decided` of a permit: counted per slot granted, as the plan does."""
-    done = [slot.value for slot in slots if slot.done]
-    counts: dict[int, int] = {}
-    for value in done:
-        if _granted(value):
-            which = int(value[2]) if len(value) > 2 else 0
-            counts[which] = counts.get(which, 0) + 1
-    best = max(counts.values(), default=0)
-    return best >= needed or best + total - len(done) < needed
 
 
 def fan_round(

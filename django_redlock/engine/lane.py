@@ -23,6 +23,7 @@ from .drive import PlanMaker, drive, give_up
 from .keyspace import TOKEN_LIMIT, LockValue, new_owner
 from .kinds import HANDOFF_MS, KINDS, LOCK, PERMIT
 from .plans import counted_release, note_unsure, release_plan
+from .plans.acquire import granted_slot, won_record
 from .plans.lease import release_of
 from .plans.rounds import Sent
 from .scripts.script import Script
@@ -48,6 +49,8 @@ class LaneAttempt:
         "resume",
         "script",
         "state",
+        "touched",
+        "tried",
         "ttl",
         "waiter",
         "woken",
@@ -69,8 +72,15 @@ class LaneAttempt:
         self.waiter, self.mark_ms, self.woken = waiter, mark_ms, woken
         self.resume = resume
         self.kind, self.permits = kind, permits
+        spec = KINDS[kind]
         #: the acquiring script of the lease's kind
-        self.script: Script = KINDS[kind].acquire
+        self.script: Script = spec.acquire
+        #: the keys the attempt may take and those its script touches (a lock's are written
+        #: out where they are used: the hot path)
+        self.tried: tuple[str, ...] = ()
+        self.touched: tuple[str, ...] = ()
+        if kind != LOCK:
+            self.tried, self.touched = spec.acquire_keys(state.keys, name, permits)
 
 
 def acquire_tail(
@@ -104,8 +114,7 @@ def _kind_tail(
 ) -> tuple[str, ...]:
     """:func:`acquire_tail` of a permit, a read or a write lease (the keys its kind's table
     entry names; a permit's last argument is its semaphore's size)."""
-    _, touched = KINDS[attempt.kind].acquire_keys(attempt.state.keys, attempt.name, attempt.permits)
-    extra = (str(attempt.permits),) if attempt.permits else ()
+    touched, extra = attempt.touched, (str(attempt.permits),) if attempt.permits else ()
     woken = "1" if attempt.woken else "0"
     head = (str(len(touched)), *touched, owner, str(ttl_ms), run_id, suffix)
     return (*head, str(mark_ms), woken, attempt.waiter, *extra)
@@ -120,37 +129,23 @@ def lease_of(
     reached: tuple[bool, ...],
     voters: tuple[int, ...],
 ) -> LeaseRecord:
-    """The record of a lease ``attempt`` won at ``token`` (``slot``: a permit's, the
-    position its grants named), as :func:`~.plans.acquire_plan` builds it: complete when
-    made, since it is noted on the caller's handoff as it is made."""
-    state, name, ttl = attempt.state, attempt.name, attempt.ttl
-    kind = attempt.kind
-    if kind == LOCK:
-        key = state.keys.lock_prefix + name
-        return LeaseRecord(name, key, owner, token, ttl, deadline, reached=reached, voters=voters)
-    spec = KINDS[kind]
-    tried, _ = spec.acquire_keys(state.keys, name, attempt.permits)
-    return LeaseRecord(
-        name,
-        tried[slot - 1] if kind == PERMIT else tried[0],
-        owner,
-        token,
-        ttl,
-        deadline,
-        reached=reached,
-        marker=state.keys.lock(name) if spec.marked else "",
-        kind=kind,
-        voters=voters,
-        slots=tried if kind == PERMIT else (),
-    )
+    """The record of a lease ``attempt`` won at ``token`` (``slot``: a permit's), as
+    :func:`~.plans.acquire_plan` builds it (:func:`~.plans.acquire.won_record`)."""
+    state, name = attempt.state, attempt.name
+    tried = attempt.tried or (state.keys.lock_prefix + name,)
+    return won_record(
+        state.keys, name, attempt.kind, tried, slot, owner, token, attempt.ttl, deadline,
+        reached, voters,
+    )  # fmt: skip
 
 
-def granted_slot(attempt: LaneAttempt, reply: Any) -> int:
-    """The slot a permit's grant names (its third item, from 1); 0 for any other kind, or
-    for a permit's reply that names none (the plan decides that one)."""
+def permit_slot(attempt: LaneAttempt, reply: Any) -> int:
+    """The slot a permit's grant names (:func:`~.plans.acquire.granted_slot`) when it is
+    one of the semaphore's; 0 for any other kind, or for a grant naming none (the plan
+    decides that one)."""
     if attempt.kind != PERMIT:
         return 0
-    slot = int(reply[2]) if len(reply) > 2 else 0
+    slot = granted_slot(reply)
     return slot if 0 < slot <= attempt.permits else 0
 
 
@@ -164,7 +159,7 @@ def granted_record(
     token = int(reply[1])
     ttl = attempt.ttl
     deadline = started + ttl - (ttl * attempt.state.drift_factor + DRIFT_ALLOWANCE)
-    slot = granted_slot(attempt, reply)
+    slot = permit_slot(attempt, reply)
     if token >= TOKEN_LIMIT or time.monotonic() >= deadline or (attempt.permits and not slot):
         return None
     return lease_of(attempt, owner, token, deadline, slot, _REACHED, _VOTERS)

@@ -17,6 +17,7 @@ import pytest
 from django_redlock.engine import lane, plans
 from django_redlock.engine.keyspace import TOKEN_LIMIT
 from django_redlock.engine.kinds import KINDS as KIND_TABLE
+from django_redlock.engine.plans.acquire import won_record
 from django_redlock.engine.plans.rounds import Sent
 from django_redlock.engine.replies import NodeFailure, Request
 from django_redlock.engine.state import Abandoned, AcquireFailure, AliasState, LeaseRecord
@@ -257,21 +258,10 @@ def lease_of_kind(
     """A lease of ``kind`` (a key of :data:`KINDS`) on :data:`NAME` held by one owner, as the
     acquire plan records it (a permit: on its second slot)."""
     record_kind, permits = KINDS[kind]
-    spec = KIND_TABLE[record_kind]
-    tried, _ = spec.acquire_keys(state.keys, NAME, permits)
-    key = tried[1] if permits else tried[0]
-    marker = state.keys.lock(NAME) if spec.marked else ""
-    return LeaseRecord(
-        NAME,
-        key,
-        "a" * 32,
-        12,
-        5.0,
-        deadline,
-        reached=reached,
-        marker=marker,
-        kind=record_kind,
-        slots=tried if permits else (),
+    tried, _ = KIND_TABLE[record_kind].acquire_keys(state.keys, NAME, permits)
+    slot = 2 if permits else 1
+    return won_record(
+        state.keys, NAME, record_kind, tried, slot, "a" * 32, 12, 5.0, deadline, reached, ()
     )
 
 

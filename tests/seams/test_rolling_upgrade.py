@@ -76,7 +76,9 @@ def mixed(
 ) -> Iterator[tuple[dict[str, str], int]]:
     """The worker's environment for the nodes of ``request.param`` (1 or 3)."""
     nodes = redis_node_factory(request.param)
-    manager = redlock_alias(nodes, TTL=10)
+    # a generous NODE_TIMEOUT: fourteen workers on a loaded machine answer late, and a
+    # release whose reply came after it would read unconfirmed (False), not held
+    manager = redlock_alias(nodes, TTL=10, NODE_TIMEOUT=2.0)
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.support.subprocess_settings",

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from .. import scripts
-from ..keyspace import TOKEN_LIMIT, quorum, wake_node
+from ..keyspace import TOKEN_LIMIT, Keyspace, quorum, wake_node
 from ..kinds import KINDS, PERMIT
 from ..replies import SILENT, Call, NodeFailure, Request, Slot, granted_per_node, node_errors
 from ..state import (
@@ -35,7 +35,7 @@ def _acquire_status(slot: Slot) -> int | None:
     return int(slot.value[0])
 
 
-def _granted_slot(reply: Any) -> int:
+def granted_slot(reply: Any) -> int:
     """The slot a PERMIT reply granted (1-based position in the tried order); 0 for a lock."""
     return int(reply[2]) if len(reply) > 2 and int(reply[0]) == scripts.GRANTED else 0
 
@@ -46,6 +46,53 @@ def _best_slot(slots_granted: Sequence[int]) -> tuple[int, int]:
     for slot in slots_granted:
         counts[slot] = counts.get(slot, 0) + 1
     return max(((n, slot) for slot, n in counts.items()), default=(0, 0))[::-1]
+
+
+def attempt_settled(total: int, permits: int) -> Callable[[list[Slot]], bool]:
+    """An attempt's ``settled()`` on ``total`` nodes: a quorum granted (for a permit, the same
+    slot), or it no longer can."""
+    needed = quorum(total)
+
+    def settled(slots: list[Slot]) -> bool:
+        done = [s for s in slots if s.done]
+        granted = [granted_slot(s.value) for s in done if _acquire_status(s) == scripts.GRANTED]
+        best = _best_slot(granted)[1] if permits else len(granted)
+        return best >= needed or best + total - len(done) < needed
+
+    return settled
+
+
+def won_record(
+    keys: Keyspace,
+    name: str,
+    kind: str,
+    tried: tuple[str, ...],
+    slot: int,
+    owner: str,
+    token: int,
+    ttl: float,
+    deadline: float,
+    reached: tuple[bool, ...],
+    voters: tuple[int, ...],
+) -> LeaseRecord:
+    """The record of a lease of ``kind`` won at ``token`` on the key of ``tried`` the grants
+    named (``slot``: a permit's, from 1), complete when made: it is noted on the caller's
+    handoff as it is made, and an interrupt right after gives back what it says (a kind set
+    later was missing: a read lease given back as a lock failed ``WRONGTYPE``)."""
+    permit = kind == PERMIT
+    return LeaseRecord(
+        name,
+        tried[slot - 1] if permit else tried[0],
+        owner,
+        token,
+        ttl,
+        deadline,
+        reached=reached,
+        marker=keys.lock(name) if KINDS[kind].marked else "",
+        kind=kind,
+        voters=voters,
+        slots=tried if permit else (),
+    )
 
 
 def acquire_plan(
@@ -84,11 +131,7 @@ def acquire_plan(
     script = spec.acquire
     extra: tuple[int, ...] = (permits,) if permits else ()
 
-    def settled(slots: list[Slot]) -> bool:
-        done = [s for s in slots if s.done]
-        granted = [_granted_slot(s.value) for s in done if _acquire_status(s) == scripts.GRANTED]
-        best = _best_slot(granted)[1] if permits else len(granted)
-        return best >= needed or best + total - len(done) < needed
+    settled = attempt_settled(total, permits)
 
     def give_back(calls: list[Call | None], replies: Sequence[Any], owner: str) -> Plan[None]:
         return _release_calls(state, nodes, calls, replies, owner, name, tried, kind=kind)
@@ -114,7 +157,7 @@ def acquire_plan(
     )
     try:
         granted = [
-            _granted_slot(r) if st == scripts.GRANTED else -1
+            granted_slot(r) if st == scripts.GRANTED else -1
             for r, st in zip(replies, statuses, strict=True)
         ]
         chosen = _best_slot([g for g in granted if g >= 0])[0] if permits else 0
@@ -143,21 +186,18 @@ def acquire_plan(
                     )
                 if mark_ms:
                     yield from _withdraw(state, nodes, statuses, name, waiter)
-                # complete when made: it is noted on the caller's handoff as it is made, and
-                # an interrupt right after gives back what it says (a kind set later was
-                # missing: a read lease given back as a lock failed WRONGTYPE)
-                return LeaseRecord(
+                return won_record(
+                    keys,
                     name,
-                    key,
+                    kind,
+                    tried,
+                    chosen,
                     owner,
                     token,
                     ttl,
                     validity_deadline,
-                    reached=reached,
-                    marker=keys.lock(name) if spec.marked else "",
-                    kind=kind,
-                    voters=tuple(won),
-                    slots=tried if permits else (),
+                    reached,
+                    tuple(won),
                 )
 
         failure = failure_of(nodes, replies, statuses, len(won))
@@ -259,7 +299,7 @@ def _release_calls(
                 continue
             held = tried  # it may have granted any of them
         elif int(reply[0]) == scripts.GRANTED:
-            slot = _granted_slot(reply)
+            slot = granted_slot(reply)
             held = (tried[slot - 1],) if slot else tried
         else:
             continue  # it said no (and registered the caller, if it will wait)

@@ -99,7 +99,8 @@ def _rejoin_check(
         never_granted = not any(_granted_by_others(probes[i], drawn, i) for i in reachable)
         # The probes of the nodes do not run at one instant: a node this caller found without
         # any fence state may have been probed just before another process's initialisation
-        # reached it, and another node just after that process's first grant. Look once more.
+        # reached it, and another node just after that process's first grant. Look again (up
+        # to RACE_LOOKS times in all).
         racing = any(i in seen_untrusted and not int(probes[i][3]) for i in untrusted)
         if look == RACE_LOOKS - 1 or never_granted or not racing:
             break
