@@ -72,14 +72,22 @@ def _outcome(waiter: tuple[threading.Thread, list[Any]]) -> Lease:
     return lease
 
 
+def _connected(nodes: RedisNodes) -> list[Any]:
+    """A client per node, connected now: the checks after the waiter returns then spend no
+    connect in the lease's 0.2 s (a loaded CI run found the key gone by the first read)."""
+    clients = [node.client() for node in nodes]
+    for client in clients:
+        client.ping()
+    return clients
+
+
 def _assert_validity_matches_the_nodes(
-    manager: LockManager, nodes: RedisNodes, lease: Lease
+    manager: LockManager, clients: list[Any], lease: Lease
 ) -> None:
     """The lease claims no more than a quorum of the nodes keep its key (``validity`` <= the
     PTTL of the quorum's last node, read after it) and no more than ``SLACK_MS`` less (read
-    before it)."""
+    before it); ``clients``: from :func:`_connected`."""
     key = f"{manager.config.key_prefix}{lease.name}"
-    clients = [node.client() for node in nodes]
     before = lease.validity
     pttls = sorted((client.pttl(key) for client in clients), reverse=True)
     pttl = pttls[len(pttls) // 2]  # a node without the key says -2
@@ -104,6 +112,7 @@ def test_a_woken_waiter_holds_what_the_nodes_hold(
     nodes = redis_node_factory(count)
     # RETRY_DELAY 0.8: each wait is one BLPOP of 0.4-0.8 s, so the release lands inside it
     manager = redlock_alias(nodes, TTL=TTL, RETRY_DELAY=0.8)
+    clients = _connected(nodes)
     holder = manager.acquire("w", ttl=5, timeout=0)
     waiter = _waiter(manager, how, "w", 5)
     _until(lambda: _blocked(list(nodes)))
@@ -111,7 +120,7 @@ def test_a_woken_waiter_holds_what_the_nodes_hold(
     assert holder.release() is True
     lease = _outcome(waiter)
     assert lease.token > holder.token
-    _assert_validity_matches_the_nodes(manager, nodes, lease)
+    _assert_validity_matches_the_nodes(manager, clients, lease)
     assert lease.release() is True
     assert not lease.lost
 
@@ -132,11 +141,12 @@ def test_a_lease_that_expired_unreleased_goes_to_the_waiter(
     from the write came back already expired, every time, and the call never returned."""
     nodes = redis_node_factory(count)
     manager = redlock_alias(nodes, TTL=TTL)
+    clients = _connected(nodes)
     holder = manager.acquire("v", timeout=0)
     waiter = _waiter(manager, how, "v", timeout)
     lease = _outcome(waiter)
     assert lease.token > holder.token
-    _assert_validity_matches_the_nodes(manager, nodes, lease)
+    _assert_validity_matches_the_nodes(manager, clients, lease)
     assert lease.release() is True
     assert holder.release() is False
 
@@ -156,10 +166,11 @@ def test_a_slow_ticking_node_keeps_the_waiters_attempt(
     nodes[0].client().config_set("hz", 2)
     # RETRY_DELAY 0.8: the wait is the holder's remaining TTL (the backoff is longer)
     manager = redlock_alias(nodes, TTL=TTL, RETRY_DELAY=0.8)
+    clients = _connected(nodes)
     for _ in range(3):
         holder = manager.acquire("t", timeout=0)
         lease = _outcome(_waiter(manager, how, "t", None))
         assert lease.token > holder.token
         assert lease.attempts == 2
-        _assert_validity_matches_the_nodes(manager, nodes, lease)
+        _assert_validity_matches_the_nodes(manager, clients, lease)
         assert lease.release() is True
