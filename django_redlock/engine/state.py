@@ -91,6 +91,9 @@ class AliasState:
     pid: int = field(default_factory=os.getpid)
     longest_ttl_ms: int = 0
     next_rejoin_check: float = 0.0
+    #: the labels of the nodes the last rejoin check left untrusted: until next_rejoin_check,
+    #: a caller that found only these untrusted does not probe again
+    held_back: frozenset[str] = frozenset()
     #: (node label, run_id) -> when this process first saw that incarnation untrusted
     untrusted_seen: dict[tuple[str, str], float] = field(default_factory=dict)
     #: moving average of how long a quorum-first round took, seconds

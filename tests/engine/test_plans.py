@@ -817,16 +817,14 @@ def test_acquire_rejoin_releases_first_attempt_and_retries(state: AliasState) ->
 
 
 def test_acquire_keeps_quarantined_node_out(state: AliasState) -> None:
-    """A node restarted 1 s ago (longest TTL 5 s) is not rejoined: "unavailable", quarantined."""
+    """A node restarted 1 s ago (longest TTL 5 s) is not rejoined: "unavailable", quarantined.
+    The trusted nodes joined long ago (no cluster being initialised): one look is enough."""
     nodes = fake_nodes(3)
     nodes[2].up = 1.0
     run = drive(
         plans.acquire_plan(state, nodes, NAME, 5.0),
         [
             answer(ACQUIRE, granted(12), TIMED_OUT, UNTRUSTED),
-            answer(PROBE, probe("r0", 12), probe("r1", 12), probe("", 0, 0, 0)),
-            # a node without any fence state next to granted ones: looked at twice more
-            answer(PROBE, probe("r0", 12), probe("r1", 12), probe("", 0, 0, 0)),
             answer(PROBE, probe("r0", 12), probe("r1", 12), probe("", 0, 0, 0)),
             fire(RELEASE, to=[0, 1]),
         ],
@@ -844,22 +842,101 @@ def test_acquire_keeps_quarantined_node_out(state: AliasState) -> None:
 def test_acquire_looks_again_when_probes_straddle_another_first_acquire(
     state: AliasState,
 ) -> None:
-    """First acquires racing on a new cluster: node 0 was probed before another process's
-    initialisation reached it (no fence state) and the others after its first grant. One
-    more look finds node 0 initialised by that process, so the attempt is retried and wins
-    (it used to fail "unavailable": the first look alone says "quarantined")."""
+    """First acquires racing on a new cluster: nodes 0 and 1 were probed before another
+    process's initialisation reached them (no fence state) and node 2 after its first grant.
+    Node 2 joined at the clock floor just now, so that process is still initialising: the
+    caller looks again, finds nodes 0 and 1 initialised by it, retries and wins (it used to
+    fail "unavailable": the first look alone says "quarantined")."""
     floor = FLOOR + 5
     run = drive(
         plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
         [
-            answer(ACQUIRE, UNTRUSTED, UNTRUSTED, granted(floor)),
-            answer(PROBE, probe("", 0, 0, 0), probe("r1", floor), probe("r2", floor)),
-            answer(PROBE, probe("r0", floor, 0), probe("r1", floor), probe("r2", floor)),
+            answer(ACQUIRE, UNTRUSTED, UNTRUSTED, granted(floor + 1)),
+            answer(
+                PROBE,
+                probe("", 0, 0, 0),
+                probe("", 0, 0, 0),
+                probe("r2", floor + 2, joined=floor),
+            ),
+            answer(
+                PROBE,
+                probe("r0", floor, 0, joined=floor),
+                probe("r1", floor, 0, joined=floor),
+                probe("r2", floor + 2, joined=floor),
+            ),
             fire(RELEASE, to=[2]),
-            answer(ACQUIRE, granted(floor + 1), granted(floor + 1), granted(floor + 1)),
+            answer(ACQUIRE, granted(floor + 3), granted(floor + 3), granted(floor + 3)),
         ],
     )
-    assert run.result.token == floor + 1
+    assert run.result.token == floor + 3
+
+
+def test_acquire_does_not_retry_while_only_one_node_of_three_is_trusted(
+    state: AliasState,
+) -> None:
+    """As above, but three looks find only node 0 initialised (the initialising caller
+    reached it, not yet the others): one trusted node of three cannot make a quorum, so the
+    caller looks again rather than retry (a retry then failed "quarantined" with nodes 1
+    and 2 a moment from joining); the fourth look finds them joined."""
+    floor = FLOOR + 5
+    fresh = probe("", 0, 0, 0)
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
+        [
+            answer(ACQUIRE, UNTRUSTED, UNTRUSTED, UNTRUSTED),
+            answer(PROBE, probe("r0", floor + 1, joined=floor), fresh, fresh),
+            answer(PROBE, probe("r0", floor + 1, joined=floor), fresh, fresh),
+            answer(PROBE, probe("r0", floor + 1, joined=floor), fresh, fresh),
+            answer(
+                PROBE,
+                probe("r0", floor + 1, joined=floor),
+                probe("r1", floor, 0, joined=floor),
+                probe("r2", floor, 0, joined=floor),
+            ),
+            answer(ACQUIRE, granted(floor + 2), granted(floor + 1), granted(floor + 1)),
+            answer(RAISE, None, 1, 1),
+        ],
+    )
+    assert run.result.token == floor + 2
+
+
+def test_acquire_stops_looking_when_the_race_outlasts_its_wait(
+    state: AliasState, clock: Clock
+) -> None:
+    """The initialising caller never reaches nodes 1 and 2 (it died mid-way): the caller
+    looks for RACE_WAIT at most, then leaves them to their quarantine ("unavailable")."""
+    floor = FLOOR + 5
+    fresh = probe("", 0, 0, 0)
+    used = probe("r0", floor + 1, joined=floor)
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
+        [
+            answer(ACQUIRE, UNTRUSTED, UNTRUSTED, UNTRUSTED),
+            answer(PROBE, used, fresh, fresh),
+            answer(PROBE, used, fresh, fresh, elapsed=_trust.RACE_WAIT),
+        ],
+        clock,
+    )
+    assert run.result.reason == "unavailable"
+    assert run.scripts() == ["acquire", "probe", "probe"]
+
+
+def test_acquire_does_not_look_again_beside_nodes_that_joined_long_ago(
+    state: AliasState,
+) -> None:
+    """A node without fence state beside a trusted node that joined long before RACE_RECENT
+    (a restart beside an older cluster, not an initialisation): one look."""
+    old = int((WALL - 2 * _trust.RACE_RECENT) * 1000) * CLOCK_FLOOR
+    fresh = probe("", 0, 0, 0)
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
+        [
+            answer(ACQUIRE, UNTRUSTED, UNTRUSTED, UNTRUSTED),
+            answer(PROBE, probe("r0", old + 9, joined=old), fresh, fresh),
+        ],
+    )
+    assert run.result.reason == "unavailable"
+    assert run.scripts() == ["acquire", "probe"]
 
 
 def test_acquire_does_not_count_its_own_grant_as_a_used_cluster(
@@ -887,10 +964,11 @@ def test_acquire_does_not_count_its_own_grant_as_a_used_cluster(
 
 
 def test_acquire_counts_a_grant_beside_its_own_as_a_used_cluster(
-    state: AliasState,
+    state: AliasState, clock: Clock
 ) -> None:
     """As above, but two tokens were drawn on node 2 since it joined: one is someone else's,
-    who may hold a lease that nodes 0 and 1 lost, so they stay in quarantine."""
+    who may hold a lease that nodes 0 and 1 lost, so they stay in quarantine (after looking
+    for the initialisation to reach them for RACE_WAIT)."""
     floor = FLOOR + 5
     used = probe("r2", floor + 2, joined=floor)
     run = drive(
@@ -898,10 +976,10 @@ def test_acquire_counts_a_grant_beside_its_own_as_a_used_cluster(
         [
             answer(ACQUIRE, UNTRUSTED, UNTRUSTED, granted(floor + 2)),
             answer(PROBE, probe("", 0, 0, 0), probe("", 0, 0, 0), used),
-            answer(PROBE, probe("", 0, 0, 0), probe("", 0, 0, 0), used),
-            answer(PROBE, probe("", 0, 0, 0), probe("", 0, 0, 0), used),
+            answer(PROBE, probe("", 0, 0, 0), probe("", 0, 0, 0), used, elapsed=_trust.RACE_WAIT),
             fire(RELEASE, to=[2]),
         ],
+        clock,
     )
     assert run.result.reason == "unavailable"
 
@@ -934,13 +1012,61 @@ def test_acquire_rejoins_at_most_once(state: AliasState, clock: Clock) -> None:
 
 
 def test_acquire_rejoin_is_rate_limited(state: AliasState) -> None:
-    """Within REJOIN_INTERVAL of the last probe, an untrusted reply does not probe again."""
+    """Within REJOIN_INTERVAL of the last probe, an untrusted reply from nodes that check left
+    untrusted does not probe again."""
     state.next_rejoin_check = START + 0.1
+    state.held_back = frozenset({"n0", "n1", "n2"})
     run = drive(
         plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
         [answer(ACQUIRE, UNTRUSTED, UNTRUSTED, UNTRUSTED)],
     )
     assert run.result.reason == "unavailable"
+
+
+def test_acquire_probes_within_the_rate_limit_for_nodes_the_last_check_trusted(
+    state: AliasState,
+) -> None:
+    """The last check (a busy caller's, in this process) left only node 2 untrusted; a caller
+    whose attempt found nodes 0 and 1 untrusted too (it ran before the cluster was
+    initialised) probes anyway, finds them trusted and retries (it was refused "quarantined"
+    on a new cluster)."""
+    state.next_rejoin_check = START + 0.1
+    state.held_back = frozenset({"n2"})
+    floor = FLOOR + 5
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
+        [
+            answer(ACQUIRE, UNTRUSTED, UNTRUSTED, UNTRUSTED),
+            answer(
+                PROBE,
+                probe("r0", floor + 1, joined=floor),
+                probe("r1", floor + 1, joined=floor),
+                probe("", 0, 0, 0),
+            ),
+            answer(ACQUIRE, granted(floor + 2), granted(floor + 2), UNTRUSTED),
+        ],
+    )
+    assert run.result.token == floor + 2
+
+
+def test_a_check_that_trusts_nothing_new_holds_back_only_the_nodes_it_left_untrusted(
+    state: AliasState,
+) -> None:
+    """A busy caller's check (nodes 0 and 1 trusted and busy, node 2 in its quarantine) holds
+    back the callers that find node 2 untrusted, and only those."""
+    nodes = fake_nodes(3)
+    nodes[2].up = 1.0
+    old = probe("r0", 12)
+    run = drive(
+        plans.acquire_plan(state, nodes, NAME, 5.0),
+        [
+            answer(ACQUIRE, busy(12, 4000), busy(12, 4000), UNTRUSTED),
+            answer(PROBE, old, probe("r1", 12), probe("", 0, 0, 0)),
+        ],
+    )
+    assert run.result.reason == "busy"
+    assert state.next_rejoin_check == START + REJOIN_INTERVAL
+    assert state.held_back == frozenset({"n2"})
 
 
 def test_rejoin_rate_limit(state: AliasState, clock: Clock) -> None:

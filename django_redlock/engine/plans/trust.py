@@ -25,11 +25,16 @@ CLOCK_FLOOR = 1024
 REJOIN_INTERVAL = 0.5
 
 
-#: How many times a rejoin check probes while another caller is initialising a new cluster
-#: (a node it found without fence state is still without, another has a grant already): each
-#: probe is a round trip more for that caller's rejoin to land everywhere. Two missed it on a
-#: loaded machine (12 threads' first write leases on a new cluster, one "quarantined").
-RACE_LOOKS = 3
+#: While another caller initialises a new cluster (see :func:`_initialising`), a rejoin check
+#: looks again until that caller's ``REJOIN`` has reached every node: for up to RACE_WAIT
+#: seconds and RACE_LOOKS probes, whichever ends first (a caller that died mid-way leaves the
+#: rest to the quarantine). Measured: a loaded machine's initialising thread took 14 ms to
+#: reach the last node, while three looks took 4 ms.
+RACE_WAIT = 0.25
+RACE_LOOKS = 32
+#: A node that joined with a counter at the clock floor of the last RACE_RECENT seconds was
+#: initialised just now (a cluster's first ``REJOIN`` sets its counter to the clock floor).
+RACE_RECENT = 5.0
 
 
 def rejoin_plan(
@@ -50,21 +55,27 @@ def rejoin_plan(
       highest counter of a majority of trusted nodes (or, when fewer than a quorum are trusted,
       the highest counter of all reachable nodes and the clock floor).
     """
-    if time.monotonic() < state.next_rejoin_check:
+    seen = {nodes[i].label for i in seen_untrusted}
+    if time.monotonic() < state.next_rejoin_check and seen <= state.held_back:
         return False
-    rejoined = yield from _rejoin_check(state, nodes, seen_untrusted, drawn)
-    if rejoined is None:
+    checked = yield from _rejoin_check(state, nodes, seen_untrusted, drawn)
+    if checked is None:
         # Too few probes answered in time (a loaded client or node): nothing was learnt, so
         # nobody is held back. It used to hold back the other callers of this process for
         # REJOIN_INTERVAL: on a new cluster their first acquires failed "quarantined".
         return False
+    rejoined, left_untrusted = checked
     if not rejoined:
-        # Only a check that made nothing trusted holds the others back (a restarted node in
-        # its quarantine: no probe per attempt). A check still in flight holds back nobody:
-        # on a new cluster, the callers of this process that found the nodes untrusted while
-        # another initialised them probe too, find them trusted (or finish the job) and retry
-        # at once, as callers in other processes do, timeout=0 ones included.
+        # Only a check that made nothing trusted holds the others back, and only those that
+        # found no other node untrusted (a restarted node in its quarantine: no probe per
+        # attempt). A check still in flight holds back nobody: on a new cluster, the callers
+        # of this process that found the nodes untrusted while another initialised them probe
+        # too, find them trusted (or finish the job) and retry at once, as callers in other
+        # processes do, timeout=0 ones included. A caller that found nodes untrusted that the
+        # last check found trusted probes too (it was refused "quarantined" on a new cluster
+        # when a busy caller's check had found only the third node still uninitialised).
         state.next_rejoin_check = time.monotonic() + REJOIN_INTERVAL
+        state.held_back = frozenset(nodes[i].label for i in left_untrusted)
     return rejoined
 
 
@@ -73,9 +84,9 @@ def _rejoin_check(
     nodes: Sequence[NodeView],
     seen_untrusted: Sequence[int],
     drawn: Sequence[int],
-) -> Plan[bool | None]:
-    """:func:`rejoin_plan`'s probe and rejoin, without its throttle; None when too few
-    nodes answered the probe to tell."""
+) -> Plan[tuple[bool, list[int]] | None]:
+    """:func:`rejoin_plan`'s probe and rejoin, without its throttle: whether a retry can win
+    now, and the nodes left untrusted; None when too few nodes answered the probe to tell."""
     now = time.monotonic()
     total = len(nodes)
     needed = quorum(total)
@@ -83,7 +94,8 @@ def _rejoin_check(
     calls: list[Call | None] = [
         None if node.run_id is None else Call(scripts.PROBE, (fence,), ()) for node in nodes
     ]
-    for look in range(RACE_LOOKS):
+    give_up_at = now + RACE_WAIT
+    for _look in range(RACE_LOOKS):
         probes = yield Request(calls, state.node_timeout * 2, None)
         reachable = [i for i, p in enumerate(probes) if not isinstance(p, NodeFailure)]
         if len(reachable) < needed:
@@ -97,17 +109,19 @@ def _rejoin_check(
         # every node answering, no lease can exist, so every untrusted node may join at once.
         # The caller's own grants of its failed attempt are no lease: they do not count.
         never_granted = not any(_granted_by_others(probes[i], drawn, i) for i in reachable)
-        # The probes of the nodes do not run at one instant: a node this caller found without
-        # any fence state may have been probed just before another process's initialisation
-        # reached it, and another node just after that process's first grant. Look again (up
-        # to RACE_LOOKS times in all).
-        racing = any(i in seen_untrusted and not int(probes[i][3]) for i in untrusted)
-        if look == RACE_LOOKS - 1 or never_granted or not racing:
+        if never_granted or len(trusted) >= needed:
+            break
+        if not _initialising(probes, trusted, untrusted, seen_untrusted):
+            break
+        if time.monotonic() >= give_up_at:
             break
     counters = {i: int(probes[i][1]) for i in reachable}
     longest = max([state.longest_ttl_ms, *(int(probes[i][2]) for i in reachable)])
     state.longest_ttl_ms = longest
-    rejoined_elsewhere = any(i in trusted for i in seen_untrusted)
+    # Another caller made a node this caller found untrusted trusted since: a retry can win
+    # only if a quorum is trusted now (one of three is not enough: it used to retry, and the
+    # retry failed "quarantined" with the other two a moment from joining).
+    rejoined_elsewhere = len(trusted) >= needed and any(i in trusted for i in seen_untrusted)
     floor = int(time.time() * 1000) * CLOCK_FLOOR
     if len(reachable) == total and never_granted:
         targets, value = untrusted, max([floor, *counters.values()])
@@ -118,14 +132,34 @@ def _rejoin_check(
         else:
             value = max([floor, *counters.values()])
     if not targets or value >= TOKEN_LIMIT:
-        return rejoined_elsewhere
+        return rejoined_elsewhere, untrusted
     rejoin: list[Call | None] = [None] * total
     for i in targets:
         run_id = nodes[i].run_id
         if run_id is not None:
             rejoin[i] = Call(scripts.REJOIN, (fence,), (run_id, value))
     replies = yield Request(rejoin, state.node_timeout * 2, None)
-    return rejoined_elsewhere or any(not isinstance(replies[i], NodeFailure) for i in targets)
+    joined = [i for i in targets if not isinstance(replies[i], NodeFailure)]
+    left = [i for i in untrusted if i not in joined]
+    return (rejoined_elsewhere or bool(joined)) and len(trusted) + len(joined) >= needed, left
+
+
+def _initialising(
+    probes: Sequence[Any],
+    trusted: Sequence[int],
+    untrusted: Sequence[int],
+    seen_untrusted: Sequence[int],
+) -> bool:
+    """Another caller is initialising a new cluster as this one probes: the probes of the
+    nodes do not run at one instant, so a node this caller found without any fence state may
+    have been probed just before that caller's ``REJOIN`` reached it, and a trusted node just
+    after that caller's first grant. Told by a node still without fence state beside trusted
+    nodes that all joined at a recent clock floor (a node restarted beside an older cluster
+    sees trusted nodes that joined long ago: no race, no more looks)."""
+    if not any(i in seen_untrusted and not int(probes[i][3]) for i in untrusted):
+        return False
+    recent = int((time.time() - RACE_RECENT) * 1000) * CLOCK_FLOOR
+    return bool(trusted) and all(int(probes[i][4]) >= recent for i in trusted)
 
 
 def _granted_by_others(probe: Sequence[Any], drawn: Sequence[int], index: int) -> bool:
