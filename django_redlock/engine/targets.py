@@ -14,6 +14,7 @@ from .drive import PlanMaker
 from .keyspace import new_waiter
 from .kinds import PERMIT
 from .lane import LaneAttempt
+from .piped_lane import PipedAttempt
 from .plans import acquire_limits_plan, acquire_many_plan, acquire_plan
 from .plans.rounds import Sent
 from .policy import Attempt, Stepper, registration_ms
@@ -100,6 +101,25 @@ class Target:
             PERMIT if self.permits else self.rw,
             self.permits,
         )
+
+    def piped_attempt(
+        self, waiting: Waiting, before: tuple[tuple[str | int, ...], ...], wait: float
+    ) -> PipedAttempt:
+        """A woken attempt on one name carried behind ``before`` (a waiter's registration
+        and ``BLPOP`` of up to ``wait`` seconds), for the piped wait's lane; it registers
+        as :meth:`attempt` does (when it runs: after the wait, at worst)."""
+        attempt = LaneAttempt(
+            self.state,
+            self.name,
+            self.ttl,
+            waiting.waiter,
+            registration_ms(waiting.deadline, wait),
+            True,
+            lambda sent: self.attempt(waiting, True, before, wait, sent=sent),
+            PERMIT if self.permits else self.rw,
+            self.permits,
+        )
+        return PipedAttempt(attempt, before, wait + SLACK)
 
     def attempt(
         self,

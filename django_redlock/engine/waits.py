@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from .drive import PlanMaker
+from .piped_lane import piped_acquire
 from .plans import register_plan, waited_reply
 from .policy import AwaitRelease, registration_ms
 from .pools.channels import ChannelPools
@@ -43,13 +44,15 @@ class ReleaseWaits:
         server runs the attempt the moment a release wakes us (a hand-off then costs no round
         trip after the wake-up). Returns (woken, the attempt's outcome), or None where this
         does not apply (several nodes, ``lock_many``, a short wait, a node that refused)."""
-        plan = self._plan(target, waiting, step)
+        carried = self._carried(target, waiting, step)
         started = time.monotonic()
-        channel = None if plan is None else self.pools.blocking_channel()
-        if plan is None or channel is None:  # no blocking connection to be had: wait by polling
+        channel = None if carried is None else self.pools.blocking_channel()
+        if carried is None or channel is None:  # no blocking connection: wait by polling
             return None
-        try:
-            outcome, ahead = self.pools.run_blocking(plan, channel)
+        assert waiting is not None  # (see _carried)
+        job = target.piped_attempt(waiting, carried, step.seconds)
+        try:  # the lane (a plain grant), else the plan resumed from its round
+            outcome, ahead = self.pools.run_blocking_with(piped_acquire, job, channel)
         except BaseException:  # an interrupt, maybe before run_blocking's own clean-up ran
             self.pools.abandon_blocking(channel)
             raise
@@ -82,6 +85,16 @@ class ReleaseWaits:
         self, target: Target, waiting: Waiting | None, step: AwaitRelease
     ) -> PlanMaker[Any] | None:
         """The attempt to pipe behind ``step``'s wait, or None where piping does not apply."""
+        before = self._carried(target, waiting, step)
+        if before is None or waiting is None:
+            return None
+        return target.attempt(waiting, True, before, step.seconds)
+
+    def _carried(
+        self, target: Target, waiting: Waiting | None, step: AwaitRelease
+    ) -> tuple[tuple[str | int, ...], ...] | None:
+        """The commands an attempt piped behind ``step``'s wait carries ahead of it (the
+        registration, the ``BLPOP``), or None where piping does not apply."""
         if not (self.piping and waiting is not None and self.node_count == 1):
             return None
         if target.many or step.seconds < MIN_BLOCK:
@@ -98,8 +111,7 @@ class ReleaseWaits:
         mark_ms = registration_ms(waiting.deadline) if step.mark else 0
         if mark_ms > 0:
             before = (self.state.mark_command(name, waiting.waiter, mark_ms),)
-        before += (blpop_command(self.state.keys.wake(name), step.seconds),)
-        return target.attempt(waiting, True, before, step.seconds)
+        return (*before, blpop_command(self.state.keys.wake(name), step.seconds))
 
     def _outcome(self, target: Target, outcome: Any, ahead: list[Any]) -> tuple[bool, Outcome]:
         popped = waited_reply(ahead)

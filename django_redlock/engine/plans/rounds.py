@@ -182,11 +182,17 @@ def _held_back(request: Request, most: float) -> float:
     held: list[float] = []
     for i, call in enumerate(request.calls):
         if call is not None and call.before:
-            replies = ahead.get(i, ())
-            first = _clock_seconds(replies[0]) if replies else None
-            last = _clock_seconds(replies[-1]) if replies else None
-            held.append(0.0 if first is None or last is None else last - first)
+            held.append(held_back(ahead.get(i, ()), most))
     return min(max(min(held, default=0.0), 0.0), most)
+
+
+def held_back(ahead: Sequence[Any], most: float) -> float:
+    """One node's :func:`_held_back`: the time between the first and the last of the
+    ``ahead`` replies (two ``TIME`` readings around a wait, see :func:`bracketed`), 0.0 where
+    a reading is missing, between 0.0 and ``most``."""
+    first = _clock_seconds(ahead[0]) if ahead else None
+    last = _clock_seconds(ahead[-1]) if ahead else None
+    return 0.0 if first is None or last is None else min(max(last - first, 0.0), most)
 
 
 def _clock_seconds(reply: Any) -> float | None:

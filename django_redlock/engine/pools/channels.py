@@ -154,12 +154,18 @@ class ChannelPools:
         mid-call, or with replies still due, is closed, not reused: whatever was written
         before the close runs in full or not at all (the server drops a blocked client's
         unread commands), so the plan's own give-back stays behind its attempt."""
+        return self.run_blocking_with(_drive_ahead, make_plan, channel)
+
+    def run_blocking_with(
+        self, driver: Callable[[J, Channel], tuple[T, list[Any]]], job: J, channel: Channel
+    ) -> tuple[T, list[Any]]:
+        """:meth:`run_blocking` with another driver: ``driver(job, channel)`` returns the
+        result and the replies of the commands sent ahead (the piped wait's lane, see
+        :mod:`..piped_lane`)."""
         reusable = False
         try:
             with channel.mutex:
-                channel.ahead = []
-                result = drive(make_plan, channel)
-                ahead = channel.ahead
+                result, ahead = driver(job, channel)
                 reusable = not channel.pending()
             return result, ahead
         finally:
@@ -436,3 +442,11 @@ class ChannelPools:
             self.budget.give(self._every, blocking=channel in blocking)
         self._reap_aside(0.0, now=True)
         self._reaper_wake.set()
+
+
+def _drive_ahead(make_plan: PlanMaker[T], channel: Channel) -> tuple[T, list[Any]]:
+    """Drive a plan on ``channel``: its result and the replies of the commands its first
+    call carried ahead (:attr:`~..transport.sync.Channel.ahead`)."""
+    channel.ahead = []
+    result = drive(make_plan, channel)
+    return result, channel.ahead

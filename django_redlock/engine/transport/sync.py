@@ -25,6 +25,7 @@ from .base import (
     MAX_UNREAD,
     describe,
     hold_for_later,
+    pack,
     request_slots,
     send_later,
     watch_unanswered,
@@ -260,24 +261,66 @@ class Channel:
                 # in time only within the budget: a reply read after this thread waited for
                 # a CPU past it (a loaded machine) is a miss, not a fast node
                 spinner.settled(slot.done and time.monotonic() <= spin_until)
-            while not slot.done:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    link.drain(receive=True)  # a last read, as _collect's at its deadline
-                    if slot.done:
-                        break
-                    return NodeFailure(TIMED_OUT)
-                if self._lane_poller.poll(remaining * 1000):
-                    link.drain(receive=True)
-                    # bytes already read or decrypted on our side: poll would not see them
-                    while not slot.done and link.has_buffered() and link.drain(receive=True):
-                        pass
-            reply = slot.value
+            if not slot.done:
+                self._await(link, slot, deadline)
+            reply = slot.value if slot.done else NodeFailure(TIMED_OUT)
             if by_sha and type(reply) is NodeFailure and is_noscript(reply) and link.connected:
                 by_sha = False  # the node lost its scripts: send this one in full
                 packed = hiredis.pack_command(("EVAL", script.source, *tail))  # type: ignore[arg-type]
                 continue
             return reply
+
+    def _await(self, link: Link, slot: Slot, deadline: float) -> None:
+        """Read ``link`` (from :meth:`lane_link`) until ``slot`` is filled or ``deadline``
+        passes, sleeping in ``poll()`` between reads."""
+        while not slot.done:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                link.drain(receive=True)  # a last read, as _collect's at its deadline
+                return
+            if self._lane_poller.poll(remaining * 1000):
+                link.drain(receive=True)
+                # bytes already read or decrypted on our side: poll would not see them
+                while not slot.done and link.has_buffered() and link.drain(receive=True):
+                    pass
+
+    def piped_call(
+        self,
+        link: Link,
+        ahead: Sequence[Sequence[str | int]],
+        script: Script,
+        tail: tuple[str, ...],
+        timeout: float,
+    ) -> tuple[list[Any], Any]:
+        """``script`` with ``tail`` on ``link`` (from :meth:`lane_link`) behind the commands
+        ``ahead`` (a waiter's ``BLPOP`` between two clock readings), all in one write, read
+        without spinning (the commands ahead block) until ``timeout`` seconds pass: the
+        replies of the commands ahead and the script's, as :meth:`execute` gives them (a
+        node that lost its scripts gets the script once more in full, alone). Nothing of
+        ``ahead`` is read when the write failed (the link is down)."""
+        # the same bytes as Link.send of the plan's call with ``before``
+        call = hiredis.pack_command(("EVALSHA", script.sha, *tail))  # type: ignore[arg-type]
+        packed = b"".join([*map(pack, ahead), call])
+        slots = [Slot(None) for _ in ahead]
+        slot = Slot(None)
+        try:
+            link.output(packed)  # type: ignore[misc]
+            link.unread.extend(slots)
+            link.unread.append(slot)
+        except OSError as exc:  # includes a full send buffer on a non-blocking socket
+            link.fail(describe(exc))
+            return [], NodeFailure(f"down: {describe(exc)}")
+        except BaseException:
+            link.interrupted()
+            raise
+        # from the write, as execute() counts
+        deadline = time.monotonic() + timeout
+        self._await(link, slot, deadline)
+        if slot.done and is_noscript(slot.value) and link.connected:
+            slot = _written(link, hiredis.pack_command(("EVAL", script.source, *tail)))  # type: ignore[arg-type]
+            self._await(link, slot, deadline)
+        expired = time.monotonic() >= deadline
+        return [s.result(expired=expired) for s in slots], slot.result(expired=expired)
 
     # -- the lane for a set of nodes (see ..fan_lane) -------------------------------------
     def fan_links(self) -> list[Link] | None:
