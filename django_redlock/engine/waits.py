@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from .drive import PlanMaker
-from .piped_lane import piped_acquire
+from .piped_lane import apiped_acquire, piped_acquire
 from .plans import register_plan, waited_reply
 from .policy import AwaitRelease, registration_ms
 from .pools.channels import ChannelPools
@@ -53,7 +53,7 @@ class ReleaseWaits:
         job = target.piped_attempt(waiting, carried, step.seconds)
         try:  # the lane (a plain grant), else the plan resumed from its round
             outcome, ahead = self.pools.run_blocking_with(piped_acquire, job, channel)
-        except BaseException:  # an interrupt, maybe before run_blocking's own clean-up ran
+        except BaseException:  # an interrupt, maybe before run_blocking_with's own clean-up
             self.pools.abandon_blocking(channel)
             raise
         rest = _not_waited(outcome, ahead, step, started, waiting)
@@ -65,8 +65,8 @@ class ReleaseWaits:
         self, target: Target, waiting: Waiting | None, step: AwaitRelease
     ) -> tuple[bool, Outcome] | None:
         """Asyncio twin of :meth:`piped`."""
-        plan = self._plan(target, waiting, step)
-        if plan is None:
+        carried = self._carried(target, waiting, step)
+        if carried is None or waiting is None:
             return None
         pools = await self.pools.loops.loop_pools()
         channel = pools.blocking.pop() if pools.blocking else None
@@ -75,20 +75,13 @@ class ReleaseWaits:
                 return None  # no blocking connection to be had: wait by polling
             pools.opened()
         started = time.monotonic()
-        outcome, ahead = await self.pools.loops.arun_blocking(plan, pools, channel)
+        job = target.piped_attempt(waiting, carried, step.seconds)
+        loops = self.pools.loops
+        outcome, ahead = await loops.arun_blocking_with(apiped_acquire, job, pools, channel)
         rest = _not_waited(outcome, ahead, step, started, waiting)
         if rest > 0:  # never after a grant (nor an await point there: a cancellation would
             await asyncio.sleep(rest)  # land between the grant and its caller, and lose it)
         return self._outcome(target, outcome, ahead)
-
-    def _plan(
-        self, target: Target, waiting: Waiting | None, step: AwaitRelease
-    ) -> PlanMaker[Any] | None:
-        """The attempt to pipe behind ``step``'s wait, or None where piping does not apply."""
-        before = self._carried(target, waiting, step)
-        if before is None or waiting is None:
-            return None
-        return target.attempt(waiting, True, before, step.seconds)
 
     def _carried(
         self, target: Target, waiting: Waiting | None, step: AwaitRelease

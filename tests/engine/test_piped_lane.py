@@ -11,6 +11,7 @@ same follow-up requests and end with the same outcome.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import threading
 from typing import Any
@@ -122,16 +123,18 @@ WAITS = {
 }
 
 
+@pytest.mark.parametrize("api", ["blocking", "asyncio"])
 @pytest.mark.parametrize("case", list(WAITS))
 def test_a_woken_waiter_takes_the_piped_lane(
     case: str,
+    api: str,
     one_node: tuple[Any, LockManager],
     plan_calls: dict[str, int],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A waiter's first attempt finds the name held (the plan decides that reply); the release
     wakes it, and its woken attempt, carried behind its ``BLPOP``, is granted by the lane: no
-    plan runs for it."""
+    plan runs for it. Blocking and on an event loop."""
     _, manager = one_node
     holding, waiting = WAITS[case]
     piped: list[str] = []
@@ -147,9 +150,14 @@ def test_a_woken_waiter_takes_the_piped_lane(
     holder = manager.acquire("name", timeout=0, **holding)
     plan_calls.update(acquire=0, release=0)
     got: list[Any] = []
-    waiter = threading.Thread(
-        target=lambda: got.append(manager.acquire("name", timeout=10, **waiting))
-    )
+
+    def wait() -> None:
+        if api == "asyncio":
+            got.append(asyncio.run(manager.aacquire("name", timeout=10, **waiting)))
+        else:
+            got.append(manager.acquire("name", timeout=10, **waiting))
+
+    waiter = threading.Thread(target=wait)
     waiter.start()
     until_blocked(manager, "name")  # registered and in its BLPOP
     assert holder.release() is True

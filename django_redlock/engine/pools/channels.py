@@ -137,7 +137,7 @@ class ChannelPools:
         return channel
 
     def abandon_blocking(self, channel: Channel) -> None:
-        """An interrupt came between :meth:`blocking_channel` and :meth:`run_blocking`'s own
+        """An interrupt came between :meth:`blocking_channel` and :meth:`run_blocking_with`'s own
         clean-up: close ``channel`` and give its slot back, unless that clean-up ran (it is
         pooled, or closed and forgotten already)."""
         with self._mutex:
@@ -148,20 +148,15 @@ class ChannelPools:
             channel.close()
             self.budget.give(self._every, blocking=True)
 
-    def run_blocking(self, make_plan: PlanMaker[T], channel: Channel) -> tuple[T, list[Any]]:
-        """Run a plan whose first call blocks, on a channel of its own; returns its result
-        and the replies of the commands sent ahead of that call. A channel given up
-        mid-call, or with replies still due, is closed, not reused: whatever was written
-        before the close runs in full or not at all (the server drops a blocked client's
-        unread commands), so the plan's own give-back stays behind its attempt."""
-        return self.run_blocking_with(_drive_ahead, make_plan, channel)
-
     def run_blocking_with(
         self, driver: Callable[[J, Channel], tuple[T, list[Any]]], job: J, channel: Channel
     ) -> tuple[T, list[Any]]:
-        """:meth:`run_blocking` with another driver: ``driver(job, channel)`` returns the
-        result and the replies of the commands sent ahead (the piped wait's lane, see
-        :mod:`..piped_lane`)."""
+        """Run ``driver(job, channel)`` (the piped wait's lane, see :mod:`..piped_lane`),
+        whose first call blocks, on a channel of its own; returns its result and the replies
+        of the commands sent ahead of that call. A channel given up mid-call, or with replies
+        still due, is closed, not reused: whatever was written before the close runs in full
+        or not at all (the server drops a blocked client's unread commands), so the plan's
+        own give-back stays behind its attempt."""
         reusable = False
         try:
             with channel.mutex:
@@ -442,11 +437,3 @@ class ChannelPools:
             self.budget.give(self._every, blocking=channel in blocking)
         self._reap_aside(0.0, now=True)
         self._reaper_wake.set()
-
-
-def _drive_ahead(make_plan: PlanMaker[T], channel: Channel) -> tuple[T, list[Any]]:
-    """Drive a plan on ``channel``: its result and the replies of the commands its first
-    call carried ahead (:attr:`~..transport.sync.Channel.ahead`)."""
-    channel.ahead = []
-    result = drive(make_plan, channel)
-    return result, channel.ahead

@@ -193,20 +193,23 @@ class LoopChannels:
         self._areturn(pools, channel)
         return result, channel
 
-    async def arun_blocking(
-        self, make_plan: PlanMaker[T], pools: LoopPools, channel: AsyncChannel | None
+    async def arun_blocking_with(
+        self,
+        driver: Callable[[J, AsyncChannel], Awaitable[tuple[T, list[Any]]]],
+        job: J,
+        pools: LoopPools,
+        channel: AsyncChannel | None,
     ) -> tuple[T, list[Any]]:
-        """Asyncio twin of :meth:`_run_blocking`: on ``channel`` (None: a new one, on a
-        blocking slot already taken) of this event loop."""
+        """Asyncio twin of :meth:`.channels.ChannelPools.run_blocking_with`: on ``channel``
+        (None: a new one, on a blocking slot already taken) of this event loop."""
         reusable = False
         try:
             if channel is None:
                 channel = AsyncChannel(self.labels, self._async_factories, self.state.node_timeout)
                 await channel.connect()
-            channel.ahead = []
-            result = await adrive(make_plan, channel)
+            result, ahead = await driver(job, channel)
             reusable = not channel.pending()
-            return result, channel.ahead
+            return result, ahead
         finally:
             if reusable and channel is not None:
                 channel.idle_since = time.monotonic()

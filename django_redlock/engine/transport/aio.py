@@ -27,6 +27,7 @@ from .base import (
     LinkBase,
     describe,
     hold_for_later,
+    pack,
     request_slots,
     resend_unknown_scripts,
     send_later,
@@ -281,6 +282,18 @@ def _send(link: AsyncLink, call: Call) -> Slot:
     return link.send(call)
 
 
+async def _awaited(reply: _Reply, timeout: float) -> None:
+    """Wait until ``reply`` is filled or ``timeout`` seconds pass (one future, one timer)."""
+    if reply.done:
+        return
+    future = reply.future = asyncio.get_running_loop().create_future()
+    timer = asyncio.get_running_loop().call_later(max(timeout, 0.0), _finish, future)
+    try:
+        await future
+    finally:
+        timer.cancel()
+
+
 def _finish(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -411,6 +424,38 @@ class AsyncChannel:
                 packed = hiredis.pack_command(("EVAL", script.source, *tail))  # type: ignore[arg-type]
                 continue
             return reply
+
+    async def piped_call(
+        self,
+        link: AsyncLink,
+        ahead: Sequence[Sequence[str | int]],
+        script: Script,
+        tail: tuple[str, ...],
+        timeout: float,
+    ) -> tuple[list[Any], Any]:
+        """Asyncio twin of :meth:`.sync.Channel.piped_call`: ``script`` with ``tail`` on
+        ``link`` (from :meth:`lane_link`) behind the commands ``ahead``, in one write, its
+        reply awaited without spinning (one future, one timer) until ``timeout`` seconds
+        pass; the replies of the commands ahead and the script's."""
+        call = hiredis.pack_command(("EVALSHA", script.sha, *tail))  # type: ignore[arg-type]
+        packed = b"".join([*map(pack, ahead), call])
+        slots = [Slot(None) for _ in ahead]
+        reply = _Reply()
+        try:
+            link.output(packed)  # type: ignore[misc]
+            link.unread.extend(slots)
+            link.unread.append(reply)
+        except BaseException:  # transport.write raises nothing of the node's: ours
+            link.interrupted()
+            raise
+        deadline = time.monotonic() + timeout
+        await _awaited(reply, timeout)
+        if reply.done and is_noscript(reply.value) and link.connected:
+            full = hiredis.pack_command(("EVAL", script.source, *tail))  # type: ignore[arg-type]
+            reply = _write(link, full, _Reply())
+            await _awaited(reply, deadline - time.monotonic())
+        expired = not reply.done
+        return [s.result(expired=expired) for s in slots], reply.result(expired=True)
 
     # -- the lane for a set of nodes (see ..afan_lane) ----------------------------------
     def fan_links(self) -> list[AsyncLink] | None:
