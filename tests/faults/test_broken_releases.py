@@ -473,7 +473,9 @@ def test_interrupted_acquires_whose_connections_break_leave_nothing_locked(
             if lease is not None and lease.release():
                 freed_wrongly += _locked_on_a_quorum(nodes, f"{a.config.key_prefix}{name}")
     print(f"\n100 acquires: {s.interrupted} interrupted, {s.completed} completed")
-    assert s.interrupted > 10 and s.completed > 10, "the storm missed"
+    # 16-22 of 100 complete on a quiet machine, 9 did on a loaded one: at least 5 of each
+    # outcome shows the storm hit both ways
+    assert s.interrupted >= 5 and s.completed >= 5, "the storm missed"
     a.acquire("last", timeout=2.0).release()  # a give-back lost with its connection is found
     until(lambda: not _any_locked(nodes, a.config.key_prefix), 5.0, "no name left locked")
     assert freed_wrongly == 0
