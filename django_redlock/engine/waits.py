@@ -45,12 +45,13 @@ class ReleaseWaits:
         trip after the wake-up). Returns (woken, the attempt's outcome), or None where this
         does not apply (several nodes, ``lock_many``, a short wait, a node that refused)."""
         carried = self._carried(target, waiting, step)
-        started = time.monotonic()
-        channel = None if carried is None else self.pools.blocking_channel()
-        if carried is None or channel is None:  # no blocking connection: wait by polling
+        if carried is None or waiting is None:
             return None
-        assert waiting is not None  # (see _carried)
         job = target.piped_attempt(waiting, carried, step.seconds)
+        started = time.monotonic()
+        channel = self.pools.blocking_channel()
+        if channel is None:  # no blocking connection to be had: wait by polling
+            return None
         try:  # the lane (a plain grant), else the plan resumed from its round
             outcome, ahead = self.pools.run_blocking_with(piped_acquire, job, channel)
         except BaseException:  # an interrupt, maybe before run_blocking_with's own clean-up
@@ -68,6 +69,7 @@ class ReleaseWaits:
         carried = self._carried(target, waiting, step)
         if carried is None or waiting is None:
             return None
+        job = target.piped_attempt(waiting, carried, step.seconds)
         pools = await self.pools.loops.loop_pools()
         channel = pools.blocking.pop() if pools.blocking else None
         if channel is None:
@@ -75,7 +77,6 @@ class ReleaseWaits:
                 return None  # no blocking connection to be had: wait by polling
             pools.opened()
         started = time.monotonic()
-        job = target.piped_attempt(waiting, carried, step.seconds)
         loops = self.pools.loops
         outcome, ahead = await loops.arun_blocking_with(apiped_acquire, job, pools, channel)
         rest = _not_waited(outcome, ahead, step, started, waiting)
