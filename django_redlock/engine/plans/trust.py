@@ -43,9 +43,10 @@ def rejoin_plan(
     seen_untrusted: Sequence[int] = (),
     drawn: Sequence[int] = (),
 ) -> Plan[bool]:
-    """Make restarted or new nodes trusted again when it is safe; returns True if any rejoined,
-    here or, for a node in ``seen_untrusted`` (the caller found it untrusted), in another
-    process since (several processes' first acquires on a new cluster race to initialise it).
+    """Make restarted or new nodes trusted again when it is safe; returns True when a retry
+    can win now: a quorum is trusted, with a node rejoined here among them or one of
+    ``seen_untrusted`` (the caller found it untrusted) rejoined by another caller since
+    (several processes' first acquires on a new cluster race to initialise it).
     ``drawn``: per node, the tokens the caller's own failed attempt drew there (its grants
     are no lease, so they do not make a new cluster look used).
 
