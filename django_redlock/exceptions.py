@@ -23,6 +23,7 @@ class LockNotAcquired(LockError):
         errors: Mapping[str, str] | None = None,
         retry_after: float | None = None,
         waited: float | None = None,
+        raced: bool = False,
     ) -> None:
         self.name = name
         self.timeout = timeout
@@ -39,7 +40,14 @@ class LockNotAcquired(LockError):
             )
         else:
             how = f"within {timeout:g} s"
-        if votes >= quorum:  # granted, yet too late: the lease had no validity left
+        if raced:  # a permit's token lost to permits racing for it, again and again
+            message = (
+                f"Lock {name!r} was not acquired {how}: {votes}/{quorum} votes granted a "
+                "permit, but each attempt's fencing token was drawn first on a lagging node by "
+                "another caller (many permits taken at the same moment). Retry, or pass a "
+                "timeout=."
+            )
+        elif votes >= quorum:  # granted, yet too late: the lease had no validity left
             message = (
                 f"Lock {name!r} was not acquired {how}: {votes}/{quorum} votes granted it, but "
                 "it could not be kept, most often because its validity ran out before the "

@@ -169,7 +169,7 @@ class Engine:
             else:
                 ran = self.pools.run(target.attempt(waiting, False), None, until)
             first = target.seen(*ran)
-            if timeout == 0 or type(first) is not AcquireFailure:
+            if type(first) is not AcquireFailure or (timeout == 0 and not first.raced):
                 return first
         loop = acquire_loop(target, waiting, self._policy(timeout, queue_first, first, started))
         with self.waiters:
@@ -347,7 +347,7 @@ class Engine:
                 attempt = target.attempt(waiting, False)
                 ran = await self.pools.loops.arun(attempt, None, deadline_of(waiting))
             first = target.seen(*ran)
-            if not isinstance(first, AcquireFailure) or timeout == 0:
+            if not isinstance(first, AcquireFailure) or (timeout == 0 and not first.raced):
                 return first
         loop = acquire_loop(target, waiting, self._policy(timeout, queue_first, first, started))
         with self.waiters:

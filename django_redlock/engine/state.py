@@ -267,6 +267,9 @@ class AcquireFailure:
     #: set by the driver: seconds the acquire call took until it gave up, and its attempts
     waited: float = 0.0
     attempts: int = 0
+    #: a permit's quorum granted it, but a lagging node's counter had passed its token
+    #: (permits racing for tokens, see ``RAISE``): nobody holds it, a new attempt may win
+    raced: bool = False
 
     @property
     def final(self) -> bool:

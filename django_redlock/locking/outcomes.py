@@ -120,6 +120,7 @@ def failure_exception(manager: Manager, wanted: Wanted, failure: AcquireFailure)
             errors=failure.errors,
             retry_after=failure.retry_after,
             waited=failure.waited,
+            raced=failure.raced,
         )
     signals.emit(
         signals.lock_failed,

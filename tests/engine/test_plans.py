@@ -1507,6 +1507,31 @@ def test_permit_without_a_quorum_on_one_slot_fails_and_releases_every_grant(
     assert all(sorted(run.calls(1)[i].keys[3:]) == sorted(tried) for i in (0, 1))
 
 
+@pytest.mark.parametrize("permits", [3, 0], ids=["permit", "lock"])
+def test_a_permit_whose_token_lost_a_race_on_a_lagging_node_is_marked_raced(
+    state: AliasState, permits: int
+) -> None:
+    """A quorum granted, one winner lagging: its strict write-back finds its counter already
+    past the token (another caller drew it there first). The permit fails "busy" marked
+    raced (nobody holds the name: the policy tries again at once); a lock whose write-back
+    found its key gone is not marked (it was force-released or expired)."""
+    script = PERMIT if permits else ACQUIRE
+    reply = permit if permits else (lambda token, slot: granted(token))
+    releases = fire(RELEASE_PERMIT if permits else RELEASE, to=[0, 1])
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, permits=permits),
+        [
+            answer(script, reply(10, 1), reply(12, 1), busy(12, 400)),
+            answer(RAISE, 0, None, None),
+            releases,
+        ],
+    )
+    assert isinstance(run.result, AcquireFailure)
+    assert (run.result.reason, run.result.votes, run.result.raced) == ("busy", 2, bool(permits))
+    if permits:
+        assert run.calls(1)[0].args[-1] == "1"  # the strict write-back
+
+
 @pytest.mark.parametrize("third", ["timed out", "untrusted"])
 def test_permit_split_among_answering_nodes_is_busy_not_unavailable(
     state: AliasState, third: str

@@ -84,6 +84,25 @@ def test_timeout_zero_makes_exactly_one_attempt(clock: Clock) -> None:
     assert run.step is None and run.result is BUSY
 
 
+@pytest.mark.parametrize("timeout", [0, 10.0])
+def test_a_permit_whose_token_lost_a_race_is_tried_again_at_once(
+    clock: Clock, timeout: float
+) -> None:
+    """A raced permit (nobody holds the name) is tried again at once, without a wait, up to
+    RACED_RETRIES times, with timeout=0 too; then timeout=0 gives up, a timeout waits."""
+    raced = AcquireFailure("busy", 2, 3, {}, raced=True)
+    run = Stepper(acquire_policy(0.2, timeout))
+    seen = steps_of(run, [raced] * (policy.RACED_RETRIES + 1), clock)
+    assert seen == [Attempt(False)] * (policy.RACED_RETRIES + 1)
+    if timeout == 0:
+        assert run.step is None and run.result is raced
+    else:
+        assert isinstance(run.step, AwaitRelease)
+    run = Stepper(acquire_policy(0.2, 0))
+    assert steps_of(run, [raced, won()], clock) == [Attempt(False)] * 2
+    assert isinstance(run.result, LeaseRecord)
+
+
 def test_busy_waits_for_a_release_with_growing_backoff(clock: Clock) -> None:
     """A busy name is waited for (BLPOP), each wait one backoff step longer, until it is won."""
     run = Stepper(acquire_policy(0.2, 10.0))

@@ -162,6 +162,7 @@ def acquire_plan(
         ]
         chosen = _best_slot([g for g in granted if g >= 0])[0] if permits else 0
         won = [i for i, g in enumerate(granted) if g == chosen]
+        raced = False
         if len(won) >= needed:
             key = tried[chosen - 1] if permits else tried[0]
             token = max(int(replies[i][1]) for i in won)
@@ -173,6 +174,7 @@ def acquire_plan(
                 confirmed += yield from write_back(
                     state, nodes, behind, token, held, owner, needed - confirmed, bool(permits)
                 )
+                raced = confirmed < needed
             validity_deadline = started + ttl - state.drift(ttl)
             if confirmed >= needed and token < TOKEN_LIMIT and time.monotonic() < validity_deadline:
                 # nodes that may hold the key (not those that granted another slot)
@@ -201,6 +203,8 @@ def acquire_plan(
                 )
 
         failure = failure_of(nodes, replies, statuses, len(won))
+        # a permit that a quorum granted lost its token to a lagging node's counter: not busy
+        failure.raced = bool(permits) and raced and failure.reason == "busy"
         # a caller that will wait registers where it gives a grant back; one that will not
         # (no wait ends a conflict of kinds) withdraws where a "busy" registered it
         waits = mark_ms if not failure.final else 0
