@@ -281,7 +281,10 @@ class LockBlock:
         return ttl is not None and ttl > lease.ttl
 
     def _entered(self, lease: Lease, *, reentered: bool = False) -> Lease:
-        entry = Entered(lease, reentered, context.push(lease))  # re-enterable, guards writes
+        # re-enterable, guards writes, while this block exists (see frames.Entry.within)
+        if not reentered:
+            context.bind(lease, self)  # its acquire()'s activation too
+        entry = Entered(lease, reentered, context.push(lease, self))
         lease.block_opened()
         options = self._options
         if reentered and options.auto_extend:

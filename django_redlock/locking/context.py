@@ -17,9 +17,19 @@ task is another caller).
 from __future__ import annotations
 
 import contextvars
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 
-from .frames import NODES_ATTR, SEQ, Entry, Frame, Key, TokenHolder, current_owner
+from .frames import (
+    NODES_ATTR,
+    SEQ,
+    Entry,
+    Frame,
+    Key,
+    TokenHolder,
+    current_owner,
+    entries_of,
+)
 
 _frame: contextvars.ContextVar[Frame | None] = contextvars.ContextVar(
     "django_redlock_active_leases", default=None
@@ -40,11 +50,22 @@ def _own_frame() -> Frame:
     return frame
 
 
-def push(lease: TokenHolder) -> object:
+def push(lease: TokenHolder, within: object = None) -> object:
     """Enter ``lease`` (a lock block, a request lock): the innermost active lease, and one
-    that this thread or task may re-enter. Returns the token for :func:`pop`."""
+    that this thread or task may re-enter, while ``within`` (the lock block, held weakly;
+    None: until popped) exists. Returns the token for :func:`pop`."""
     frame = _own_frame()
-    return frame.add(Entry(frame, lease, True))
+    return frame.add(Entry(frame, lease, True, within=within))
+
+
+def bind(lease: TokenHolder, within: object) -> None:
+    """Tie the entries that activated ``lease`` in this thread or task (its ``acquire()``'s)
+    to the lock block ``within``, held weakly: they end with the block even where its exit
+    never ran (see :attr:`.frames.Entry.within`)."""
+    owner = current_owner()
+    for entry in entries_of(lease):
+        if entry.within is None and entry.frame.owner == owner:
+            entry.within = weakref.ref(within)
 
 
 def push_findable(lease: TokenHolder, usable: Callable[[], bool]) -> object:

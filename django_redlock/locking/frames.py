@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -42,6 +43,7 @@ class Entry:
         "seq",
         "suspended",
         "usable",
+        "within",
     )
 
     def __init__(
@@ -52,6 +54,7 @@ class Entry:
         fences: bool = True,
         usable: Callable[[], bool] | None = None,
         key: Key | None = None,
+        within: object = None,
     ) -> None:
         self.frame = frame
         self.lease = lease
@@ -71,11 +74,19 @@ class Entry:
         #: activated by a generator that is suspended at a ``yield``: its caller (the
         #: generator's consumer) neither fences with it nor re-enters it
         self.suspended = False
+        #: the lock block that entered it, weakly: once the block is gone, so is the entry
+        #: (a block whose ``__exit__`` an interrupt stopped on its first instruction never
+        #: popped it: the thread re-entered that lease in every later block, then, once it
+        #: ran out, raised LockLost in each of them for good)
+        self.within = None if within is None else weakref.ref(within)
 
     def live(self) -> bool:
-        lease = self.lease
+        lease, within = self.lease, self.within
         return not (
-            self.dead or getattr(lease, "released", False) or getattr(lease, "foreign", False)
+            self.dead
+            or getattr(lease, "released", False)
+            or getattr(lease, "foreign", False)
+            or (within is not None and within() is None)
         )
 
 

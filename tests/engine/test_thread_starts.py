@@ -103,6 +103,11 @@ def test_an_interrupted_reconnect_start_is_never_recorded_as_running(
 
     hail = Hail(0.00005, SECONDS)
     returned = hail.run(step)
+    # no reconnect is due from now on: the requests still queued for the starter (a quarter
+    # of a million on a fast machine) return at once instead of each starting a connect to a
+    # port nobody listens on (the queue once took over 120 s to drain on a loaded machine);
+    # a start that an interrupt left recorded as running stays recorded all the same
+    link._retry_at = float("inf")
     print(f"\n{returned + hail.interrupted} reconnect requests: {hail.interrupted} interrupted")
     assert hail.interrupted > 20, "the storm never interrupted a request: it tests nothing"
 

@@ -7,6 +7,7 @@ any other caller; other threads and tasks are never let in."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from django.http import HttpRequest, HttpResponse
@@ -93,3 +94,83 @@ def test_async_nested_alock_reuses_the_lease_in_the_same_task(unique_name: str) 
         assert outer.released
 
     asyncio.run(scenario())
+
+
+class _ExitInterrupted(Exception):
+    """Raised as a lock block's ``__exit__`` starts, as a signal handler's exception would."""
+
+
+class _ExitTrap:
+    """A trace function that raises :class:`_ExitInterrupted` on the first call of a function
+    named ``exit_name`` after :meth:`arm` (the first instruction of a block's exit)."""
+
+    def __init__(self, exit_name: str) -> None:
+        self.exit_name = exit_name
+        self.armed = False
+
+    def arm(self) -> None:
+        import sys
+
+        self.armed = True
+        sys.settrace(self.trace)
+
+    def trace(self, frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and self.armed and frame.f_code.co_name == self.exit_name:
+            self.armed = False
+            raise _ExitInterrupted
+
+
+def test_a_block_whose_exit_was_interrupted_at_its_first_instruction_is_not_reentered(
+    unique_name: str,
+) -> None:
+    """The one window the docs leave open: an interrupt on the very first instruction of a
+    block's ``__exit__`` (emulated with a trace function) leaves its lease to its TTL. The
+    block is gone, so its lease is not this thread's any more: a later block of the name
+    waits for it and takes a lease of its own, and no write outside a block is fenced with
+    it. (The thread used to re-enter that lease in every later block, then, once it had run
+    out, raise LockLost in each of them for as long as it lived.)"""
+    import sys
+
+    from django_redlock.locking import context
+
+    manager = locks["default"]
+    trap = _ExitTrap("__exit__")
+    try:
+        with manager.lock(unique_name, ttl=0.5, timeout=1) as first:
+            trap.arm()
+    except _ExitInterrupted:
+        pass
+    finally:
+        sys.settrace(None)
+    assert not trap.armed  # the interrupt landed
+    assert context.current_lease() is None  # nothing fences writes outside a block
+    for _ in range(2):
+        with manager.lock(unique_name, ttl=0.5, timeout=2) as later:
+            assert later is not first and later.token > first.token
+
+
+def test_an_async_block_whose_exit_was_interrupted_at_its_first_instruction_is_not_reentered(
+    unique_name: str,
+) -> None:
+    """The same on an event loop: ``__aexit__`` interrupted as it starts."""
+    import sys
+
+    from django_redlock.locking import context
+
+    manager = locks["default"]
+    trap = _ExitTrap("__aexit__")
+
+    async def run() -> None:
+        try:
+            async with manager.alock(unique_name, ttl=0.5, timeout=1) as first:
+                trap.arm()
+        except _ExitInterrupted:
+            pass
+        finally:
+            sys.settrace(None)
+        assert not trap.armed
+        assert context.current_lease() is None
+        async with manager.alock(unique_name, ttl=0.5, timeout=2) as later:
+            assert later is not first and later.token > first.token
+
+    asyncio.run(run())
