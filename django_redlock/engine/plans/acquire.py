@@ -171,10 +171,12 @@ def acquire_plan(
             if behind and token < TOKEN_LIMIT:
                 # a read lease's node holds no value of its own to check: raise the counter only
                 held = key if spec.own_value else ()
-                confirmed += yield from write_back(
+                wrote = yield from write_back(
                     state, nodes, behind, token, held, owner, needed - confirmed, bool(permits)
                 )
-                raced = confirmed < needed
+                confirmed += wrote.held
+                # refused, not silent: a node that does not answer is no race to retry at once
+                raced = wrote.refused and confirmed < needed
             validity_deadline = started + ttl - state.drift(ttl)
             if confirmed >= needed and token < TOKEN_LIMIT and time.monotonic() < validity_deadline:
                 # nodes that may hold the key (not those that granted another slot)

@@ -87,9 +87,10 @@ def acquire_many_plan(
             confirmed = len(won) - len(behind)
             if behind and last < TOKEN_LIMIT:
                 # raise to the set's last token; "still held" only where every name still is
-                confirmed += yield from write_back(
+                wrote = yield from write_back(
                     state, nodes, behind, last, locks, owner, needed - confirmed
                 )
+                confirmed += wrote.held
             validity_deadline = started + ttl - state.drift(ttl)
             if confirmed >= needed and last < TOKEN_LIMIT and time.monotonic() < validity_deadline:
                 reached = tuple(g is not False for g in granted_per_node(replies, _granted))

@@ -183,7 +183,7 @@ def _held_back(request: Request, most: float) -> float:
     for i, call in enumerate(request.calls):
         if call is not None and call.before:
             held.append(held_back(ahead.get(i, ()), most))
-    return min(max(min(held, default=0.0), 0.0), most)
+    return min(held, default=0.0)
 
 
 def held_back(ahead: Sequence[Any], most: float) -> float:
@@ -222,6 +222,15 @@ def quorum_first(state: AliasState, nodes: Sequence[NodeView], name: str) -> lis
     return None
 
 
+class WrittenBack(NamedTuple):
+    """What :func:`write_back` got: how many lagging winners still hold the lock, and whether
+    one refused (``NOT_HELD``: it lost the lock, or, strict, handed the token out since),
+    as opposed to not answering."""
+
+    held: int
+    refused: bool
+
+
 def write_back(
     state: AliasState,
     nodes: Sequence[NodeView],
@@ -231,11 +240,12 @@ def write_back(
     owner: str,
     still_needed: int,
     strict: bool = False,
-) -> Plan[int]:
+) -> Plan[WrittenBack]:
     """Raise the counter of the winners that are ``behind`` to ``token``; returns how many
     of them still hold the lock (a node that lost it since the acquire does not count: someone
-    else may have taken it there and read the old counter). Settles once ``still_needed``
-    of them confirmed. ``key``: the lock's key, or every key of a ``lock_many`` set."""
+    else may have taken it there and read the old counter), and whether one refused. Settles
+    once ``still_needed`` of them confirmed. ``key``: the lock's key, or every key of a
+    ``lock_many`` set."""
     calls: list[Call | None] = [None] * len(nodes)
     for i in behind:
         run_id = nodes[i].run_id
@@ -248,4 +258,7 @@ def write_back(
         return sum(1 for s in slots if s.done and s.value == scripts.STILL_HELD) >= still_needed
 
     replies = yield Request(calls, state.node_timeout, settled)
-    return sum(1 for i in behind if replies[i] == scripts.STILL_HELD)
+    return WrittenBack(
+        sum(1 for i in behind if replies[i] == scripts.STILL_HELD),
+        any(replies[i] == scripts.NOT_HELD for i in behind),
+    )
