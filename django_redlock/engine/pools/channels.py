@@ -20,6 +20,7 @@ from ..transport.link import ConnectionFactory
 from ..transport.sync import Channel
 from .budget import SPARE, SPARE_WAIT, Budget, Doorbell, line_up
 from .loop_channels import LoopChannels
+from .pick import pick
 
 T = TypeVar("T")
 J = TypeVar("J")
@@ -203,8 +204,9 @@ class ChannelPools:
         try:
             with self._mutex:
                 if self._free:
-                    channel = self._free[-1]
-                    del self._free[-1]
+                    index = pick(self._free)
+                    channel = self._free[index]
+                    del self._free[index]
             if channel is None:
                 channel = self._checkout(until)
             with channel.mutex:
@@ -239,9 +241,10 @@ class ChannelPools:
         try:
             while True:
                 with self._mutex:
-                    if self._free:  # subscripts, no call: no interrupt between them
-                        got = self._free[-1]
-                        del self._free[-1]
+                    if self._free:  # no call between taking it and deleting it
+                        index = pick(self._free)
+                        got = self._free[index]
+                        del self._free[index]
                         break
                     wake.clear()
                     fed = bool(self._all)

@@ -16,6 +16,7 @@ from ..state import AliasState
 from ..transport.aio import AsyncChannel, AsyncConnectionFactory
 from .budget import SPARE, SPARE_WAIT, Budget, line_up
 from .loops import LoopPools, finish
+from .pick import apick
 
 T = TypeVar("T")
 J = TypeVar("J")
@@ -87,7 +88,7 @@ class LoopChannels:
         caller = object()
         try:
             while True:
-                channel = next((c for c in reversed(pools.channels) if not c.mutex.locked()), None)
+                channel = apick(pools.channels)
                 if channel is not None:
                     return channel
                 future: asyncio.Future[None] = loop.create_future()
@@ -142,7 +143,7 @@ class LoopChannels:
                 if pinned in pools.channels:  # not closed as idle meanwhile
                     return await driver(job, pinned), pinned
         while True:
-            channel = next((c for c in reversed(pools.channels) if not c.mutex.locked()), None)
+            channel = apick(pools.channels)
             if channel is None:
                 channel = await self._acheckout(pools, until)
                 if channel is None:  # a slot for a new one

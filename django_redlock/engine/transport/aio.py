@@ -368,6 +368,10 @@ class AsyncChannel:
         """True while a call sent on this channel has no reply read yet."""
         return any(link.pending() for link in self.links)
 
+    def all_up(self) -> bool:
+        """True while every connection of the channel is up (see :mod:`..pools.pick`)."""
+        return all(link.connected for link in self.links)
+
     # -- the single-node lane (see ..alane) ----------------------------------------------
     def lane_link(self) -> AsyncLink | None:
         """The only link of a one-node channel when the lane may use it as it is: connected
