@@ -10,6 +10,7 @@ import pytest
 
 from django_redlock.engine import scripts
 from django_redlock.engine.plans import acquire_limits_plan, release_permits_plan
+from django_redlock.engine.replies import NodeFailure
 from django_redlock.engine.scripts import limits as limit_scripts
 from django_redlock.engine.state import Abandoned, AliasState
 from tests.support.scripted import Clock, answer, drive, fake_nodes, fire
@@ -130,17 +131,22 @@ def test_tokens_follow_the_highest_winner_and_a_laggard_is_raised_strictly(
     assert raise_call.args[0] == 21 and raise_call.args[3] == "1"
 
 
-def test_a_failed_write_back_loses_the_set(state: AliasState) -> None:
+@pytest.mark.parametrize("raise_reply", [0, NodeFailure("timed out")], ids=["refused", "silent"])
+def test_a_failed_write_back_loses_the_set(state: AliasState, raise_reply: Any) -> None:
+    """The lagging winner refused the strict write-back (its counter passed the set's tokens:
+    another caller drew them there first): the set fails "busy", marked raced (nobody holds
+    the semaphores: the policy tries again at once, as for one permit). A node that did not
+    answer is no race: not marked."""
     run = drive(
         _plan(state),
         [
             answer(ACQUIRE_LIMITS, [1, 10, 1, 1], [1, 20, 1, 1], [0, 22, 300, 1]),
-            answer(RAISE, 0, None, None),
+            answer(RAISE, raise_reply, None, None),
             fire(RELEASE_PERMIT, to=[0, 1]),
             fire(RELEASE_PERMIT, to=[0, 1]),
         ],
     )
-    assert run.result.reason == "busy"
+    assert (run.result.reason, run.result.raced) == ("busy", raise_reply == 0)
 
 
 def test_failure_names_the_full_semaphore_and_gives_back_every_grant(state: AliasState) -> None:

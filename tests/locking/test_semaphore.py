@@ -19,6 +19,7 @@ from django_redlock import locks
 from django_redlock.exceptions import LockError, LockNotAcquired
 from django_redlock.testing import RedisNodes
 from tests.support import engine_workers as workers
+from tests.support.bursts import at_one_moment
 from tests.support.processes import PROCESSES
 from tests.support.waiting import assert_woken, backing_off, until_waiting
 
@@ -52,24 +53,17 @@ def test_first_permits_of_distinct_free_semaphores_at_one_moment_are_all_granted
     manager = redlock_alias(redis_node_factory(nodes), TTL=2.0)
     refused: list[str] = []
     tokens: list[int] = []
-    for round_ in range(10):
-        barrier = threading.Barrier(12)
 
-        def take(i: int, round_: int = round_, barrier: Any = barrier) -> None:
-            barrier.wait(10)
-            try:
-                lease = manager.acquire(f"sem{round_}-{i}", timeout=0, permits=3)
-            except LockNotAcquired as exc:
-                refused.append(str(exc))
-            else:
-                tokens.append(lease.token)
-                lease.release()
+    def take(round_: int, i: int) -> None:
+        try:
+            lease = manager.acquire(f"sem{round_}-{i}", timeout=0, permits=3)
+        except LockNotAcquired as exc:
+            refused.append(str(exc))
+        else:
+            tokens.append(lease.token)
+            lease.release()
 
-        threads = [threading.Thread(target=take, args=(i,)) for i in range(12)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(20)
+    at_one_moment(take, threads=12, rounds=10)
     assert refused == []
     assert len(set(tokens)) == len(tokens) == 120
 

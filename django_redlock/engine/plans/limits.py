@@ -106,6 +106,7 @@ def acquire_limits_plan(
     owner, calls, replies, statuses, started = yield from withdrawing(
         attempt, state, nodes, names, waiter, mark_ms
     )
+    raced = False
     try:
         granted = [_slots_granted(r) for r in replies]
         chosen = [_best(granted, j)[0] for j in range(count)]
@@ -120,8 +121,13 @@ def acquire_limits_plan(
             behind = [i for i in union if int(replies[i][1]) < first]
             confirmed = set(union) - set(behind)
             if behind and last < TOKEN_LIMIT:
-                confirmed |= yield from _write_back(
+                held, refused = yield from _write_back(
                     state, nodes, behind, last, owner, voters, slots_of, chosen, confirmed
+                )
+                confirmed |= held
+                # refused, not silent: the set's tokens went to a lagging node's counter
+                raced = refused and not all(
+                    len(confirmed.intersection(v)) >= needed for v in voters
                 )
             validity_deadline = started + ttl - state.drift(ttl)
             if (
@@ -149,6 +155,8 @@ def acquire_limits_plan(
         yield from _give_back(state, nodes, calls, replies, owner, names, slots_of)
         # a quorum that granted the set, on slots too split to hold a permit: contention
         failure = failure_of(nodes, replies, statuses, sum(g is not None for g in granted))
+        # permits a quorum granted whose tokens a lagging node's counter passed: not busy
+        failure.raced = raced and failure.reason == "busy"
         if mark_ms and failure.final:  # it will not wait: withdraw where "busy" registered it
             busy_nodes = [i for i, st in enumerate(statuses) if st == scripts.BUSY]
             yield from withdraw_plan(state, nodes, names, waiter, busy_nodes)
@@ -230,10 +238,11 @@ def _write_back(
     slots_of: Sequence[tuple[str, ...]],
     chosen: Sequence[int],
     confirmed: set[int],
-) -> Plan[set[int]]:
+) -> Plan[tuple[set[int], bool]]:
     """Raise the counter of the winners that are ``behind`` to the set's last ``token``
     (strict, as for permits: a node that handed that token out since does not confirm);
-    returns those that still hold every chosen slot they granted."""
+    returns those that still hold every chosen slot they granted, and whether one refused
+    (``NOT_HELD``) as opposed to not answering."""
     needed = quorum(len(nodes))
     calls: list[Call | None] = [None] * len(nodes)
     for i in behind:
@@ -250,7 +259,8 @@ def _write_back(
         return all(len(ok.intersection(v)) >= needed for v in voters)
 
     replies = yield Request(calls, state.node_timeout, settled)
-    return {i for i in behind if replies[i] == scripts.STILL_HELD}
+    still = {i for i in behind if replies[i] == scripts.STILL_HELD}
+    return still, any(replies[i] == scripts.NOT_HELD for i in behind)
 
 
 def _give_back(
