@@ -13,6 +13,7 @@ from .piped_lane import apiped_acquire, piped_acquire
 from .plans import register_plan, waited_reply
 from .policy import AwaitRelease, registration_ms
 from .pools.channels import ChannelPools
+from .pools.pick import pick
 from .replies import NodeFailure
 from .state import WAIT_MARK_MS, AcquireFailure, AliasState, LeaseRecord
 from .targets import Target, Waiting, refused
@@ -71,7 +72,7 @@ class ReleaseWaits:
             return None
         job = target.piped_attempt(waiting, carried, step.seconds)
         pools = await self.pools.loops.loop_pools()
-        channel = pools.blocking.pop() if pools.blocking else None
+        channel = pools.blocking.pop(pick(pools.blocking)) if pools.blocking else None
         if channel is None:
             if not self.pools.budget.take(self._every, blocking=True):
                 return None  # no blocking connection to be had: wait by polling

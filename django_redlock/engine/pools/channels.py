@@ -104,9 +104,10 @@ class ChannelPools:
         taken: list[bool] = []  # the budget's receipt
         try:
             with self._mutex:
-                if self._blocking_free:  # subscripts, no call: no interrupt between them
-                    pooled = self._blocking_free[-1]
-                    del self._blocking_free[-1]
+                if self._blocking_free:  # no call between taking it and deleting it
+                    index = pick(self._blocking_free)
+                    pooled = self._blocking_free[index]
+                    del self._blocking_free[index]
                     return pooled
                 if not self.budget.take(self._every, blocking=True, receipt=taken):
                     return None

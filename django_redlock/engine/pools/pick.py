@@ -8,7 +8,7 @@ call, while channels whose connections are all up sit idle beside it. A release 
 at once, or a ``timeout=0`` acquire, would then report a node down that answers on every
 other connection. Such a channel is taken only when no idle channel has all its
 connections up; when a node is really down every channel has it down, and the order is the
-usual one.
+usual one. The channels a piped wait blocks on are taken the same way.
 """
 
 from __future__ import annotations
