@@ -129,6 +129,7 @@ def test_tokens_follow_the_highest_winner_and_a_laggard_is_raised_strictly(
     assert raise_call is not None
     assert raise_call.keys == ("t:__fence__", "t:__permit__:0:g", "t:__permit__:1:t")
     assert raise_call.args[0] == 21 and raise_call.args[3] == "1"
+    assert raise_call.args[4] == 20  # the set's first token: none of them handed out since
 
 
 @pytest.mark.parametrize("raise_reply", [0, NodeFailure("timed out")], ids=["refused", "silent"])

@@ -122,7 +122,7 @@ def acquire_limits_plan(
             confirmed = set(union) - set(behind)
             if behind and last < TOKEN_LIMIT:
                 held, refused = yield from _write_back(
-                    state, nodes, behind, last, owner, voters, slots_of, chosen, confirmed
+                    state, nodes, behind, (first, last), owner, voters, slots_of, chosen, confirmed
                 )
                 confirmed |= held
                 # refused, not silent: the set's tokens went to a lagging node's counter
@@ -232,17 +232,19 @@ def _write_back(
     state: AliasState,
     nodes: Sequence[NodeView],
     behind: Sequence[int],
-    token: int,
+    tokens: tuple[int, int],
     owner: str,
     voters: Sequence[list[int]],
     slots_of: Sequence[tuple[str, ...]],
     chosen: Sequence[int],
     confirmed: set[int],
 ) -> Plan[tuple[set[int], bool]]:
-    """Raise the counter of the winners that are ``behind`` to the set's last ``token``
-    (strict, as for permits: a node that handed that token out since does not confirm);
+    """Raise the counter of the winners that are ``behind`` to the last of the set's
+    ``tokens`` (first, last), strictly: a node that handed any of them out since does not
+    confirm (checking only the last let two sets, or a set and a permit, share a token);
     returns those that still hold every chosen slot they granted, and whether one refused
     (``NOT_HELD``) as opposed to not answering."""
+    first, token = tokens
     needed = quorum(len(nodes))
     calls: list[Call | None] = [None] * len(nodes)
     for i in behind:
@@ -250,7 +252,8 @@ def _write_back(
         if run_id is None:
             continue
         held = tuple(slots_of[j][chosen[j] - 1] for j, v in enumerate(voters) if i in v)
-        calls[i] = Call(scripts.RAISE, (state.keys.fence, *held), (token, run_id, owner, "1"))
+        args = (token, run_id, owner, "1", first)
+        calls[i] = Call(scripts.RAISE, (state.keys.fence, *held), args)
 
     def settled(slots: list[Slot]) -> bool:
         ok = confirmed | {

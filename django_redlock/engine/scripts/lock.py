@@ -73,15 +73,17 @@ return 0
 #: EXTEND replies: RENEWED, NOT_HELD (above) or UNTRUSTED (above).
 RENEWED = 1
 
-# KEYS: fence, lock (several for ``lock_many``: all must be held). ARGV: token, run_id,
-# owner, "1" for a permit (strict).
+# KEYS: fence, lock (several for ``lock_many`` and ``limits``: all must be held). ARGV: token,
+# run_id, owner, "1" for permits (strict), and for a set of permits the first of its tokens
+# (ARGV[1] is the last).
 # Token write-back: raise the counter to ARGV[1] if it is lower ("set if greater"). Returns 1
 # when the caller still holds the lock here, 0 when it does not (force-released or expired
 # since its acquire: someone else may have taken this node and read the old counter, so it
 # must not count towards the quorum that hands out this token), -1 when the node is not trusted.
-# Strict (permits, which may be held side by side): the counter must still be below the token,
-# else 0: another permit may have been handed the same token through this node, and any two
-# quorums share a node, so of two permits given one token at most one confirms it.
+# Strict (permits, which may be held side by side): the counter must still be below the
+# token, the first of a set's tokens for a set, else 0: another caller may have been handed
+# one of those tokens through this node, and any two quorums share a node, so of two callers
+# given one token at most one confirms it.
 RAISE = Script(
     "raise",
     """
@@ -89,10 +91,11 @@ if redis.call('HGET', KEYS[1], 'run_id') ~= ARGV[2] then
   return -1
 end
 local counter = tonumber(redis.call('HGET', KEYS[1], 'token')) or 0
+if ARGV[4] == '1' and counter >= tonumber(ARGV[5] or ARGV[1]) then
+  return 0  -- strict: another caller reached one of these tokens here first
+end
 if counter < tonumber(ARGV[1]) then
   redis.call('HSET', KEYS[1], 'token', ARGV[1])
-elseif ARGV[4] == '1' then
-  return 0  -- strict: another caller reached this token here first
 end
 for i = 2, #KEYS do
   local value = redis.call('GET', KEYS[i])
