@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -47,9 +49,17 @@ def test_releases_skip_an_asyncio_channel_that_could_not_connect(
             for node in nodes:
                 node.resume()
         fresh = await manager.aacquire("down:fresh", timeout=0)  # one attempt
-        return [await lease.arelease() for lease in [*leases, fresh]]
+        released = [await lease.arelease() for lease in [*leases, fresh]]
+        for i in range(30):  # single calls for 0.3 s, past the failed channel's backoff
+            await (await manager.aacquire(f"down:one:{i}", timeout=0)).arelease()
+            await asyncio.sleep(0.01)
+        # a burst that needs every channel: the one passed over reconnected meanwhile
+        burst = await asyncio.gather(
+            *(manager.aacquire(f"down:burst:{i}", timeout=0) for i in range(HELD + 1))
+        )
+        return released + [await lease.arelease() for lease in burst]
 
-    assert asyncio.run(main()) == [True] * (HELD + 1)
+    assert asyncio.run(main()) == [True] * (2 * HELD + 2)
     for node in nodes:
         assert node.client().keys("*down:*") == []
 
@@ -88,6 +98,23 @@ def test_releases_skip_a_channel_that_could_not_connect(
             node.resume()
     fresh = manager.acquire("down:fresh", timeout=0)  # one attempt
     assert [lease.release() for lease in [*leases, fresh]] == [True] * (HELD + 1)
+    for i in range(30):  # single calls for 0.3 s, past the failed channel's backoff
+        manager.acquire(f"down:one:{i}", timeout=0).release()
+        time.sleep(0.01)
+    # a burst that needs every channel: the one passed over reconnected meanwhile
+    burst: list[Any] = []
+    together = threading.Barrier(HELD + 1)
+
+    def take(i: int) -> None:
+        together.wait(10)
+        try:
+            burst.append(manager.acquire(f"down:burst:{i}", timeout=0))
+        finally:
+            together.wait(10)  # every thread holds its channel until all have one
+
+    _run_threads(take, HELD + 1)
+    assert len(burst) == HELD + 1
+    assert [lease.release() for lease in burst] == [True] * (HELD + 1)
     for node in nodes:
         assert node.client().keys("*down:*") == []
 

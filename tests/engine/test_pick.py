@@ -23,8 +23,13 @@ class _Channel:
     up: bool = True
     mutex: _Mutex = field(default_factory=_Mutex)
 
+    kicked: int = 0
+
     def all_up(self) -> bool:
         return self.up
+
+    def reconnect_soon(self) -> None:
+        self.kicked += 1
 
 
 @pytest.mark.parametrize(
@@ -42,7 +47,11 @@ class _Channel:
 def test_the_last_returned_unless_it_is_down_and_another_is_up(
     ups: list[bool], expected: int
 ) -> None:
-    assert pick([_Channel(up) for up in ups]) == expected
+    channels = [_Channel(up) for up in ups]
+    assert pick(channels) == expected
+    # the ones passed over (down, after the one taken) are asked to reconnect
+    taken = len(ups) - 1 if expected == -1 else expected
+    assert [c.kicked for c in channels] == [int(i > taken) for i in range(len(ups))]
 
 
 def test_an_event_loop_takes_the_last_free_channel_that_is_up() -> None:
@@ -51,5 +60,7 @@ def test_an_event_loop_takes_the_last_free_channel_that_is_up() -> None:
     assert apick([down, up]) is up
     assert apick([up, down]) is up
     assert apick([down, held]) is down  # none up: the last free one, as before
+    kicked = down.kicked
+    assert apick([up, down]) is up and down.kicked == kicked + 1  # passed over: reconnect
     assert apick([held]) is None
     assert apick([]) is None

@@ -41,6 +41,7 @@ class ChannelPools:
     waiter: ReleaseWaiter
     _free: list[Channel]
     _all: list[Channel]
+    _down_pooled: bool
     _mutex: threading.Lock
     #: threads waiting for a channel (each woken by a channel going back to the pool)
     _sync_waiters: deque[Doorbell]
@@ -80,6 +81,8 @@ class ChannelPools:
         connections are dropped unused)."""
         self.generation = forks.generation()
         self._free = []
+        #: an idle channel may have a connection down (see :meth:`_reconnect_idle`)
+        self._down_pooled = False
         self._all = []
         self._mutex = threading.Lock()
         self._sync_waiters = deque()
@@ -202,6 +205,8 @@ class ChannelPools:
         # from the pool and put back with subscripts and appends only, so an interrupt
         # never leaves it out of the pool for good (its slot spent for the process).
         channel: Channel | None = None
+        if self._down_pooled:  # an idle channel has a connection down: start reconnecting it
+            self._reconnect_idle()
         try:
             with self._mutex:
                 if self._free:
@@ -228,6 +233,20 @@ class ChannelPools:
                 if surrender:  # a caller of another kind holds none: its turn
                     channel.close()
                     self.budget.give(self._every)
+                elif not channel.all_up():
+                    self._down_pooled = True
+
+    def _reconnect_idle(self) -> None:
+        """Ask each idle channel with a connection down to reconnect it in the background
+        (when its backoff allows): one that :func:`.pick.pick` passes over, or never reaches
+        while the last one returned is up, would otherwise stay down until a burst of calls
+        needs it, long after its node came back."""
+        down = False
+        for channel in list(self._free):
+            if not channel.all_up():
+                channel.reconnect_soon()
+                down = True
+        self._down_pooled = down
 
     def _checkout(self, until: float) -> Channel:
         """No channel free: open one if the budget allows, else wait for one to come back

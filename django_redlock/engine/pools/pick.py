@@ -8,7 +8,10 @@ call, while channels whose connections are all up sit idle beside it. A release 
 at once, or a ``timeout=0`` acquire, would then report a node down that answers on every
 other connection. Such a channel is taken only when no idle channel has all its
 connections up; when a node is really down every channel has it down, and the order is the
-usual one. The channels a piped wait blocks on are taken the same way.
+usual one. The channels a piped wait blocks on are taken the same way. A channel passed over
+so is asked to reconnect in the background (when its backoff allows): nothing else would
+reconnect it, and a burst of calls that needs every channel would find it still down long
+after its node came back.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from typing import Protocol, TypeVar
 
 class _Pooled(Protocol):
     def all_up(self) -> bool: ...
+
+    def reconnect_soon(self) -> None: ...
 
 
 P = TypeVar("P", bound=_Pooled)
@@ -43,6 +48,8 @@ def pick(free: Sequence[_Pooled]) -> int:
         return -1
     for i in range(len(free) - 2, -1, -1):
         if free[i].all_up():
+            for passed_over in free[i + 1 :]:
+                passed_over.reconnect_soon()
             return i
     return -1
 
@@ -50,11 +57,12 @@ def pick(free: Sequence[_Pooled]) -> int:
 def apick(channels: Sequence[L]) -> L | None:
     """The channel of an event loop's ``channels`` (last opened last) to take: the last one
     nobody holds whose connections are all up, else the last one nobody holds, else None."""
-    spare = None
+    passed_over: list[L] = []
     for channel in reversed(channels):
         if not channel.mutex.locked():
             if channel.all_up():
+                for down in passed_over:
+                    down.reconnect_soon()
                 return channel
-            if spare is None:
-                spare = channel
-    return spare
+            passed_over.append(channel)
+    return passed_over[0] if passed_over else None

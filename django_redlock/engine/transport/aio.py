@@ -372,6 +372,12 @@ class AsyncChannel:
         """True while every connection of the channel is up (see :mod:`..pools.pick`)."""
         return all(link.connected for link in self.links)
 
+    def reconnect_soon(self) -> None:
+        """Start a background reconnect of each connection that is down, when its backoff
+        allows (a channel :mod:`..pools.pick` passed over)."""
+        for link in self.links:
+            link.usable()
+
     # -- the single-node lane (see ..alane) ----------------------------------------------
     def lane_link(self) -> AsyncLink | None:
         """The only link of a one-node channel when the lane may use it as it is: connected

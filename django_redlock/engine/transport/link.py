@@ -175,11 +175,6 @@ class Link(LinkBase):
             isinstance(sock, ssl.SSLSocket) and sock.pending() > 0
         )
 
-    @property
-    def tls(self) -> bool:
-        """True while connected over TLS."""
-        return isinstance(self._sock, ssl.SSLSocket)
-
     def drain(self, *, receive: bool) -> bool:
         """Fill slots from buffered replies; with ``receive`` read the socket once first.
 

@@ -63,8 +63,6 @@ class Channel:
         self._fan_poller = select.poll()
         self._fan_fds: list[int] = []
         self._fan_links: dict[int, Link] = {}
-        #: no socket of the poll set is TLS (see :meth:`_spin_poller`)
-        self._fan_plain = False
         if unavailable:  # a stand-in that never connects: every node fails with this reason
             for link in self.links:
                 link.never(unavailable)
@@ -150,9 +148,6 @@ class Channel:
         spin_until = min(time.monotonic() + budget, deadline)
         waiting = [links[i] for i, slot in enumerate(slots) if not slot.done and i not in skip]
         ask = settled is not None and len(waiting) + len(skip) < len(slots)
-        # several nodes: each turn of the spin asks one zero-timeout poll which sockets have
-        # something, and reads those, instead of a read per node (most find nothing yet)
-        poller = self._spin_poller(links) if budget and len(waiting) > 1 else None
         while True:
             if not waiting or (ask and settled is not None and settled(slots)):
                 if budget:
@@ -160,15 +155,9 @@ class Channel:
                 return
             progressed = False
             if budget and time.monotonic() < spin_until:
-                if poller is not None:
-                    for fd, _ in poller.poll(0):
-                        ready = self._fan_links.get(fd)
-                        if ready is not None and ready.drain(receive=True):
-                            progressed = True
-                else:
-                    for link in waiting:  # a read of what arrived, buffered replies included
-                        if link.drain(receive=True):
-                            progressed = True
+                for link in waiting:  # a read of what arrived, buffered replies included
+                    if link.drain(receive=True):
+                        progressed = True
                 if not progressed:
                     os.sched_yield()  # let the node (or anyone) run if it shares our CPU
                     continue
@@ -194,17 +183,6 @@ class Channel:
                         continue
             waiting = [links[i] for i, slot in enumerate(slots) if not slot.done and i not in skip]
             ask = settled is not None
-
-    def _spin_poller(self, links: Sequence[Link]) -> select.poll | None:
-        """The lane's poll set over ``links`` (see :meth:`fan_links`) when it is theirs as
-        they are now, every socket plain (TLS may hold decrypted bytes a poll does not
-        see); else None (the spin reads each socket)."""
-        if not self._fan_plain or len(links) != len(self._fan_fds):
-            return None
-        for link, fd in zip(links, self._fan_fds, strict=True):
-            if link.fd != fd:
-                return None
-        return self._fan_poller
 
     def _sleep(self, waiting: list[Link], remaining: float) -> bool | None:
         """Block in ``poll()`` until a waiting link is readable or ``remaining`` seconds pass,
@@ -236,6 +214,12 @@ class Channel:
     def all_up(self) -> bool:
         """True while every connection of the channel is up (see :mod:`..pools.pick`)."""
         return all(link.connected for link in self.links)
+
+    def reconnect_soon(self) -> None:
+        """Start a background reconnect of each connection that is down, when its backoff
+        allows (a channel :mod:`..pools.pick` passed over)."""
+        for link in self.links:
+            link.usable()
 
     # -- the single-node lane (see ..lane) -------------------------------------------------
     def lane_link(self) -> Link | None:
@@ -367,14 +351,8 @@ class Channel:
             for fd in fds:
                 poller.register(fd, _POLL_EVENTS)
             by_fd = dict(zip(fds, links, strict=True))
-            plain = not any(link.tls for link in links)
             # stored together, after every call: an interrupt cannot leave them apart
-            self._fan_poller, self._fan_fds, self._fan_links, self._fan_plain = (
-                poller,
-                fds,
-                by_fd,
-                plain,
-            )
+            self._fan_poller, self._fan_fds, self._fan_links = poller, fds, by_fd
         for fd, _ in self._fan_poller.poll(0):
             ready = self._fan_links.get(fd)
             if ready is None or ready.is_idle():  # (idle: the server closed it)
