@@ -24,6 +24,7 @@ class _Channel:
     mutex: _Mutex = field(default_factory=_Mutex)
 
     kicked: int = 0
+    reserved: object = None
 
     def all_up(self) -> bool:
         return self.up

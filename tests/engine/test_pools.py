@@ -336,6 +336,43 @@ def test_pool_settings_defaults_and_values() -> None:
     assert (config.max_connections, config.idle_timeout) == (1, 0.5)
 
 
+@pytest.mark.parametrize(("nodes", "cap", "tasks"), [(1, 2, 4), (3, 4, 6)])
+def test_tasks_beyond_the_budget_take_turns_on_one_event_loop(
+    redis_node_factory: Nodes, redlock_alias: Alias, nodes: int, cap: int, tasks: int
+) -> None:
+    """More tasks than MAX_CONNECTIONS, each locking and releasing a name of its own in a
+    tight loop for half a second: every task gets a connection meanwhile, and none fails. A
+    task that returned a channel took it straight back (its next call ran before the task it
+    woke), so the tasks beyond the budget waited until the others stopped, and failed
+    "no free connection in time" when they ran longer than its 5 s (found by an attack)."""
+    # a generous NODE_TIMEOUT: a reply later than 50 ms on a loaded machine (parallel runs)
+    # is a node timing out, not what this test looks for
+    manager = redlock_alias(
+        redis_node_factory(nodes), MAX_CONNECTIONS=cap, TTL=10.0, NODE_TIMEOUT=2.0
+    )
+    first_done: dict[int, float] = {}
+    errors: list[BaseException] = []
+
+    async def one(i: int, end: float) -> None:
+        while time.monotonic() < end:
+            try:
+                await (await manager.aacquire(f"turns:{i}", timeout=0)).arelease()
+            except Exception as exc:
+                errors.append(exc)
+                return
+            first_done.setdefault(i, time.monotonic())
+
+    async def main() -> float:
+        end = time.monotonic() + 0.5
+        await asyncio.gather(*(one(i, end) for i in range(tasks)))
+        return end
+
+    end = asyncio.run(main())
+    assert errors == []
+    late = {i: round(first_done[i] - end, 3) for i in range(tasks) if first_done[i] >= end}
+    assert late == {}, "tasks whose first lock came only after the others had stopped"
+
+
 def test_a_channel_closed_while_a_task_waits_for_it_is_not_used(
     three: RedisNodes, redlock_alias: Alias
 ) -> None:

@@ -74,7 +74,10 @@ class LoopChannels:
             return
         channel.idle_since = time.monotonic()
         if pools.waiters:
-            pools.wake_one()
+            # handed to the first waiting task: the task that returned it, calling again at
+            # once (a tight loop), would otherwise take it back before the woken one runs,
+            # every time, and the others starved until their wait for a connection ran out
+            channel.reserved = pools.wake_one()
 
     async def _acheckout(self, pools: LoopPools, until: float) -> AsyncChannel | None:
         """Asyncio twin of :meth:`_checkout`: an idle channel, None when the budget gave a
@@ -109,10 +112,18 @@ class LoopChannels:
                 timer = loop.call_later(remaining, finish, future)
                 try:
                     await future
+                except BaseException:  # cancelled: a channel handed to it goes to the next
+                    handed = _handed(pools, future)
+                    if handed is not None:
+                        self._areturn(pools, handed)
+                    raise
                 finally:
                     timer.cancel()
                     with contextlib.suppress(ValueError):
                         pools.waiters.remove(future)
+                handed = _handed(pools, future)
+                if handed is not None:
+                    return handed
         finally:
             self.budget.forget(caller)
 
@@ -225,6 +236,16 @@ class LoopChannels:
 #: How long the loop's shutdown lets calls still running finish before closing its
 #: connections (see :func:`_close_at_loop_shutdown`), seconds.
 SHUTDOWN_GRACE = 1.0
+
+
+def _handed(pools: LoopPools, future: asyncio.Future[None]) -> AsyncChannel | None:
+    """The channel handed to the task waiting on ``future`` (see ``_areturn``), no longer
+    reserved; None if none was (or it was closed meanwhile)."""
+    for channel in pools.channels:
+        if channel.reserved is future:
+            channel.reserved = None
+            return channel
+    return None
 
 
 async def _close_at_loop_shutdown(pools: LoopPools) -> AsyncGenerator[None, None]:

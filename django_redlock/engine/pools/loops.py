@@ -37,13 +37,15 @@ class LoopPools:
         return any(channel.mutex.locked() for channel in self.channels + self.blocking)
 
     # -- waiting for a channel -------------------------------------------------------------
-    def wake_one(self) -> None:
-        """A channel went back to the pool: the first task waiting for one tries again."""
+    def wake_one(self) -> asyncio.Future[None] | None:
+        """A channel went back to the pool: the first task waiting for one tries again;
+        returns its wake-up (None: nobody waited)."""
         while self.waiters:
             future = self.waiters.popleft()
             if not future.done():
                 future.set_result(None)
-                return
+                return future
+        return None
 
     def wake_threadsafe(self, future: asyncio.Future[None]) -> None:
         """The budget gave a slot back (on any thread): ``future``'s task tries again."""

@@ -37,6 +37,9 @@ class _LoopPooled(_Pooled, Protocol):
     @property
     def mutex(self) -> _Locked: ...
 
+    @property
+    def reserved(self) -> object: ...
+
 
 L = TypeVar("L", bound=_LoopPooled)
 
@@ -56,10 +59,11 @@ def pick(free: Sequence[_Pooled]) -> int:
 
 def apick(channels: Sequence[L]) -> L | None:
     """The channel of an event loop's ``channels`` (last opened last) to take: the last one
-    nobody holds whose connections are all up, else the last one nobody holds, else None."""
+    nobody holds (nor was handed as it came back) whose connections are all up, else the
+    last one nobody holds, else None."""
     passed_over: list[L] = []
     for channel in reversed(channels):
-        if not channel.mutex.locked():
+        if not channel.mutex.locked() and channel.reserved is None:
             if channel.all_up():
                 for down in passed_over:
                     down.reconnect_soon()

@@ -320,6 +320,9 @@ class AsyncChannel:
         self.ahead: list[Any] = []
         #: when it last went back to its pool (``time.monotonic()``)
         self.idle_since = 0.0
+        #: the wake-up of the task this channel was handed to as it came back (see
+        #: :meth:`..pools.loop_channels.LoopChannels._areturn`); no other task takes it
+        self.reserved: asyncio.Future[None] | None = None
         for link in self.links if unavailable else ():  # a stand-in that never connects
             link.never(unavailable)
 
