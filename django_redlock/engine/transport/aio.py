@@ -377,9 +377,11 @@ class AsyncChannel:
 
     def reconnect_soon(self) -> None:
         """Start a background reconnect of each connection that is down, when its backoff
-        allows (a channel :mod:`..pools.pick` passed over)."""
+        allows (a channel :mod:`..pools.pick` passed over), but not of one the next call on
+        the channel reconnects itself."""
         for link in self.links:
-            link.usable()
+            if not link.revives_inline:
+                link.usable()
 
     # -- the single-node lane (see ..alane) ----------------------------------------------
     def lane_link(self) -> AsyncLink | None:

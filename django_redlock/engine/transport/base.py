@@ -169,6 +169,13 @@ class LinkBase:
         self._retry_at = time.monotonic() + self._backoff
         self._backoff = min(RECONNECT_MAX, self._backoff * 2)
 
+    @property
+    def revives_inline(self) -> bool:
+        """True when the next call reconnects this connection itself (it was healthy until it
+        just broke): a background reconnect started meanwhile would make that call skip it
+        and fail "down" (see ``reconnect_soon`` of the channels)."""
+        return self._fresh_failure
+
     def _retry_due(self) -> bool:
         return not self.retired and time.monotonic() >= self._retry_at
 
