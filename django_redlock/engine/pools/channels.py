@@ -20,7 +20,7 @@ from ..transport.link import ConnectionFactory
 from ..transport.sync import Channel
 from .budget import SPARE, SPARE_WAIT, Budget, Doorbell, line_up
 from .loop_channels import LoopChannels
-from .pick import pick
+from .pick import all_up, pick, reconnect_down
 
 T = TypeVar("T")
 J = TypeVar("J")
@@ -81,7 +81,7 @@ class ChannelPools:
         connections are dropped unused)."""
         self.generation = forks.generation()
         self._free = []
-        #: an idle channel may have a connection down (see :meth:`_reconnect_idle`)
+        #: an idle channel may have a connection down (see :func:`.pick.reconnect_down`)
         self._down_pooled = False
         self._all = []
         self._mutex = threading.Lock()
@@ -206,7 +206,7 @@ class ChannelPools:
         # never leaves it out of the pool for good (its slot spent for the process).
         channel: Channel | None = None
         if self._down_pooled:  # an idle channel has a connection down: start reconnecting it
-            self._reconnect_idle()
+            self._down_pooled = reconnect_down(list(self._free))
         try:
             with self._mutex:
                 if self._free:
@@ -233,20 +233,8 @@ class ChannelPools:
                 if surrender:  # a caller of another kind holds none: its turn
                     channel.close()
                     self.budget.give(self._every)
-                elif not channel.all_up():
+                elif not all_up(channel):
                     self._down_pooled = True
-
-    def _reconnect_idle(self) -> None:
-        """Ask each idle channel with a connection down to reconnect it in the background
-        (when its backoff allows): one that :func:`.pick.pick` passes over, or never reaches
-        while the last one returned is up, would otherwise stay down until a burst of calls
-        needs it, long after its node came back."""
-        down = False
-        for channel in list(self._free):
-            if not channel.all_up():
-                channel.reconnect_soon()
-                down = True
-        self._down_pooled = down
 
     def _checkout(self, until: float) -> Channel:
         """No channel free: open one if the budget allows, else wait for one to come back

@@ -16,7 +16,7 @@ from ..state import AliasState
 from ..transport.aio import AsyncChannel, AsyncConnectionFactory
 from .budget import SPARE, SPARE_WAIT, Budget, line_up
 from .loops import LoopPools, finish
-from .pick import apick
+from .pick import all_up, apick, reconnect_down
 
 T = TypeVar("T")
 J = TypeVar("J")
@@ -73,6 +73,8 @@ class LoopChannels:
             pools.retire(channel)
             return
         channel.idle_since = time.monotonic()
+        if not all_up(channel):
+            pools.down_idle = True
         if pools.waiters:
             # handed to the first waiting task: the task that returned it, calling again at
             # once (a tight loop), would otherwise take it back before the woken one runs,
@@ -153,6 +155,9 @@ class LoopChannels:
             async with pinned.mutex:
                 if pinned in pools.channels:  # not closed as idle meanwhile
                     return await driver(job, pinned), pinned
+        if pools.down_idle:  # an idle channel has a connection down: start reconnecting it
+            idle = [c for c in pools.channels if not c.mutex.locked()]
+            pools.down_idle = reconnect_down(idle)
         while True:
             channel = apick(pools.channels)
             if channel is None:

@@ -24,6 +24,8 @@ class LoopPools:
         self.budget = budget
         self.every = tuple(range(nodes))
         self.channels: list[AsyncChannel] = []
+        #: an idle channel may have a connection down (see :func:`.pick.reconnect_down`)
+        self.down_idle = False
         self.blocking: list[AsyncChannel] = []
         #: idle ``BLPOP`` connections, per node
         self.waiting: list[list[Any]] = [[] for _ in range(nodes)]

@@ -1,4 +1,4 @@
-"""Which idle channel a call takes.
+"""Which idle channel a call takes, and reconnecting idle channels with a connection down.
 
 The channel that went back to its pool last is taken first (its connections are the warmest,
 and the others may be closed as idle), unless one of its connections is down: a channel whose
@@ -8,25 +8,32 @@ call, while channels whose connections are all up sit idle beside it. A release 
 at once, or a ``timeout=0`` acquire, would then report a node down that answers on every
 other connection. Such a channel is taken only when no idle channel has all its
 connections up; when a node is really down every channel has it down, and the order is the
-usual one. The channels a piped wait blocks on are taken the same way. A channel passed over
-so is asked to reconnect in the background (when its backoff allows): nothing else would
-reconnect it, and a burst of calls that needs every channel would find it still down long
-after its node came back.
+usual one. The channels a piped wait blocks on are taken the same way.
+
+Passed over, such a channel would stay down until a burst of calls needs every channel, long
+after its node came back: a pool that got one back asks its idle channels to reconnect
+(:func:`reconnect_down`) at its next checkouts, until none is down.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol, TypeVar
 
 
+class _Link(Protocol):
+    @property
+    def connected(self) -> bool: ...
+
+    @property
+    def revives_inline(self) -> bool: ...
+
+    def usable(self) -> bool: ...
+
+
 class _Pooled(Protocol):
-    def all_up(self) -> bool: ...
-
-    def reconnect_soon(self) -> None: ...
-
-
-P = TypeVar("P", bound=_Pooled)
+    @property
+    def links(self) -> Sequence[_Link]: ...
 
 
 class _Locked(Protocol):
@@ -44,15 +51,18 @@ class _LoopPooled(_Pooled, Protocol):
 L = TypeVar("L", bound=_LoopPooled)
 
 
+def all_up(channel: _Pooled) -> bool:
+    """True while every connection of ``channel`` is up."""
+    return all(link.connected for link in channel.links)
+
+
 def pick(free: Sequence[_Pooled]) -> int:
     """The index in ``free`` (idle channels, not empty, last returned last) of the one to
     take; -1 (the last) unless it has a connection down and another has none."""
-    if free[-1].all_up():
+    if all_up(free[-1]):
         return -1
     for i in range(len(free) - 2, -1, -1):
-        if free[i].all_up():
-            for passed_over in free[i + 1 :]:
-                passed_over.reconnect_soon()
+        if all_up(free[i]):
             return i
     return -1
 
@@ -61,12 +71,25 @@ def apick(channels: Sequence[L]) -> L | None:
     """The channel of an event loop's ``channels`` (last opened last) to take: the last one
     nobody holds (nor was handed as it came back) whose connections are all up, else the
     last one nobody holds, else None."""
-    passed_over: list[L] = []
+    spare = None
     for channel in reversed(channels):
         if not channel.mutex.locked() and channel.reserved is None:
-            if channel.all_up():
-                for down in passed_over:
-                    down.reconnect_soon()
+            if all_up(channel):
                 return channel
-            passed_over.append(channel)
-    return passed_over[0] if passed_over else None
+            if spare is None:
+                spare = channel
+    return spare
+
+
+def reconnect_down(idle: Iterable[_Pooled]) -> bool:
+    """Start a background reconnect of each connection down among the ``idle`` channels, when
+    its backoff allows, but not of one the next call on its channel reconnects itself;
+    True if a connection is still down."""
+    down = False
+    for channel in idle:
+        for link in channel.links:
+            if not link.connected:
+                down = True
+                if not link.revives_inline:
+                    link.usable()
+    return down

@@ -173,7 +173,7 @@ class LinkBase:
     def revives_inline(self) -> bool:
         """True when the next call reconnects this connection itself (it was healthy until it
         just broke): a background reconnect started meanwhile would make that call skip it
-        and fail "down" (see ``reconnect_soon`` of the channels)."""
+        and fail "down" (see :func:`..pools.pick.reconnect_down`)."""
         return self._fresh_failure
 
     def _retry_due(self) -> bool:

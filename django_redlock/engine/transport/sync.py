@@ -211,18 +211,6 @@ class Channel:
         """True while a call sent on this channel has no reply read yet."""
         return any(link.pending() for link in self.links)
 
-    def all_up(self) -> bool:
-        """True while every connection of the channel is up (see :mod:`..pools.pick`)."""
-        return all(link.connected for link in self.links)
-
-    def reconnect_soon(self) -> None:
-        """Start a background reconnect of each connection that is down, when its backoff
-        allows (a channel :mod:`..pools.pick` passed over), but not of one the next call on
-        the channel reconnects itself."""
-        for link in self.links:
-            if not link.revives_inline:
-                link.usable()
-
     # -- the single-node lane (see ..lane) -------------------------------------------------
     def lane_link(self) -> Link | None:
         """The only link of a one-node channel when the lane may use it as it is: connected,
