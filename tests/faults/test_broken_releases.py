@@ -168,6 +168,7 @@ def test_an_acquire_whose_reply_was_lost_gives_its_grant_back(
     key = f"{a.config.key_prefix}k"
     for proxy in px:
         proxy.set("drop-replies")
+    swallowed = [proxy.counters.swallowed["down"] for proxy in px]
     failed: list[BaseException] = []
 
     def attempt() -> None:
@@ -179,6 +180,16 @@ def test_an_acquire_whose_reply_was_lost_gives_its_grant_back(
     thread = threading.Thread(target=attempt)
     thread.start()
     until(lambda: _keys(nodes, key) == count, 5.0, "the grants made")
+    # the grants' replies lost, not still on their way through a loaded proxy (healed first,
+    # it delivered them, and the attempt succeeded)
+    until(
+        lambda: all(
+            proxy.counters.swallowed["down"] > before
+            for proxy, before in zip(px, swallowed, strict=True)
+        ),
+        5.0,
+        "the grants' replies swallowed",
+    )
     for proxy in px:
         proxy.set("pass")  # closes every connection that lost a reply
     thread.join(10)
