@@ -16,6 +16,7 @@ from django_redlock.engine import plans, scripts
 from django_redlock.engine.keyspace import TOKEN_LIMIT, wake_node
 from django_redlock.engine.kinds import HANDOFF_MS, PERMIT_HANDOFF_MS
 from django_redlock.engine.kinds import PERMIT as PERMIT_KIND
+from django_redlock.engine.plans import tokens
 from django_redlock.engine.plans.trust import rejoin_plan
 from django_redlock.engine.replies import NOT_AWAITED, NodeFailure
 from django_redlock.engine.scripts import primitives as primitive_scripts
@@ -35,6 +36,8 @@ from tests.support.scripted import (
     NOT_CONNECTED,
     PENDING,
     Clock,
+    Run,
+    Step,
     answer,
     drive,
     fake_nodes,
@@ -238,7 +241,7 @@ def test_acquire_token_is_max_of_winners_and_laggard_is_raised(state: AliasState
     assert lease.token == 12
     raise_call = run.calls(1)[0]
     assert raise_call.keys == ("t:__fence__", "t:job")
-    assert raise_call.args == (12, "r0", lease.owner, "0")
+    assert raise_call.args == (12, 12, "r0", lease.owner)  # first and last token
     assert run.requests[1].timeout == state.node_timeout
 
 
@@ -1507,33 +1510,66 @@ def test_permit_without_a_quorum_on_one_slot_fails_and_releases_every_grant(
     assert all(sorted(run.calls(1)[i].keys[3:]) == sorted(tried) for i in (0, 1))
 
 
-@pytest.mark.parametrize("permits", [3, 0], ids=["permit", "lock"])
-@pytest.mark.parametrize("raise_reply", [0, TIMED_OUT], ids=["refused", "silent"])
-def test_a_permit_whose_token_lost_a_race_on_a_lagging_node_is_marked_raced(
-    state: AliasState, permits: int, raise_reply: Any
-) -> None:
-    """A quorum granted, one winner lagging: its strict write-back finds its counter already
-    past the token (another caller drew it there first). The permit fails "busy" marked
-    raced (nobody holds the name: the policy tries again at once); a lock whose write-back
-    found its key gone is not marked (it was force-released or expired)."""
+def _lagging_winner(state: AliasState, permits: int, *steps: Step, lost: bool = False) -> Run:
+    """A quorum of grants with node 0 behind (10 against 12), then ``steps``; ``lost``: the
+    grants are given back at the end."""
     script = PERMIT if permits else ACQUIRE
     reply = permit if permits else (lambda token, slot: granted(token))
-    releases = fire(RELEASE_PERMIT if permits else RELEASE, to=[0, 1])
-    run = drive(
+    releases = [fire(RELEASE_PERMIT if permits else RELEASE, to=[0, 1])] if lost else []
+    return drive(
         plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, permits=permits),
-        [
-            answer(script, reply(10, 1), reply(12, 1), busy(12, 400)),
-            answer(RAISE, raise_reply, None, None),
-            releases,
-        ],
+        [answer(script, reply(10, 1), reply(12, 1), busy(12, 400)), *steps, *releases],
     )
+
+
+@pytest.mark.parametrize("permits", [3, 0], ids=["permit", "lock"])
+@pytest.mark.parametrize("raise_reply", [0, TIMED_OUT], ids=["lost", "silent"])
+def test_a_write_back_that_lost_its_key_or_went_unanswered_is_no_race(
+    state: AliasState, permits: int, raise_reply: Any
+) -> None:
+    """A quorum granted, one winner lagging; its write-back finds the key gone (force-released
+    or expired) or is not answered: the attempt fails "busy", not marked raced (retried at
+    once, a silent node would make a timeout=0 call wait for it up to ten times)."""
+    run = _lagging_winner(state, permits, answer(RAISE, raise_reply, None, None), lost=True)
     assert isinstance(run.result, AcquireFailure)
-    # a node that did not answer is no race: retried at once, it would make a timeout=0 call
-    # wait for it up to ten times
-    raced = bool(permits) and raise_reply == 0
-    assert (run.result.reason, run.result.votes, run.result.raced) == ("busy", 2, raced)
-    if permits:
-        assert run.calls(1)[0].args[-1] == "1"  # the strict write-back
+    assert (run.result.reason, run.result.votes, run.result.raced) == ("busy", 2, False)
+
+
+@pytest.mark.parametrize("permits", [3, 0], ids=["permit", "lock"])
+def test_a_lease_whose_token_a_racer_passed_draws_a_fresh_one(
+    state: AliasState, permits: int
+) -> None:
+    """The lagging winner's counter already passed the token (another caller drew it there
+    first: it answers its counter, 13). The attempt draws a fresh token above it, with a
+    margin of 4 x the overrun (13 - 12 + 1): 14 + 8, and raises every winner to it,
+    strictly; both confirm, so it holds that token."""
+    run = _lagging_winner(
+        state, permits, answer(RAISE, [13], None, None), answer(RAISE, 1, 1, None)
+    )
+    assert isinstance(run.result, LeaseRecord)
+    assert run.result.token == 22
+    assert [c.args[:2] for c in run.calls(2) if c] == [(22, 22), (22, 22)]
+
+
+@pytest.mark.parametrize("permits", [3, 0], ids=["permit", "lock"])
+def test_a_lease_whose_tokens_racers_keep_passing_is_marked_raced(
+    state: AliasState, permits: int
+) -> None:
+    """Racers pass the fresh tokens too, round after round: after RAISE_ROUNDS the attempt
+    fails "busy" marked raced (nobody else holds the name: the policy tries again at once)
+    and gives its grants back."""
+    run = _lagging_winner(
+        state,
+        permits,
+        answer(RAISE, [13], None, None),
+        answer(RAISE, [23], [23], None),  # passed 22 by 2: 24 + 8 x 2 next
+        answer(RAISE, [41], 1, None),
+        lost=True,
+    )
+    assert len(run.requests) - 2 == tokens.RAISE_ROUNDS
+    assert isinstance(run.result, AcquireFailure)
+    assert (run.result.reason, run.result.votes, run.result.raced) == ("busy", 2, True)
+    assert [c.args[0] for c in run.calls(3) if c] == [40, 40]  # the margin doubled
 
 
 @pytest.mark.parametrize("third", ["timed out", "untrusted"])
@@ -1592,21 +1628,6 @@ def test_a_permit_releaser_queues_only_when_a_quorum_has_no_slot_for_it(
     assert run.calls(0)[0].args[2] == PERMIT_HANDOFF_MS
 
 
-def test_permit_write_back_is_strict(state: AliasState) -> None:
-    """A lagging node is raised strictly: a node already at the token (another permit got it
-    through that node) does not confirm, so two permits never share a token."""
-    run = drive(
-        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, permits=2),
-        [
-            answer(PERMIT, permit(10, 1), permit(12, 1), busy(12, 400)),
-            answer(RAISE, 0, None, None),
-            fire(RELEASE_PERMIT, to=[0, 1]),
-        ],
-    )
-    assert run.calls(1)[0].args[-1] == "1"
-    assert run.result.reason == "busy"
-
-
 def test_other_kind_is_its_own_failure(state: AliasState) -> None:
     run = drive(
         plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
@@ -1637,7 +1658,7 @@ def test_many_tokens_follow_the_highest_first_token_and_laggards_raise_every_key
     assert len({r.owner for r in run.result}) == 1
     call = run.calls(1)[0]
     assert call.keys == ("t:__fence__", "t:a", "t:b", "t:c")
-    assert call.args[0] == 22
+    assert call.args[:2] == (20, 22)  # strictly: none of the set's tokens handed out there
 
 
 def test_many_failure_names_the_busy_name_and_gives_back_every_grant(

@@ -6,60 +6,16 @@ nodes' answers is made up."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
-from typing import Any
+from collections.abc import Callable
 
 import pytest
-import redis
 
 from django_redlock.engine.plans import acquire_limits_plan
-from django_redlock.engine.replies import NodeFailure, Request
 from django_redlock.engine.state import AliasState, LeaseRecord
 from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes
+from tests.support.ordered_plans import OrderedCaller
 from tests.support.scripted import FakeNode
-
-
-class _Caller:
-    """One caller's plan, its calls run on the nodes when told to."""
-
-    def __init__(self, plan: Generator[Request, Any, Any], clients: list[redis.Redis]) -> None:
-        self._plan, self._clients = plan, clients
-        self._replies: dict[int, Any] = {}
-        self.request: Request | None = next(plan)
-        self.result: Any = None
-
-    def run_on(self, i: int) -> None:
-        """Node ``i`` runs this caller's call of the current request."""
-        assert self.request is not None
-        call = self.request.calls[i]
-        if call is None:
-            self._replies[i] = NodeFailure("no call", sent=False)
-            return
-        try:
-            self._replies[i] = self._clients[i].execute_command(
-                "EVAL", call.script.source, len(call.keys), *call.keys, *call.args
-            )
-        except redis.RedisError as exc:
-            self._replies[i] = NodeFailure(str(exc))
-
-    def answer(self) -> None:
-        """The nodes not told yet run the call now; the plan gets the replies."""
-        request = self.request
-        assert request is not None
-        for i in range(len(self._clients)):
-            if i not in self._replies:
-                self.run_on(i)
-        replies = [self._replies[i] if request.wait else None for i in range(len(self._clients))]
-        self._replies = {}
-        try:
-            self.request = self._plan.send(replies)
-        except StopIteration as done:
-            self.request, self.result = None, done.value
-
-    def finish(self) -> None:
-        while self.request is not None:
-            self.answer()
 
 
 @pytest.mark.parametrize(
@@ -95,9 +51,9 @@ def test_two_sets_racing_through_a_lagging_node_never_share_a_token(
                        drift_factor=0.01, ttl=5.0)  # fmt: skip
     state.longest_ttl_ms = 5000
 
-    def caller(limits: dict[str, int]) -> _Caller:
+    def caller(limits: dict[str, int]) -> OrderedCaller:
         plan = acquire_limits_plan(state, views, list(limits), list(limits.values()), 5.0)
-        return _Caller(plan, clients)
+        return OrderedCaller(plan, clients)
 
     a, b = caller(first), caller(second)
     a.run_on(0), b.run_on(2), a.run_on(2), b.run_on(0), a.run_on(1), b.run_on(1)

@@ -26,7 +26,8 @@ from .lease import (
 )
 from .limits import acquire_limits_plan, release_permits_plan, release_set_plan
 from .many import acquire_many_plan
-from .rounds import CLOCK, attempt_round, bracketed, quorum_first, waited_reply, write_back
+from .rounds import CLOCK, attempt_round, bracketed, quorum_first, waited_reply
+from .tokens import own_tokens
 from .waiters import register_plan, withdraw_plan
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "failure_of",
     "force_release_plan",
     "note_unsure",
+    "own_tokens",
     "quorum_first",
     "register_plan",
     "release_again_plan",
@@ -51,5 +53,4 @@ __all__ = [
     "release_set_plan",
     "waited_reply",
     "withdraw_plan",
-    "write_back",
 ]

@@ -19,7 +19,8 @@ from ..state import (
     NodeView,
     Plan,
 )
-from .rounds import Sent, attempt_round, quorum_first, write_back
+from .rounds import Sent, attempt_round, quorum_first
+from .tokens import own_tokens
 from .waiters import withdraw_plan, withdrawing
 
 #: Why a node's vote did not count while it is in the restart quarantine (docs/algorithm.md).
@@ -165,18 +166,18 @@ def acquire_plan(
         raced = False
         if len(won) >= needed:
             key = tried[chosen - 1] if permits else tried[0]
-            token = max(int(replies[i][1]) for i in won)
-            behind = [i for i in won if int(replies[i][1]) < token]
-            confirmed = len(won) - len(behind)
-            if behind and token < TOKEN_LIMIT:
-                # a read lease's node holds no value of its own to check: raise the counter only
-                held = key if spec.own_value else ()
-                wrote = yield from write_back(
-                    state, nodes, behind, token, held, owner, needed - confirmed, bool(permits)
-                )
-                confirmed += wrote.held
-                # refused, not silent: a node that does not answer is no race to retry at once
-                raced = wrote.refused and confirmed < needed
+            # a read lease's node holds no value of its own to check: raise the counter only
+            held = (key,) if spec.own_value else ()
+            owned = yield from own_tokens(
+                state,
+                nodes,
+                {i: int(replies[i][1]) for i in won},
+                1,
+                lambda _i: held,
+                lambda ok: len(ok) >= needed,
+                owner,
+            )
+            token, confirmed, raced = owned.first, len(owned.confirmed), owned.raced
             validity_deadline = started + ttl - state.drift(ttl)
             if confirmed >= needed and token < TOKEN_LIMIT and time.monotonic() < validity_deadline:
                 # nodes that may hold the key (not those that granted another slot)
@@ -205,8 +206,8 @@ def acquire_plan(
                 )
 
         failure = failure_of(nodes, replies, statuses, len(won))
-        # a permit that a quorum granted lost its token to a lagging node's counter: not busy
-        failure.raced = bool(permits) and raced and failure.reason == "busy"
+        # a quorum granted it, but racers kept passing its token on a winner: not busy
+        failure.raced = raced and failure.reason == "busy"
         # a caller that will wait registers where it gives a grant back; one that will not
         # (no wait ends a conflict of kinds) withdraws where a "busy" registered it
         waits = mark_ms if not failure.final else 0

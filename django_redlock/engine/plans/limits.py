@@ -32,6 +32,7 @@ from ..state import (
 from .acquire import failure_of
 from .lease import counted_release, note_unsure, release_many_plan
 from .rounds import attempt_round
+from .tokens import own_tokens
 from .waiters import withdraw_plan, withdrawing
 
 _NAMING = (scripts.BUSY, scripts.OTHER_KIND)
@@ -116,19 +117,18 @@ def acquire_limits_plan(
         ]
         if all(len(v) >= needed for v in voters):
             union = sorted({i for v in voters for i in v})
-            first = max(int(replies[i][1]) for i in union)
-            last = first + count - 1
-            behind = [i for i in union if int(replies[i][1]) < first]
-            confirmed = set(union) - set(behind)
-            if behind and last < TOKEN_LIMIT:
-                held, refused = yield from _write_back(
-                    state, nodes, behind, (first, last), owner, voters, slots_of, chosen, confirmed
-                )
-                confirmed |= held
-                # refused, not silent: the set's tokens went to a lagging node's counter
-                raced = refused and not all(
-                    len(confirmed.intersection(v)) >= needed for v in voters
-                )
+            # "still held" only where every chosen slot the node granted still is
+            owned = yield from own_tokens(
+                state,
+                nodes,
+                {i: int(replies[i][1]) for i in union},
+                count,
+                lambda i: tuple(slots_of[j][chosen[j] - 1] for j, v in enumerate(voters) if i in v),
+                lambda ok: all(len(set(ok).intersection(v)) >= needed for v in voters),
+                owner,
+            )
+            first, raced = owned.first, owned.raced
+            last, confirmed = first + count - 1, owned.confirmed
             validity_deadline = started + ttl - state.drift(ttl)
             if (
                 all(len(confirmed.intersection(v)) >= needed for v in voters)
@@ -226,44 +226,6 @@ def _record(
         for i, r in enumerate(replies)
     )
     return _Permit(name, slots[chosen - 1], state.keys.lock(name), slots, reached, tuple(voters))
-
-
-def _write_back(
-    state: AliasState,
-    nodes: Sequence[NodeView],
-    behind: Sequence[int],
-    tokens: tuple[int, int],
-    owner: str,
-    voters: Sequence[list[int]],
-    slots_of: Sequence[tuple[str, ...]],
-    chosen: Sequence[int],
-    confirmed: set[int],
-) -> Plan[tuple[set[int], bool]]:
-    """Raise the counter of the winners that are ``behind`` to the last of the set's
-    ``tokens`` (first, last), strictly: a node that handed any of them out since does not
-    confirm (checking only the last let two sets, or a set and a permit, share a token);
-    returns those that still hold every chosen slot they granted, and whether one refused
-    (``NOT_HELD``) as opposed to not answering."""
-    first, token = tokens
-    needed = quorum(len(nodes))
-    calls: list[Call | None] = [None] * len(nodes)
-    for i in behind:
-        run_id = nodes[i].run_id
-        if run_id is None:
-            continue
-        held = tuple(slots_of[j][chosen[j] - 1] for j, v in enumerate(voters) if i in v)
-        args = (token, run_id, owner, "1", first)
-        calls[i] = Call(scripts.RAISE, (state.keys.fence, *held), args)
-
-    def settled(slots: list[Slot]) -> bool:
-        ok = confirmed | {
-            i for i, s in enumerate(slots) if s.done and s.value == scripts.STILL_HELD
-        }
-        return all(len(ok.intersection(v)) >= needed for v in voters)
-
-    replies = yield Request(calls, state.node_timeout, settled)
-    still = {i for i in behind if replies[i] == scripts.STILL_HELD}
-    return still, any(replies[i] == scripts.NOT_HELD for i in behind)
 
 
 def _give_back(

@@ -19,7 +19,8 @@ from ..replies import Call, NodeFailure, Request, Slot, granted_per_node
 from ..scripts import primitives as more
 from ..state import WAIT_MARK_MS, AcquireFailure, AliasState, LeaseRecord, NodeView, Plan
 from .acquire import failure_of
-from .rounds import attempt_round, write_back
+from .rounds import attempt_round
+from .tokens import own_tokens
 from .waiters import withdraw_plan, withdrawing
 
 
@@ -80,17 +81,20 @@ def acquire_many_plan(
     )
     try:
         won = [i for i, st in enumerate(statuses) if st == scripts.GRANTED]
+        raced = False
         if len(won) >= needed:
-            first = max(int(replies[i][1]) for i in won)
-            last = first + len(names) - 1
-            behind = [i for i in won if int(replies[i][1]) < first]
-            confirmed = len(won) - len(behind)
-            if behind and last < TOKEN_LIMIT:
-                # raise to the set's last token; "still held" only where every name still is
-                wrote = yield from write_back(
-                    state, nodes, behind, last, locks, owner, needed - confirmed
-                )
-                confirmed += wrote.held
+            # "still held" only where every name of the set still is
+            owned = yield from own_tokens(
+                state,
+                nodes,
+                {i: int(replies[i][1]) for i in won},
+                len(names),
+                lambda _i: locks,
+                lambda ok: len(ok) >= needed,
+                owner,
+            )
+            first, raced = owned.first, owned.raced
+            last, confirmed = first + len(names) - 1, len(owned.confirmed)
             validity_deadline = started + ttl - state.drift(ttl)
             if confirmed >= needed and last < TOKEN_LIMIT and time.monotonic() < validity_deadline:
                 reached = tuple(g is not False for g in granted_per_node(replies, _granted))
@@ -109,6 +113,7 @@ def acquire_many_plan(
                 ]
         yield from _release_all(state, nodes, calls, replies, owner, names)
         failure = failure_of(nodes, replies, statuses, len(won))
+        failure.raced = raced and failure.reason == "busy"  # racers kept passing its tokens
         if mark_ms and failure.final:  # it will not wait: withdraw where "busy" registered it
             busy_nodes = [i for i, st in enumerate(statuses) if st == scripts.BUSY]
             yield from withdraw_plan(state, nodes, names, waiter, busy_nodes)

@@ -1,6 +1,6 @@
 """The round every acquiring plan shares: send an attempt to the nodes (a quorum first, the rest
-as a hedge), rejoin restarted nodes once, read the node clocks around a carried wait; and the
-write-back that raises the fence counter of winners that are behind."""
+as a hedge), rejoin restarted nodes once, read the node clocks around a carried wait (the
+write-back of tokens to winners that are behind: :mod:`.tokens`)."""
 
 from __future__ import annotations
 
@@ -220,45 +220,3 @@ def quorum_first(state: AliasState, nodes: Sequence[NodeView], name: str) -> lis
             if len(chosen) == needed:
                 return chosen
     return None
-
-
-class WrittenBack(NamedTuple):
-    """What :func:`write_back` got: how many lagging winners still hold the lock, and whether
-    one refused (``NOT_HELD``: it lost the lock, or, strict, handed the token out since),
-    as opposed to not answering."""
-
-    held: int
-    refused: bool
-
-
-def write_back(
-    state: AliasState,
-    nodes: Sequence[NodeView],
-    behind: Sequence[int],
-    token: int,
-    key: str | tuple[str, ...],
-    owner: str,
-    still_needed: int,
-    strict: bool = False,
-) -> Plan[WrittenBack]:
-    """Raise the counter of the winners that are ``behind`` to ``token``; returns how many
-    of them still hold the lock (a node that lost it since the acquire does not count: someone
-    else may have taken it there and read the old counter), and whether one refused. Settles
-    once ``still_needed`` of them confirmed. ``key``: the lock's key, or every key of a
-    ``lock_many`` set."""
-    calls: list[Call | None] = [None] * len(nodes)
-    for i in behind:
-        run_id = nodes[i].run_id
-        if run_id is not None:
-            args = (token, run_id, owner, "1" if strict else "0")
-            held = (key,) if isinstance(key, str) else key
-            calls[i] = Call(scripts.RAISE, (state.keys.fence, *held), args)
-
-    def settled(slots: list[Slot]) -> bool:
-        return sum(1 for s in slots if s.done and s.value == scripts.STILL_HELD) >= still_needed
-
-    replies = yield Request(calls, state.node_timeout, settled)
-    return WrittenBack(
-        sum(1 for i in behind if replies[i] == scripts.STILL_HELD),
-        any(replies[i] == scripts.NOT_HELD for i in behind),
-    )

@@ -46,6 +46,7 @@ from .lock import (
     RENEWED,
     STILL_HELD,
     UNTRUSTED,
+    passed_counter,
 )
 from .script import Script
 from .waits import REGISTER, WAITING, WITHDRAW
@@ -97,4 +98,5 @@ __all__ = [
     "WAITING",
     "WITHDRAW",
     "Script",
+    "passed_counter",
 ]

@@ -73,41 +73,46 @@ return 0
 #: EXTEND replies: RENEWED, NOT_HELD (above) or UNTRUSTED (above).
 RENEWED = 1
 
-# KEYS: fence, lock (several for ``lock_many`` and ``limits``: all must be held). ARGV: token,
-# run_id, owner, "1" for permits (strict), and for a set of permits the first of its tokens
-# (ARGV[1] is the last).
-# Token write-back: raise the counter to ARGV[1] if it is lower ("set if greater"). Returns 1
-# when the caller still holds the lock here, 0 when it does not (force-released or expired
-# since its acquire: someone else may have taken this node and read the old counter, so it
-# must not count towards the quorum that hands out this token), -1 when the node is not trusted.
-# Strict (permits, which may be held side by side): the counter must still be below the
-# token, the first of a set's tokens for a set, else 0: another caller may have been handed
-# one of those tokens through this node, and any two quorums share a node, so of two callers
-# given one token at most one confirms it.
+# KEYS: fence, then every key the caller must still hold here (its lock; every lock of a
+# ``lock_many`` set; the slots of a ``limits()`` set this node granted; none for a read
+# lease). ARGV: first, last (the caller's tokens: one, or a set's consecutive ones), run_id,
+# owner.
+# Token write-back: move the counter onto the caller's tokens (to ``last``) while it is still
+# below ``first``. Returns 1 when it did and the caller still holds every key; 0 when the
+# caller lost one (force-released or expired since its acquire: someone else may have taken
+# this node and read the old counter); -1 when the node is not trusted; {counter} when the
+# counter had reached ``first`` already: another caller may have been handed one of these
+# tokens through this node. A node's counter moves onto a value once, and any two quorums
+# share a node, so of two callers given one token at most one confirms it on a quorum.
 RAISE = Script(
     "raise",
     """
-if redis.call('HGET', KEYS[1], 'run_id') ~= ARGV[2] then
+if redis.call('HGET', KEYS[1], 'run_id') ~= ARGV[3] then
   return -1
-end
-local counter = tonumber(redis.call('HGET', KEYS[1], 'token')) or 0
-if ARGV[4] == '1' and counter >= tonumber(ARGV[5] or ARGV[1]) then
-  return 0  -- strict: another caller reached one of these tokens here first
-end
-if counter < tonumber(ARGV[1]) then
-  redis.call('HSET', KEYS[1], 'token', ARGV[1])
 end
 for i = 2, #KEYS do
   local value = redis.call('GET', KEYS[i])
-  if not (value and string.sub(value, 1, #ARGV[3] + 1) == ARGV[3] .. '|') then
+  if not (value and string.sub(value, 1, #ARGV[4] + 1) == ARGV[4] .. '|') then
     return 0
   end
 end
+local counter = tonumber(redis.call('HGET', KEYS[1], 'token')) or 0
+if counter >= tonumber(ARGV[1]) then
+  return {counter}  -- passed: another caller got here first
+end
+redis.call('HSET', KEYS[1], 'token', ARGV[2])
 return 1
 """,
 )
-#: RAISE replies: STILL_HELD, NOT_HELD (above) or UNTRUSTED (above).
+#: RAISE replies: STILL_HELD, NOT_HELD (above), UNTRUSTED (above) or a passed counter
+#: (:func:`passed_counter`).
 STILL_HELD = 1
+
+
+def passed_counter(reply: object) -> int | None:
+    """The counter a RAISE found at or past the caller's first token, else None."""
+    return int(reply[0]) if isinstance(reply, list) and reply else None
+
 
 # KEYS: fence. ARGV: run_id, floor.
 # Make a restarted or new node trusted again: counter = max(counter, floor), run_id = ARGV[1];
