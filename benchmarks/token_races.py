@@ -1,10 +1,11 @@
 """What unique tokens cost leases of different names that race on the nodes: a table.
 
-``--procs`` processes lock names of their own (``timeout=0``: a refused attempt shows) on 3
-and 5 nodes, for ``--seconds`` each round, in two shapes: "steady" (each process locks and
-releases back to back) and "burst" (every process attempts at the same wall-clock tick, every
-5 ms, so that their attempts reach the nodes in different orders). Kinds: plain locks, or a
-mix (locks, permits of a 4-permit semaphore, read leases, ``lock_many`` of two names).
+``--procs`` processes (default 4: two per core here) lock names of their own
+(``timeout=0``: a refused attempt shows) on 3 and 5 nodes, for ``--seconds`` each round, in
+two shapes: "steady" (each process locks and releases back to back) and "burst" (every
+process attempts at the same wall-clock tick, every 5 ms, so that their attempts reach the
+nodes in different orders). Kinds: plain locks, or a mix (locks, permits of a 4-permit
+semaphore, read leases, ``lock_many`` of two names).
 
 Columns: leases granted per second (all processes); attempts refused (``timeout=0``; nobody
 else held those names, so each is a loss of availability); tokens handed to two leases at once
@@ -15,7 +16,7 @@ this tree, and the tree of ``--ref`` (extracted with ``git archive``), in the sa
 rounds interleave them and the table shows the median of the rates and the sum of the
 counts.
 
-    .venv/bin/python benchmarks/token_races.py [--ref HEAD~1] [--procs 8] [--seconds 5]
+    .venv/bin/python benchmarks/token_races.py [--ref HEAD~1] [--procs 4] [--seconds 5]
 
 Starts its own redis-server processes on free loopback ports and stops them at the end.
 """
@@ -126,7 +127,7 @@ def run(tree: Path, urls: list[str], procs: int, shape: str, kinds: str, seconds
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--ref", default="HEAD")
-    parser.add_argument("--procs", type=int, default=8)
+    parser.add_argument("--procs", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()

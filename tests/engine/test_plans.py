@@ -245,6 +245,18 @@ def test_acquire_token_is_max_of_winners_and_laggard_is_raised(state: AliasState
     assert run.requests[1].timeout == state.node_timeout
 
 
+def test_acquire_token_is_the_highest_a_quorum_gave(state: AliasState) -> None:
+    """Grants interleaved with another caller's: the highest token a quorum of winners gave
+    (11 on nodes 2-4) is the caller's own, with nothing to write back. The higher one of
+    nodes 0 and 1 came after another caller's grant there, which may hold it."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(5), NAME, 5.0),
+        [answer(ACQUIRE, granted(12), granted(12), granted(11), granted(11), granted(11))],
+    )
+    assert run.result.token == 11
+    assert run.result.voters == (0, 1, 2, 3, 4)  # every winner holds the key: released there
+
+
 def test_acquire_raise_not_needed_for_quorum_is_still_sent(state: AliasState) -> None:
     """A laggard is RAISEd even with the quorum complete; that request settles at once."""
     run = drive(
@@ -897,10 +909,9 @@ def test_acquire_does_not_retry_while_only_one_node_of_three_is_trusted(
                 probe("r2", floor, 0, joined=floor),
             ),
             answer(ACQUIRE, granted(floor + 2), granted(floor + 1), granted(floor + 1)),
-            answer(RAISE, None, 1, 1),
         ],
     )
-    assert run.result.token == floor + 2
+    assert run.result.token == floor + 1  # what a quorum handed out: nothing to write back
 
 
 def test_acquire_stops_looking_when_the_race_outlasts_its_wait(
@@ -1541,14 +1552,14 @@ def test_a_lease_whose_token_a_racer_passed_draws_a_fresh_one(
 ) -> None:
     """The lagging winner's counter already passed the token (another caller drew it there
     first: it answers its counter, 13). The attempt draws a fresh token above it, with a
-    margin of 4 x the overrun (13 - 12 + 1): 14 + 8, and raises every winner to it,
-    strictly; both confirm, so it holds that token."""
+    margin of what the racer passed it by (13 - 12 + 1): 14 + 2, and raises every winner to
+    it, strictly; both confirm, so it holds that token."""
     run = _lagging_winner(
         state, permits, answer(RAISE, [13], None, None), answer(RAISE, 1, 1, None)
     )
     assert isinstance(run.result, LeaseRecord)
-    assert run.result.token == 22
-    assert [c.args[:2] for c in run.calls(2) if c] == [(22, 22), (22, 22)]
+    assert run.result.token == 16
+    assert [c.args[:2] for c in run.calls(2) if c] == [(16, 16), (16, 16)]
 
 
 @pytest.mark.parametrize("permits", [3, 0], ids=["permit", "lock"])
@@ -1562,14 +1573,14 @@ def test_a_lease_whose_tokens_racers_keep_passing_is_marked_raced(
         state,
         permits,
         answer(RAISE, [13], None, None),
-        answer(RAISE, [23], [23], None),  # passed 22 by 2: 24 + 8 x 2 next
-        answer(RAISE, [41], 1, None),
+        answer(RAISE, [17], [17], None),  # passed 16 by 2: 18 + 2 x 2 next
+        answer(RAISE, [23], 1, None),
         lost=True,
     )
     assert len(run.requests) - 2 == tokens.RAISE_ROUNDS
     assert isinstance(run.result, AcquireFailure)
     assert (run.result.reason, run.result.votes, run.result.raced) == ("busy", 2, True)
-    assert [c.args[0] for c in run.calls(3) if c] == [40, 40]  # the margin doubled
+    assert [c.args[0] for c in run.calls(3) if c] == [22, 22]  # the margin doubled
 
 
 @pytest.mark.parametrize("third", ["timed out", "untrusted"])

@@ -1,5 +1,6 @@
 """Two leases of different names, of any kinds, racing on the same nodes never share a token,
-and both are granted: the one whose token a racer passed draws a fresh one. The plans run
+and both are granted: each owns the token its grants gave on a quorum, or the one whose token
+a racer passed draws a fresh one. The plans run
 against real redis-server nodes, each node running the two callers' calls in an order chosen
 here (what callers on separate connections produce). Nothing of the nodes' answers is made
 up."""
@@ -52,27 +53,41 @@ PAIRS = [
 ]
 
 
+#: Per case: each node's counter (offset from a common one) and the order in which the nodes
+#: run the two callers' attempts.
+ORDERS = {
+    # nodes 0 and 1 at one counter, node 2 far behind; node 0 runs A then B, node 1 B then A:
+    # each wins all three nodes, the highest token given by different nodes. A's write-back
+    # moves node 2 onto it; B's then finds nodes 1 and 2 past it, and draws a fresh token.
+    "lagging": ((0, 0, -500), [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 2), ("b", 2)]),
+    # every node at one counter, the grants interleaved (A then B on nodes 0 and 2, B then A
+    # on node 1): A owns its lower token on nodes 0 and 2, B its higher one on the same.
+    "interleaved": ((0, 0, 0), [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 2), ("b", 2)]),
+}
+
+
+@pytest.mark.parametrize("order", list(ORDERS))
 @pytest.mark.parametrize(("kind_a", "kind_b"), PAIRS, ids=[f"{a}-{b}" for a, b in PAIRS])
 def test_leases_of_other_names_racing_on_the_nodes_never_share_a_token(
     redis_node_factory: Callable[..., RedisNodes],
     redlock_alias: Callable[..., LockManager],
     kind_a: str,
     kind_b: str,
+    order: str,
 ) -> None:
-    """Nodes 0 and 1 at one counter, node 2 far behind. Node 0 runs A's attempt, then B's;
-    node 1 runs B's, then A's: each wins all three nodes, with the same highest token from
-    different nodes. A's write-back moves node 2 onto that token; B's then finds node 2 and
-    node 0 past it. B used to confirm it anyway where it was not a permit (a lock's
-    write-back was not strict), so A and B held one token. Now B draws the next token and
-    raises its winners to it."""
+    """Both win, with tokens of their own (see ORDERS). Where A's grants and B's interleave,
+    A used to take the highest token, which B's grants gave, and confirm it with a write-back
+    that only raised counters that were below it; where a node lagged, B's write-back did the
+    same where it was not a permit. Either way A and B held one token."""
     nodes = redis_node_factory(3)
     manager = redlock_alias(nodes, TTL=TTL)
     manager.acquire("init", timeout=0).release()  # the nodes' fence state
     clients = [node.client() for node in nodes]
     fence = manager.engine.state.keys.fence
     counter = int(clients[0].hget(fence, "token")) + 1000
-    for client, value in zip(clients, (counter, counter, counter - 500), strict=True):
-        client.hset(fence, "token", value)
+    offsets, runs = ORDERS[order]
+    for client, offset in zip(clients, offsets, strict=True):
+        client.hset(fence, "token", counter + offset)
     views: list[NodeView] = [
         FakeNode(f"n{i}", client.info("server")["run_id"]) for i, client in enumerate(clients)
     ]
@@ -80,15 +95,18 @@ def test_leases_of_other_names_racing_on_the_nodes_never_share_a_token(
                        drift_factor=0.01, ttl=TTL)  # fmt: skip
     state.longest_ttl_ms = int(TTL * 1000)
 
-    a = OrderedCaller(_plan(kind_a, "a", state, views), clients)
-    b = OrderedCaller(_plan(kind_b, "b", state, views), clients)
-    a.run_on(0), b.run_on(0), b.run_on(1), a.run_on(1), a.run_on(2), b.run_on(2)
-    a.answer()
-    b.answer()
-    a.finish()  # A's write-back runs first on every node
-    b.finish()
-    tokens_a, tokens_b = _tokens(a.result), _tokens(b.result)
+    callers = {
+        "a": OrderedCaller(_plan(kind_a, "a", state, views), clients),
+        "b": OrderedCaller(_plan(kind_b, "b", state, views), clients),
+    }
+    for who, node in runs:
+        callers[who].run_on(node)
+    callers["a"].answer()
+    callers["b"].answer()
+    callers["a"].finish()  # A's write-back, if any, runs first on every node
+    callers["b"].finish()
+    tokens_a, tokens_b = _tokens(callers["a"].result), _tokens(callers["b"].result)
     assert not tokens_a & tokens_b, f"shared tokens: {tokens_a & tokens_b}"
-    assert min(tokens_b) > max(tokens_a)  # B's fresh tokens are above every counter it saw
+    assert min(tokens_b) > max(tokens_a)
     counters = [int(client.hget(fence, "token")) for client in clients]
-    assert counters == [max(tokens_b)] * 3  # B moved its winners onto its last token
+    assert max(counters) == max(tokens_b)  # no token drawn beyond B's

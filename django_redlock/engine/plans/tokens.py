@@ -1,12 +1,18 @@
 """Making a won attempt's fencing tokens its own: the write-back to winners that are behind.
 
 Each granting node hands out the next tokens of its own counter, so the winners may disagree.
-The attempt takes the highest first token among them (a set's tokens follow it). A winner that
-gave a lower one is raised to the attempt's last token, strictly: only while its counter is
-still below the first (``RAISE``). A token is the caller's once, on enough winners, the caller
-itself moved the counter onto it (by its grant or by a raise). A node's counter moves onto a
-value once and any two quorums share a node, so no two leases of the alias, whatever their
-names and kinds, confirm one token.
+A token is the caller's once, on a quorum of winners, the caller itself moved the counter onto
+it (by its grant or by a raise). A node's counter moves onto a value once and any two quorums
+share a node, so no two leases of the alias, whatever their names and kinds, own one token.
+And it exceeds every earlier token of the name: that one was on a quorum's counters before
+its lease ended, and one of those nodes granted this caller after, from above it.
+
+So the attempt takes the highest first token (a set's tokens follow it) that a quorum of its
+winners handed out: its grants own it, with nothing to write back. Two callers whose grants
+interleave on the nodes (A then B on one node, B then A on another) each own a token that
+way. Failing that, it takes the highest of all, and raises the winners that gave less
+strictly: only while their counter is still below the first token (``RAISE``). Winners below
+the token are raised in both cases, so that they catch up.
 
 A winner whose counter a racer already moved past the first token answers that counter. The
 attempt then draws fresh tokens above every counter it saw, with a margin for the counters
@@ -32,9 +38,10 @@ RAISE_ROUNDS = 3
 
 
 #: The most tokens a fresh draw skips as its margin. Counters must keep growing far slower
-#: than 1,024 per millisecond (the clock floor of docs/algorithm.md); a node far ahead, such
-#: as one that rejoined with a high floor, is no measure of how fast counters move.
-MAX_MARGIN = 256
+#: than 1,024 per millisecond (the clock floor of docs/algorithm.md), and margins feed on each
+#: other (a racer's skip is the next one's overrun); a node far ahead, such as one that
+#: rejoined with a high floor, is no measure of how fast counters move.
+MAX_MARGIN = 16
 
 
 class OwnedTokens(NamedTuple):
@@ -61,7 +68,7 @@ def own_tokens(
     the caller must still hold on winner ``i``; ``enough(confirmed)``: whether those winners
     make the tokens the caller's (a quorum; per semaphore for a set). Winners behind are raised
     even when the others are enough already, so that they catch up."""
-    first = max(given.values())
+    first = _owned_by_enough(given, enough)
     confirmed = {i for i, token in given.items() if token == first}
     behind = [i for i, token in given.items() if token < first]
     raced = False
@@ -82,14 +89,23 @@ def own_tokens(
         if not raced:
             break
         # fresh tokens above every counter seen, on every winner that may still hold, with a
-        # margin for the counters that keep moving meanwhile: four times what racers passed
-        # the first token by during one round, doubling with each round
+        # margin for the counters that keep moving meanwhile: what racers passed the first
+        # token by during one round, doubling with each round
         passed = wrote.passed or 0
-        margin = min((passed - first + 1) * 2 ** (round_ + 2), MAX_MARGIN)
+        margin = min((passed - first + 1) * 2**round_, MAX_MARGIN)
         first = max(passed, first + count - 1) + 1 + margin
         behind = [i for i in given if i not in wrote.lost]
         confirmed = set()
     return OwnedTokens(first, frozenset(confirmed), raced)
+
+
+def _owned_by_enough(given: Mapping[int, int], enough: Callable[[Collection[int]], bool]) -> int:
+    """The highest first token that enough winners handed out (the caller moved their
+    counters onto it by its grants: it needs no write-back), else the highest of all."""
+    for token in sorted(set(given.values()), reverse=True):
+        if enough([i for i, given_token in given.items() if given_token == token]):
+            return token
+    return max(given.values())
 
 
 class _Raised(NamedTuple):
