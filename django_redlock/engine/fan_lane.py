@@ -40,7 +40,7 @@ from .replies import NOT_INVOLVED, NodeFailure, Slot
 from .state import DRIFT_ALLOWANCE, AliasState, LeaseRecord
 from .transport.sync import Channel
 
-_GRANTED, _BUSY = scripts.GRANTED, scripts.BUSY
+_GRANTED, _BUSY, _UNTRUSTED = scripts.GRANTED, scripts.BUSY, scripts.UNTRUSTED
 _NOT_INVOLVED = NodeFailure(NOT_INVOLVED, sent=False)
 
 
@@ -57,9 +57,10 @@ def quorum_record(
 ) -> LeaseRecord | None:
     """The lease an attempt on several nodes won, exactly as :func:`~.plans.acquire_plan`
     builds it, when the replies are a plain quorum of grants: every winner at the same token
-    (and a permit's at the same slot), below the token limit, within the validity, and (for
-    a caller that would wait) no node that answered "busy" (and registered it as a waiter,
-    which the plan withdraws). None for anything else: the plan decides those."""
+    (and a permit's at the same slot), below the token limit, within the validity, no node
+    that answered "untrusted", and (for a caller that would wait) no node that answered
+    "busy" (and registered it as a waiter, which the plan withdraws). None for anything else:
+    the plan decides those."""
     total = len(replies)
     won = [i for i, reply in enumerate(replies) if _granted(reply)]
     if len(won) < quorum(total):
@@ -70,8 +71,9 @@ def quorum_record(
     slot = permit_slot(attempt, replies[won[0]])
     if attempt.permits and (not slot or any(permit_slot(attempt, replies[i]) != slot for i in won)):
         return None  # a permit's nodes that granted other slots: the plan gives those back
-    if attempt.waiter and any(type(r) is list and r[0] == _BUSY for r in replies):
-        return None
+    if any(type(r) is list and (r[0] == _UNTRUSTED or (attempt.waiter and r[0] == _BUSY))
+           for r in replies):  # fmt: skip
+        return None  # a restarted node (the plan sees whether it may rejoin), or a waiter
     ttl = attempt.ttl
     deadline = started + ttl - (ttl * state.drift_factor + DRIFT_ALLOWANCE)  # state.drift
     if time.monotonic() >= deadline:

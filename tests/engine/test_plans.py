@@ -831,6 +831,38 @@ def test_acquire_rejoin_releases_first_attempt_and_retries(state: AliasState) ->
     assert [c.args for c in run.calls(2) if c] == [("r1", FLOOR), ("r2", FLOOR)]
 
 
+def test_a_won_attempt_lets_an_eligible_restarted_node_rejoin(state: AliasState) -> None:
+    """Nodes 0 and 1 granted, node 2 is untrusted and its quarantine is over: the attempt
+    wins, and rejoins node 2 on its way (with the trusted nodes' counter) instead of leaving
+    that to an attempt that lacks a quorum, which would need two trusted nodes to answer."""
+    state.untrusted_seen[("n2", "r2")] = START - 60  # quarantine long over
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
+        [
+            answer(ACQUIRE, granted(12), granted(12), UNTRUSTED),
+            answer(PROBE, probe("r0", 12), probe("r1", 12), probe("old", 9)),
+            answer(REJOIN, None, None, 12),
+        ],
+    )
+    assert run.result.token == 12
+    assert run.result.reached == (True, True, False)
+    assert [c.args for c in run.calls(2) if c] == [("r2", 12)]
+
+
+def test_a_won_attempt_looks_at_a_restarted_node_at_most_every_rejoin_interval(
+    state: AliasState,
+) -> None:
+    """Within REJOIN_INTERVAL of a check that left node 2 in its quarantine, a won attempt
+    that finds it untrusted does not probe again: the grant costs nothing more."""
+    state.next_rejoin_check = START + 0.1
+    state.held_back = frozenset({"n2"})
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
+        [answer(ACQUIRE, granted(12), granted(12), UNTRUSTED)],
+    )
+    assert run.result.token == 12
+
+
 def test_acquire_keeps_quarantined_node_out(state: AliasState) -> None:
     """A node restarted 1 s ago (longest TTL 5 s) is not rejoined: "unavailable", quarantined.
     The trusted nodes joined long ago (no cluster being initialised): one look is enough."""
@@ -996,16 +1028,6 @@ def test_acquire_counts_a_grant_beside_its_own_as_a_used_cluster(
         clock,
     )
     assert run.result.reason == "unavailable"
-
-
-def test_acquire_does_not_probe_when_quorum_won(state: AliasState) -> None:
-    """An untrusted node does not trigger a rejoin when a quorum granted anyway."""
-    run = drive(
-        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0),
-        [answer(ACQUIRE, granted(12), granted(12), UNTRUSTED)],
-    )
-    assert run.result.token == 12
-    assert run.result.reached == (True, True, False)
 
 
 def test_acquire_rejoins_at_most_once(state: AliasState, clock: Clock) -> None:
@@ -1592,10 +1614,10 @@ def test_permit_split_among_answering_nodes_is_busy_not_unavailable(
     "unavailable". It said "only 2 of 3 Redis nodes could vote, 2 needed" (found by an
     attack, with the third node quarantined)."""
     replies = [permit(7, 1), permit(7, 2), TIMED_OUT if third == "timed out" else UNTRUSTED]
-    steps = [
-        answer(PERMIT, *replies),
-        fire(RELEASE_PERMIT, to=[0, 1] if third == "untrusted" else [0, 1, 2]),
-    ]
+    steps = [answer(PERMIT, *replies)]
+    if third == "untrusted":  # a quorum granted: it looks whether the node may rejoin (not yet)
+        steps.append(answer(PROBE, probe("r0", 7), probe("r1", 7), probe("old", 5)))
+    steps.append(fire(RELEASE_PERMIT, to=[0, 1] if third == "untrusted" else [0, 1, 2]))
     run = drive(plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, permits=3), steps)
     assert run.result.reason == "busy"
     assert run.result.answered == 2

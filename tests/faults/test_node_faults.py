@@ -507,6 +507,38 @@ def test_restarted_node_votes_again_after_the_longest_ttl(
     lease.release()
 
 
+def test_a_restarted_node_rejoins_while_the_others_grant(
+    redis_node_factory: Nodes, redlock_alias: Alias
+) -> None:
+    """A node killed and restarted empty sits out its quarantine while the other two keep
+    granting. Once the longest TTL has passed, the next grant lets it rejoin (a quorum of
+    trusted nodes answers then), so when one of the other two stops right after, the alias
+    still has a quorum. It used to rejoin only when an attempt lacked a quorum: with one
+    trusted node left, every attempt then failed "quarantined"."""
+    ttl = 1.0
+    nodes = redis_node_factory(3)
+    manager = redlock_alias(nodes, TTL=ttl, NODE_TIMEOUT=0.2)
+    prefix = manager.config.key_prefix
+    manager.acquire("q", timeout=0).release()  # the nodes' fence state, the longest TTL
+    nodes[0].kill()
+    nodes[0].restart(keep_data=False)
+    restarted = time.monotonic()
+    tokens = []
+    while time.monotonic() < restarted + ttl + 0.5:  # the others grant through its quarantine
+        lease = manager.acquire("q", timeout=0)
+        tokens.append(lease.token)
+        lease.release()
+        time.sleep(0.01)
+    assert nodes[0].client().hget(f"{prefix}__fence__", "run_id") is not None  # rejoined
+    nodes[1].pause()
+    try:
+        lease = manager.acquire("q", timeout=0)  # nodes 0 and 2
+        assert lease.token > max(tokens)
+        lease.release()
+    finally:
+        nodes[1].resume()
+
+
 def test_loading_node_gives_typed_errors(redis_node_factory: Nodes, redlock_alias: Alias) -> None:
     """Nodes reloading their dataset (``DEBUG RELOAD`` of 20,000 keys with ``key-load-delay``,
     serving other clients meanwhile) answer ``-LOADING``: with 2 of 3 loading an acquisition

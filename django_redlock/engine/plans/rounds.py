@@ -135,8 +135,14 @@ def attempt_round(
                 state.saw_round_trip(min(elapsed, hedge) if hedged else elapsed)
             statuses = [None if isinstance(r, NodeFailure) else int(r[0]) for r in replies]
             seen = [i for i, st in enumerate(statuses) if st == scripts.UNTRUSTED]
-            if seen and statuses.count(scripts.GRANTED) < needed and not rejoined:
+            if seen and not rejoined:
                 rejoined = True
+                if statuses.count(scripts.GRANTED) >= needed:
+                    # won all the same: let the restarted nodes rejoin as soon as they may,
+                    # while a quorum of trusted nodes answers, not first when an attempt
+                    # lacks one (rejoin_plan looks at most every REJOIN_INTERVAL meanwhile)
+                    yield from rejoin_plan(state, nodes, seen)
+                    return Attempted(owner, calls, replies, statuses, started + held_back)
                 drawn = [tokens if st == scripts.GRANTED else 0 for st in statuses]
                 if (yield from rejoin_plan(state, nodes, seen, drawn)):
                     yield from give_back(calls, replies, owner)
