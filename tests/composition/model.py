@@ -117,6 +117,8 @@ class Model:
     grants: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
     #: the highest token of a lock, write or permit grant of the alias so far
     alias_high: int = 0
+    #: every token granted so far, and to which lease
+    issued: dict[int, str] = field(default_factory=dict)
     #: the token each row (one per name) was last written with, as the database has it
     row_tokens: dict[str, int] = field(default_factory=dict)
     #: snapshots of row_tokens at each open atomic block (restored on rollback)
@@ -146,6 +148,13 @@ class Model:
         return holding
 
     def check_token(self, kind: str, name: str, token: int, who: str) -> None:
+        given = self.issued.get(token)
+        if given is not None:
+            raise Violation(
+                f"{kind} lease of {name!r} ({who}) got token {token}, already given to {given}: "
+                "no two leases of the alias share a token, whatever their names and kinds"
+            )
+        self.issued[token] = f"the {kind or 'lock'} lease of {name!r} ({who})"
         earlier = self.grants.setdefault(name, [])
         exclusive = [t for k, t in earlier if k != "read"]
         reads = [t for k, t in earlier if k == "read"]
