@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import hashlib
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -72,7 +73,7 @@ class LockInfo:
     ``nodes_held`` counts the nodes holding the main holder's lease (the owner on most nodes);
     ``nodes_other`` counts nodes holding a different owner's value (a stale minority copy).
     ``ttl_ms`` is the smallest remaining TTL among the holding nodes, the moment the first copy
-    expires (-1: no expiry). ``token`` is the largest of the per-node tokens: the lease's token.
+    expires (-1: no expiry). ``token`` is the lease's token (:func:`lease_value`).
     ``lease_id`` tells the lease apart from any later one (see :func:`lease_id`).
     ``waiters`` counts the callers waiting for the name now (registrations still ahead on a
     node's clock; the largest count over the nodes).
@@ -137,6 +138,17 @@ def main_holder(held: Sequence[tuple[LockValue, int]]) -> list[tuple[LockValue, 
     return max(groups.values(), key=lambda group: (len(group), max(v.token for v, _ in group)))
 
 
+def lease_value(values: Sequence[LockValue], total: int) -> LockValue:
+    """The value of one holder's lease among its nodes' (``total`` in the alias) that carries
+    the lease's token: as the acquire chose it, the highest token a quorum of the nodes
+    holds, else the highest (the nodes that granted from further on hold their own, higher
+    one; a write-back writes the lease's token into the values it raised)."""
+    counts = Counter(value.token for value in values)
+    agreed = [token for token, count in counts.items() if count >= quorum(total)]
+    token = max(agreed) if agreed else max(counts)
+    return next(value for value in values if value.token == token)
+
+
 def merge(
     alias: str,
     name: str,
@@ -150,7 +162,7 @@ def merge(
     main = main_holder(held)
     values = [value for value, _ in main]
     ttls = [pttl for _, pttl in main if pttl >= 0]
-    first = max(values, key=lambda v: v.token)
+    first = lease_value(values, total)
     acquired = min((v.acquired_ms for v in values if v.acquired_ms is not None), default=None)
     return LockInfo(
         alias=alias,

@@ -241,7 +241,7 @@ def test_acquire_token_is_max_of_winners_and_laggard_is_raised(state: AliasState
     assert lease.token == 12
     raise_call = run.calls(1)[0]
     assert raise_call.keys == ("t:__fence__", "t:job")
-    assert raise_call.args == (12, 12, "r0", lease.owner)  # first and last token
+    assert raise_call.args == (12, 12, "r0", lease.owner, 0)  # first, last, the key's offset
     assert run.requests[1].timeout == state.node_timeout
 
 

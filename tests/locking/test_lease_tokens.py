@@ -14,6 +14,7 @@ import pytest
 
 from django_redlock.engine.plans import acquire_limits_plan, acquire_many_plan, acquire_plan
 from django_redlock.engine.state import AliasState, LeaseRecord, NodeView
+from django_redlock.inspection import get_lock
 from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNodes
 from tests.support.ordered_plans import OrderedCaller
@@ -34,11 +35,15 @@ def _plan(kind: str, name: str, state: AliasState, views: list[NodeView]) -> Pla
     return acquire_plan(state, views, name, TTL, rw=kind if kind in ("read", "write") else "")
 
 
-def _tokens(result: object) -> set[int]:
+def _leases(result: object) -> list[LeaseRecord]:
     if isinstance(result, LeaseRecord):
-        return {result.token}
+        return [result]
     assert isinstance(result, list), f"not granted: {result!r}"
-    return {lease.token for lease in result}
+    return result
+
+
+def _tokens(result: object) -> set[int]:
+    return {lease.token for lease in _leases(result)}
 
 
 PAIRS = [
@@ -110,3 +115,7 @@ def test_leases_of_other_names_racing_on_the_nodes_never_share_a_token(
     assert min(tokens_b) > max(tokens_a)
     counters = [int(client.hget(fence, "token")) for client in clients]
     assert max(counters) == max(tokens_b)  # no token drawn beyond B's
+    for lease in _leases(callers["a"].result) + _leases(callers["b"].result):
+        if lease.kind != "read":  # readers' tokens are not listed
+            info, _ = get_lock(manager.alias, lease.name)
+            assert info is not None and info.token == lease.token, (lease.name, info)

@@ -37,6 +37,30 @@ def test_escape_glob() -> None:
     assert inspect.escape_glob("a*b?c[d]e\\f:") == "a\\*b\\?c\\[d\\]e\\\\f:"
 
 
+@pytest.mark.parametrize(
+    ("tokens", "lease_token"),
+    [
+        ([11, 11, 11], 11),  # the common case: every node granted the same token
+        ([12, 12, 11, 11, 11], 11),  # interleaved grants: the token a quorum gave
+        ([12, 10, 11], 12),  # no quorum agrees: the highest (the others were raised)
+    ],
+    ids=["agreed", "quorum-below-the-highest", "highest"],
+)
+def test_a_lease_is_listed_with_the_token_its_acquire_chose(
+    tokens: list[int], lease_token: int
+) -> None:
+    """The listed token is the lease's, by the acquire's own rule: the highest token a quorum
+    of nodes gave, else the highest. Nodes that granted from further on keep their own,
+    higher token in the value (listing the highest showed a token no lease had)."""
+    from django_redlock.engine import LockValue
+    from django_redlock.inspection.records import merge
+
+    per_node = [(LockValue.parse(f"{'ab' * 16}|{token}|0|h|1"), 5000) for token in tokens]
+    info = merge("default", "n", len(tokens), per_node)
+    assert info is not None and info.token == lease_token
+    assert info.holders[0]["token"] == lease_token
+
+
 @pytest.mark.parametrize("alias", ["default", "multi", "five"])
 def test_held_lock_is_listed_merged_and_masked(alias: str, unique_name: str) -> None:
     lease = locks[alias].acquire(unique_name, ttl=30, timeout=0)

@@ -167,7 +167,7 @@ def acquire_plan(
         if len(won) >= needed:
             key = tried[chosen - 1] if permits else tried[0]
             # a read lease's node holds no value of its own to check: raise the counter only
-            held = (key,) if spec.own_value else ()
+            held = ((key, 0),) if spec.own_value else ()
             owned = yield from own_tokens(
                 state,
                 nodes,

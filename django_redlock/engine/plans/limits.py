@@ -123,7 +123,9 @@ def acquire_limits_plan(
                 nodes,
                 {i: int(replies[i][1]) for i in union},
                 count,
-                lambda i: tuple(slots_of[j][chosen[j] - 1] for j, v in enumerate(voters) if i in v),
+                lambda i: tuple(
+                    (slots_of[j][chosen[j] - 1], j) for j, v in enumerate(voters) if i in v
+                ),
                 lambda ok: all(len(set(ok).intersection(v)) >= needed for v in voters),
                 owner,
             )

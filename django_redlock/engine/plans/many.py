@@ -89,7 +89,7 @@ def acquire_many_plan(
                 nodes,
                 {i: int(replies[i][1]) for i in won},
                 len(names),
-                lambda _i: locks,
+                lambda _i: tuple((lock, j) for j, lock in enumerate(locks)),
                 lambda ok: len(ok) >= needed,
                 owner,
             )

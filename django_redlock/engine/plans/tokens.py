@@ -59,15 +59,17 @@ def own_tokens(
     nodes: Sequence[NodeView],
     given: Mapping[int, int],
     count: int,
-    held: Callable[[int], tuple[str, ...]],
+    held: Callable[[int], tuple[tuple[str, int], ...]],
     enough: Callable[[Collection[int]], bool],
     owner: str,
 ) -> Plan[OwnedTokens]:
     """Make the tokens of a won attempt the caller's own. ``given``: per winner, the first
     token it handed out; ``count``: tokens per attempt (a set's size); ``held(i)``: the keys
-    the caller must still hold on winner ``i``; ``enough(confirmed)``: whether those winners
-    make the tokens the caller's (a quorum; per semaphore for a set). Winners behind are raised
-    even when the others are enough already, so that they catch up."""
+    the caller must still hold on winner ``i``, each with its token's offset from the first
+    (a raise writes the token into the key's value, for inspection); ``enough(confirmed)``:
+    whether those winners make the tokens the caller's (a quorum; per semaphore for a set).
+    Winners behind are raised even when the others are enough already, so that they catch
+    up."""
     first = _owned_by_enough(given, enough)
     confirmed = {i for i, token in given.items() if token == first}
     behind = [i for i, token in given.items() if token < first]
@@ -119,7 +121,7 @@ def _raise(
     nodes: Sequence[NodeView],
     behind: Sequence[int],
     tokens: tuple[int, int],
-    held: Callable[[int], tuple[str, ...]],
+    held: Callable[[int], tuple[tuple[str, int], ...]],
     owner: str,
     enough: Callable[[set[int]], bool],
 ) -> Plan[_Raised]:
@@ -129,8 +131,10 @@ def _raise(
     for i in behind:
         run_id = nodes[i].run_id
         if run_id is not None:
-            args = (first, last, run_id, owner)
-            calls[i] = Call(scripts.RAISE, (state.keys.fence, *held(i)), args)
+            keys = held(i)
+            args: tuple[str | int, ...] = (first, last, run_id, owner)
+            args += tuple(offset for _, offset in keys)
+            calls[i] = Call(scripts.RAISE, (state.keys.fence, *(key for key, _ in keys)), args)
 
     def settled(slots: list[Slot]) -> bool:
         return enough({i for i, s in enumerate(slots) if s.done and s.value == scripts.STILL_HELD})

@@ -76,31 +76,42 @@ RENEWED = 1
 # KEYS: fence, then every key the caller must still hold here (its lock; every lock of a
 # ``lock_many`` set; the slots of a ``limits()`` set this node granted; none for a read
 # lease). ARGV: first, last (the caller's tokens: one, or a set's consecutive ones), run_id,
-# owner.
+# owner, then per held key the offset of its token from ``first``.
 # Token write-back: move the counter onto the caller's tokens (to ``last``) while it is still
-# below ``first``. Returns 1 when it did and the caller still holds every key; 0 when the
-# caller lost one (force-released or expired since its acquire: someone else may have taken
-# this node and read the old counter); -1 when the node is not trusted; {counter} when the
-# counter had reached ``first`` already: another caller may have been handed one of these
-# tokens through this node. A node's counter moves onto a value once, and any two quorums
-# share a node, so of two callers given one token at most one confirms it on a quorum.
+# below ``first``, and write each held key's token into its value (TTL kept), so that
+# inspection reads the lease's token. Returns 1 when it did and the caller still holds every
+# key; 0 when the caller lost one (force-released or expired since its acquire: someone else
+# may have taken this node and read the old counter); -1 when the node is not trusted;
+# {counter} when the counter had reached ``first`` already: another caller may have been
+# handed one of these tokens through this node. A node's counter moves onto a value once,
+# and any two quorums share a node, so of two callers given one token at most one confirms
+# it on a quorum.
 RAISE = Script(
     "raise",
     """
 if redis.call('HGET', KEYS[1], 'run_id') ~= ARGV[3] then
   return -1
 end
+local values = {}
 for i = 2, #KEYS do
   local value = redis.call('GET', KEYS[i])
   if not (value and string.sub(value, 1, #ARGV[4] + 1) == ARGV[4] .. '|') then
     return 0
   end
+  values[i] = value
 end
 local counter = tonumber(redis.call('HGET', KEYS[1], 'token')) or 0
 if counter >= tonumber(ARGV[1]) then
   return {counter}  -- passed: another caller got here first
 end
 redis.call('HSET', KEYS[1], 'token', ARGV[2])
+for i = 2, #KEYS do
+  -- owner|token|...: the rest of the value (acquired, host, pid, a write lease's mark) stays
+  local rest = string.sub(values[i], #ARGV[4] + 2)
+  local token = string.format('%d', tonumber(ARGV[1]) + tonumber(ARGV[3 + i]))
+  rest = string.sub(rest, (string.find(rest, '|', 1, true) or #rest + 1))
+  redis.call('SET', KEYS[i], ARGV[4] .. '|' .. token .. rest, 'KEEPTTL')
+end
 return 1
 """,
 )
