@@ -5,10 +5,60 @@ is on the caller's :class:`~django_redlock.engine.handoff.Handoff`."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from ..engine import Engine, handoff
+
+T = TypeVar("T")
+
+
+def handed(
+    take: Callable[[], T],
+    engine_for: Callable[[str], Engine] | None,
+    undo: Callable[[], None] | None = None,
+) -> T:
+    """``take()`` (an acquire) with a handoff open in this thread: interrupted before it
+    returns, ``undo()`` runs (a block's entry), then what it was granted is given back (an
+    outer call's handoff, if one is open, does that instead)."""
+    opened = handoff.opened()
+    try:
+        taken = take()
+    except BaseException:
+        try:
+            try:
+                if undo is not None:
+                    undo()
+            finally:
+                give_back(opened, engine_for)
+        finally:  # a second interrupt in the give-back must not leave the handoff open
+            if opened is not None:
+                handoff.LOCAL.current = None
+        raise
+    if opened is not None:
+        handoff.LOCAL.current = None  # a store, not a call: no interrupt lands after it
+    return taken
+
+
+async def ahanded(
+    take: Callable[[], Awaitable[T]],
+    engine_for: Callable[[str], Engine] | None,
+    undo: Callable[[], None] | None = None,
+) -> T:
+    """:func:`handed` for an asyncio task (its own handoff; given back in the background)."""
+    opened = handoff.aopened()
+    try:
+        taken = await take()
+    except BaseException:
+        try:
+            if undo is not None:
+                undo()
+        finally:
+            give_back_soon(opened, engine_for)
+        raise
+    if opened is not None:
+        opened.open = False  # a store, not a call: no interrupt lands after it
+    return taken
 
 
 def give_back(opened: handoff.Handoff | None, engine_for: Callable[[str], Engine] | None) -> None:

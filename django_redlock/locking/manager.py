@@ -124,29 +124,25 @@ class LockManager(KindBlocks):
         wanted = want(self.config, name, ttl, timeout, max_hold, permits, rw)
         shapes = ordering.taking(self, (wanted.name,)) if self.check_order else None
         engine = self.engine if len(self.shards) == 1 else self.engine_for(wanted.name)
-        opened = handoff.opened()  # an interrupt before we return gives the grant back
-        try:
+
+        def take() -> Lease | AcquireFailure:
             outcome = engine.acquire(
                 wanted.name, wanted.ttl, wanted.timeout, wanted.permits, wanted.rw
             )
-            if type(outcome) is LeaseRecord:
-                lease = self._won(outcome, engine)
-                if shapes is not None:
-                    ordering.mark(lease, shapes[0])
-                if auto_extend:
-                    lease.start_auto_extend(wanted.max_hold)
-        except BaseException:
-            try:
-                interrupted.give_back(opened, self.engine_for)
-            finally:  # a second interrupt in the give-back must not leave the handoff open
-                if opened is not None:
-                    handoff.LOCAL.current = None
-            raise
-        if opened is not None:
-            handoff.LOCAL.current = None  # a store, not a call: no interrupt lands after it
-        if type(outcome) is not LeaseRecord:
-            raise failure_exception(self, wanted, cast(AcquireFailure, outcome))
-        return lease
+            if type(outcome) is not LeaseRecord:
+                return cast(AcquireFailure, outcome)
+            lease = self._won(outcome, engine)
+            if shapes is not None:
+                ordering.mark(lease, shapes[0])
+            if auto_extend:
+                lease.start_auto_extend(wanted.max_hold)
+            return lease
+
+        # an interrupt before we return gives the grant back
+        taken = interrupted.handed(take, self.engine_for)
+        if isinstance(taken, AcquireFailure):
+            raise failure_exception(self, wanted, taken)
+        return taken
 
     async def aacquire(
         self,
@@ -266,8 +262,15 @@ class LockManager(KindBlocks):
         ``auto_extend``/``max_hold`` as for :meth:`acquire`."""
         checked, wanted, auto_extend = self._many(names, ttl, timeout, options)
         shapes = ordering.taking(self, checked) if self.check_order else None
-        outcome = self.engine_for(checked[0]).acquire_many(checked, wanted.ttl, wanted.timeout)
-        return self._held_many(checked, wanted, outcome, auto_extend, shapes, asyncio_task=False)
+
+        def take() -> HeldLocks:
+            engine = self.engine_for(checked[0])
+            outcome = engine.acquire_many(checked, wanted.ttl, wanted.timeout)
+            return self._held_many(
+                checked, wanted, outcome, auto_extend, shapes, asyncio_task=False
+            )
+
+        return interrupted.handed(take, self.engine_for)
 
     async def aacquire_many(
         self,
@@ -279,9 +282,13 @@ class LockManager(KindBlocks):
         """Asyncio twin of :meth:`acquire_many`."""
         checked, wanted, auto_extend = self._many(names, ttl, timeout, options)
         shapes = await ordering.ataking(self, checked) if self.check_order else None
-        engine = self.engine_for(checked[0])
-        outcome = await engine.aacquire_many(checked, wanted.ttl, wanted.timeout)
-        return self._held_many(checked, wanted, outcome, auto_extend, shapes, asyncio_task=True)
+
+        async def take() -> HeldLocks:
+            engine = self.engine_for(checked[0])
+            outcome = await engine.aacquire_many(checked, wanted.ttl, wanted.timeout)
+            return self._held_many(checked, wanted, outcome, auto_extend, shapes, asyncio_task=True)
+
+        return await interrupted.ahanded(take, self.engine_for)
 
     def lock_many(
         self,
@@ -316,13 +323,16 @@ class LockManager(KindBlocks):
         names, permits = check_limits(limits)
         _, wanted, auto_extend = self._many(names, ttl, timeout, options, "limits")
         shapes = ordering.taking(self, names) if self.check_order else None
-        outcome = self.engine_for(names[0]).acquire_limits(
-            names, permits, wanted.ttl, wanted.timeout
-        )
         held = dict(zip(names, permits, strict=True))
-        return self._held_many(
-            names, wanted, outcome, auto_extend, shapes, asyncio_task=False, permits=held
-        )
+
+        def take() -> HeldLocks:
+            engine = self.engine_for(names[0])
+            outcome = engine.acquire_limits(names, permits, wanted.ttl, wanted.timeout)
+            return self._held_many(
+                names, wanted, outcome, auto_extend, shapes, asyncio_task=False, permits=held
+            )
+
+        return interrupted.handed(take, self.engine_for)
 
     async def aacquire_limits(
         self,
@@ -335,12 +345,16 @@ class LockManager(KindBlocks):
         names, permits = check_limits(limits)
         _, wanted, auto_extend = self._many(names, ttl, timeout, options, "limits")
         shapes = await ordering.ataking(self, names) if self.check_order else None
-        engine = self.engine_for(names[0])
-        outcome = await engine.aacquire_limits(names, permits, wanted.ttl, wanted.timeout)
         held = dict(zip(names, permits, strict=True))
-        return self._held_many(
-            names, wanted, outcome, auto_extend, shapes, asyncio_task=True, permits=held
-        )
+
+        async def take() -> HeldLocks:
+            engine = self.engine_for(names[0])
+            outcome = await engine.aacquire_limits(names, permits, wanted.ttl, wanted.timeout)
+            return self._held_many(
+                names, wanted, outcome, auto_extend, shapes, asyncio_task=True, permits=held
+            )
+
+        return await interrupted.ahanded(take, self.engine_for)
 
     def limits(
         self,

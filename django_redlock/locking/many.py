@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..exceptions import LockError, LockLost
 from ..validation import check_name
-from . import context
+from . import context, interrupted
 from .lease import Lease, keep_alive_all
 from .transactions import in_transaction, release_after_commit
 
@@ -164,8 +164,14 @@ class LockManyBlock:
     def __enter__(self) -> HeldLocks:
         borrowed = self._borrowed()
         rest = [name for name in self._names if name not in borrowed]
-        acquired = self._take(rest) if rest else None
-        return self._entered(borrowed, acquired)
+        # until this returns, an interrupt (a signal handler that raises) gives the set back:
+        # after it returns, the with statement calls __exit__ whatever happens
+        depth = len(self._held)
+        return interrupted.handed(
+            lambda: self._entered(borrowed, self._take(rest) if rest else None),
+            interrupted.engine_finder(self._manager),
+            lambda: self._unenter(depth),
+        )
 
     def __exit__(self, *exc_info: object) -> None:
         held = self._left()
@@ -178,8 +184,23 @@ class LockManyBlock:
     async def __aenter__(self) -> HeldLocks:
         borrowed = self._borrowed()
         rest = [name for name in self._names if name not in borrowed]
-        acquired = await self._atake(rest) if rest else None
-        return self._entered(borrowed, acquired)
+        depth = len(self._held)
+
+        async def enter() -> HeldLocks:  # as in __enter__: until this returns, given back
+            return self._entered(borrowed, await self._atake(rest) if rest else None)
+
+        return await interrupted.ahanded(
+            enter, interrupted.engine_finder(self._manager), lambda: self._unenter(depth)
+        )
+
+    def _unenter(self, depth: int) -> None:
+        """Undo an entry an interrupt cut short (its set is given back): its context."""
+        if len(self._held) > depth:
+            held, tokens = self._held.pop()
+            for token in tokens:
+                context.pop(token)
+            for lease in held.leases.values():
+                lease.block_closed()
 
     async def __aexit__(self, *exc_info: object) -> None:
         held = self._left()
