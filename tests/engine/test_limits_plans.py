@@ -13,7 +13,7 @@ from django_redlock.engine.plans import acquire_limits_plan, release_permits_pla
 from django_redlock.engine.replies import NodeFailure
 from django_redlock.engine.scripts import limits as limit_scripts
 from django_redlock.engine.state import Abandoned, AliasState
-from tests.support.scripted import Clock, answer, drive, fake_nodes, fire
+from tests.support.scripted import Clock, answer, drive, fake_nodes, fire, give_backs_unsent
 
 ACQUIRE_LIMITS, RELEASE_PERMITS = limit_scripts.ACQUIRE_LIMITS, limit_scripts.RELEASE_PERMITS
 RELEASE_PERMIT = scripts.primitives.RELEASE_PERMIT
@@ -40,6 +40,19 @@ def state() -> AliasState:
 
 def _plan(state: AliasState, **kwargs: Any) -> Any:
     return acquire_limits_plan(state, fake_nodes(3), ["g", "t"], [3, 2], 5.0, **kwargs)
+
+
+def test_a_give_back_that_did_not_reach_its_node_is_owed(state: AliasState) -> None:
+    """Node 0 granted the set, the others found a semaphore full; the give-back of each
+    permit to node 0 could not be sent: each is owed to node 0, with every slot of its
+    semaphore (which one it granted is the reply's), to be given back from the background."""
+    plan = _plan(state)
+    give_backs_unsent(plan, [[1, 10, 1, 1], [0, 10, 300, 2], [0, 10, 300, 2]], 0)
+    assert [(r.name, r.kind, r.reached) for r in state.owed] == [
+        ("g", "permit", (True, False, False)),
+        ("t", "permit", (True, False, False)),
+    ]
+    assert [len(r.slots) for r in state.owed] == [3, 2]
 
 
 def test_the_call_carries_every_semaphore_s_keys_and_permits(state: AliasState) -> None:

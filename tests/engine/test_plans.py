@@ -42,6 +42,7 @@ from tests.support.scripted import (
     drive,
     fake_nodes,
     fire,
+    give_backs_unsent,
     slots,
 )
 
@@ -1692,6 +1693,18 @@ def test_many_tokens_follow_the_highest_first_token_and_laggards_raise_every_key
     call = run.calls(1)[0]
     assert call.keys == ("t:__fence__", "t:a", "t:b", "t:c")
     assert call.args[:2] == (20, 22)  # strictly: none of the set's tokens handed out there
+
+
+def test_a_set_give_back_that_did_not_reach_its_node_is_owed(state: AliasState) -> None:
+    """Node 0 granted the set, the others refused it; the give-back of each name to node 0
+    could not be sent (its connection broke, as an interrupt mid-call leaves it): each name
+    is owed to node 0, to be given back from the background (it stayed there for its TTL)."""
+    plan = _many.acquire_many_plan(state, fake_nodes(3), ["a", "b"], 5.0)
+    give_backs_unsent(plan, [[1, 10, 0], [0, 10, 300, 2], [0, 10, 300, 2]], 0)
+    assert [(r.name, r.key, r.reached, r.kind) for r in state.owed] == [
+        ("a", "t:a", (True, False, False), ""),
+        ("b", "t:b", (True, False, False), ""),
+    ]
 
 
 def test_many_failure_names_the_busy_name_and_gives_back_every_grant(

@@ -272,3 +272,20 @@ class _Pending:
 
 
 PENDING: Any = _Pending()
+
+
+def give_backs_unsent(
+    plan: Generator[Request, list[Any], Any], replies: list[Any], node: int
+) -> None:
+    """Run ``plan``'s first round with ``replies``, then its fire-and-forget give-backs, each
+    of which could not be sent to ``node`` (its ``unanswered`` is called, as the transport
+    does for a broken connection) and got no reply anywhere."""
+    next(plan)
+    request = plan.send(replies)
+    while True:
+        assert not request.wait and request.unanswered is not None
+        request.unanswered(node)
+        try:
+            request = plan.send([None] * len(replies))
+        except StopIteration:
+            return

@@ -321,11 +321,11 @@ def _release_calls(
             slots=tried,
         )
     if any(release):
-        owe = functools.partial(_owe, state, name, owner, tried, kind, len(nodes))
+        owe = functools.partial(owe_give_back, state, name, owner, tried, kind, len(nodes))
         yield Request(release, 0.0, wait=False, unanswered=owe)
 
 
-def _owe(
+def owe_give_back(
     state: AliasState,
     name: str,
     owner: str,

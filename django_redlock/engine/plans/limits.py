@@ -11,6 +11,7 @@ follow the highest first token of those nodes (first, first + 1, ... in the set'
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -29,7 +30,7 @@ from ..state import (
     NodeView,
     Plan,
 )
-from .acquire import failure_of
+from .acquire import failure_of, owe_give_back
 from .lease import counted_release, note_unsure, release_many_plan
 from .rounds import attempt_round
 from .tokens import own_tokens
@@ -267,7 +268,11 @@ def _give_back(
                 name, owner, wakes=i == waking, held=held, kind=PERMIT, slots=slots_of[j]
             )
         if any(release):
-            yield Request(release, 0.0, wait=False)
+            # a give-back that did not reach its node is sent again from the background
+            owe = functools.partial(
+                owe_give_back, state, name, owner, slots_of[j], PERMIT, len(nodes)
+            )
+            yield Request(release, 0.0, wait=False, unanswered=owe)
 
 
 def release_permits_plan(

@@ -10,15 +10,17 @@ highest first token of the winners plus their position).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Sequence
 
 from .. import scripts
 from ..keyspace import TOKEN_LIMIT, quorum, wake_node
+from ..kinds import LOCK
 from ..replies import Call, NodeFailure, Request, Slot, granted_per_node
 from ..scripts import primitives as more
 from ..state import WAIT_MARK_MS, AcquireFailure, AliasState, LeaseRecord, NodeView, Plan
-from .acquire import failure_of
+from .acquire import failure_of, owe_give_back
 from .rounds import attempt_round
 from .tokens import own_tokens
 from .waiters import withdraw_plan, withdrawing
@@ -153,11 +155,15 @@ def _release_all(
         )
         for call, reply in zip(calls, replies, strict=True)
     ]
+    total = len(nodes)
     for name in names:
-        waking = wake_node(name, len(nodes))
+        waking = wake_node(name, total)
         release: list[Call | None] = [
             state.release_call(name, owner, wakes=i == waking) if hold else None
             for i, hold in enumerate(may_hold)
         ]
         if any(release):
-            yield Request(release, 0.0, wait=False)
+            # a give-back that did not reach its node is sent again from the background
+            key = state.keys.lock(name)
+            owe = functools.partial(owe_give_back, state, name, owner, (key,), LOCK, total)
+            yield Request(release, 0.0, wait=False, unanswered=owe)
