@@ -40,12 +40,11 @@ class LockNotAcquired(LockError):
             )
         else:
             how = f"within {timeout:g} s"
-        if raced:  # a permit's token lost to permits racing for it, again and again
+        if raced:  # its fencing token lost to other callers racing for it, again and again
             message = (
-                f"Lock {name!r} was not acquired {how}: {votes}/{quorum} votes granted a "
-                "permit, but each attempt's fencing token was drawn first on a lagging node by "
-                "another caller (many permits taken at the same moment). Retry, or pass a "
-                "timeout=."
+                f"Lock {name!r} was not acquired {how}: {votes}/{quorum} votes granted it, "
+                "but each attempt's fencing token was drawn first on a lagging node by another "
+                "caller (many leases taken at the same moment). Retry, or pass a timeout=."
             )
         elif votes >= quorum:  # granted, yet too late: the lease had no validity left
             message = (

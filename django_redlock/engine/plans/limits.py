@@ -156,8 +156,11 @@ def acquire_limits_plan(
                     for j, name in enumerate(names)
                 ]
         yield from _give_back(state, nodes, calls, replies, owner, names, slots_of)
-        # a quorum that granted the set, on slots too split to hold a permit: contention
-        failure = failure_of(nodes, replies, statuses, sum(g is not None for g in granted))
+        # a quorum that granted the set, on slots too split to hold a permit: contention. The
+        # votes are those of the semaphore with the fewest for its chosen slot (counting each
+        # node that granted anything told "it could not be kept: pass a longer ttl=")
+        votes = min(len(v) for v in voters)
+        failure = failure_of(nodes, replies, statuses, votes)
         # permits a quorum granted whose tokens a lagging node's counter passed: not busy
         failure.raced = raced and failure.reason == "busy"
         if mark_ms and failure.final:  # it will not wait: withdraw where "busy" registered it
