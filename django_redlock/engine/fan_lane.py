@@ -71,9 +71,10 @@ def quorum_record(
     slot = permit_slot(attempt, replies[won[0]])
     if attempt.permits and (not slot or any(permit_slot(attempt, replies[i]) != slot for i in won)):
         return None  # a permit's nodes that granted other slots: the plan gives those back
-    if any(type(r) is list and (r[0] == _UNTRUSTED or (attempt.waiter and r[0] == _BUSY))
-           for r in replies):  # fmt: skip
-        return None  # a restarted node (the plan sees whether it may rejoin), or a waiter
+    waiter = attempt.waiter
+    for r in replies:  # a plain loop: this runs for every attempt
+        if type(r) is list and (r[0] == _UNTRUSTED or (waiter and r[0] == _BUSY)):
+            return None  # a restarted node (the plan sees whether it may rejoin), or a waiter
     ttl = attempt.ttl
     deadline = started + ttl - (ttl * state.drift_factor + DRIFT_ALLOWANCE)  # state.drift
     if time.monotonic() >= deadline:
