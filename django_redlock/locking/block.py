@@ -175,26 +175,11 @@ class LockBlock:
             ordering.expect(self._name, self.order_template)
         # From here until this returns, an interrupt (a signal handler that raises) gives the
         # grant back: after it returns, the with statement calls __exit__ whatever happens.
-        engine_for = interrupted.engine_finder(manager)
-        opened = handoff.opened()
-        try:
-            lease = self._entered(manager.acquire(self._name, **self._options.acquire_kwargs()))
-        except BaseException:
-            # a second interrupt in this cleanup must not leave the handoff open: every later
-            # grant of this thread would be noted there, and none given back
-            try:
-                try:
-                    if opened is not None:
-                        self._unenter(opened.leases)
-                finally:
-                    interrupted.give_back(opened, engine_for)
-            finally:
-                if opened is not None:
-                    handoff.LOCAL.current = None  # a store: it runs whatever was raised
-            raise
-        if opened is not None:
-            handoff.LOCAL.current = None  # a store, not a call: no interrupt lands after it
-        return lease
+        return interrupted.handed(
+            lambda: self._entered(manager.acquire(self._name, **self._options.acquire_kwargs())),
+            interrupted.engine_finder(manager),
+            self._unenter,
+        )
 
     def __exit__(self, *exc_info: object) -> None:
         entry = self._entries[-1]  # no call: an interrupt cannot land between these two
@@ -221,22 +206,13 @@ class LockBlock:
         if manager.check_order and self.order_template is not None:
             ordering.expect(self._name, self.order_template)
         # as in __enter__: until this returns, an interrupt gives the grant back
-        engine_for = interrupted.engine_finder(manager)
-        opened = handoff.aopened()
-        try:
-            lease = self._entered(
+
+        async def enter() -> Lease:
+            return self._entered(
                 await manager.aacquire(self._name, **self._options.acquire_kwargs())
             )
-        except BaseException:
-            try:
-                if opened is not None:
-                    self._unenter(opened.leases)
-            finally:
-                interrupted.give_back_soon(opened, engine_for)
-            raise
-        if opened is not None:
-            opened.open = False  # a store, not a call: no interrupt lands after it
-        return lease
+
+        return await interrupted.ahanded(enter, interrupted.engine_finder(manager), self._unenter)
 
     async def __aexit__(self, *exc_info: object) -> None:
         entry = self._entries.pop()
@@ -254,8 +230,12 @@ class LockBlock:
         """True while a ``with`` of this block is open (entered, not exited yet)."""
         return bool(self._entries)
 
-    def _unenter(self, leases: list[Lease]) -> None:
-        """Undo :meth:`_entered` for an entry of one of ``leases`` (an interrupted enter)."""
+    def _unenter(self, opened: handoff.Handoff | None) -> None:
+        """Undo :meth:`_entered` for an entry of a lease noted on ``opened`` (an interrupted
+        enter; None: an outer call's handoff, whose caller undoes its own)."""
+        if opened is None:
+            return
+        leases = opened.leases
         if self._entries and any(self._entries[-1].lease is lease for lease in leases):
             entry = self._entries.pop()
             context.pop(entry.token)

@@ -16,11 +16,11 @@ T = TypeVar("T")
 def handed(
     take: Callable[[], T],
     engine_for: Callable[[str], Engine] | None,
-    undo: Callable[[], None] | None = None,
+    undo: Callable[[handoff.Handoff | None], None] | None = None,
 ) -> T:
     """``take()`` (an acquire) with a handoff open in this thread: interrupted before it
-    returns, ``undo()`` runs (a block's entry), then what it was granted is given back (an
-    outer call's handoff, if one is open, does that instead)."""
+    returns, ``undo(handoff)`` runs (a block's entry; None when an outer call's handoff was
+    open already), then what it was granted is given back (by the outer call, if any)."""
     opened = handoff.opened()
     try:
         taken = take()
@@ -28,7 +28,7 @@ def handed(
         try:
             try:
                 if undo is not None:
-                    undo()
+                    undo(opened)
             finally:
                 give_back(opened, engine_for)
         finally:  # a second interrupt in the give-back must not leave the handoff open
@@ -43,7 +43,7 @@ def handed(
 async def ahanded(
     take: Callable[[], Awaitable[T]],
     engine_for: Callable[[str], Engine] | None,
-    undo: Callable[[], None] | None = None,
+    undo: Callable[[handoff.Handoff | None], None] | None = None,
 ) -> T:
     """:func:`handed` for an asyncio task (its own handoff; given back in the background)."""
     opened = handoff.aopened()
@@ -52,7 +52,7 @@ async def ahanded(
     except BaseException:
         try:
             if undo is not None:
-                undo()
+                undo(opened)
         finally:
             give_back_soon(opened, engine_for)
         raise

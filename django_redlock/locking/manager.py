@@ -18,7 +18,6 @@ from ..engine import (
     Engine,
     LeaseRecord,
     Outcome,
-    handoff,
 )
 from ..exceptions import LockError
 from ..nodes.cluster import shard_of
@@ -158,8 +157,8 @@ class LockManager(KindBlocks):
         """Asyncio twin of :meth:`acquire` (auto-extended from an asyncio task)."""
         wanted = want(self.config, name, ttl, timeout, max_hold, permits, rw)
         shapes = await ordering.ataking(self, (wanted.name,)) if self.check_order else None
-        opened = handoff.aopened()  # an interrupt before we return gives the grant back
-        try:
+
+        async def take() -> Lease:
             outcome = await self.engine_for(wanted.name).aacquire(
                 wanted.name, wanted.ttl, wanted.timeout, wanted.permits, wanted.rw
             )
@@ -168,12 +167,10 @@ class LockManager(KindBlocks):
                 ordering.mark(lease, shapes[0])
             if auto_extend:
                 lease.astart_auto_extend(wanted.max_hold)
-        except BaseException:
-            interrupted.give_back_soon(opened, self.engine_for)
-            raise
-        if opened is not None:
-            opened.open = False  # a store, not a call: no interrupt lands after it
-        return lease
+            return lease
+
+        # an interrupt before we return gives the grant back
+        return await interrupted.ahanded(take, self.engine_for)
 
     # -- blocks ----------------------------------------------------------------------------
     def lock(

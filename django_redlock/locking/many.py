@@ -170,7 +170,7 @@ class LockManyBlock:
         return interrupted.handed(
             lambda: self._entered(borrowed, self._take(rest) if rest else None),
             interrupted.engine_finder(self._manager),
-            lambda: self._unenter(depth),
+            lambda _opened: self._unenter(depth),
         )
 
     def __exit__(self, *exc_info: object) -> None:
@@ -190,17 +190,13 @@ class LockManyBlock:
             return self._entered(borrowed, await self._atake(rest) if rest else None)
 
         return await interrupted.ahanded(
-            enter, interrupted.engine_finder(self._manager), lambda: self._unenter(depth)
+            enter, interrupted.engine_finder(self._manager), lambda _opened: self._unenter(depth)
         )
 
     def _unenter(self, depth: int) -> None:
         """Undo an entry an interrupt cut short (its set is given back): its context."""
         if len(self._held) > depth:
-            held, tokens = self._held.pop()
-            for token in tokens:
-                context.pop(token)
-            for lease in held.leases.values():
-                lease.block_closed()
+            self._left()
 
     async def __aexit__(self, *exc_info: object) -> None:
         held = self._left()

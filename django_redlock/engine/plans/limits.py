@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from .. import scripts
@@ -116,6 +116,11 @@ def acquire_limits_plan(
             [i for i, g in enumerate(granted) if g is not None and g[j] == chosen[j]]
             for j in range(count)
         ]
+
+        def enough(confirmed: Collection[int]) -> bool:
+            """Every semaphore's slot confirmed on a quorum of its voters."""
+            return all(len(set(confirmed).intersection(v)) >= needed for v in voters)
+
         if all(len(v) >= needed for v in voters):
             union = sorted({i for v in voters for i in v})
             # "still held" only where every chosen slot the node granted still is
@@ -127,17 +132,13 @@ def acquire_limits_plan(
                 lambda i: tuple(
                     (slots_of[j][chosen[j] - 1], j) for j, v in enumerate(voters) if i in v
                 ),
-                lambda ok: all(len(set(ok).intersection(v)) >= needed for v in voters),
+                enough,
                 owner,
             )
             first, raced = owned.first, owned.raced
             last, confirmed = first + count - 1, owned.confirmed
             validity_deadline = started + ttl - state.drift(ttl)
-            if (
-                all(len(confirmed.intersection(v)) >= needed for v in voters)
-                and last < TOKEN_LIMIT
-                and time.monotonic() < validity_deadline
-            ):
+            if enough(confirmed) and last < TOKEN_LIMIT and time.monotonic() < validity_deadline:
                 stray = [
                     None if g is None else [k if k != chosen[j] else 0 for j, k in enumerate(g)]
                     for g in granted

@@ -88,7 +88,7 @@ def own_tokens(
         )
         confirmed |= wrote.held
         raced = wrote.passed is not None and not enough(confirmed)
-        if not raced:
+        if not raced or round_ == RAISE_ROUNDS - 1:
             break
         # fresh tokens above every counter seen, on every winner that may still hold, with a
         # margin for the counters that keep moving meanwhile: what racers passed the first
