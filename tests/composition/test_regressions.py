@@ -548,13 +548,14 @@ def test_n5_reentry_with_auto_extend_outlives_the_outer_max_hold(
 ) -> None:
     """N5: an inner ``lock(n, auto_extend=True)`` (no max_hold) under an outer block renewed
     only for ``max_hold=0.3`` keeps the lease renewed until the inner block ends (the inner
-    block reused the outer renewals, which stopped after 0.3 s: the lease ran out)."""
+    block reused the outer renewals, which stopped after 0.3 s: the lease ran out by 1.1 s).
+    A TTL of 0.8 s leaves a renewal (every 0.27 s) half a second late on a loaded machine."""
     manager = locks[alias]
     with (
-        manager.lock(unique_name, ttl=0.4, timeout=0, auto_extend=True, max_hold=0.3),
-        manager.lock(unique_name, ttl=0.4, timeout=0, auto_extend=True) as inner,
+        manager.lock(unique_name, ttl=0.8, timeout=0, auto_extend=True, max_hold=0.3),
+        manager.lock(unique_name, ttl=0.8, timeout=0, auto_extend=True) as inner,
     ):
-        time.sleep(1.0)
+        time.sleep(1.6)
         assert not inner.lost
         assert not free_elsewhere(unique_name, alias)
 

@@ -528,6 +528,20 @@ def test_late_answers_to_a_release_are_not_sent_again(
     assert max(extra) <= 2, extra
 
 
+def _reaching_the_last_two(manager: LockManager, name: str) -> Lease:
+    """A lease of ``name`` whose ``reached`` leaves the first node out. The first node's
+    "held" answer settles it only when it comes before the other two grants; a loaded machine
+    may read the grants first, and the attempt then counts the first node as one that may
+    hold (that lease's release goes to all three, and it is let go and taken again)."""
+    for _ in range(20):
+        lease = manager.acquire(name, timeout=0)
+        if lease.record.reached == (False, True, True):
+            return lease
+        assert lease.record.reached == (True, True, True), lease.record.reached
+        assert lease.release() is True
+    raise AssertionError("the first node's answer never came before the grants")
+
+
 def test_a_release_to_the_nodes_a_lease_reached_reads_their_answers(
     redis_node_factory: Nodes, redlock_alias: Alias, unique_name: str
 ) -> None:
@@ -542,8 +556,7 @@ def test_a_release_to_the_nodes_a_lease_reached_reads_their_answers(
     manager.acquire(f"{unique_name}:warm", timeout=0).release()
     key = f"{manager.config.key_prefix}{unique_name}"
     nodes[0].client().set(key, "someone|1|0|host|1", px=int(TTL * 1000))
-    lease = manager.acquire(unique_name, timeout=0)
-    assert lease.record.reached == (False, True, True)
+    lease = _reaching_the_last_two(manager, unique_name)
     admins = [node.client() for node in nodes]
 
     def scripts_run() -> list[int]:
