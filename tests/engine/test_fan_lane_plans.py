@@ -22,7 +22,7 @@ from django_redlock.engine.keyspace import TOKEN_LIMIT
 from django_redlock.engine.plans.rounds import Sent
 from django_redlock.engine.replies import NodeFailure
 from django_redlock.engine.state import AliasState, LeaseRecord
-from django_redlock.engine.transport.base import pack
+from django_redlock.engine.transport.base import pack, script_calls
 from tests.engine import test_plans
 from tests.engine.test_lane_plans import (
     KIND_TABLE,
@@ -121,10 +121,13 @@ def test_the_lane_acquires_as_the_plan_does(
 
         # the lane: the same bytes on every node, then its own record or the plan resumed
         attempt = lane_attempt(state, kind, waiter, mark_ms, make)
+        tails = []
         for i, call in enumerate(request.calls):
             assert call is not None and call.script is attempt.script
-            tail = lane.acquire_tail(attempt, owner, 5000, f"r{i}", suffix)
-            assert pack(tail) == pack((len(call.keys), *call.keys, *call.args)), pattern
+            tails.append(lane.acquire_tail(attempt, owner, 5000, f"r{i}", suffix))
+            assert pack(tails[-1]) == pack((len(call.keys), *call.keys, *call.args)), pattern
+        sha = attempt.script.sha
+        assert script_calls(sha, tails) == [pack(("EVALSHA", sha, *t)) for t in tails]
         record = fan_lane.quorum_record(state, attempt, owner, started, replies)
         if record is not None:
             got, shapes = record, [_shape(request)]
@@ -201,6 +204,8 @@ def test_the_lane_releases_as_the_plan_does(
             call = request.calls[i]
             assert call is not None and call.script is KIND_TABLE[laned.kind].release
             assert pack(tail) == pack((len(call.keys), *call.keys, *call.args)), (pattern, i)
+        sha = KIND_TABLE[laned.kind].release.sha  # packed once per run of one tail object
+        assert script_calls(sha, tails) == [pack(("EVALSHA", sha, *t)) for t in tails]
         was_valid = laned.validity() > 0
         got = [answers[i] for i in asked]
         held, _ = fan_lane.released(laned, count, asked, got, was_valid)

@@ -14,12 +14,29 @@ from .script import Script, taking
 # caller no longer counts as a waiter), {0, counter, pttl} when the name is busy or reserved for
 # a woken waiter (and registers the caller as a waiter, if it will wait), {-1, counter, 0} when
 # this node is not trusted.
+# The common case (a trusted node, neither the lock nor a hand-off reservation there) runs
+# first, before the shared functions are defined: defining them costs the node about a
+# microsecond per call, a sixth of the script. It grants exactly as ``take()`` does (a woken
+# caller's reservation does not exist here, so there is none to use up).
+_ACQUIRE_FREE = """local meta = redis.call('HMGET', KEYS[2], 'run_id', 'token', 'max_ttl')
+local present = meta[1] == ARGV[3] and redis.call('EXISTS', KEYS[1], KEYS[4])
+if present == 0 then
+  if ARGV[7] ~= '' then
+    redis.pcall('ZREM', KEYS[3], ARGV[7])  -- the winner stops waiting the moment it wins
+  end
+  if tonumber(ARGV[2]) > (tonumber(meta[3]) or 0) then
+    redis.call('HSET', KEYS[2], 'max_ttl', ARGV[2])
+  end
+  local token = redis.call('HINCRBY', KEYS[2], 'token', 1)
+  redis.call('SET', KEYS[1], ARGV[1] .. '|' .. string.format('%d', token) .. ARGV[4], 'PX', ARGV[2])
+  return {1, token, 0}
+end
+"""
 ACQUIRE = taking(
     "acquire",
-    TAKE_LUA,
+    _ACQUIRE_FREE + TAKE_LUA,
     """local woken = ARGV[6] == '1'
--- the common case, in one call: neither the lock nor a hand-off reservation exists
-if redis.call('EXISTS', KEYS[1], KEYS[4]) > 0 then
+if present > 0 then  -- the lock or a hand-off reservation exists (read above)
   local pttl = redis.call('PTTL', KEYS[1])
   if pttl == -2 and not woken then
     pttl = redis.call('PTTL', KEYS[4])  -- free, but handed to the waiter a release woke
@@ -35,13 +52,28 @@ end
 return {1, take(KEYS[1], KEYS[2], KEYS[3], woken and KEYS[4] or nil, max_ttl), 0}
 """,
     fence=2,
+    trust="meta[1] == ARGV[3], tonumber(meta[2]) or 0, tonumber(meta[3]) or 0",
 )
 #: ACQUIRE reply statuses (the first element of its reply).
 GRANTED, BUSY, UNTRUSTED, OTHER_KIND = 1, 0, -1, -2
 
 # KEYS and ARGV: see ``RELEASE_LUA`` in :mod:`.fragments`.
+# The common case first, as ACQUIRE's: a lease's release (no registration) where nobody waits
+# is a compare-and-delete, answered as ``release()`` answers it.
+_RELEASE_UNWATCHED = """if tonumber(ARGV[5]) == 0 and redis.call('EXISTS', KEYS[2]) == 0 then
+  local value = redis.call('GET', KEYS[1])
+  if value and string.sub(value, 1, #ARGV[1] + 1) == ARGV[1] .. '|' then
+    redis.call('DEL', KEYS[1])
+    return 1
+  end
+  return 0
+end
+"""
 RELEASE = Script(
-    "release", RELEASE_LUA + "return release(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[4] == '1')\n"
+    "release",
+    _RELEASE_UNWATCHED
+    + RELEASE_LUA
+    + "return release(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[4] == '1')\n",
 )
 
 #: RELEASE replies.

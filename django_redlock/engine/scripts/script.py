@@ -18,13 +18,22 @@ class Script:
         object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
 
 
-def taking(name: str, functions: str, body: str, *, fence: int = 1, width: int = 3) -> Script:
+def taking(
+    name: str,
+    functions: str,
+    body: str,
+    *,
+    fence: int = 1,
+    width: int = 3,
+    trust: str | None = None,
+) -> Script:
     """A script that takes something: ``functions`` (the Lua they share, with ``trusted()``),
     then the trust check of the fence hash at ``KEYS[fence]`` (a node not trusted answers
-    ``{-1, counter, 0...}``, ``width`` items long), then ``body``."""
+    ``{-1, counter, 0...}``, ``width`` items long), then ``body``. ``trust``: Lua that gives
+    what ``trusted()`` gives from a read the script made already."""
     untrusted = "{-1, counter" + ", 0" * (width - 2) + "}"
     check = (
-        f"\nlocal ok, counter, max_ttl = trusted(KEYS[{fence}])\n"
+        f"\nlocal ok, counter, max_ttl = {trust or f'trusted(KEYS[{fence}])'}\n"
         f"if not ok then\n  return {untrusted}\nend\n"
     )
     return Script(name, functions + check + body)

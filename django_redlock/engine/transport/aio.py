@@ -30,6 +30,7 @@ from .base import (
     pack,
     request_slots,
     resend_unknown_scripts,
+    script_calls,
     send_later,
     socket_timeout,
     watch_unanswered,
@@ -484,11 +485,9 @@ class AsyncChannel:
         ends once ``decided`` says yes or ``timeout`` seconds pass; a node that lost its
         scripts gets it once more in full. A reply or a NodeFailure per link."""
         gather = _Gather(decided)
-        sha = script.sha
-        # every argument is text (see .base.texts): packed as it is
+        calls = script_calls(script.sha, tails)
         gather.slots = slots = [
-            _written(link, hiredis.pack_command(("EVALSHA", sha, *tail)), gather.check)  # type: ignore[arg-type]
-            for link, tail in zip(links, tails, strict=True)
+            _written(link, call, gather.check) for link, call in zip(links, calls, strict=True)
         ]
         deadline = time.monotonic() + timeout
         await gather.wait(deadline)

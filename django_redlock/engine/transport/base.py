@@ -76,6 +76,21 @@ def pack(command: Sequence[Any]) -> bytes:
     return hiredis.pack_command(texts(command))  # type: ignore[no-any-return]
 
 
+def script_calls(sha: str, tails: Sequence[tuple[str, ...]]) -> list[bytes]:
+    """``EVALSHA sha`` with each of ``tails`` (key count, keys and arguments, all text: see
+    :func:`texts`), packed again only where a tail is another object than the one before: a
+    release sends one tail to every node but the one waiters block on."""
+    calls = []
+    last: tuple[str, ...] | None = None
+    call = b""
+    for tail in tails:
+        if tail is not last:
+            call = hiredis.pack_command(("EVALSHA", sha, *tail))  # type: ignore[arg-type]
+            last = tail
+        calls.append(call)
+    return calls
+
+
 #: Longest reason :func:`describe` gives: room for every view of a list of sentinels or seeds
 #: that all declined (about 65 characters each), yet bounded for a huge error text.
 REASON_MAX = 1000

@@ -27,6 +27,7 @@ from .base import (
     hold_for_later,
     pack,
     request_slots,
+    script_calls,
     send_later,
     watch_unanswered,
 )
@@ -365,12 +366,8 @@ class Channel:
         :meth:`_collect` reads until ``decided`` says yes or ``timeout`` seconds pass; a node
         that lost its scripts gets it once more in full. Returns what :meth:`execute` would:
         a reply or a :class:`~..replies.NodeFailure` per link."""
-        sha = script.sha
-        # every argument is text (see .base.texts): packed as it is
-        slots = [
-            _written(link, hiredis.pack_command(("EVALSHA", sha, *tail)))  # type: ignore[arg-type]
-            for link, tail in zip(links, tails, strict=True)
-        ]
+        calls = script_calls(script.sha, tails)
+        slots = [_written(link, call) for link, call in zip(links, calls, strict=True)]
         # from the writes, as execute() counts: a pause of this process before them (a
         # SIGSTOP, a collector pass) must not spend the replies' time
         deadline = time.monotonic() + timeout
