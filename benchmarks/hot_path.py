@@ -6,7 +6,8 @@ pair (the nodes' ``used_cpu_user`` + ``used_cpu_sys`` from ``INFO cpu``, summed 
 nodes); Python function calls per pair (``cProfile``, counted in a separate pass so the
 profiler's cost stays out of the timings, with busy polling off so that it counts the work,
 not the turns of a spin); Redis commands per pair and node (``INFO
-commandstats``: those the scripts run, not the ``EVALSHA`` itself).
+commandstats``: those the scripts run, not the ``EVALSHA`` itself); the nodes' time inside
+the scripts per pair (``INFO commandstats``: ``EVALSHA`` and ``EVAL``, summed over the nodes).
 
 Contenders: this tree; the tree of each ``--ref`` (extracted with ``git archive``); raw
 redis-py on 1 node (``SET NX PX`` + ``EVALSHA`` compare-and-delete, hiredis) and the
@@ -60,6 +61,15 @@ def commands():
         for name, stats in client.info("commandstats").items():
             if name not in ("cmdstat_info", "cmdstat_evalsha", "cmdstat_eval"):
                 total += int(stats["calls"])
+    return total
+
+def script_usec():
+    # the nodes' time inside EVALSHA and EVAL (the commands the scripts run included)
+    total = 0
+    for client in clients:
+        for name, stats in client.info("commandstats").items():
+            if name in ("cmdstat_evalsha", "cmdstat_eval"):
+                total += int(stats["usec"])
     return total
 
 asynchronous = kind.endswith("-async")
@@ -142,7 +152,7 @@ def timed():
     for i in range(300):  # warm up: connections, scripts, fence state
         release(acquire(f"warm:{i}"))
         release(counted_acquire(f"warm:{i}"))
-    ran = commands()
+    ran, scripted = commands(), script_usec()
     cpu, server, started = time.process_time(), server_cpu(), time.perf_counter()
     for i in range(pairs):
         before = time.perf_counter()
@@ -150,7 +160,10 @@ def timed():
         times.append(time.perf_counter() - before)
         release(held)
     elapsed = time.perf_counter() - started
-    measured = time.process_time() - cpu, server_cpu() - server, commands() - ran, elapsed
+    measured = (
+        time.process_time() - cpu, server_cpu() - server, commands() - ran, elapsed,
+        script_usec() - scripted,
+    )
     profile.enable()
     for i in range(counted):
         release(counted_acquire(f"p:{i}"))
@@ -162,7 +175,7 @@ async def atimed():  # the same on an event loop (the INFO calls block it: outsi
     for i in range(300):
         await arelease(await aacquire(f"warm:{i}"))
         await arelease(await acounted_acquire(f"warm:{i}"))
-    ran = commands()
+    ran, scripted = commands(), script_usec()
     cpu, server, started = time.process_time(), server_cpu(), time.perf_counter()
     for i in range(pairs):
         before = time.perf_counter()
@@ -170,7 +183,10 @@ async def atimed():  # the same on an event loop (the INFO calls block it: outsi
         times.append(time.perf_counter() - before)
         await arelease(held)
     elapsed = time.perf_counter() - started
-    measured = time.process_time() - cpu, server_cpu() - server, commands() - ran, elapsed
+    measured = (
+        time.process_time() - cpu, server_cpu() - server, commands() - ran, elapsed,
+        script_usec() - scripted,
+    )
     profile.enable()
     for i in range(counted):
         await arelease(await acounted_acquire(f"p:{i}"))
@@ -181,9 +197,9 @@ async def atimed():  # the same on an event loop (the INFO calls block it: outsi
 if asynchronous:
     import asyncio
 
-    cpu, server, ran, elapsed = asyncio.run(atimed())
+    cpu, server, ran, elapsed, scripted = asyncio.run(atimed())
 else:
-    cpu, server, ran, elapsed = timed()
+    cpu, server, ran, elapsed, scripted = timed()
 ran = ran / pairs / len(clients)
 calls = pstats.Stats(profile).total_calls / counted
 times.sort()
@@ -194,6 +210,7 @@ print(json.dumps({
     "server": server / pairs * 1e6,
     "calls": calls,
     "commands": ran,
+    "scripts": scripted / pairs,
 }))
 """
 
@@ -258,10 +275,10 @@ def main() -> None:
         )
         print(
             "| nodes | contender | pairs/s | acquire p50 µs | client CPU µs/pair | "
-            "server CPU µs/pair | Python calls/pair | Redis commands/pair/node | "
-            "pairs/s vs raw | client CPU vs raw | server CPU vs raw |"
+            "server CPU µs/pair | in scripts µs/pair | Python calls/pair | "
+            "Redis commands/pair/node | pairs/s vs raw | client CPU vs raw | server CPU vs raw |"
         )
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for count in (1,) if asynchronous else (1, 5):
             urls = nodes.urls[:1] if count == 1 else nodes.urls[1:]  # a fresh set each
             raw = "raw redis-py" if count == 1 else "raw fan-out"
@@ -280,7 +297,8 @@ def main() -> None:
                 m, r = median[name], median[raw]
                 print(
                     f"| {count} | {name} | {m['rate']:,.0f} | {m['p50']:.0f} | {m['cpu']:.0f} | "
-                    f"{m['server']:.0f} | {m['calls']:.0f} | {m['commands']:.1f} | "
+                    f"{m['server']:.0f} | {m['scripts']:.0f} | {m['calls']:.0f} | "
+                    f"{m['commands']:.1f} | "
                     f"{m['rate'] / r['rate']:.2f}x | {m['cpu'] / r['cpu']:.2f}x | "
                     f"{m['server'] / r['server']:.2f}x |"
                 )
