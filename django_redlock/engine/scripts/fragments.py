@@ -201,3 +201,37 @@ return wake(waiters, wake_list, handoff, wakes, slots)
 end
 """
 )
+
+
+def grant_if_free(
+    fence: int, key: int, reservation: int, waiting: tuple[int, ...], mark: str = ""
+) -> str:
+    """Lua that grants at once on a trusted node where neither ``KEYS[key]`` nor the hand-off
+    reservation ``KEYS[reservation]`` exists, before the script defines any of the functions
+    its other paths share (each definition costs the node time on every call): the caller
+    stops waiting in the sets ``KEYS[waiting]``, the fence hash ``KEYS[fence]`` notes the
+    TTL and gives the token, ``KEYS[key]`` takes the lock value (ending with ``mark``), as
+    ``take()`` does (a woken caller's reservation does not exist here: none to use up).
+    Leaves ``meta`` (the fence hash's run_id, counter and longest TTL, for :data:`TRUST_READ`)
+    and ``present`` (how many of the two keys exist; false on a node not trusted)."""
+    stop_waiting = "".join(f"    redis.pcall('ZREM', KEYS[{k}], ARGV[7])\n" for k in waiting)
+    value = "ARGV[1] .. '|' .. string.format('%d', token) .. ARGV[4]" + (
+        f" .. '{mark}'" if mark else ""
+    )
+    return f"""local meta = redis.call('HMGET', KEYS[{fence}], 'run_id', 'token', 'max_ttl')
+local present = meta[1] == ARGV[3] and redis.call('EXISTS', KEYS[{key}], KEYS[{reservation}])
+if present == 0 then
+  if ARGV[7] ~= '' then  -- the winner stops waiting the moment it wins
+{stop_waiting}  end
+  if tonumber(ARGV[2]) > (tonumber(meta[3]) or 0) then
+    redis.call('HSET', KEYS[{fence}], 'max_ttl', ARGV[2])
+  end
+  local token = redis.call('HINCRBY', KEYS[{fence}], 'token', 1)
+  redis.call('SET', KEYS[{key}], {value}, 'PX', ARGV[2])
+  return {{1, token, 0}}
+end
+"""
+
+
+#: What ``trusted()`` gives, from the ``meta`` that :func:`grant_if_free` read.
+TRUST_READ = "meta[1] == ARGV[3], tonumber(meta[2]) or 0, tonumber(meta[3]) or 0"

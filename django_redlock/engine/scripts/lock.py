@@ -3,7 +3,7 @@ force-release, with their reply codes."""
 
 from __future__ import annotations
 
-from .fragments import RELEASE_LUA, TAKE_LUA
+from .fragments import RELEASE_LUA, TAKE_LUA, TRUST_READ, grant_if_free
 from .script import Script, taking
 
 # KEYS: lock, fence, waiter set, hand-off reservation.
@@ -14,28 +14,11 @@ from .script import Script, taking
 # caller no longer counts as a waiter), {0, counter, pttl} when the name is busy or reserved for
 # a woken waiter (and registers the caller as a waiter, if it will wait), {-1, counter, 0} when
 # this node is not trusted.
-# The common case (a trusted node, neither the lock nor a hand-off reservation there) runs
-# first, before the shared functions are defined: defining them costs the node about a
-# microsecond per call, a sixth of the script. It grants exactly as ``take()`` does (a woken
-# caller's reservation does not exist here, so there is none to use up).
-_ACQUIRE_FREE = """local meta = redis.call('HMGET', KEYS[2], 'run_id', 'token', 'max_ttl')
-local present = meta[1] == ARGV[3] and redis.call('EXISTS', KEYS[1], KEYS[4])
-if present == 0 then
-  if ARGV[7] ~= '' then
-    redis.pcall('ZREM', KEYS[3], ARGV[7])  -- the winner stops waiting the moment it wins
-  end
-  if tonumber(ARGV[2]) > (tonumber(meta[3]) or 0) then
-    redis.call('HSET', KEYS[2], 'max_ttl', ARGV[2])
-  end
-  local token = redis.call('HINCRBY', KEYS[2], 'token', 1)
-  redis.call('SET', KEYS[1], ARGV[1] .. '|' .. string.format('%d', token) .. ARGV[4], 'PX', ARGV[2])
-  return {1, token, 0}
-end
-"""
-ACQUIRE = taking(
-    "acquire",
-    _ACQUIRE_FREE + TAKE_LUA,
-    """local woken = ARGV[6] == '1'
+# The common case (a trusted node, neither the lock nor a hand-off reservation there) is
+# granted first, before the shared functions are defined (see ``grant_if_free``).
+#: ACQUIRE after the trust check, with ``present`` read (the test of the common case builds
+#: the script without it from this).
+ACQUIRE_BODY = """local woken = ARGV[6] == '1'
 if present > 0 then  -- the lock or a hand-off reservation exists (read above)
   local pttl = redis.call('PTTL', KEYS[1])
   if pttl == -2 and not woken then
@@ -50,9 +33,13 @@ if present > 0 then  -- the lock or a hand-off reservation exists (read above)
 end
 -- only a woken caller can find a reservation to use up
 return {1, take(KEYS[1], KEYS[2], KEYS[3], woken and KEYS[4] or nil, max_ttl), 0}
-""",
+"""
+ACQUIRE = taking(
+    "acquire",
+    grant_if_free(fence=2, key=1, reservation=4, waiting=(3,)) + TAKE_LUA,
+    ACQUIRE_BODY,
     fence=2,
-    trust="meta[1] == ARGV[3], tonumber(meta[2]) or 0, tonumber(meta[3]) or 0",
+    trust=TRUST_READ,
 )
 #: ACQUIRE reply statuses (the first element of its reply).
 GRANTED, BUSY, UNTRUSTED, OTHER_KIND = 1, 0, -1, -2
@@ -69,12 +56,9 @@ _RELEASE_UNWATCHED = """if tonumber(ARGV[5]) == 0 and redis.call('EXISTS', KEYS[
   return 0
 end
 """
-RELEASE = Script(
-    "release",
-    _RELEASE_UNWATCHED
-    + RELEASE_LUA
-    + "return release(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[4] == '1')\n",
-)
+#: RELEASE after the shared functions.
+RELEASE_BODY = "return release(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[4] == '1')\n"
+RELEASE = Script("release", _RELEASE_UNWATCHED + RELEASE_LUA + RELEASE_BODY)
 
 #: RELEASE replies.
 NOT_HELD, RELEASED, HANDED_OFF = 0, 1, 2

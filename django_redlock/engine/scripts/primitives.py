@@ -4,7 +4,7 @@ and are loaded with the others (``ALL_SCRIPTS``)."""
 
 from __future__ import annotations
 
-from .fragments import RELEASE_LUA, TAKE_LUA
+from .fragments import RELEASE_LUA, TAKE_LUA, TRUST_READ, grant_if_free
 from .script import Script, taking
 
 # KEYS: fence, then for each name: lock, waiter set, hand-off reservation (three keys each).
@@ -132,7 +132,7 @@ return release(lock, KEYS[1], KEYS[2], KEYS[3], ARGV[4] == '1', slots)
 # KEYS (READ and WRITE): fence, readers, the name's key, waiter set, hand-off reservation,
 # waiting writers. ARGV: as ACQUIRE. Replies as ACQUIRE ({-2, ...} when the name is a
 # semaphore's).
-_RW = (
+RW_LUA = (
     TAKE_LUA
     + """
 local function held_by(key)
@@ -166,10 +166,39 @@ local function refused(counter)
 end
 """
 )
-READ = taking(
-    "read",
-    _RW,
-    """local refusal = refused(counter)
+# READ's common case first, as ``grant_if_free``: a trusted node where the name is free or
+# held by readers, no hand-off reservation and no writer waiting: the read lease is granted as
+# the general path below grants it, before the shared functions are defined.
+_READ_OPEN = """local meta = redis.call('HMGET', KEYS[1], 'run_id', 'token', 'max_ttl')
+local here = meta[1] == ARGV[3]
+local held = here and redis.call('GET', KEYS[3])
+if here and (not held or held == 'rwlock|readers')
+    and redis.call('EXISTS', KEYS[5], KEYS[6]) == 0 then
+  local clock = redis.pcall('TIME')
+  if not clock.err then
+    local now = clock[1] * 1000 + math.floor(clock[2] / 1000)
+    local ms = tonumber(ARGV[2])
+    if ARGV[7] ~= '' then
+      redis.pcall('ZREM', KEYS[4], ARGV[7])  -- the winner stops waiting the moment it wins
+    end
+    if ms > (tonumber(meta[3]) or 0) then
+      redis.call('HSET', KEYS[1], 'max_ttl', ARGV[2])
+    end
+    local token = redis.call('HINCRBY', KEYS[1], 'token', 1)
+    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)  -- lapsed read leases go
+    redis.call('ZADD', KEYS[2], now + ms, ARGV[1])
+    if redis.call('PTTL', KEYS[2]) < ms then
+      redis.call('PEXPIRE', KEYS[2], ms)
+    end
+    if not held or redis.call('PTTL', KEYS[3]) < ms then
+      redis.call('SET', KEYS[3], 'rwlock|readers', 'PX', ms)
+    end
+    return {1, token, 0}
+  end
+end
+"""
+#: READ after the trust check (and ``RW_LUA``).
+READ_BODY = """local refusal = refused(counter)
 if refusal then
   return refusal
 end
@@ -200,12 +229,10 @@ if redis.call('PTTL', KEYS[2]) < ms then
 end
 mark(KEYS[3], 'rwlock|readers', ms)
 return {1, token, 0}
-""",
-)
-WRITE = taking(
-    "write",
-    _RW,
-    """local refusal, holder = refused(counter)
+"""
+READ = taking("read", _READ_OPEN + RW_LUA, READ_BODY, trust=TRUST_READ)
+#: WRITE after the trust check (and ``RW_LUA``).
+WRITE_BODY = """local refusal, holder = refused(counter)
 if refusal then
   return refusal
 end
@@ -234,7 +261,12 @@ end
 local token = won(KEYS[1], KEYS[4], ARGV[6] == '1' and KEYS[5] or nil, max_ttl)
 redis.call('SET', KEYS[3], lock_value(token) .. '|write', 'PX', ARGV[2])
 return {1, token, 0}
-""",
+"""
+WRITE = taking(
+    "write",
+    grant_if_free(fence=1, key=3, reservation=5, waiting=(6, 4), mark="|write") + RW_LUA,
+    WRITE_BODY,
+    trust=TRUST_READ,
 )
 
 # ``fit_to_readers(readers, key, now)``: the readers' set and the marker at the name's key live
