@@ -36,12 +36,20 @@ REFERENCE = {
     "release": Script("release", RELEASE_LUA + lock.RELEASE_BODY),
     "read": taking("read", primitives.RW_LUA, primitives.READ_BODY),
     "write": taking("write", primitives.RW_LUA, primitives.WRITE_BODY),
+    "permit": taking(
+        "permit",
+        TAKE_LUA,
+        "local marker = 'semaphore|' .. ARGV[8]\n"
+        "local found = redis.call('GET', KEYS[4])\n"
+        "local full = nil\n" + primitives.PERMIT_BODY,
+    ),
 }
 SHIPPED = {
     "acquire": lock.ACQUIRE,
     "release": lock.RELEASE,
     "read": primitives.READ,
     "write": primitives.WRITE,
+    "permit": primitives.PERMIT,
 }
 #: Each script's keys, by role (KEYS order).
 KEYS = {
@@ -49,6 +57,7 @@ KEYS = {
     "release": ("lock", "waiters", "wake", "handoff"),
     "read": ("fence", "readers", "lock", "waiters", "handoff", "writers"),
     "write": ("fence", "readers", "lock", "waiters", "handoff", "writers"),
+    "permit": ("fence", "waiters", "handoff", "marker", "slot0", "slot1", "slot2"),
 }
 RUN_ID, OWNER, WAITER = "run-1", "me", "w1"
 #: Slack for TTLs and clock-based scores between the two runs of one example (ms).
@@ -90,6 +99,15 @@ ROLE_STATES: dict[str, st.SearchStrategy[Any]] = {
     ),
     "handoff": st.one_of(st.none(), st.none(), st.tuples(st.sampled_from(["1", "2"]), ttls)),
     "wake": st.none() | st.integers(1, 3),
+    "marker": st.none()
+    | st.tuples(
+        st.sampled_from(["semaphore|3", "semaphore|3", "semaphore|5", "other|7|1|host|1"]), ttls
+    ),
+    **{
+        f"slot{k}": st.none()
+        | st.tuples(st.sampled_from([f"{OWNER}|7|1|host|1", "other|7|1|host|1"]), ttls)
+        for k in range(3)
+    },
     "waiters": _zset(),
     "readers": _zset(),
     "writers": _zset(),
@@ -98,7 +116,7 @@ ARGS = {
     # owner, ttl_ms, run_id, suffix, registration ms, woken, waiter id
     "acquire": st.tuples(
         st.just(OWNER),
-        st.sampled_from(["100", "30000", "70000"]),
+        st.sampled_from(["2500", "30000", "70000"]),  # none lapses during an example
         st.just(RUN_ID),
         st.just("|12|host|9"),
         st.sampled_from(["0", "3000"]),
@@ -117,6 +135,7 @@ ARGS = {
     ),
 }
 ARGS["read"] = ARGS["write"] = ARGS["acquire"]
+ARGS["permit"] = ARGS["acquire"].map(lambda args: (*args, "3"))  # and the semaphore's size
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +155,7 @@ def _write(client: Any, keys: dict[str, str], state: dict[str, Any]) -> None:
             continue
         if role == "fence":
             client.hset(key, mapping=shape)
-        elif role in ("lock", "handoff"):
+        elif role in ("lock", "handoff", "marker") or role.startswith("slot"):
             value, ttl = shape
             client.set(key, value, px=ttl)
         elif role == "wake":

@@ -203,6 +203,27 @@ end
 )
 
 
+def token_drawn(fence: int, waiting: tuple[int, ...], indent: str) -> str:
+    """Lua lines (each indented by ``indent``) that do what ``won()`` does for a caller no
+    release woke, before the shared functions exist: the caller stops waiting in the sets
+    ``KEYS[waiting]``, the fence hash ``KEYS[fence]`` (read into ``meta``) notes the TTL and
+    gives the token, in the local ``token``."""
+    lines = [
+        "if ARGV[7] ~= '' then  -- the winner stops waiting the moment it wins",
+        *(f"  redis.pcall('ZREM', KEYS[{k}], ARGV[7])" for k in waiting),
+        "end",
+        "if tonumber(ARGV[2]) > (tonumber(meta[3]) or 0) then",
+        f"  redis.call('HSET', KEYS[{fence}], 'max_ttl', ARGV[2])",
+        "end",
+        f"local token = redis.call('HINCRBY', KEYS[{fence}], 'token', 1)",
+    ]
+    return "".join(f"{indent}{line}\n" for line in lines)
+
+
+#: Lua: the lock value of the ``token`` drawn (as ``lock_value()``).
+VALUE_OF_TOKEN = "ARGV[1] .. '|' .. string.format('%d', token) .. ARGV[4]"
+
+
 def grant_if_free(
     fence: int, key: int, reservation: int, waiting: tuple[int, ...], mark: str = ""
 ) -> str:
@@ -214,20 +235,11 @@ def grant_if_free(
     ``take()`` does (a woken caller's reservation does not exist here: none to use up).
     Leaves ``meta`` (the fence hash's run_id, counter and longest TTL, for :data:`TRUST_READ`)
     and ``present`` (how many of the two keys exist; false on a node not trusted)."""
-    stop_waiting = "".join(f"    redis.pcall('ZREM', KEYS[{k}], ARGV[7])\n" for k in waiting)
-    value = "ARGV[1] .. '|' .. string.format('%d', token) .. ARGV[4]" + (
-        f" .. '{mark}'" if mark else ""
-    )
+    value = VALUE_OF_TOKEN + (f" .. '{mark}'" if mark else "")
     return f"""local meta = redis.call('HMGET', KEYS[{fence}], 'run_id', 'token', 'max_ttl')
 local present = meta[1] == ARGV[3] and redis.call('EXISTS', KEYS[{key}], KEYS[{reservation}])
 if present == 0 then
-  if ARGV[7] ~= '' then  -- the winner stops waiting the moment it wins
-{stop_waiting}  end
-  if tonumber(ARGV[2]) > (tonumber(meta[3]) or 0) then
-    redis.call('HSET', KEYS[{fence}], 'max_ttl', ARGV[2])
-  end
-  local token = redis.call('HINCRBY', KEYS[{fence}], 'token', 1)
-  redis.call('SET', KEYS[{key}], {value}, 'PX', ARGV[2])
+{token_drawn(fence, waiting, "  ")}  redis.call('SET', KEYS[{key}], {value}, 'PX', ARGV[2])
   return {{1, token, 0}}
 end
 """

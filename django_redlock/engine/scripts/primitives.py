@@ -4,7 +4,14 @@ and are loaded with the others (``ALL_SCRIPTS``)."""
 
 from __future__ import annotations
 
-from .fragments import RELEASE_LUA, TAKE_LUA, TRUST_READ, grant_if_free
+from .fragments import (
+    RELEASE_LUA,
+    TAKE_LUA,
+    TRUST_READ,
+    VALUE_OF_TOKEN,
+    grant_if_free,
+    token_drawn,
+)
 from .script import Script, taking
 
 # KEYS: fence, then for each name: lock, waiter set, hand-off reservation (three keys each).
@@ -73,19 +80,53 @@ return {1, first, 0}
 # pttl} when every slot is taken (pttl: the soonest a slot frees) or the free ones are
 # reserved for woken waiters, {-1, counter, 0} untrusted, {-2, counter, 0} when the name is
 # a lock's or a semaphore's with another N.
-PERMIT = taking(
-    "permit",
-    TAKE_LUA,
-    """local marker = 'semaphore|' .. ARGV[8]
-local found = redis.call('GET', KEYS[4])
-if found and found ~= marker then
+# PERMIT's common case first, as ``grant_if_free``: on a trusted node, a caller no release woke,
+# no slot reserved, the marker the semaphore's (or none): the first free slot is granted before
+# the shared functions are defined. When every slot is taken, the general path below goes on
+# from what this read (``found``; ``full``: the soonest a slot frees, as ``free_slot`` gives it
+# with nothing reserved).
+_PERMIT_OPEN = (
+    """local meta = redis.call('HMGET', KEYS[1], 'run_id', 'token', 'max_ttl')
+local here = meta[1] == ARGV[3]
+local marker = 'semaphore|' .. ARGV[8]
+local found = here and redis.call('GET', KEYS[4])
+local full = nil
+if here and (not found or found == marker) and ARGV[6] ~= '1'
+    and redis.call('EXISTS', KEYS[3]) == 0 then
+  full = -2
+  for k = 5, #KEYS do
+    local pttl = redis.call('PTTL', KEYS[k])
+    if pttl == -2 then
+      local ms = tonumber(ARGV[2])
+"""
+    + token_drawn(1, (2,), "      ")
+    + f"""\
+      redis.call('SET', KEYS[k], {VALUE_OF_TOKEN}, 'PX', ARGV[2])
+"""
+    + """\
+      if not found or redis.call('PTTL', KEYS[4]) < ms then
+        redis.call('SET', KEYS[4], marker, 'PX', ms)
+      end
+      return {1, token, k - 4}
+    elseif full == -2 or pttl < full then
+      full = pttl
+    end
+  end
+end
+"""
+)
+#: PERMIT after the trust check, with ``marker``, ``found`` and ``full`` read.
+PERMIT_BODY = """if found and found ~= marker then
   return {-2, counter, 0}
 end
 -- a release that woke waiters reserved a free slot for each: others may take a slot only
 -- while one more is free
 local woken = ARGV[6] == '1'
-local reserved = woken and 0 or (tonumber(redis.call('GET', KEYS[3])) or 0)
-local free, soonest = free_slot(5, #KEYS, reserved, KEYS[3])
+local free, soonest = nil, full
+if not full then
+  local reserved = woken and 0 or (tonumber(redis.call('GET', KEYS[3])) or 0)
+  free, soonest = free_slot(5, #KEYS, reserved, KEYS[3])
+end
 if not free then
   return busy(KEYS[2], soonest, counter)
 end
@@ -95,8 +136,8 @@ if woken and redis.call('DECR', KEYS[3]) <= 0 then
 end
 mark(KEYS[4], marker, tonumber(ARGV[2]))
 return {1, token, free - 4}
-""",
-)
+"""
+PERMIT = taking("permit", _PERMIT_OPEN + TAKE_LUA, PERMIT_BODY, trust=TRUST_READ)
 
 # KEYS: waiter set, wake-up list, hand-off reservation, then every slot key of the semaphore,
 # those the permit may hold first. ARGV: as RELEASE. RELEASE on the slot that holds the
@@ -169,7 +210,8 @@ end
 # READ's common case first, as ``grant_if_free``: a trusted node where the name is free or
 # held by readers, no hand-off reservation and no writer waiting: the read lease is granted as
 # the general path below grants it, before the shared functions are defined.
-_READ_OPEN = """local meta = redis.call('HMGET', KEYS[1], 'run_id', 'token', 'max_ttl')
+_READ_OPEN = (
+    """local meta = redis.call('HMGET', KEYS[1], 'run_id', 'token', 'max_ttl')
 local here = meta[1] == ARGV[3]
 local held = here and redis.call('GET', KEYS[3])
 if here and (not held or held == 'rwlock|readers')
@@ -178,13 +220,9 @@ if here and (not held or held == 'rwlock|readers')
   if not clock.err then
     local now = clock[1] * 1000 + math.floor(clock[2] / 1000)
     local ms = tonumber(ARGV[2])
-    if ARGV[7] ~= '' then
-      redis.pcall('ZREM', KEYS[4], ARGV[7])  -- the winner stops waiting the moment it wins
-    end
-    if ms > (tonumber(meta[3]) or 0) then
-      redis.call('HSET', KEYS[1], 'max_ttl', ARGV[2])
-    end
-    local token = redis.call('HINCRBY', KEYS[1], 'token', 1)
+"""
+    + token_drawn(1, (4,), "    ")
+    + """\
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)  -- lapsed read leases go
     redis.call('ZADD', KEYS[2], now + ms, ARGV[1])
     if redis.call('PTTL', KEYS[2]) < ms then
@@ -197,6 +235,7 @@ if here and (not held or held == 'rwlock|readers')
   end
 end
 """
+)
 #: READ after the trust check (and ``RW_LUA``).
 READ_BODY = """local refusal = refused(counter)
 if refusal then
