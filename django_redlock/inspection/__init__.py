@@ -186,7 +186,12 @@ def force_release(
     if info is None:
         raise NotHeld(f"lock {name!r} is not held on alias {alias!r}")
     if token is None and lease is None:
-        return manager.force_release(name), info
+        try:
+            return manager.force_release(name), info
+        except ValueError as exc:  # it became a semaphore's since it was read
+            raise HolderChanged(
+                f"{name!r} on alias {alias!r} is now held as a semaphore; nothing was released"
+            ) from exc
     if (token is not None and info.token != token) or (
         lease is not None and info.lease_id != lease
     ):

@@ -430,6 +430,8 @@ class LockManager(KindBlocks):
         """Delete ``name`` on every node whoever holds it and advance the fence counter.
 
         Returns the number of nodes that deleted it. For the admin and ``manage.py redlock``.
+        Raises ``ValueError`` for a semaphore's name (its permits are keys of their own:
+        :func:`django_redlock.inspection.force_release` releases them, then the name).
         """
         name = check_name(name)
         return self.engine_for(name).force_release(name, expected_value)

@@ -15,7 +15,7 @@ from django.urls import reverse
 
 from django_redlock import inspection, locks
 from django_redlock import inspection as inspect
-from django_redlock.exceptions import LockLost, LockNotAcquired
+from django_redlock.exceptions import LockError, LockLost, LockNotAcquired
 from django_redlock.locking.lease import Lease
 
 pytestmark = pytest.mark.django_db
@@ -155,3 +155,25 @@ def test_a_read_row_names_its_readers_by_fingerprint(unique_name: str) -> None:
     finally:
         for reader in readers:
             reader.release()
+
+
+@pytest.mark.parametrize("alias", ["default", "five"])
+def test_force_release_of_a_semaphore_name_alone_is_refused(alias: str, unique_name: str) -> None:
+    """``LockManager.force_release(name)`` on a semaphore's name raises ``ValueError`` and
+    deletes nothing: it used to delete the marker only, so the permits (keys of their own)
+    stayed valid and a plain lock was granted beside them. ``inspection.force_release``
+    releases the permits, then the name."""
+    manager = locks[alias]
+    permit = manager.acquire(unique_name, ttl=30, timeout=0, permits=2)
+    with pytest.raises(ValueError, match="semaphore's name"):
+        manager.force_release(unique_name)
+    permit.extend(30)  # still valid
+    with pytest.raises(LockError):  # the name is still the semaphore's
+        manager.acquire(unique_name, ttl=5, timeout=0)
+    deleted, info = inspection.force_release(alias, unique_name)
+    assert deleted >= 1 and info.kind == "semaphore"
+    with pytest.raises(LockLost):
+        permit.extend(30)
+    lock = manager.acquire(unique_name, ttl=5, timeout=0)
+    assert lock.token > permit.token
+    assert lock.release() is True

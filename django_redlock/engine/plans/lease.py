@@ -308,7 +308,9 @@ def force_release_plan(
 ) -> Plan[int]:
     """Delete ``name`` (or ``key``, one of its semaphore's slot keys) on every node whoever
     holds it (a read-write lock's readers: all of them); returns how many nodes deleted it.
-    A waiter of ``name`` is woken."""
+    A waiter of ``name`` is woken. Raises ``ValueError`` when ``name`` is a semaphore's and
+    ``expected`` does not name its marker: its permits must go first (their slot keys), else
+    a lock could be taken beside them; nothing is deleted on the nodes that hold it."""
     keys = state.keys
     calls: list[Call | None] = [
         None
@@ -321,6 +323,13 @@ def force_release_plan(
         for node in nodes
     ]
     replies = yield Request(calls, state.node_timeout * 4, None)
+    if scripts.OTHER_KIND in replies:
+        raise ValueError(
+            f"{name!r} is a semaphore's name: force-releasing it alone would leave its permits "
+            "valid beside a lock taken next. Release its permits and then the name with "
+            "django_redlock.inspection.force_release(alias, name), the admin's force-release "
+            "action or 'manage.py redlock release'; nothing was deleted where it is a semaphore"
+        )
     return sum(1 for r in replies if r == scripts.DELETED)
 
 

@@ -172,6 +172,8 @@ return {meta[1] or '', tonumber(meta[2]) or 0, tonumber(meta[3]) or 0,
 # value ('' = any owner), wake-up TTL in ms.
 # Force-release: delete whatever holds the name (or only the expected value), advance the
 # counter so the evicted holder's token is older than every later one, and wake one waiter.
+# A semaphore's marker is not deleted unless it is the expected value: its permits live in
+# slot keys of their own, and the marker alone gone would let a lock in beside them.
 # Readers' marker: every read lease goes with it (else a reader's renewal would mark the name
 # "readers" again over the writer that came next). Returns 1 when a key was deleted, 0 otherwise.
 FORCE_RELEASE = Script(
@@ -180,6 +182,9 @@ FORCE_RELEASE = Script(
 local value = redis.call('GET', KEYS[1])
 if not value or (ARGV[1] ~= '' and value ~= ARGV[1]) then
   return 0
+end
+if ARGV[1] == '' and string.sub(value, 1, 10) == 'semaphore|' then
+  return -2  -- a semaphore's marker goes only when named: its permits are keys of their own
 end
 redis.call('DEL', KEYS[1], KEYS[3])
 if string.sub(value, 1, 7) == 'rwlock|' then
@@ -193,5 +198,6 @@ redis.call('PEXPIRE', KEYS[3], ARGV[2])
 return 1
 """,
 )
-#: FORCE_RELEASE replies: DELETED, or NOT_HELD (above).
+#: FORCE_RELEASE replies: DELETED, NOT_HELD or OTHER_KIND (above: a semaphore's marker, which
+#: is deleted only when given as the expected value, after its permits).
 DELETED = 1

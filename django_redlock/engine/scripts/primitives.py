@@ -144,10 +144,21 @@ PERMIT = taking("permit", _PERMIT_OPEN + TAKE_LUA, PERMIT_BODY, trust=TRUST_READ
 # owner's value (the first one, if any: a permit whose slot is unknown, its acquire having got
 # no reply, passes every slot as one it may hold); the slots tell whether a free one is left
 # for its releaser.
-RELEASE_PERMIT = Script(
-    "release_permit",
-    RELEASE_LUA
-    + """
+# RELEASE_PERMIT's common case first (a lease's release, nobody waiting): the slot that holds
+# the owner's value is deleted before the shared functions are defined, as ``release()`` would.
+_PERMIT_RELEASE_UNWATCHED = """if tonumber(ARGV[5]) == 0 and redis.call('EXISTS', KEYS[1]) == 0 then
+  for i = 4, #KEYS do
+    local value = redis.call('GET', KEYS[i])
+    if value and string.sub(value, 1, #ARGV[1] + 1) == ARGV[1] .. '|' then
+      redis.call('DEL', KEYS[i])
+      return 1
+    end
+  end
+  return 0
+end
+"""
+#: RELEASE_PERMIT after the shared functions.
+PERMIT_RELEASE_BODY = """
 local slots, lock = {}, KEYS[4]
 for i = 4, #KEYS do
   slots[#slots + 1] = KEYS[i]
@@ -160,7 +171,9 @@ for i = 4, #KEYS do
   end
 end
 return release(lock, KEYS[1], KEYS[2], KEYS[3], ARGV[4] == '1', slots)
-""",
+"""
+RELEASE_PERMIT = Script(
+    "release_permit", _PERMIT_RELEASE_UNWATCHED + RELEASE_LUA + PERMIT_RELEASE_BODY
 )
 
 # A read-write lock ``<name>`` (``read_lock``/``write_lock``): readers are the members of the
@@ -312,7 +325,7 @@ WRITE = taking(
 # as long as the longest read lease left in the set, no longer: after the longest one is
 # released or extended to a shorter TTL, they would outlive every lease by up to its old TTL
 # (a plain lock of the name found it busy all that time). Called with readers left.
-_FIT_READERS_LUA = """
+FIT_READERS_LUA = """
 local function fit_to_readers(readers, key, now)
   local last = redis.call('ZRANGE', readers, -1, -1, 'WITHSCORES')
   local left = math.max(1, tonumber(last[2]) - now)
@@ -331,12 +344,28 @@ end
 # and wakes a waiter (a writer, most likely). With a registration TTL (ARGV[5] > 0: a failed
 # attempt that will wait gives back what it got), registers the caller as a waiter instead.
 # Returns as RELEASE.
-READ_RELEASE = Script(
-    "read_release",
-    RELEASE_LUA
-    + _FIT_READERS_LUA
-    + """
-local mine = redis.call('ZREM', KEYS[1], ARGV[1]) == 1
+# READ_RELEASE's common case first (a lease's release): the read lease goes and, for the last
+# reader with nobody waiting, the marker too, before the shared functions are defined;
+# otherwise the general path goes on from ``mine``.
+_READ_RELEASE_LAST = """local mine = nil
+if tonumber(ARGV[5]) == 0 then
+  mine = redis.call('ZREM', KEYS[1], ARGV[1]) == 1
+  if not mine then
+    return 0
+  end
+  if redis.call('ZCARD', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[3]) == 0 then
+    if string.sub(redis.call('GET', KEYS[2]) or '', 1, 7) == 'rwlock|' then
+      redis.call('DEL', KEYS[2])
+    end
+    return 1
+  end
+end
+"""
+#: READ_RELEASE after the shared functions, with ``mine`` (nil: not removed yet).
+READ_RELEASE_BODY = """
+if mine == nil then
+  mine = redis.call('ZREM', KEYS[1], ARGV[1]) == 1
+end
 if tonumber(ARGV[5]) > 0 then
   register(KEYS[3], ARGV[6], tonumber(ARGV[5]), true)
 end
@@ -362,7 +391,9 @@ if tonumber(ARGV[5]) > 0 then
   return 1
 end
 return wake(KEYS[3], KEYS[4], KEYS[5], ARGV[4] == '1')
-""",
+"""
+READ_RELEASE = Script(
+    "read_release", _READ_RELEASE_LAST + RELEASE_LUA + FIT_READERS_LUA + READ_RELEASE_BODY
 )
 
 # KEYS: readers, fence, the name's key. ARGV: owner, ttl_ms, run_id.
@@ -372,7 +403,7 @@ return wake(KEYS[3], KEYS[4], KEYS[5], ARGV[4] == '1')
 READ_EXTEND = Script(
     "read_extend",
     TAKE_LUA
-    + _FIT_READERS_LUA
+    + FIT_READERS_LUA
     + """
 local ok, _, max_ttl = trusted(KEYS[2])
 if not ok then
