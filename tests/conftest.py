@@ -7,6 +7,7 @@ nodes, each with its own key prefix. Tests that inject faults start their own no
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import uuid
@@ -201,6 +202,18 @@ def _session_redlock(session_nodes: RedisNodes) -> Iterator[None]:
     yield
     locks.reset()
     settings.REDLOCK = old
+
+
+@pytest.fixture(autouse=True)
+def _collect_what_the_test_let_pass(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that lets unraisable exceptions pass (an interrupted connect leaves its socket to
+    the garbage collector: an "unclosed socket" ResourceWarning) has its garbage collected
+    before it ends, under its own filter. Else the warning surfaces in a later test of the
+    same worker, which allows none (CI saw one at a fault test's setup)."""
+    yield
+    marks = request.node.iter_markers("filterwarnings")
+    if any("PytestUnraisableExceptionWarning" in str(mark.args) for mark in marks):
+        gc.collect()
 
 
 @pytest.fixture(autouse=True)

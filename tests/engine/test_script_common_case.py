@@ -161,6 +161,7 @@ def client(redis_node_factory_session: RedisNodeFactory) -> Iterator[Any]:
     redis = node.client()
     yield redis
     redis.flushall()
+    redis.close()
 
 
 def _write(client: Any, keys: dict[str, str], state: dict[str, Any]) -> None:
