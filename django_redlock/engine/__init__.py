@@ -38,6 +38,7 @@ from .keyspace import (
 )
 from .kinds import KINDS
 from .plans import order_edges
+from .plans.lease import SemaphoreName
 from .plans.notes import NoteHolder, NoteReplies, call_note, note_key
 from .plans.order_edges import ORDER_TTL
 from .plans.records import RecordRead
@@ -94,6 +95,7 @@ __all__ = [
     "Renew",
     "Renewal",
     "RenewalBound",
+    "SemaphoreName",
     "Stepper",
     "WaiterCount",
     "as_text",

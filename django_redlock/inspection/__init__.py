@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..engine import SEMAPHORE_MARKER, escape_glob
+from ..engine import SEMAPHORE_MARKER, SemaphoreName, escape_glob
 from ..locking.manager import LockManager
 from ..locking.registry import locks
 from ..nodes.probe import NodeHealth, Target, probe
@@ -188,7 +188,7 @@ def force_release(
     if token is None and lease is None:
         try:
             return manager.force_release(name), info
-        except ValueError as exc:  # it became a semaphore's since it was read
+        except SemaphoreName as exc:  # it became a semaphore's since it was read
             raise HolderChanged(
                 f"{name!r} on alias {alias!r} is now held as a semaphore; nothing was released"
             ) from exc

@@ -303,6 +303,10 @@ def extend_plan(
     return Renewal(LOST, answered, node_errors(nodes, replies))
 
 
+class SemaphoreName(ValueError):
+    """:func:`force_release_plan` without the expected marker found a semaphore's name."""
+
+
 def force_release_plan(
     state: AliasState, nodes: Sequence[NodeView], name: str, expected: str = "", key: str = ""
 ) -> Plan[int]:
@@ -324,7 +328,7 @@ def force_release_plan(
     ]
     replies = yield Request(calls, state.node_timeout * 4, None)
     if scripts.OTHER_KIND in replies:
-        raise ValueError(
+        raise SemaphoreName(
             f"{name!r} is a semaphore's name: force-releasing it alone would leave its permits "
             "valid beside a lock taken next. Release its permits and then the name with "
             "django_redlock.inspection.force_release(alias, name), the admin's force-release "

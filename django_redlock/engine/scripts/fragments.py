@@ -203,6 +203,12 @@ end
 )
 
 
+def fence_read(fence: int) -> str:
+    """Lua: ``meta``, the fence hash ``KEYS[fence]``'s run_id, counter and longest TTL (what
+    ``trusted()`` reads; :data:`TRUST_READ` makes its answer of it)."""
+    return f"local meta = redis.call('HMGET', KEYS[{fence}], 'run_id', 'token', 'max_ttl')\n"
+
+
 def token_drawn(fence: int, waiting: tuple[int, ...], indent: str) -> str:
     """Lua lines (each indented by ``indent``) that do what ``won()`` does for a caller no
     release woke, before the shared functions exist: the caller stops waiting in the sets
@@ -236,8 +242,8 @@ def grant_if_free(
     Leaves ``meta`` (the fence hash's run_id, counter and longest TTL, for :data:`TRUST_READ`)
     and ``present`` (how many of the two keys exist; false on a node not trusted)."""
     value = VALUE_OF_TOKEN + (f" .. '{mark}'" if mark else "")
-    return f"""local meta = redis.call('HMGET', KEYS[{fence}], 'run_id', 'token', 'max_ttl')
-local present = meta[1] == ARGV[3] and redis.call('EXISTS', KEYS[{key}], KEYS[{reservation}])
+    exists = f"redis.call('EXISTS', KEYS[{key}], KEYS[{reservation}])"
+    return f"""{fence_read(fence)}local present = meta[1] == ARGV[3] and {exists}
 if present == 0 then
 {token_drawn(fence, waiting, "  ")}  redis.call('SET', KEYS[{key}], {value}, 'PX', ARGV[2])
   return {{1, token, 0}}

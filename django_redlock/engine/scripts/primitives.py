@@ -9,6 +9,7 @@ from .fragments import (
     TAKE_LUA,
     TRUST_READ,
     VALUE_OF_TOKEN,
+    fence_read,
     grant_if_free,
     token_drawn,
 )
@@ -85,9 +86,7 @@ return {1, first, 0}
 # the shared functions are defined. When every slot is taken, the general path below goes on
 # from what this read (``found``; ``full``: the soonest a slot frees, as ``free_slot`` gives it
 # with nothing reserved).
-_PERMIT_OPEN = (
-    """local meta = redis.call('HMGET', KEYS[1], 'run_id', 'token', 'max_ttl')
-local here = meta[1] == ARGV[3]
+_PERMIT_OPEN = f"""{fence_read(1)}local here = meta[1] == ARGV[3]
 local marker = 'semaphore|' .. ARGV[8]
 local found = here and redis.call('GET', KEYS[4])
 local full = nil
@@ -98,23 +97,18 @@ if here and (not found or found == marker) and ARGV[6] ~= '1'
     local pttl = redis.call('PTTL', KEYS[k])
     if pttl == -2 then
       local ms = tonumber(ARGV[2])
-"""
-    + token_drawn(1, (2,), "      ")
-    + f"""\
+{token_drawn(1, (2,), "      ")}\
       redis.call('SET', KEYS[k], {VALUE_OF_TOKEN}, 'PX', ARGV[2])
-"""
-    + """\
       if not found or redis.call('PTTL', KEYS[4]) < ms then
         redis.call('SET', KEYS[4], marker, 'PX', ms)
       end
-      return {1, token, k - 4}
+      return {{1, token, k - 4}}
     elseif full == -2 or pttl < full then
       full = pttl
     end
   end
 end
 """
-)
 #: PERMIT after the trust check, with ``marker``, ``found`` and ``full`` read.
 PERMIT_BODY = """if found and found ~= marker then
   return {-2, counter, 0}
@@ -223,9 +217,7 @@ end
 # READ's common case first, as ``grant_if_free``: a trusted node where the name is free or
 # held by readers, no hand-off reservation and no writer waiting: the read lease is granted as
 # the general path below grants it, before the shared functions are defined.
-_READ_OPEN = (
-    """local meta = redis.call('HMGET', KEYS[1], 'run_id', 'token', 'max_ttl')
-local here = meta[1] == ARGV[3]
+_READ_OPEN = f"""{fence_read(1)}local here = meta[1] == ARGV[3]
 local held = here and redis.call('GET', KEYS[3])
 if here and (not held or held == 'rwlock|readers')
     and redis.call('EXISTS', KEYS[5], KEYS[6]) == 0 then
@@ -233,9 +225,7 @@ if here and (not held or held == 'rwlock|readers')
   if not clock.err then
     local now = clock[1] * 1000 + math.floor(clock[2] / 1000)
     local ms = tonumber(ARGV[2])
-"""
-    + token_drawn(1, (4,), "    ")
-    + """\
+{token_drawn(1, (4,), "    ")}\
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)  -- lapsed read leases go
     redis.call('ZADD', KEYS[2], now + ms, ARGV[1])
     if redis.call('PTTL', KEYS[2]) < ms then
@@ -244,11 +234,10 @@ if here and (not held or held == 'rwlock|readers')
     if not held or redis.call('PTTL', KEYS[3]) < ms then
       redis.call('SET', KEYS[3], 'rwlock|readers', 'PX', ms)
     end
-    return {1, token, 0}
+    return {{1, token, 0}}
   end
 end
 """
-)
 #: READ after the trust check (and ``RW_LUA``).
 READ_BODY = """local refusal = refused(counter)
 if refusal then
