@@ -350,10 +350,16 @@ class Engine:
             if not isinstance(first, AcquireFailure) or (timeout == 0 and not first.raced):
                 return first
         loop = acquire_loop(target, waiting, self._policy(timeout, queue_first, first, started))
+        task = asyncio.current_task()
+        cancels = task.cancelling() if task is not None else 0
         with self.waiters:
             try:
                 request = next(loop)
                 while True:
+                    if task is not None and task.cancelling() > cancels:
+                        # a cancel that a layer below caught and dropped (the task still
+                        # counts it): honoured before the next step, never after a grant
+                        raise asyncio.CancelledError
                     request = loop.send(await self._acarry_out(request, target, waiting))
             except StopIteration as done:
                 return done.value

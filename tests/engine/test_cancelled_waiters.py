@@ -221,3 +221,45 @@ def test_a_release_cancelled_before_it_went_out_still_releases(
         except LockNotAcquired:
             assert time.monotonic() < deadline, "the cancelled release never went out"
             time.sleep(0.05)
+
+
+@pytest.mark.parametrize("alias", ["default", "multi"])
+def test_a_cancel_a_layer_below_dropped_still_ends_the_wait(
+    alias: str, unique_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A layer under the waiting loop catches the cancellation of its task and returns as if
+    its wait had ended (as a client library's read may turn it into its own timeout): the
+    task still counts the cancel, so ``aacquire()`` ends with it before its next attempt
+    instead of waiting out its 20 s timeout, and its registration is withdrawn."""
+    manager = locks[alias]
+    engine = manager.engine
+    step = engine._acarry_out
+    dropped: list[str] = []
+
+    async def dropping(request: Any, target: Any, waiting: Any) -> Any:
+        try:
+            return await step(request, target, waiting)
+        except asyncio.CancelledError:
+            dropped.append(type(request).__name__)
+            # what a wait that simply ended returns: False (no wake-up), None (no pipe)
+            return False if type(request).__name__ == "Wait" else None
+
+    monkeypatch.setattr(engine, "_acarry_out", dropping)
+    names = [unique_name]
+    holders = _held_elsewhere(manager, names)
+
+    async def scenario() -> None:
+        registered = asyncio.create_task(_until_registered(manager, names))
+        waiter = asyncio.create_task(manager.aacquire(unique_name, timeout=20))
+        await asyncio.wait_for(registered, 10)
+        await asyncio.sleep(0.05)  # now in its wait, most likely (or an attempt)
+        waiter.cancel()
+        done, _ = await asyncio.wait([waiter], timeout=10)
+        assert done, "the cancelled waiter went on waiting"
+        assert waiter.cancelled(), f"it ended otherwise: {waiter.exception()!r}"
+
+    asyncio.run(scenario())
+    monkeypatch.undo()
+    assert dropped, "no layer below dropped the cancel: the test tested nothing"
+    _assert_withdrawn(manager, names)
+    _released_then_free(manager, holders, names)
