@@ -9,7 +9,7 @@ ACL_COMMANDS = (
     "+@connection +info +evalsha +eval +script|load +scan +blpop +rpush "
     "+get +set +del +exists +pttl +pexpire +hget +hmget +hset +hincrby +hexists "
     "+hsetnx +hlen +hgetall "
-    "+time +zadd +zrem +zremrangebyscore +zcount"
+    "+time +zadd +zrem +zremrangebyscore +zcount +zcard +zrange +zscore +llen +decr"
 )
 
 
