@@ -186,6 +186,9 @@ class Engine:
     def _carry_out(self, request: LoopRequest, target: Target, waiting: Waiting | None) -> Any:
         """One request of :func:`.acquire_loop.acquire_loop`, blocking."""
         if isinstance(request, Try):
+            if target.lane and self._laned:  # one name: a lane, as the first attempt
+                attempt = target.lane_attempt(waiting, request.woken)
+                return self.pools.run_with(self._lane_acquire, attempt, None, request.until)
             return self.pools.run(request.plan, None, request.until)
         if isinstance(request, Pipe):
             return self.waits.piped(target, waiting, request.step)
@@ -372,6 +375,11 @@ class Engine:
     ) -> Any:
         """Asyncio twin of :meth:`_carry_out`."""
         if isinstance(request, Try):
+            if target.lane and self._laned:  # one name: a lane, as the first attempt
+                attempt = target.lane_attempt(waiting, request.woken)
+                return await self.pools.loops.arun_with(
+                    self._alane_acquire, attempt, None, request.until
+                )
             return await self.pools.loops.arun(request.plan, None, request.until)
         if isinstance(request, Pipe):
             return await self.waits.apiped(target, waiting, request.step)

@@ -141,7 +141,18 @@ class AliasState:
         """The command registering ``waiter`` for ``mark_ms``, for a caller that queues
         without a failed attempt (which registers it otherwise). Sent with the ``BLPOP`` on the
         wake-up connection, which loads no scripts: hence ``EVAL``, cached by the server."""
-        return ("EVAL", scripts.REGISTER.source, 1, self.keys.waiters(name), waiter, mark_ms)
+        keys = self.keys
+        return (
+            "EVAL",
+            scripts.REGISTER.source,
+            4,
+            keys.waiters(name),
+            keys.lock(name),
+            keys.wake(name),
+            keys.handoff(name),
+            waiter,
+            mark_ms,
+        )
 
     def hedge_delay(self) -> float:
         """When a quorum-first attempt asks the other nodes (see :data:`HEDGE_ROUND_TRIPS`)."""

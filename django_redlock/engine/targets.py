@@ -85,8 +85,9 @@ class Target:
         self.started = time.monotonic()
         self.attempts = 0
 
-    def lane_attempt(self, waiting: Waiting | None) -> LaneAttempt:
-        """The first attempt of a lease on one name, for the lanes."""
+    def lane_attempt(self, waiting: Waiting | None, woken: bool = False) -> LaneAttempt:
+        """An attempt of a lease on one name, for the lanes: the first, or one of the acquire
+        loop's (``woken``: a release woke this caller, as :meth:`attempt`'s)."""
         waiter, mark_ms = "", 0
         if waiting is not None:
             waiter, mark_ms = waiting.waiter, registration_ms(waiting.deadline)
@@ -96,8 +97,8 @@ class Target:
             self.ttl,
             waiter,
             mark_ms,
-            False,
-            lambda sent: self.attempt(waiting, False, sent=sent),
+            woken,
+            lambda sent: self.attempt(waiting, woken, sent=sent),
             PERMIT if self.permits else self.rw,
             self.permits,
         )

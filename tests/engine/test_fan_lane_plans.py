@@ -77,6 +77,7 @@ def _patterns(nodes: int, answers: dict[str, Any] = ANSWERS) -> list[tuple[str, 
     return sample + [(key,) * nodes for key in answers]
 
 
+@pytest.mark.parametrize("woken", [False, True], ids=["first", "woken"])
 @pytest.mark.parametrize("late", [False, True], ids=["in time", "validity gone"])
 @pytest.mark.parametrize("waiter", ["", "w1"], ids=["timeout=0", "waits"])
 @pytest.mark.parametrize("count", [3, 5])
@@ -88,10 +89,12 @@ def test_the_lane_acquires_as_the_plan_does(
     count: int,
     waiter: str,
     late: bool,
+    woken: bool,
     monkeypatch: Any,
 ) -> None:
     """Same calls, same follow-ups, same outcome, for every kind of lease and set of
-    replies."""
+    replies; a first attempt, or one of the acquire loop's after a release woke the
+    caller."""
     module = sys.modules[plans.attempt_round.__module__]
     mark_ms = 1000 if waiter else 0
     settled_by_lane = 0
@@ -106,7 +109,15 @@ def test_the_lane_acquires_as_the_plan_does(
 
         def make(sent: Sent | None = None, nodes: Any = nodes) -> Any:
             return plans.acquire_plan(
-                state, nodes, NAME, 5.0, waiter=waiter, mark_ms=mark_ms, sent=sent, **kind_args
+                state,
+                nodes,
+                NAME,
+                5.0,
+                waiter=waiter,
+                mark_ms=mark_ms,
+                woken=woken,
+                sent=sent,
+                **kind_args,
             )
 
         request, owner, suffix, expected, expected_shapes = planned_from_scratch(
@@ -120,7 +131,7 @@ def test_the_lane_acquires_as_the_plan_does(
         monkeypatch.setattr(module, "new_owner", lambda owners=owners: next(owners))
 
         # the lane: the same bytes on every node, then its own record or the plan resumed
-        attempt = lane_attempt(state, kind, waiter, mark_ms, make)
+        attempt = lane_attempt(state, kind, waiter, mark_ms, make, woken)
         tails = []
         for i, call in enumerate(request.calls):
             assert call is not None and call.script is attempt.script

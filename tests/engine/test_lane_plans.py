@@ -150,6 +150,7 @@ def attempt_args(kind: str) -> dict[str, Any]:
     return {"permits": permits} if permits else {"rw": record_kind}
 
 
+@pytest.mark.parametrize("woken", [False, True], ids=["first", "woken"])
 @pytest.mark.parametrize("late", [False, True], ids=["in time", "validity gone"])
 @pytest.mark.parametrize("waiter", ["", "w1"], ids=["timeout=0", "waits"])
 @pytest.mark.parametrize("key", [*REPLIES, *PERMIT_REPLIES])
@@ -161,9 +162,11 @@ def test_the_lane_acquires_as_the_plan_does(
     key: str,
     waiter: str,
     late: bool,
+    woken: bool,
     monkeypatch: Any,
 ) -> None:
-    """Same first call, same follow-ups, same outcome, for every kind of lease and reply."""
+    """Same first call, same follow-ups, same outcome, for every kind of lease and reply; a
+    first attempt, or one of the acquire loop's after a release woke the caller."""
     if key in PERMIT_REPLIES and kind != "permit":
         pytest.skip("only a permit's grant names a slot")
     owners = iter(f"{i:032x}" for i in range(100))
@@ -177,7 +180,15 @@ def test_the_lane_acquires_as_the_plan_does(
 
     def make(sent: Sent | None = None) -> Any:
         return plans.acquire_plan(
-            state, nodes, NAME, 5.0, waiter=waiter, mark_ms=mark_ms, sent=sent, **kind_args
+            state,
+            nodes,
+            NAME,
+            5.0,
+            waiter=waiter,
+            mark_ms=mark_ms,
+            woken=woken,
+            sent=sent,
+            **kind_args,
         )
 
     request, owner, suffix, expected, expected_shapes = planned_from_scratch(
@@ -188,7 +199,7 @@ def test_the_lane_acquires_as_the_plan_does(
     owners = iter(f"{i:032x}" for i in range(1, 100))  # the lane's run draws the same ones
 
     # the lane: the same bytes, then its own record or the plan resumed
-    attempt = lane_attempt(state, kind, waiter, mark_ms, lambda s: None)
+    attempt = lane_attempt(state, kind, waiter, mark_ms, lambda s: None, woken)
     assert attempt.script is call.script
     tail = lane.acquire_tail(attempt, owner, 5000, "r0", suffix)
     assert all(type(a) is str for a in tail)  # hiredis turns no number into text (see texts)
@@ -244,12 +255,12 @@ def test_the_lane_releases_as_the_plan_does(
 
 
 def lane_attempt(
-    state: AliasState, kind: str, waiter: str, mark_ms: int, resume: Any
+    state: AliasState, kind: str, waiter: str, mark_ms: int, resume: Any, woken: bool = False
 ) -> lane.LaneAttempt:
     """The lanes' attempt at a lease of ``kind`` (a key of :data:`KINDS`) on :data:`NAME`,
-    with a TTL of 5 s, resumed with ``resume(sent)``."""
+    with a TTL of 5 s, resumed with ``resume(sent)`` (``woken``: a release woke the caller)."""
     record_kind, permits = KINDS[kind]
-    return lane.LaneAttempt(state, NAME, 5.0, waiter, mark_ms, False, resume, record_kind, permits)
+    return lane.LaneAttempt(state, NAME, 5.0, waiter, mark_ms, woken, resume, record_kind, permits)
 
 
 def lease_of_kind(

@@ -1478,11 +1478,15 @@ def test_register_goes_to_every_node_but_the_wake_node(state: AliasState) -> Non
     for i in others:
         call = run.calls(0)[i]
         assert (call.keys, call.args) == (("t:__waiters__:job",), ("w1", 900))
+    # the wake node's registration also reads the name, to leave a wake-up where it is free
     assert state.mark_command(NAME, "w1", 900) == (
         "EVAL",
         scripts.REGISTER.source,
-        1,
+        4,
         "t:__waiters__:job",
+        "t:job",
+        "t:__wake__:job",
+        "t:__handoff__:job",
         "w1",
         900,
     )

@@ -6,16 +6,25 @@ from __future__ import annotations
 from .fragments import NOW_LUA, REGISTER_LUA
 from .script import Script
 
-# KEYS: waiter set. ARGV: waiter id, registration TTL in ms.
+# KEYS: waiter set; on the node waiters block on also the lock, the wake-up list and the
+# hand-off reservation. ARGV: waiter id, registration TTL in ms.
 # Registers a caller that queues without a failed attempt (a process that has just handed the
 # name to a waiter): on the node waiters block on as EVAL, in the same write as its BLPOP (the
 # wake-up connections load no scripts), on the others from a lock connection. It does not
-# prune: such a caller has just released the name, and that release pruned. Returns 1.
+# prune: such a caller has just released the name, and that release pruned. On the node
+# waiters block on, a name that is free already (no holder, no reservation, no wake-up left)
+# was released before this registration arrived, by a release that saw nobody to wake: it
+# leaves a wake-up, so the BLPOP behind it returns at once instead of waiting a whole backoff
+# step while the name stands free (a lost wake-up). Returns 1.
 REGISTER = Script(
     "register",
     REGISTER_LUA
     + """
 register(KEYS[1], ARGV[1], tonumber(ARGV[2]), false)
+if KEYS[4] and redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[4]) == 0 then
+  redis.call('RPUSH', KEYS[3], '1')
+  redis.call('PEXPIRE', KEYS[3], ARGV[2])
+end
 return 1
 """,
 )

@@ -1,0 +1,113 @@
+"""A caller that queues at once (its release here just woke a waiter) registers with its
+``BLPOP``; when the waiter it woke has already taken the name and released it, that release
+saw nobody to wake. The registration then leaves the wake-up itself, so the ``BLPOP`` behind
+it returns at once instead of waiting a whole backoff step while the name stands free (a lost
+wake-up). Real nodes; the oracle is what each wait returned and the wake-up list."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from django_redlock.engine import scripts
+from django_redlock.engine.acquire_loop import Pipe, Wait
+from django_redlock.engine.keyspace import wake_node
+from django_redlock.locking.manager import LockManager
+from django_redlock.testing import RedisNodes
+
+NAME = "lost-wakeup"
+
+
+def _record(request: Any, reply: Any, seen: list[tuple[str, Any]]) -> None:
+    if isinstance(request, Pipe) and reply is not None:
+        seen.append(("pipe", reply[0]))
+    elif isinstance(request, Wait):
+        seen.append(("wait", reply))
+
+
+def _waits_seen(manager: LockManager) -> list[tuple[str, Any]]:
+    """Record what each wait of the engine's acquire loop returned (both drivers)."""
+    engine = manager.engine
+    carry_out, acarry_out = engine._carry_out, engine._acarry_out
+    seen: list[tuple[str, Any]] = []
+
+    def recording(request: Any, target: Any, waiting: Any) -> Any:
+        reply = carry_out(request, target, waiting)
+        _record(request, reply, seen)
+        return reply
+
+    async def arecording(request: Any, target: Any, waiting: Any) -> Any:
+        reply = await acarry_out(request, target, waiting)
+        _record(request, reply, seen)
+        return reply
+
+    engine._carry_out = recording  # type: ignore[method-assign]
+    engine._acarry_out = arecording  # type: ignore[method-assign]
+    return seen
+
+
+@pytest.mark.parametrize("how", ["sync", "asyncio"])
+@pytest.mark.parametrize("nodes", [1, 3])
+def test_queueing_behind_a_hand_off_that_is_over_wakes_at_once(
+    redis_node_factory: Callable[..., RedisNodes],
+    redlock_alias: Callable[..., LockManager],
+    nodes: int,
+    how: str,
+) -> None:
+    """This process just handed the name to a waiter (its release reserved it), and the name
+    is free again by the time it asks: its queued wait is woken at once, by its own
+    registration, and it gets the name. Before, the wait ran its backoff step (RETRY_DELAY 5 s,
+    up to 0.8 s) and returned unwoken."""
+    manager = redlock_alias(redis_node_factory(nodes), TTL=10, RETRY_DELAY=5.0)
+    lease = manager.acquire(NAME, timeout=0)
+    record = lease.record
+    assert lease.release() is True
+    manager.engine.reservations.note(record)  # as if that release had woken a waiter
+    seen = _waits_seen(manager)
+    if how == "sync":
+        again = manager.acquire(NAME, timeout=10)
+    else:
+        again = asyncio.run(manager.aacquire(NAME, timeout=10))
+    assert again.token > lease.token
+    assert again.release() is True
+    assert seen, "the caller did not queue first: the test tested nothing"
+    assert seen[0][1] is True, f"its first wait was not woken: {seen}"
+
+
+def test_the_registration_leaves_a_wake_up_only_where_the_name_is_free(
+    redis_node_factory: Callable[..., RedisNodes],
+    redlock_alias: Callable[..., LockManager],
+) -> None:
+    """On the node waiters block on, the registration leaves one wake-up when no one holds
+    the name and none is reserved or pending; never when it is held, reserved, or a wake-up
+    is already there. On the other nodes it only registers."""
+    node = redis_node_factory(1)[0]
+    manager = redlock_alias([node.url], TTL=10)
+    state = manager.engine.state
+    keys = state.keys
+    client = redis.Redis.from_url(str(node.url))
+    wake = keys.wake(NAME)
+    assert wake_node(NAME, 1) == 0
+
+    def register() -> int:
+        client.execute_command(*state.mark_command(NAME, "w1", 1000))
+        return int(client.llen(wake))
+
+    assert register() == 1, "a free name: one wake-up"
+    assert 0 < client.pttl(wake) <= 1000
+    assert register() == 1, "a wake-up already there: no second one"
+    client.delete(wake)
+    client.set(keys.lock(NAME), "someone", px=5000)
+    assert register() == 0, "held: the holder's release wakes it"
+    client.delete(keys.lock(NAME))
+    client.set(keys.handoff(NAME), "w0", px=5000)
+    assert register() == 0, "reserved for a waiter a release woke"
+    client.delete(keys.handoff(NAME))
+    # elsewhere (one key): a registration only
+    client.eval(scripts.REGISTER.source, 1, keys.waiters(NAME), "w2", 1000)
+    assert client.llen(wake) == 0
+    assert client.zscore(keys.waiters(NAME), "w2") is not None
