@@ -27,14 +27,13 @@ from tests.engine import test_plans
 from tests.engine.test_lane_plans import (
     KIND_TABLE,
     KINDS,
-    NAME,
     START,
     _finish,
     _outcome,
     _shape,
-    attempt_args,
     lane_attempt,
     lease_of_kind,
+    plan_maker,
     planned_from_scratch,
 )
 from tests.support.scripted import Clock, fake_nodes
@@ -99,7 +98,6 @@ def test_the_lane_acquires_as_the_plan_does(
     mark_ms = 1000 if waiter else 0
     settled_by_lane = 0
     answers = _answers(kind)
-    kind_args = attempt_args(kind)
     for pattern in _patterns(count, answers):
         replies = [answers[key] for key in pattern]
         owners = iter(f"{i:032x}" for i in range(100))
@@ -107,19 +105,7 @@ def test_the_lane_acquires_as_the_plan_does(
         nodes = fake_nodes(count)
         started = clock.now
 
-        def make(sent: Sent | None = None, nodes: Any = nodes) -> Any:
-            return plans.acquire_plan(
-                state,
-                nodes,
-                NAME,
-                5.0,
-                waiter=waiter,
-                mark_ms=mark_ms,
-                woken=woken,
-                sent=sent,
-                **kind_args,
-            )
-
+        make = plan_maker(state, nodes, kind, waiter, mark_ms, woken)
         request, owner, suffix, expected, expected_shapes = planned_from_scratch(
             make,
             state,

@@ -10,6 +10,7 @@ requests and end with the same outcome. Releases likewise. No Redis, no database
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -144,6 +145,29 @@ def _reply(key: str, kind: str = "") -> Any:
     return value
 
 
+def plan_maker(
+    state: AliasState, nodes: Any, kind: str, waiter: str, mark_ms: int, woken: bool
+) -> Callable[..., Any]:
+    """``make(sent=None)``: the acquire plan of a lease of ``kind`` on :data:`NAME` (TTL 5 s)
+    on ``nodes``, as the engine makes it for an attempt (``woken``: after a wake-up)."""
+    kind_args = attempt_args(kind)
+
+    def make(sent: Sent | None = None) -> Any:
+        return plans.acquire_plan(
+            state,
+            nodes,
+            NAME,
+            5.0,
+            waiter=waiter,
+            mark_ms=mark_ms,
+            woken=woken,
+            sent=sent,
+            **kind_args,
+        )
+
+    return make
+
+
 def attempt_args(kind: str) -> dict[str, Any]:
     """``acquire_plan``'s keyword arguments for a lease of ``kind`` (a key of :data:`KINDS`)."""
     record_kind, permits = KINDS[kind]
@@ -176,21 +200,7 @@ def test_the_lane_acquires_as_the_plan_does(
     nodes: list[FakeNode] = fake_nodes(1)
     mark_ms = 1000 if waiter else 0
     reply = _reply(key, KINDS[kind][0])
-    kind_args = attempt_args(kind)
-
-    def make(sent: Sent | None = None) -> Any:
-        return plans.acquire_plan(
-            state,
-            nodes,
-            NAME,
-            5.0,
-            waiter=waiter,
-            mark_ms=mark_ms,
-            woken=woken,
-            sent=sent,
-            **kind_args,
-        )
-
+    make = plan_maker(state, nodes, kind, waiter, mark_ms, woken)
     request, owner, suffix, expected, expected_shapes = planned_from_scratch(
         make, state, clock, late, lambda plan, request: _finish(plan, request, reply)
     )
