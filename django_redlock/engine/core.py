@@ -338,6 +338,8 @@ class Engine:
 
     async def _aacquire_target(self, target: Target, timeout: float | None) -> Any:
         self._check_fork()
+        task = asyncio.current_task()
+        cancels = task.cancelling() if task is not None else 0  # see the loop below
         started, queue_first = target.started, self._queue_first(target, timeout)
         waiting = Waiting.of(started, timeout)
         first = None
@@ -353,8 +355,6 @@ class Engine:
             if not isinstance(first, AcquireFailure) or (timeout == 0 and not first.raced):
                 return first
         loop = acquire_loop(target, waiting, self._policy(timeout, queue_first, first, started))
-        task = asyncio.current_task()
-        cancels = task.cancelling() if task is not None else 0
         with self.waiters:
             try:
                 request = next(loop)
