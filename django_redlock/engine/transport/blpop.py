@@ -244,7 +244,7 @@ class ReleaseWaiter:
                 commands = [before] if before else []
                 commands.append(blpop_command(key, left))
                 packed = conn.pack_commands([texts(c) for c in commands])
-                await conn.send_packed_command(packed, check_health=False)
+                await redis_py.asend(conn, packed)
                 for _ in commands[:-1]:
                     await conn.read_response(timeout=left + SLACK)
                 until = time.monotonic() + left + SLACK

@@ -35,9 +35,35 @@ def handshake(conn: SyncConnection, commands: Sequence[Command]) -> list[Any]:
 
 async def ahandshake(conn: AsyncConnection, commands: Sequence[Command]) -> list[Any]:
     """Asyncio twin of :func:`handshake`."""
-    await conn.connect()
-    await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+    cancels = _cancels()
+    await conn.connect()  # its own handshake (HELLO, AUTH, SELECT) sends as asend's note says
+    _raise_dropped_cancel(cancels)
+    await asend(conn, conn.pack_commands(commands))
     return [await conn.read_response() for _ in commands]
+
+
+async def asend(conn: AsyncConnection, packed: Any) -> None:
+    """``conn.send_packed_command(packed)``, with a cancellation it dropped raised again.
+
+    redis-py sends under ``asyncio.wait_for`` when the connection has a socket timeout. Before
+    Python 3.12, ``wait_for`` returns the send's result when the caller's task is cancelled in
+    the same turn of the event loop as the send completes: the cancel is lost (the task still
+    counts it, in ``Task.cancelling()``), and a cancelled waiter went on waiting."""
+    cancels = _cancels()
+    await conn.send_packed_command(packed, check_health=False)
+    _raise_dropped_cancel(cancels)
+
+
+def _cancels() -> int:
+    task = asyncio.current_task()
+    return task.cancelling() if task is not None else 0
+
+
+def _raise_dropped_cancel(before: int) -> None:
+    """Raise ``CancelledError`` if the current task was cancelled since it counted ``before``
+    cancels and the cancel did not reach it."""
+    if _cancels() > before:
+        raise asyncio.CancelledError
 
 
 def connected_socket(conn: SyncConnection) -> socket.socket:
