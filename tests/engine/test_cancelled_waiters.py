@@ -263,3 +263,41 @@ def test_a_cancel_a_layer_below_dropped_still_ends_the_wait(
     assert dropped, "no layer below dropped the cancel: the test tested nothing"
     _assert_withdrawn(manager, names)
     _released_then_free(manager, holders, names)
+
+
+@pytest.mark.parametrize("alias", ["default", "multi"])
+def test_the_last_waiter_withdrawing_takes_the_reservation_with_it(
+    alias: str, unique_name: str
+) -> None:
+    """A release reserved the name for the waiter it woke, and that waiter gives up (its task
+    cancelled as the wake-up came): its withdrawal removes the last registration, so the
+    reservation, which would serve nobody, goes too, and another caller gets the name at
+    once. While another waiter is still registered, the reservation stays for it."""
+    from django_redlock.engine.plans import withdraw_plan
+
+    manager = locks[alias]
+    engine = manager.engine
+    keys = engine.state.keys
+    clients = _clients(manager)
+    name = unique_name
+
+    def withdraw(waiter: str) -> None:
+        engine.pools.run(lambda nodes: withdraw_plan(engine.state, nodes, [name], waiter))
+
+    def on_every_node(test: Callable[[redis.Redis], bool]) -> None:
+        deadline = time.monotonic() + 5
+        while not all(test(client) for client in clients):
+            assert time.monotonic() < deadline, "not on every node"
+            time.sleep(0.01)
+
+    for client in clients:  # as a release leaves it: the name reserved for a woken waiter
+        far = int(client.time()[0] * 1000) + 30_000
+        client.zadd(keys.waiters(name), {"w1": far, "w2": far})
+        client.set(keys.handoff(name), "1", px=30_000)
+    withdraw("w1")
+    on_every_node(lambda c: c.zscore(keys.waiters(name), "w1") is None)
+    assert all(c.exists(keys.handoff(name)) for c in clients), "w2 still waits: kept"
+    withdraw("w1")  # removes nothing: keeps it too
+    withdraw("w2")
+    on_every_node(lambda c: not c.exists(keys.waiters(name), keys.handoff(name)))
+    assert _free_elsewhere(manager, name)

@@ -402,7 +402,7 @@ def test_acquire_won_by_a_waiter_withdraws_it_where_busy(state: AliasState) -> N
     )
     assert isinstance(run.result, LeaseRecord)
     withdraw = run.calls(1)[1]
-    assert (withdraw.keys, withdraw.args) == (("t:__waiters__:job",), ("w1",))
+    assert (withdraw.keys, withdraw.args) == (("t:__waiters__:job", "t:__handoff__:job"), ("w1",))
 
 
 def test_acquire_won_everywhere_sends_no_withdraw(state: AliasState) -> None:
@@ -415,7 +415,8 @@ def test_acquire_won_everywhere_sends_no_withdraw(state: AliasState) -> None:
 
 
 def _withdraws(request: Any, keys: tuple[str, ...], waiter: str) -> list[int]:
-    """The nodes a fire-and-forget WITHDRAW of ``waiter`` from ``keys`` goes to."""
+    """The nodes a fire-and-forget WITHDRAW of ``waiter`` from ``keys`` (per name, its waiter
+    set and its hand-off reservation) goes to."""
     assert not request.wait
     sent = [(i, c) for i, c in enumerate(request.calls) if c is not None]
     assert all(c.script is scripts.WITHDRAW for _, c in sent)
@@ -436,7 +437,7 @@ def test_acquire_given_up_mid_attempt_withdraws_a_waiter_everywhere(
     assert not give_back.wait and all(c.script is RELEASE for c in give_back.calls if c)
     if waiter:
         withdraw = plan.send([None] * 3)
-        assert _withdraws(withdraw, ("t:__waiters__:job",), "w1") == [0, 1, 2]
+        assert _withdraws(withdraw, ("t:__waiters__:job", "t:__handoff__:job"), "w1") == [0, 1, 2]
     with pytest.raises(Abandoned):
         plan.send([None] * 3)
 
@@ -462,7 +463,7 @@ def test_acquire_interrupted_in_its_own_code_gives_back_the_grants(
     assert not give_back.wait and [c.script for c in give_back.calls if c] == [RELEASE] * 3
     if waiter:
         withdraw = plan.send([None] * 3)
-        assert _withdraws(withdraw, ("t:__waiters__:job",), "w1") == [0, 1, 2]
+        assert _withdraws(withdraw, ("t:__waiters__:job", "t:__handoff__:job"), "w1") == [0, 1, 2]
     with pytest.raises(KeyboardInterrupt):
         plan.send([None] * 3)
 
@@ -478,7 +479,11 @@ def test_acquire_given_up_during_its_write_back_withdraws_the_waiter(
     assert [c.script for c in raising.calls if c] == [RAISE]
     give_back = plan.throw(Abandoned())
     assert not give_back.wait and all(c.script is RELEASE for c in give_back.calls if c)
-    assert _withdraws(plan.send([None] * 3), ("t:__waiters__:job",), "w1") == [0, 1, 2]
+    assert _withdraws(plan.send([None] * 3), ("t:__waiters__:job", "t:__handoff__:job"), "w1") == [
+        0,
+        1,
+        2,
+    ]
     with pytest.raises(Abandoned):
         plan.send([None] * 3)
 
@@ -499,7 +504,7 @@ def test_acquire_finding_another_kind_leaves_no_waiter_registered(
     )
     assert run.result.reason == "other_kind" and run.result.final
     assert release_args(run.calls(1)[2])[2] == 0
-    assert _withdraws(run.requests[2], ("t:__waiters__:job",), "w1") == [1]
+    assert _withdraws(run.requests[2], ("t:__waiters__:job", "t:__handoff__:job"), "w1") == [1]
 
 
 def test_acquire_woken_flag_is_passed(state: AliasState) -> None:
@@ -1738,7 +1743,7 @@ def test_many_given_up_mid_attempt_withdraws_the_waiter_from_every_name(
     request = plan.throw(Abandoned())
     while request.calls[0] is not None and request.calls[0].script is RELEASE:
         request = plan.send([None] * 3)
-    keys = ("t:__waiters__:a", "t:__waiters__:b")
+    keys = ("t:__waiters__:a", "t:__handoff__:a", "t:__waiters__:b", "t:__handoff__:b")
     assert _withdraws(request, keys, "w1") == [0, 1, 2]
     with pytest.raises(Abandoned):
         plan.send([None] * 3)
@@ -1757,7 +1762,11 @@ def test_many_finding_another_kind_withdraws_the_waiter_where_busy(
         ],
     )
     assert run.result.reason == "other_kind"
-    assert _withdraws(run.requests[1], ("t:__waiters__:a", "t:__waiters__:b"), "w1") == [0, 2]
+    assert _withdraws(
+        run.requests[1],
+        ("t:__waiters__:a", "t:__handoff__:a", "t:__waiters__:b", "t:__handoff__:b"),
+        "w1",
+    ) == [0, 2]
 
 
 def test_release_many_is_one_call_per_node_and_judges_each_lease(

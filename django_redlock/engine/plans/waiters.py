@@ -24,7 +24,8 @@ def withdraw_plan(
     """Fire-and-forget: ``waiter`` stops counting as a waiter of ``names`` on every node
     (``only``: on those), so no release reserves a name for a caller that has stopped waiting.
     Sent on the connection of the call in flight, it runs after that call on each node."""
-    keys = tuple(state.keys.waiters(name) for name in names)
+    keyspace = state.keys
+    keys = tuple(k for n in names for k in (keyspace.waiters(n), keyspace.handoff(n)))
     calls: list[Call | None] = [
         Call(scripts.WITHDRAW, keys, (waiter,)) if only is None or i in only else None
         for i in range(len(nodes))

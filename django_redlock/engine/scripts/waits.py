@@ -29,19 +29,24 @@ return 1
 """,
 )
 
-# KEYS: waiter sets. ARGV: waiter id.
+# KEYS: per name, its waiter set and its hand-off reservation. ARGV: waiter id.
 # A caller that won the lock on a quorum is no longer waiting: the nodes that answered "busy"
 # registered it, so it withdraws there; so does a caller that gives up before its timeout
 # (cancelled, interrupted, or the name is another kind's), from the sets of every name it
-# waited for. Returns how many registrations were removed.
+# waited for. A reservation left where this removed the last registration serves nobody (a
+# woken waiter stays registered until it wins): it goes too, so a release that woke a caller
+# who then gave up keeps the name from nobody. Returns how many registrations were removed.
 WITHDRAW = Script(
     "withdraw",
     """
 local removed = 0
-for i = 1, #KEYS do
+for i = 1, #KEYS, 2 do
   local n = redis.pcall('ZREM', KEYS[i], ARGV[1])
   if type(n) == 'number' then
     removed = removed + n
+    if n > 0 and redis.call('EXISTS', KEYS[i]) == 0 then
+      redis.call('DEL', KEYS[i + 1])
+    end
   end
 end
 return removed
