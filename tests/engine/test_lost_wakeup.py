@@ -111,3 +111,48 @@ def test_the_registration_leaves_a_wake_up_only_where_the_name_is_free(
     client.eval(scripts.REGISTER.source, 1, keys.waiters(NAME), "w2", 1000)
     assert client.llen(wake) == 0
     assert client.zscore(keys.waiters(NAME), "w2") is not None
+
+
+@pytest.mark.parametrize("kind", ["lock", "permit"])
+def test_a_give_back_that_registers_wakes_where_the_release_came_first(
+    redis_node_factory: Callable[..., RedisNodes],
+    redlock_alias: Callable[..., LockManager],
+    kind: str,
+) -> None:
+    """A failed attempt was granted on the node waiters block on (the holder's release had run
+    there) and lost the quorum to nodes the release had not reached: its give-back there
+    registers the caller and, the caller being new there, leaves a wake-up, since that release
+    woke nobody. Not when the caller was registered there already, when a wake-up is pending
+    or the name is reserved, nor on another node."""
+    node = redis_node_factory(1)[0]
+    manager = redlock_alias([node.url], TTL=10)
+    state = manager.engine.state
+    keys = state.keys
+    client = redis.Redis.from_url(str(node.url))
+    permits = 2 if kind == "permit" else 0
+    slots = tuple(keys.permit(NAME, k) for k in range(permits))
+    held = (slots[0],) if permits else (keys.lock(NAME),)
+
+    def give_back(waiter: str, *, wakes: bool = True) -> int:
+        client.set(held[0], f"{'o' * 32}|7", px=5000)  # the attempt's grant
+        call = state.release_call(
+            NAME, "o" * 32, wakes=wakes, mark_ms=1000, waiter=waiter, held=held,
+            kind="permit" if permits else "", slots=slots,
+        )  # fmt: skip
+        client.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+        assert not client.exists(held[0])  # given back
+        assert client.zscore(keys.waiters(NAME), waiter) is not None  # registered
+        return int(client.llen(keys.wake(NAME)))
+
+    call = state.release_call(NAME, "x", wakes=True, kind="permit" if permits else "", slots=slots)
+    client.script_load(call.script.source)
+    assert give_back("w1") == 1, "new here, nothing pending: a wake-up"
+    client.delete(keys.wake(NAME))
+    assert give_back("w1") == 0, "registered here already"
+    assert give_back("w2") == 1
+    assert give_back("w3") == 1, "a wake-up pending: no second one"
+    client.delete(keys.wake(NAME), keys.waiters(NAME))
+    client.set(keys.handoff(NAME), "1", px=5000)
+    assert give_back("w4") == 0, "reserved for a woken waiter"
+    client.delete(keys.handoff(NAME), keys.waiters(NAME))
+    assert give_back("w5", wakes=False) == 0, "not the node waiters block on"

@@ -187,10 +187,20 @@ local function release(lock, waiters, wake_list, handoff, wakes, slots)
 local value = redis.call('GET', lock)
 local mine = value and string.sub(value, 1, #ARGV[1] + 1) == ARGV[1] .. '|'
 if tonumber(ARGV[5]) > 0 then
+  -- a failed attempt's give-back that registers the caller: granted here (the name was free),
+  -- it lost the quorum to nodes the holder's release had not reached yet. On the node waiters
+  -- block on, that release ran before the caller was registered and woke nobody, so a caller
+  -- registered here only now leaves the wake-up itself (unless one is pending or the name is
+  -- reserved for a woken waiter): else it blocks a whole backoff step while the name is free
+  local fresh = mine and wakes and redis.pcall('ZSCORE', waiters, ARGV[6]) == false
   if mine then
     redis.call('DEL', lock)
   end
   register(waiters, ARGV[6], tonumber(ARGV[5]), true)
+  if fresh and redis.call('EXISTS', wake_list, handoff) == 0 then
+    redis.call('RPUSH', wake_list, '1')
+    redis.call('PEXPIRE', wake_list, ARGV[2])
+  end
   return mine and 1 or 0
 end
 if not mine then
