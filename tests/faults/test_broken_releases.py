@@ -463,7 +463,8 @@ def test_interrupted_acquires_whose_connections_break_leave_nothing_locked(
 ) -> None:
     """Both faults at once: 100 blocking acquires (TTL 30 s) of names a holder keeps 20-60 ms,
     each interrupted by a signal handler that raises at a random moment while a quorum of its
-    connections is reset, or loses its replies, at another. Nothing stays locked, and no
+    connections is reset, or loses its replies, at another (up to 300 until both outcomes
+    came 5 times: a loaded machine completes fewer). Nothing stays locked, and no
     ``release()`` that returned True left its name locked."""
     nodes = redis_node_factory(count)
     px = proxies(nodes)
@@ -471,7 +472,11 @@ def test_interrupted_acquires_whose_connections_break_leave_nothing_locked(
     holder = redlock_alias(nodes, TTL=TTL, KEY_PREFIX=a.config.key_prefix)  # not behind them
     freed_wrongly = 0
     with storm(seed=count) as s:
-        for i in range(100):
+        tried = 0
+        for i in range(300):
+            if i >= 100 and s.interrupted >= 5 and s.completed >= 5:
+                break
+            tried += 1
             name = f"p:{i}"
             hold = s.random.uniform(0.02, 0.06)
             releasing = threading.Timer(hold, holder.acquire(name, timeout=0).release)
@@ -483,8 +488,8 @@ def test_interrupted_acquires_whose_connections_break_leave_nothing_locked(
             releasing.join()
             if lease is not None and lease.release():
                 freed_wrongly += _locked_on_a_quorum(nodes, f"{a.config.key_prefix}{name}")
-    print(f"\n100 acquires: {s.interrupted} interrupted, {s.completed} completed")
-    # 16-22 of 100 complete on a quiet machine, 9 did on a loaded one: at least 5 of each
+    print(f"\n{tried} acquires: {s.interrupted} interrupted, {s.completed} completed")
+    # 16-22 of 100 complete on a quiet machine, 3-9 did on a loaded one: at least 5 of each
     # outcome shows the storm hit both ways
     assert s.interrupted >= 5 and s.completed >= 5, "the storm missed"
     a.acquire("last", timeout=2.0).release()  # a give-back lost with its connection is found

@@ -35,10 +35,8 @@ def handshake(conn: SyncConnection, commands: Sequence[Command]) -> list[Any]:
 
 async def ahandshake(conn: AsyncConnection, commands: Sequence[Command]) -> list[Any]:
     """Asyncio twin of :func:`handshake`."""
-    cancels = _cancels()
-    await conn.connect()  # its own handshake (HELLO, AUTH, SELECT) sends as asend's note says
-    _raise_dropped_cancel(cancels)
-    await asend(conn, conn.pack_commands(commands))
+    await conn.connect()
+    await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
     return [await conn.read_response() for _ in commands]
 
 
