@@ -23,14 +23,16 @@ def test_connects_outlast_a_stalled_event_loop(
     count: int,
 ) -> None:
     """30 tasks open their connections; once the first node has accepted some of them,
-    another task blocks the event loop for 0.5 s (a sync call in an async view, a collector
-    pass over a large heap, a cold import). The nodes answered meanwhile, so every task gets
+    another task blocks the event loop for 1.5 s (a sync call in an async view, a collector
+    pass over a large heap, a cold import), longer than the handshake's 1 s timeout
+    (NODE_TIMEOUT 0.25 s: 30 handshakes at once on a loaded machine take more of the loop's
+    time than the default's 0.2 s). The nodes answered meanwhile, so every task gets
     its lease and every release is confirmed at once. Before the connect timeout counted only
     the time the loop could run, the handshakes under way all timed out when the loop turned
     again: their connections stayed down for their backoff, and the releases sent on them
     returned False (given back later in the background)."""
     nodes = redis_node_factory(count)
-    manager = redlock_alias(nodes, MAX_CONNECTIONS=100, TTL=10.0)
+    manager = redlock_alias(nodes, MAX_CONNECTIONS=100, TTL=10.0, NODE_TIMEOUT=0.25)
     watch = nodes[0].client()
     before = int(watch.info("clients")["connected_clients"])
 
@@ -41,7 +43,7 @@ def test_connects_outlast_a_stalled_event_loop(
     async def stall() -> None:
         while int(watch.info("clients")["connected_clients"]) < before + 5:
             await asyncio.sleep(0.0005)
-        time.sleep(0.5)  # handshakes are under way: the whole loop stands still
+        time.sleep(1.5)  # handshakes are under way: the whole loop stands still
 
     async def main() -> list[Any]:
         tasks = [asyncio.create_task(one(i)) for i in range(30)]
