@@ -39,6 +39,7 @@ from .state import (
     Renewal,
 )
 from .targets import Target, WaiterCount, Waiting, deadline_of
+from .transport import cancels
 from .transport.aio import AsyncConnectionFactory
 from .transport.link import ConnectionFactory
 from .waits import ReleaseWaits
@@ -338,8 +339,7 @@ class Engine:
 
     async def _aacquire_target(self, target: Target, timeout: float | None) -> Any:
         self._check_fork()
-        task = asyncio.current_task()
-        cancels = task.cancelling() if task is not None else 0  # see the loop below
+        counted = cancels.counted()  # see the loop below
         started, queue_first = target.started, self._queue_first(target, timeout)
         waiting = Waiting.of(started, timeout)
         first = None
@@ -359,10 +359,9 @@ class Engine:
             try:
                 request = next(loop)
                 while True:
-                    if task is not None and task.cancelling() > cancels:
-                        # a cancel that a layer below caught and dropped (the task still
-                        # counts it): honoured before the next step, never after a grant
-                        raise asyncio.CancelledError
+                    # a cancel that a layer below caught and dropped (the task still counts
+                    # it): honoured before the next step, never after a grant
+                    cancels.raise_dropped(counted)
                     request = loop.send(await self._acarry_out(request, target, waiting))
             except StopIteration as done:
                 return done.value

@@ -17,6 +17,8 @@ from typing import Any
 from redis.asyncio.connection import AbstractConnection as AsyncConnection
 from redis.connection import AbstractConnection as SyncConnection
 
+from . import cancels
+
 Command = Sequence[str | int]
 
 
@@ -47,21 +49,9 @@ async def asend(conn: AsyncConnection, packed: Any) -> None:
     Python 3.12, ``wait_for`` returns the send's result when the caller's task is cancelled in
     the same turn of the event loop as the send completes: the cancel is lost (the task still
     counts it, in ``Task.cancelling()``), and a cancelled waiter went on waiting."""
-    cancels = _cancels()
+    before = cancels.counted()
     await conn.send_packed_command(packed, check_health=False)
-    _raise_dropped_cancel(cancels)
-
-
-def _cancels() -> int:
-    task = asyncio.current_task()
-    return task.cancelling() if task is not None else 0
-
-
-def _raise_dropped_cancel(before: int) -> None:
-    """Raise ``CancelledError`` if the current task was cancelled since it counted ``before``
-    cancels and the cancel did not reach it."""
-    if _cancels() > before:
-        raise asyncio.CancelledError
+    cancels.raise_dropped(before)
 
 
 def connected_socket(conn: SyncConnection) -> socket.socket:
