@@ -13,18 +13,16 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
-from .drive import PlanMaker
 from .policy import AcquireStep, Attempt, AwaitRelease, Pause, Stepper
 from .targets import Outcome, Target, Waiting, answer_piped, deadline_of
 
 
 @dataclass(frozen=True, slots=True)
 class Try:
-    """Run one attempt's ``plan`` (or, on one name, the lanes' attempt that resumes it),
-    waiting for a connection until ``until``; receives what ``ChannelPools.run`` returns (the
-    outcome and the channel it ran on). ``woken``: a release woke the caller."""
+    """Make one attempt (the target's lane, else its plan: ``Engine._run_attempt``), waiting
+    for a connection until ``until``; receives what ``ChannelPools.run`` returns (the outcome
+    and the channel it ran on). ``woken``: a release woke the caller."""
 
-    plan: PlanMaker[Any]
     until: float
     woken: bool = False
 
@@ -58,7 +56,7 @@ def acquire_loop(
     while run.step is not None:
         step = run.step
         if isinstance(step, Attempt):
-            ran = yield Try(target.attempt(waiting, step.woken), deadline_of(waiting), step.woken)
+            ran = yield Try(deadline_of(waiting), step.woken)
             run.send(target.seen(*ran))
         elif isinstance(step, AwaitRelease):
             piped = yield Pipe(step)

@@ -164,12 +164,7 @@ class Engine:
         first = None
         if not queue_first:  # the common case: one attempt, no policy needed if it wins
             until = SPARE if waiting is None else deadline_of(waiting)
-            if target.lane and self._laned:  # one name: a lane
-                attempt = target.lane_attempt(waiting)
-                ran = self.pools.run_with(self._lane_acquire, attempt, None, until)
-            else:
-                ran = self.pools.run(target.attempt(waiting, False), None, until)
-            first = target.seen(*ran)
+            first = target.seen(*self._run_attempt(target, waiting, False, until))
             if type(first) is not AcquireFailure or (timeout == 0 and not first.raced):
                 return first
         loop = acquire_loop(target, waiting, self._policy(timeout, queue_first, first, started))
@@ -187,16 +182,31 @@ class Engine:
     def _carry_out(self, request: LoopRequest, target: Target, waiting: Waiting | None) -> Any:
         """One request of :func:`.acquire_loop.acquire_loop`, blocking."""
         if isinstance(request, Try):
-            if target.lane and self._laned:  # one name: a lane, as the first attempt
-                attempt = target.lane_attempt(waiting, request.woken)
-                return self.pools.run_with(self._lane_acquire, attempt, None, request.until)
-            return self.pools.run(request.plan, None, request.until)
+            return self._run_attempt(target, waiting, request.woken, request.until)
         if isinstance(request, Pipe):
             return self.waits.piped(target, waiting, request.step)
         if isinstance(request, Wait):
             return self.wait_release(request.name, request.seconds, mark=request.mark)
         time.sleep(request.seconds)
         return None
+
+    def _run_attempt(
+        self, target: Target, waiting: Waiting | None, woken: bool, until: float
+    ) -> tuple[Any, Any]:
+        """One attempt (what ``ChannelPools.run`` returns): on one name a lane, else the plan."""
+        if target.lane and self._laned:
+            attempt = target.lane_attempt(waiting, woken)
+            return self.pools.run_with(self._lane_acquire, attempt, None, until)
+        return self.pools.run(target.attempt(waiting, woken), None, until)
+
+    async def _arun_attempt(
+        self, target: Target, waiting: Waiting | None, woken: bool, until: float
+    ) -> tuple[Any, Any]:
+        """Asyncio twin of :meth:`_run_attempt`."""
+        if target.lane and self._laned:
+            attempt = target.lane_attempt(waiting, woken)
+            return await self.pools.loops.arun_with(self._alane_acquire, attempt, None, until)
+        return await self.pools.loops.arun(target.attempt(waiting, woken), None, until)
 
     def _withdraw(self, target: Target, waiting: Waiting | None) -> None:
         """A waiting call was interrupted: it stops counting as a waiter of its names on
@@ -344,13 +354,7 @@ class Engine:
         waiting = Waiting.of(started, timeout)
         first = None
         if not queue_first:
-            if target.lane and self._laned:  # one name: a lane
-                ran = await self.pools.loops.arun_with(
-                    self._alane_acquire, target.lane_attempt(waiting), None, deadline_of(waiting)
-                )
-            else:
-                attempt = target.attempt(waiting, False)
-                ran = await self.pools.loops.arun(attempt, None, deadline_of(waiting))
+            ran = await self._arun_attempt(target, waiting, False, deadline_of(waiting))
             first = target.seen(*ran)
             if not isinstance(first, AcquireFailure) or (timeout == 0 and not first.raced):
                 return first
@@ -374,12 +378,7 @@ class Engine:
     ) -> Any:
         """Asyncio twin of :meth:`_carry_out`."""
         if isinstance(request, Try):
-            if target.lane and self._laned:  # one name: a lane, as the first attempt
-                attempt = target.lane_attempt(waiting, request.woken)
-                return await self.pools.loops.arun_with(
-                    self._alane_acquire, attempt, None, request.until
-                )
-            return await self.pools.loops.arun(request.plan, None, request.until)
+            return await self._arun_attempt(target, waiting, request.woken, request.until)
         if isinstance(request, Pipe):
             return await self.waits.apiped(target, waiting, request.step)
         if isinstance(request, Wait):
