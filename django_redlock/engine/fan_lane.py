@@ -59,8 +59,8 @@ def quorum_record(
     builds it, when the replies are a plain quorum of grants: every winner at the same token
     (and a permit's at the same slot), below the token limit, within the validity, no node
     that answered "untrusted", and (for a caller that would wait) no node that answered
-    "busy" (and registered it as a waiter, which the plan withdraws). None for anything else:
-    the plan decides those."""
+    "busy" or had not answered yet (either may register it as a waiter, which the plan
+    withdraws). None for anything else: the plan decides those."""
     total = len(replies)
     won = [i for i, reply in enumerate(replies) if _granted(reply)]
     if len(won) < quorum(total):
@@ -73,8 +73,11 @@ def quorum_record(
         return None  # a permit's nodes that granted other slots: the plan gives those back
     waiter = attempt.waiter
     for r in replies:  # a plain loop: this runs for every attempt
-        if type(r) is list and (r[0] == _UNTRUSTED or (waiter and r[0] == _BUSY)):
-            return None  # a restarted node (the plan sees whether it may rejoin), or a waiter
+        if type(r) is list:
+            if r[0] == _UNTRUSTED or (waiter and r[0] == _BUSY):
+                return None  # a restarted node (the plan sees whether it may rejoin), or a waiter
+        elif waiter and isinstance(r, NodeFailure) and r.late is not None:
+            return None  # not answered yet: it may still register the waiter there
     ttl = attempt.ttl
     deadline = started + ttl - (ttl * state.drift_factor + DRIFT_ALLOWANCE)  # state.drift
     if time.monotonic() >= deadline:

@@ -20,7 +20,7 @@ import pytest
 from django_redlock.engine import fan_lane, lane, plans
 from django_redlock.engine.keyspace import TOKEN_LIMIT
 from django_redlock.engine.plans.rounds import Sent
-from django_redlock.engine.replies import NodeFailure
+from django_redlock.engine.replies import NodeFailure, Slot
 from django_redlock.engine.state import AliasState, LeaseRecord
 from django_redlock.engine.transport.base import pack, script_calls
 from tests.engine import test_plans
@@ -50,6 +50,8 @@ ANSWERS: dict[str, Any] = {
     "untrusted": [-1, 0, 0],
     "timed out": NodeFailure("timed out"),
     "not awaited": NodeFailure("not awaited (the attempt was decided without its reply)"),
+    # decided without its reply, which may still come (and register a waiter there)
+    "not answered yet": NodeFailure("not awaited", late=Slot(None)),
     "refused": NodeFailure("ResponseError: OOM command not allowed"),
     "never sent": NodeFailure("down: Connection refused", sent=False),
 }
@@ -159,6 +161,8 @@ RELEASE_ANSWERS: dict[str, Any] = {
     "not held": 0,
     "timed out": NodeFailure("timed out"),
     "not awaited": NodeFailure("not awaited (the attempt was decided without its reply)"),
+    # decided without its reply, which may still come (and register a waiter there)
+    "not answered yet": NodeFailure("not awaited", late=Slot(None)),
 }
 
 

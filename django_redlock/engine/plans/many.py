@@ -23,7 +23,7 @@ from ..state import WAIT_MARK_MS, AcquireFailure, AliasState, LeaseRecord, NodeV
 from .acquire import failure_of, owe_give_back
 from .rounds import attempt_round
 from .tokens import own_tokens
-from .waiters import withdraw_plan, withdrawing
+from .waiters import registered_at, withdraw_plan, withdrawing
 
 
 def acquire_many_plan(
@@ -100,6 +100,10 @@ def acquire_many_plan(
             validity_deadline = started + ttl - state.drift(ttl)
             if confirmed >= needed and last < TOKEN_LIMIT and time.monotonic() < validity_deadline:
                 reached = tuple(g is not False for g in granted_per_node(replies, _granted))
+                if mark_ms:
+                    yield from withdraw_plan(
+                        state, nodes, names, waiter, registered_at(replies, statuses)
+                    )
                 return [
                     LeaseRecord(
                         name,
@@ -117,8 +121,8 @@ def acquire_many_plan(
         failure = failure_of(nodes, replies, statuses, len(won))
         failure.raced = raced and failure.reason == "busy"  # racers kept passing its tokens
         if mark_ms and failure.final:  # it will not wait: withdraw where "busy" registered it
-            busy_nodes = [i for i, st in enumerate(statuses) if st == scripts.BUSY]
-            yield from withdraw_plan(state, nodes, names, waiter, busy_nodes)
+            registered = registered_at(replies, statuses)
+            yield from withdraw_plan(state, nodes, names, waiter, registered)
         busy = [int(r[3]) for r, st in zip(replies, statuses, strict=True) if st in _NAMING]
         return dataclasses.replace(failure, busy_name=names[busy[0] - 1] if busy else None)
     except BaseException as given_up:  # Abandoned, or an interrupt in this code

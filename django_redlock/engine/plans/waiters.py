@@ -4,11 +4,11 @@ that queues without a failed attempt."""
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .. import scripts
 from ..keyspace import wake_node
-from ..replies import Call, Request
+from ..replies import Call, NodeFailure, Request
 from ..state import AliasState, NodeView, Plan
 
 T = TypeVar("T")
@@ -32,6 +32,19 @@ def withdraw_plan(
     ]
     if any(calls):
         yield Request(calls, 0.0, wait=False)
+
+
+def registered_at(replies: Sequence[Any], statuses: Sequence[int | None]) -> list[int]:
+    """The nodes where an attempt that registers its caller may have: those that answered
+    "busy", and those whose reply had not come when the attempt was decided (a quorum answered
+    first): such a node may still run it, find the name held there (a release that has not
+    reached it yet) and register the caller. A withdrawal sent on the same connection runs
+    after the attempt there."""
+    return [
+        i
+        for i, (reply, status) in enumerate(zip(replies, statuses, strict=True))
+        if status == scripts.BUSY or (isinstance(reply, NodeFailure) and reply.late is not None)
+    ]
 
 
 def register_plan(
