@@ -23,8 +23,10 @@ T = TypeVar("T")
 #: renews the caller's registration as a waiter (``WAIT_MARK_MS``, 1 s), so one wait must end
 #: well within it, round trips and scheduling included: a blocked waiter is always registered.
 MAX_BACKOFF = 0.8
-#: A woken waiter that still finds the name busy (the release has not reached every node yet)
-#: retries this often, this many times, while the name is reserved for it, before waiting again.
+#: A woken waiter that still finds the name busy on some nodes while others granted it (the
+#: release has not reached every node yet) retries this often, this many times, while the name
+#: is reserved for it, before waiting again. One that no node granted lost the name to another
+#: caller (the node it blocks on woke it after the release ran there): it waits again at once.
 HANDOFF_RETRY = 0.0005
 HANDOFF_RETRIES = 10
 #: A permit whose token lost a race on a lagging node (no one holds the name: see
@@ -130,7 +132,7 @@ class Patience:
         remaining = None if self._deadline is None else self._deadline - time.monotonic()
         if remaining is not None and remaining <= 0:
             return None
-        if woken and self._quick < HANDOFF_RETRIES:
+        if woken and failure.votes and self._quick < HANDOFF_RETRIES:
             self._quick += 1
             return Pause(HANDOFF_RETRY if remaining is None else min(HANDOFF_RETRY, remaining))
         self._quick = 0

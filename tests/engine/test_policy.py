@@ -136,17 +136,40 @@ def test_gives_up_when_the_timeout_is_used_up(clock: Clock) -> None:
     assert run.step is None and run.result is BUSY
 
 
+#: a woken waiter's attempt that some node granted: the release has not reached the others yet
+PARTLY = AcquireFailure("busy", 1, 3, {}, retry_after=5.0)
+
+
 def test_woken_waiter_retries_quickly_then_waits_again(clock: Clock) -> None:
-    """A woken waiter that still finds the name busy retries every HANDOFF_RETRY, at most
-    HANDOFF_RETRIES times, passing woken=True each time; then it queues again."""
+    """A woken waiter that still finds the name busy on some nodes (granted on others: the
+    release has not reached them yet) retries every HANDOFF_RETRY, at most HANDOFF_RETRIES
+    times, passing woken=True each time; then it queues again."""
     run = Stepper(acquire_policy(0.2, 10.0))
     steps_of(run, [BUSY, True], clock)
-    quick = steps_of(run, [BUSY, None] * HANDOFF_RETRIES, clock)
+    quick = steps_of(run, [PARTLY, None] * HANDOFF_RETRIES, clock)
     assert quick[0::2] == [Attempt(woken=True)] * HANDOFF_RETRIES
     assert quick[1::2] == [Pause(HANDOFF_RETRY)] * HANDOFF_RETRIES
     assert run.step == Attempt(woken=True)
+    run.send(PARTLY)
+    assert isinstance(run.step, AwaitRelease)
+
+
+def test_a_woken_waiter_that_no_node_granted_waits_again_at_once(clock: Clock) -> None:
+    """The node a waiter blocks on wakes it only after the release ran there: a woken attempt
+    that no node granted lost the name to another caller, who holds it now, so it waits for
+    the next release instead of retrying quickly. (Before, it retried ten times, every
+    0.5 ms; with eight processes handing one name on five nodes such retries reached 7
+    attempts per section, and a loser could take the next reservation ahead of the waiter
+    the next release woke.)"""
+    run = Stepper(acquire_policy(0.2, 10.0))
+    steps_of(run, [BUSY, True], clock)
+    assert run.step == Attempt(woken=True)
     run.send(BUSY)
     assert isinstance(run.step, AwaitRelease)
+    run.send(True)  # the next release woke it
+    assert run.step == Attempt(woken=True)
+    run.send(PARTLY)  # granted somewhere: the quick retries are for this
+    assert run.step == Pause(HANDOFF_RETRY)
 
 
 @pytest.mark.parametrize("timeout", [10.0, None])
