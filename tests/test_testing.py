@@ -525,3 +525,32 @@ def test_group_ports_are_checked_before_anything_starts() -> None:
         with pytest.raises(OSError, match=f"port {taken} on 127.0.0.1 is in use"):
             SentinelGroup.start(replicas=0, sentinels=1, ports=[taken, port])
     assert len(processes._registry) == before
+
+
+def test_cluster_ports_and_their_bus_ports_stay_below_the_ephemeral_range() -> None:
+    """A cluster node's port and bus port (+10000) are both below Linux's ephemeral range, so
+    no outgoing connection takes one between the choice and the node's bind."""
+    from django_redlock.testing.cluster import BUS_OFFSET, cluster_port
+
+    for _ in range(50):
+        port = cluster_port()
+        assert 10000 <= port and port + BUS_OFFSET < 32768
+
+
+def test_a_cluster_node_whose_bus_port_was_taken_starts_on_another_pair(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Something binds the chosen bus port between the choice and the start (CI saw an
+    outgoing connection take one): the node starts again on another free pair."""
+    from django_redlock.testing import cluster
+
+    with socket.socket() as busy:
+        first = cluster.cluster_port()
+        busy.bind(("127.0.0.1", first + cluster.BUS_OFFSET))
+        busy.listen()
+        chosen = iter([first])
+        real = cluster.cluster_port
+        monkeypatch.setattr(cluster, "cluster_port", lambda: next(chosen, None) or real())
+        with cluster.ClusterGroup.start(1) as group:
+            assert group.nodes[0].port != first
+            assert group.nodes[0].client().ping()
