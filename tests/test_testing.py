@@ -534,7 +534,7 @@ def test_cluster_ports_and_their_bus_ports_stay_below_the_ephemeral_range() -> N
 
     for _ in range(50):
         port = cluster_port()
-        assert 10000 <= port and port + BUS_OFFSET < 32768
+        assert port >= 10000 and port + BUS_OFFSET < 32768
 
 
 def test_a_cluster_node_whose_bus_port_was_taken_starts_on_another_pair(
