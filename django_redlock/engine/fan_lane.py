@@ -36,7 +36,7 @@ from .lane import (
 from .plans import counted_release, note_unsure, release_plan
 from .plans.acquire import attempt_settled
 from .plans.rounds import Sent
-from .replies import NOT_INVOLVED, NodeFailure, Slot
+from .replies import NOT_INVOLVED, NodeFailure, Slot, unanswered
 from .state import DRIFT_ALLOWANCE, AliasState, LeaseRecord
 from .transport.sync import Channel
 
@@ -76,7 +76,7 @@ def quorum_record(
         if type(r) is list:
             if r[0] == _UNTRUSTED or (waiter and r[0] == _BUSY):
                 return None  # a restarted node (the plan sees whether it may rejoin), or a waiter
-        elif waiter and isinstance(r, NodeFailure) and r.late is not None:
+        elif waiter and unanswered(r):
             return None  # not answered yet: it may still register the waiter there
     ttl = attempt.ttl
     deadline = started + ttl - (ttl * state.drift_factor + DRIFT_ALLOWANCE)  # state.drift

@@ -128,6 +128,12 @@ class Request:
         return {i for i, call in enumerate(self.later or ()) if call is not None}
 
 
+def unanswered(reply: Any) -> bool:
+    """True for a call that was sent and not answered when its request was decided: its reply
+    may still come (and the node may still run it)."""
+    return isinstance(reply, NodeFailure) and reply.late is not None
+
+
 def result_of(slot: Slot, *, expired: bool) -> Any:
     """A slot's reply; ``NOT_ASKED`` for a hedge call never sent (a slot without a call that
     was never filled: see ``transport.base.hold_for_later``)."""

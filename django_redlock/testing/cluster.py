@@ -15,41 +15,28 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django_redlock.testing.node import RedisNode, RedisNodeError, StopOnExit
-from django_redlock.testing.wire import HOST, chosen_ports, port_free
+from django_redlock.testing.wire import FREE_PORTS, HOST, chosen_ports, port_free
 
 SLOTS = 16384
 #: A cluster node also listens on its port + 10000 (the cluster bus).
 BUS_OFFSET = 10000
 
 
-#: Ports :func:`cluster_port` hands out: their bus ports (+10000) stay below Linux's ephemeral
-#: range (32768-60999) too, so no client's outgoing connection takes a bus port between the
-#: check and the node's bind (CI saw a bus port 39982 taken so).
-CLUSTER_PORTS = range(10000, 32768 - BUS_OFFSET)
-#: Starts of one cluster node on new ports after its port or bus port was taken meanwhile.
-START_TRIES = 3
+#: Ports :func:`cluster_port` hands out: their bus ports (+10000) stay in :data:`FREE_PORTS`,
+#: below Linux's ephemeral range, so no client's outgoing connection takes a bus port between
+#: the check and the node's bind (CI saw a bus port 39982 taken so).
+CLUSTER_PORTS = range(10000, FREE_PORTS.stop - BUS_OFFSET)
 
 
 def cluster_port() -> int:
     """A free port whose cluster-bus port (+10000) is free too, both outside the ephemeral
-    range (see :data:`CLUSTER_PORTS`)."""
+    range (see :data:`CLUSTER_PORTS`). A node given this as its ``choose_port`` picks a new
+    pair when one was bound before it started."""
     for _ in range(200):
         port = random.choice(CLUSTER_PORTS)
         if port_free(port) and port_free(port + BUS_OFFSET):
             return port
     raise RedisNodeError("no free port pair (port, port + 10000) for a cluster node")
-
-
-def _started(args: list[str], server: str | None) -> RedisNode:
-    """A cluster node on a free port pair; started again on another pair when something else
-    bound one of them between the choice and the start."""
-    for attempt in range(START_TRIES):
-        try:
-            return RedisNode(port=cluster_port(), extra_args=args, server=server).start()
-        except RedisNodeError as exc:
-            if attempt == START_TRIES - 1 or "Address already in use" not in str(exc):
-                raise
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 class ClusterGroup(StopOnExit):
@@ -95,10 +82,11 @@ class ClusterGroup(StopOnExit):
         nodes: list[RedisNode] = []
         try:
             for i in range(count):
-                if fixed is None:
-                    nodes.append(_started(args, server))
-                else:
-                    nodes.append(RedisNode(port=fixed[i], extra_args=args, server=server).start())
+                port = None if fixed is None else fixed[i]
+                node = RedisNode(
+                    port=port, extra_args=args, server=server, choose_port=cluster_port
+                )
+                nodes.append(node.start())
             group = cls(nodes, masters)
             group._form(masters, replicas, timeout)
             return group

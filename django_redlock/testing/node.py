@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -64,7 +64,10 @@ class RedisNode(StopOnExit):
         extra_args: Iterable[str] = (),
         base_dir: str | os.PathLike[str] | None = None,
         server: str | None = None,
+        choose_port: Callable[[], int] = free_port,
     ) -> None:
+        """``choose_port``: how a node without a fixed ``port`` picks one (again on a clash at
+        its first start): a free loopback port by default."""
         if persistence not in PERSISTENCE_MODES:
             raise ValueError(f"persistence must be None, 'aof' or 'rdb', not {persistence!r}")
         if unix and port is not None:
@@ -73,6 +76,7 @@ class RedisNode(StopOnExit):
         self.extra_args = tuple(extra_args)
         self.server = server or find_redis_server()
         self._fixed_port = port is not None
+        self._choose_port = choose_port
         self.port: int | None = port
         if base_dir is None:
             self.data_dir = Path(tempfile.mkdtemp(prefix="redlock-node-"))
@@ -248,7 +252,7 @@ class RedisNode(StopOnExit):
         if self._proc is not None:
             self.reap(None)
         if self.unix_socket is None and self.port is None:
-            self.port = free_port()
+            self.port = self._choose_port()
         self.data_dir.mkdir(parents=True, exist_ok=True)  # stop() removed it; start() again
         if self.unix_socket is not None:
             Path(self.unix_socket).parent.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ from ..state import (
 )
 from .rounds import Sent, attempt_round, quorum_first
 from .tokens import own_tokens
-from .waiters import registered_at, withdraw_plan, withdrawing
+from .waiters import withdraw_plan, withdraw_registered, withdrawing
 
 #: Why a node's vote did not count while it is in the restart quarantine (docs/algorithm.md).
 QUARANTINED = (
@@ -190,7 +190,7 @@ def acquire_plan(
                         state, nodes, calls, replies, owner, name, tried, kind=kind, kept=won
                     )
                 if mark_ms:
-                    yield from _withdraw(state, nodes, replies, statuses, name, waiter)
+                    yield from withdraw_registered(state, nodes, (name,), waiter, replies, statuses)
                 return won_record(
                     keys,
                     name,
@@ -215,7 +215,7 @@ def acquire_plan(
             state, nodes, calls, replies, owner, name, tried, waits, waiter, kind=kind
         )
         if mark_ms and not waits:
-            yield from _withdraw(state, nodes, replies, statuses, name, waiter)
+            yield from withdraw_registered(state, nodes, (name,), waiter, replies, statuses)
         return failure
     except BaseException as given_up:  # Abandoned, or an interrupt in this code
         if isinstance(given_up, GeneratorExit):  # closed: nothing may be yielded
@@ -228,20 +228,6 @@ def acquire_plan(
         if mark_ms:
             yield from withdraw_plan(state, nodes, (name,), waiter)
         raise
-
-
-def _withdraw(
-    state: AliasState,
-    nodes: Sequence[NodeView],
-    replies: Sequence[Any],
-    statuses: Sequence[int | None],
-    name: str,
-    waiter: str,
-) -> Plan[None]:
-    """Fire-and-forget: the caller won (or will not wait after all), so it stops counting as
-    a waiter on the nodes that may have registered it (:func:`.waiters.registered_at`).
-    Nothing is sent when none may have."""
-    return withdraw_plan(state, nodes, (name,), waiter, registered_at(replies, statuses))
 
 
 def failure_of(

@@ -34,7 +34,7 @@ from .acquire import failure_of, owe_give_back
 from .lease import counted_release, note_unsure, release_many_plan
 from .rounds import attempt_round
 from .tokens import own_tokens
-from .waiters import registered_at, withdraw_plan, withdrawing
+from .waiters import withdraw_plan, withdraw_registered, withdrawing
 
 _NAMING = (scripts.BUSY, scripts.OTHER_KIND)
 
@@ -148,8 +148,7 @@ def acquire_limits_plan(
                         state, nodes, calls, replies, owner, names, slots_of, stray
                     )
                 if mark_ms:
-                    registered = registered_at(replies, statuses)
-                    yield from withdraw_plan(state, nodes, names, waiter, registered)
+                    yield from withdraw_registered(state, nodes, names, waiter, replies, statuses)
                 return [
                     _record(state, replies, granted, name, slots_of[j], chosen[j], voters[j])._won(
                         owner, first + j, ttl, validity_deadline
@@ -165,8 +164,7 @@ def acquire_limits_plan(
         # permits a quorum granted whose tokens a lagging node's counter passed: not busy
         failure.raced = raced and failure.reason == "busy"
         if mark_ms and failure.final:  # it will not wait: withdraw where "busy" registered it
-            registered = registered_at(replies, statuses)
-            yield from withdraw_plan(state, nodes, names, waiter, registered)
+            yield from withdraw_registered(state, nodes, names, waiter, replies, statuses)
         named = [int(r[3]) for r, st in zip(replies, statuses, strict=True) if st in _NAMING]
         if failure.reason == "other_kind":
             named = [

@@ -23,7 +23,7 @@ from ..state import WAIT_MARK_MS, AcquireFailure, AliasState, LeaseRecord, NodeV
 from .acquire import failure_of, owe_give_back
 from .rounds import attempt_round
 from .tokens import own_tokens
-from .waiters import registered_at, withdraw_plan, withdrawing
+from .waiters import withdraw_plan, withdraw_registered, withdrawing
 
 
 def acquire_many_plan(
@@ -101,9 +101,7 @@ def acquire_many_plan(
             if confirmed >= needed and last < TOKEN_LIMIT and time.monotonic() < validity_deadline:
                 reached = tuple(g is not False for g in granted_per_node(replies, _granted))
                 if mark_ms:
-                    yield from withdraw_plan(
-                        state, nodes, names, waiter, registered_at(replies, statuses)
-                    )
+                    yield from withdraw_registered(state, nodes, names, waiter, replies, statuses)
                 return [
                     LeaseRecord(
                         name,
@@ -121,8 +119,7 @@ def acquire_many_plan(
         failure = failure_of(nodes, replies, statuses, len(won))
         failure.raced = raced and failure.reason == "busy"  # racers kept passing its tokens
         if mark_ms and failure.final:  # it will not wait: withdraw where "busy" registered it
-            registered = registered_at(replies, statuses)
-            yield from withdraw_plan(state, nodes, names, waiter, registered)
+            yield from withdraw_registered(state, nodes, names, waiter, replies, statuses)
         busy = [int(r[3]) for r, st in zip(replies, statuses, strict=True) if st in _NAMING]
         return dataclasses.replace(failure, busy_name=names[busy[0] - 1] if busy else None)
     except BaseException as given_up:  # Abandoned, or an interrupt in this code

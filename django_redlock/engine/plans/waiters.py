@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from .. import scripts
 from ..keyspace import wake_node
-from ..replies import Call, NodeFailure, Request
+from ..replies import Call, Request, unanswered
 from ..state import AliasState, NodeView, Plan
 
 T = TypeVar("T")
@@ -34,17 +34,26 @@ def withdraw_plan(
         yield Request(calls, 0.0, wait=False)
 
 
-def registered_at(replies: Sequence[Any], statuses: Sequence[int | None]) -> list[int]:
-    """The nodes where an attempt that registers its caller may have: those that answered
-    "busy", and those whose reply had not come when the attempt was decided (a quorum answered
-    first): such a node may still run it, find the name held there (a release that has not
-    reached it yet) and register the caller. A withdrawal sent on the same connection runs
-    after the attempt there."""
-    return [
+def withdraw_registered(
+    state: AliasState,
+    nodes: Sequence[NodeView],
+    names: Sequence[str],
+    waiter: str,
+    replies: Sequence[Any],
+    statuses: Sequence[int | None],
+) -> Plan[None]:
+    """Fire-and-forget: the caller of an attempt that registers it (it won, or will not wait
+    after all) stops counting as a waiter of ``names`` where that attempt may have registered
+    it: the nodes that answered "busy", and those whose reply had not come when the attempt
+    was decided (a quorum answered first: such a node may still run it, find the name held
+    there by a release that has not reached it yet, and register the caller). Sent on the
+    attempt's connections, the withdrawal runs after it on each node."""
+    registered = [
         i
         for i, (reply, status) in enumerate(zip(replies, statuses, strict=True))
-        if status == scripts.BUSY or (isinstance(reply, NodeFailure) and reply.late is not None)
+        if status == scripts.BUSY or unanswered(reply)
     ]
+    return withdraw_plan(state, nodes, names, waiter, registered)
 
 
 def register_plan(
