@@ -180,6 +180,8 @@ class Stragglers(threading.Thread):
 
     @classmethod
     def add(cls, state: AliasState, lease: LeaseRecord, run: Run) -> None:
+        if state.closed:  # a worker would stop at once: none is started for nothing
+            return
         new = None
         with cls._lock:
             worker = state.stragglers

@@ -119,10 +119,13 @@ class LockManagers:
             manager.check_order = on
 
     def reset(self) -> None:
-        """Close every engine and forget the managers."""
+        """Close every engine and forget the managers. A manager kept elsewhere (a module's
+        ``locks["default"]``) still works: its engine opens again on its next call, and is
+        closed again by the next reset."""
         with self._mutex:
-            managers, self._managers = self._managers, {}
-        for manager in managers.values():
+            self._managers = {}
+            made = list(self._made)
+        for manager in made:
             for engine in manager.real_shards:
                 engine.close()
         connections.reset_pools()

@@ -191,3 +191,16 @@ def test_every_give_back_begun_sends_its_release(thread_failures: list[str]) -> 
     until(lambda: sent.qsize() >= returned, 30, f"{returned} begun, fewer sent")
     until(lambda: not giveback.GiveBack.running, 30, "give-backs recorded as running")
     assert thread_failures == []
+
+
+def test_a_closed_engine_starts_no_straggler_thread() -> None:
+    """A release a quorum confirmed with nodes left to send it to, on an engine that is
+    closed (a settings change closed it while the release ran): no worker is started, since
+    it would stop at once (each such release used to start a thread of its own)."""
+    state = AliasState("t:", 0.05, 0.01, 5.0)
+    state.closed = True
+    lease = LeaseRecord("k", "t:lock:k", "o", 1, 5.0, time.monotonic() + 5.0)
+    lease.unsure = (2,)
+    lease.settled = True
+    giveback.Stragglers.add(state, lease, lambda make_plan: True)
+    assert state.stragglers is None

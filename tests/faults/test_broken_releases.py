@@ -5,6 +5,7 @@ validity ends, so the name is never left locked for the TTL by a lease nobody ho
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
 import signal
@@ -14,6 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
+from django_redlock import locks
 from django_redlock.engine import giveback
 from django_redlock.exceptions import LockError, LockNotAcquired, NodesUnavailable
 from django_redlock.locking.lease import Lease
@@ -91,18 +93,28 @@ def _held_behind_proxies(
     return nodes, px, lease, key
 
 
+@pytest.mark.parametrize("kept", [False, True], ids=["", "kept-across-a-reset"])
 @pytest.mark.parametrize("fault", ["reset", "drop-replies"])
 def test_a_release_a_quorum_confirmed_is_given_back_to_the_straggler(
     redis_node_factory: Nodes,
     redlock_alias: Alias,
     proxies: Callable[[RedisNodes], list[Proxy]],
     fault: str,
+    kept: bool,
 ) -> None:
     """One of three connections breaks as the release is sent: ``release()`` is True (two
     nodes confirmed it) at once, and the third node's key is given back once it is reachable,
     not left there for the 30 s TTL. It used to stay: a minority holding the name makes every
-    acquire need all the other nodes."""
+    acquire need all the other nodes.
+
+    ``kept``: the settings changed (``override_settings`` of ``REDLOCK``: ``locks.reset()``)
+    between the acquire and the release, and the lease's manager was kept. Its engine, closed
+    by the reset, used to stay closed for its background give-backs while it went on locking,
+    so the third node kept the key for the TTL (and every five-node release started a
+    thread)."""
     nodes, px, lease, key = _held_behind_proxies(redis_node_factory, redlock_alias, proxies)
+    if kept:
+        locks.reset()  # what a change of REDLOCK does: every engine made so far is closed
     px[0].set(fault)
     assert lease.release() is True
     assert not lease.release_unconfirmed
@@ -710,3 +722,31 @@ def test_a_grant_that_lands_after_its_release_is_given_back(
     assert lease.release() is True
     until(lambda: bool(nodes[2].client().exists(key)), 3.0, "the held acquire landed")
     until(lambda: not nodes[2].client().exists(key), 5.0, "the late grant given back")
+
+
+def test_an_asyncio_release_by_a_manager_kept_across_a_reset_is_given_back_to_the_straggler(
+    redis_node_factory: Nodes,
+    redlock_alias: Alias,
+    proxies: Callable[[RedisNodes], list[Proxy]],
+) -> None:
+    """The asyncio side of the test above: a manager kept across a settings change
+    (``locks.reset()``) releases with ``arelease()`` while one of three connections is
+    reset; the third node's key is given back once it is reachable (the engine's give-backs
+    stayed off after the reset, so the key stayed for the TTL)."""
+    nodes = redis_node_factory(3)
+    px = proxies(nodes)
+    a = redlock_alias([p.url for p in px], TTL=TTL, NODE_TIMEOUT=0.2)
+    key = f"{a.config.key_prefix}k"
+
+    async def scenario() -> None:
+        await (await a.aacquire("warm", timeout=0)).arelease()
+        lease = await a.aacquire("k", timeout=0)
+        await asyncio.sleep(0)
+        until(lambda: _keys(nodes, key) == 3, 5.0, "the key on every node")
+        locks.reset()  # what a change of REDLOCK does: every engine made so far is closed
+        px[0].set("reset")
+        assert await lease.arelease() is True
+        px[0].set("pass")
+
+    asyncio.run(scenario())
+    until(lambda: _keys(nodes, key) == 0, 5.0, "the straggler's key given back")

@@ -74,7 +74,9 @@ class ChannelPools:
         #: the engine's: starts the engine (and so these pools) afresh in a forked child
         self._check_fork = check_fork
         #: each event loop's channels (the asyncio side)
-        self.loops = LoopChannels(state, labels, async_factories, budget, self._spent, check_fork)
+        self.loops = LoopChannels(
+            state, labels, async_factories, budget, self._spent, check_fork, self.reopen
+        )
 
     def start_afresh(self) -> None:
         """Empty pools: at the engine's creation, and in a forked child (the parent's
@@ -104,6 +106,8 @@ class ChannelPools:
 
     def blocking_channel(self) -> Channel | None:
         """An idle channel for a piped wait, or a new one if the budget allows; else None."""
+        if self.state.closed:
+            self.reopen()
         taken: list[bool] = []  # the budget's receipt
         try:
             with self._mutex:
@@ -196,6 +200,8 @@ class ChannelPools:
         lane's, see :mod:`.lane`)."""
         if self.generation != forks.current:  # a forked child: start afresh (inlined)
             self._check_fork()
+        if self.state.closed:  # closed by a settings change, and used again
+            self.reopen()
         if pinned is not None and isinstance(pinned, Channel) and pinned in self._all:
             with pinned.mutex:
                 if pinned in self._all:  # not closed as idle meanwhile
@@ -317,9 +323,11 @@ class ChannelPools:
         the callers' (a caller would open another meanwhile, and wait for that node to
         connect). The channel takes a slot of the budget like any other and is closed when
         idle; with no slot to spare the plan runs on a pooled channel."""
+        if self.state.closed:  # the give-backs stop; their keys expire by TTL
+            raise ConnectionError("the engine is closed")
         self._check_fork()
         with self._aside_mutex:
-            if self.state.closed:  # the give-backs stop; their keys expire by TTL
+            if self.state.closed:  # closed meanwhile
                 raise ConnectionError("the engine is closed")
             channel, opened = self._aside, False
             if channel is None and self.budget.take(self._every):
@@ -432,6 +440,16 @@ class ChannelPools:
     def _evict_one(self) -> None:
         """Another pool starves: close one idle sync connection, if any."""
         self._reap(0.0, one=True)
+
+    def reopen(self) -> None:
+        """Take calls again after :meth:`close`: a manager kept across a settings change
+        (``locks.reset()``) still locks with the engine it was made with, and its releases'
+        background give-backs and its budget's evictions work again."""
+        with self._mutex:
+            if not self.state.closed:
+                return
+            self.state.closed = False
+        self.budget.add_evictor(self, self._evict_one)
 
     def close(self) -> None:
         """Close every blocking connection (asyncio ones are closed with their event loop)

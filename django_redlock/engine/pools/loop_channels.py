@@ -34,6 +34,7 @@ class LoopChannels:
         budget: Budget,
         spent: Callable[[], str],
         check_fork: Callable[[], None],
+        reopen: Callable[[], None],
     ) -> None:
         self.state = state
         self.labels = labels
@@ -42,6 +43,8 @@ class LoopChannels:
         self._every = tuple(range(len(labels)))
         self._spent = spent
         self._check_fork = check_fork
+        #: the sync pools' :meth:`~.channels.ChannelPools.reopen`: a call after a close
+        self._reopen = reopen
         self.start_afresh()
 
     def start_afresh(self) -> None:
@@ -150,6 +153,8 @@ class LoopChannels:
         """:meth:`arun` with another driver: ``await driver(job, channel)`` (the single-node
         lane's, see :mod:`..alane`)."""
         self._check_fork()
+        if self.state.closed:  # closed by a settings change, and used again
+            self._reopen()
         pools = self.pools_of.get(asyncio.get_running_loop()) or await self.loop_pools()
         if isinstance(pinned, AsyncChannel) and pinned in pools.channels:
             async with pinned.mutex:
