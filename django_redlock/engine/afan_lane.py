@@ -3,7 +3,8 @@ lease on an alias of several nodes, each one packed call per node written in one
 awaited future (no task, no plan generator, no request).
 
 As in :mod:`.fan_lane`, the plans stay the source of truth: the lane settles only a plain
-quorum of grants and a release's answers, resumes :func:`~.plans.acquire_plan` from the round
+quorum of grants (with a waiting caller's withdrawal, :func:`.fan_lane.withdrawal`) and a
+release's answers, resumes :func:`~.plans.acquire_plan` from the round
 it made for anything else, and runs the plan on a channel it cannot use as it is.
 ``tests/engine/test_alane.py`` runs it on real nodes beside the plans.
 """
@@ -11,7 +12,14 @@ it made for anything else, and runs the plan on a channel it cannot use as it is
 from __future__ import annotations
 
 from .drive import adrive, give_up
-from .fan_lane import FanRelease, acquire_decided, fan_round, lane_releasable, quorum_record
+from .fan_lane import (
+    FanRelease,
+    acquire_decided,
+    fan_round,
+    lane_releasable,
+    quorum_record,
+    withdrawal,
+)
 from .lane import LaneAttempt, Outcome
 from .plans import release_plan
 from .state import AliasState, LeaseRecord
@@ -32,6 +40,9 @@ async def afan_acquire(attempt: LaneAttempt, channel: AsyncChannel) -> Outcome:
         replies = await channel.fan_call(links, attempt.script, tails, state.node_timeout, decided)
         record = quorum_record(state, attempt, sent.owner, sent.started, replies)
         if record is not None:
+            withdraw = withdrawal(attempt, links, replies)
+            if withdraw is not None:  # written at once: no await between the win and the return
+                channel.send_now(withdraw)
             return record
         return await adrive(attempt.resume(sent._replace(replies=replies)), channel)
     except BaseException:  # cancelled mid-call: the plan gives back what it may have got
@@ -51,6 +62,6 @@ async def afan_release(lease: LeaseRecord, channel: AsyncChannel, state: AliasSt
     release = FanRelease(state, lease, len(links))
     asked = [links[i] for i in release.asked]
     got = await channel.fan_call(
-        asked, release.script, release.tails, state.node_timeout, release.decided
+        asked, release.script, release.tails, state.node_timeout, release.decided, release.first
     )
     return release.end(links, got)

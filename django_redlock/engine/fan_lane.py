@@ -5,8 +5,9 @@ generators, a request's calls or a poll set per call.
 
 As for the single-node lane (:mod:`.lane`), the plans stay the source of truth. The lane
 settles only a plain quorum of grants (:func:`quorum_record`: every winner at the same token
-and, for a permit, the same slot, within the validity, and for a waiting caller no node that
-registered it) and a release's answers (:func:`fan_release`, counted by
+and, for a permit, the same slot, within the validity; a waiting caller's registration is
+withdrawn where the attempt may have made one, with the plan's own request,
+:func:`withdrawal`) and a release's answers (:func:`fan_release`, counted by
 :func:`~.plans.counted_release`). Anything else resumes :func:`~.plans.acquire_plan` with the
 round already made (:class:`~.plans.rounds.Sent`); a channel the lane cannot use as it is
 runs the plan. The lane is used where the plans would ask every node at once (not with
@@ -36,7 +37,8 @@ from .lane import (
 from .plans import counted_release, note_unsure, release_plan
 from .plans.acquire import attempt_settled
 from .plans.rounds import Sent
-from .replies import NOT_INVOLVED, NodeFailure, Slot, unanswered
+from .plans.waiters import withdraw_registered
+from .replies import NOT_INVOLVED, NodeFailure, Request, Slot, unanswered
 from .state import DRIFT_ALLOWANCE, AliasState, LeaseRecord
 from .transport.sync import Channel
 
@@ -57,10 +59,9 @@ def quorum_record(
 ) -> LeaseRecord | None:
     """The lease an attempt on several nodes won, exactly as :func:`~.plans.acquire_plan`
     builds it, when the replies are a plain quorum of grants: every winner at the same token
-    (and a permit's at the same slot), below the token limit, within the validity, no node
-    that answered "untrusted", and (for a caller that would wait) no node that answered
-    "busy" or had not answered yet (either may register it as a waiter, which the plan
-    withdraws). None for anything else: the plan decides those."""
+    (and a permit's at the same slot), below the token limit, within the validity, and no
+    node that answered "untrusted". None for anything else: the plan decides those. A caller
+    that would wait sends :func:`withdrawal` too."""
     total = len(replies)
     won = [i for i, reply in enumerate(replies) if _granted(reply)]
     if len(won) < quorum(total):
@@ -71,13 +72,9 @@ def quorum_record(
     slot = permit_slot(attempt, replies[won[0]])
     if attempt.permits and (not slot or any(permit_slot(attempt, replies[i]) != slot for i in won)):
         return None  # a permit's nodes that granted other slots: the plan gives those back
-    waiter = attempt.waiter
     for r in replies:  # a plain loop: this runs for every attempt
-        if type(r) is list:
-            if r[0] == _UNTRUSTED or (waiter and r[0] == _BUSY):
-                return None  # a restarted node (the plan sees whether it may rejoin), or a waiter
-        elif waiter and unanswered(r):
-            return None  # not answered yet: it may still register the waiter there
+        if type(r) is list and r[0] == _UNTRUSTED:
+            return None  # a restarted node: the plan sees whether it may rejoin
     ttl = attempt.ttl
     deadline = started + ttl - (ttl * state.drift_factor + DRIFT_ALLOWANCE)  # state.drift
     if time.monotonic() >= deadline:
@@ -89,6 +86,30 @@ def quorum_record(
         for i, reply in enumerate(replies)
     )
     return lease_of(attempt, owner, token, deadline, slot, reached, tuple(won))
+
+
+def withdrawal(
+    attempt: LaneAttempt, nodes: Sequence[Any], replies: Sequence[Any]
+) -> Request | None:
+    """What :func:`~.plans.acquire_plan` sends after a win for a caller that would wait
+    (fire-and-forget, on the attempt's connections): its registration withdrawn from the
+    nodes that answered "busy" and from those that had not answered yet (either may have
+    registered it: :func:`~.plans.waiters.withdraw_registered`); None when there are none."""
+    if not attempt.waiter or attempt.mark_ms <= 0:
+        return None
+    statuses: list[int | None] = []
+    registered = False
+    for r in replies:  # a plain loop: this runs for every attempt of a waiting caller
+        if type(r) is list:
+            statuses.append(int(r[0]))
+            registered = registered or r[0] == _BUSY
+        else:
+            statuses.append(None)
+            registered = registered or unanswered(r)
+    if not registered:
+        return None
+    name, waiter = attempt.name, attempt.waiter
+    return next(withdraw_registered(attempt.state, nodes, (name,), waiter, replies, statuses))
 
 
 Decided = Callable[[list[Slot]], bool]
@@ -138,6 +159,9 @@ def fan_acquire(attempt: LaneAttempt, channel: Channel) -> Outcome:
         replies = channel.fan_call(links, attempt.script, tails, state.node_timeout, decided)
         record = quorum_record(state, attempt, sent.owner, sent.started, replies)
         if record is not None:
+            withdraw = withdrawal(attempt, links, replies)
+            if withdraw is not None:  # an interrupt in it: the grants are given back below
+                channel.execute(withdraw)
             return record
         # resumed inside the try: an interrupt before the plan runs (making it, the driver's
         # first poll) would leave what some nodes granted to nobody
@@ -203,13 +227,17 @@ class FanRelease:
     the nodes it goes to, their call tails, its kind's script and when it is decided;
     :meth:`end` counts the answers as :func:`~.plans.release_plan` does."""
 
-    __slots__ = ("asked", "decided", "lease", "script", "tails", "total", "was_valid")
+    __slots__ = ("asked", "decided", "first", "lease", "script", "tails", "total", "was_valid")
 
     def __init__(self, state: AliasState, lease: LeaseRecord, total: int) -> None:
         self.lease, self.total = lease, total
         self.was_valid = not lease.lost and lease.deadline > time.monotonic()  # validity() > 0
         lease.released = True
         self.asked, self.tails = release_calls(state, lease, total)
+        #: where the node waiters block on is among the asked: its call is written first, so
+        #: a waiter it wakes starts as early as it can (0 when it is first already, or absent)
+        waking = wake_node(lease.name, total)
+        self.first = self.asked.index(waking) if waking in self.asked else 0
         self.decided = release_decided(total)
         self.script = KINDS[lease.kind].release
 
@@ -233,5 +261,5 @@ def fan_release(lease: LeaseRecord, channel: Channel, state: AliasState) -> bool
     release = FanRelease(state, lease, len(links))
     asked = [links[i] for i in release.asked]
     tails, decided = release.tails, release.decided
-    got = channel.fan_call(asked, release.script, tails, state.node_timeout, decided)
+    got = channel.fan_call(asked, release.script, tails, state.node_timeout, decided, release.first)
     return release.end(links, got)

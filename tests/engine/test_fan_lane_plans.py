@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from django_redlock.engine import fan_lane, lane, plans
-from django_redlock.engine.keyspace import TOKEN_LIMIT
+from django_redlock.engine.keyspace import TOKEN_LIMIT, wake_node
 from django_redlock.engine.plans.rounds import Sent
 from django_redlock.engine.replies import NodeFailure, Slot
 from django_redlock.engine.state import AliasState, LeaseRecord
-from django_redlock.engine.transport.base import pack, script_calls
+from django_redlock.engine.transport.base import pack, script_calls, written_order
 from tests.engine import test_plans
 from tests.engine.test_lane_plans import (
     KIND_TABLE,
@@ -98,7 +98,7 @@ def test_the_lane_acquires_as_the_plan_does(
     caller."""
     module = sys.modules[plans.attempt_round.__module__]
     mark_ms = 1000 if waiter else 0
-    settled_by_lane = 0
+    settled_by_lane = withdrawn_by_lane = 0
     answers = _answers(kind)
     for pattern in _patterns(count, answers):
         replies = [answers[key] for key in pattern]
@@ -130,6 +130,10 @@ def test_the_lane_acquires_as_the_plan_does(
         record = fan_lane.quorum_record(state, attempt, owner, started, replies)
         if record is not None:
             got, shapes = record, [_shape(request)]
+            withdraw = fan_lane.withdrawal(attempt, nodes, replies)
+            if withdraw is not None:  # a waiter's registrations, where it may have made some
+                shapes.append(_shape(withdraw))
+                withdrawn_by_lane += 1
             settled_by_lane += 1
         else:
             run_ids = tuple(f"r{i}" for i in range(count))
@@ -138,8 +142,11 @@ def test_the_lane_acquires_as_the_plan_does(
         assert _outcome(got) == _outcome(expected), pattern
         assert shapes == expected_shapes, pattern
         clock.now = started
-    # the test would prove nothing if the lane never settled (or always did)
+    # the test would prove nothing if the lane never settled (or always did), or never
+    # withdrew a waiter's registrations (every combination of three nodes has such a win)
     assert (settled_by_lane > 0) == (not late)
+    if count == 3:
+        assert (withdrawn_by_lane > 0) == (not late and bool(waiter))
 
 
 def _finish_all(plan: Any, request: Any = None, first: list[Any] | None = None) -> Any:
@@ -217,3 +224,23 @@ def test_the_lane_releases_as_the_plan_does(
             planned.confirmed,
             planned.settled,
         ), (pattern, reached)
+
+
+@pytest.mark.parametrize("count", [3, 5])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_release_is_written_to_the_node_waiters_block_on_first(
+    state: AliasState, kind: str, count: int
+) -> None:
+    """The lane writes a release's call to the node waiters block on before the others (the
+    waiter it wakes starts one write sooner), whichever nodes the lease may hold; the replies
+    stay in node order."""
+    for reached in itertools.product([True, False], repeat=count):
+        if not any(reached):
+            continue
+        lease = lease_of_kind(state, kind, START + 4.0, reached)
+        release = fan_lane.FanRelease(state, lease, count)
+        order = written_order(len(release.asked), release.first)
+        assert sorted(order) == list(range(len(release.asked)))
+        waking = wake_node(lease.name, count)
+        expected = waking if reached[waking] else release.asked[0]
+        assert release.asked[order[0]] == expected, reached
