@@ -62,6 +62,6 @@ async def afan_release(lease: LeaseRecord, channel: AsyncChannel, state: AliasSt
     release = FanRelease(state, lease, len(links))
     asked = [links[i] for i in release.asked]
     got = await channel.fan_call(
-        asked, release.script, release.tails, state.node_timeout, release.decided, release.first
+        asked, release.script, release.tails, state.node_timeout, release.decided
     )
     return release.end(links, got)

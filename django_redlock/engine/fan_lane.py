@@ -227,17 +227,13 @@ class FanRelease:
     the nodes it goes to, their call tails, its kind's script and when it is decided;
     :meth:`end` counts the answers as :func:`~.plans.release_plan` does."""
 
-    __slots__ = ("asked", "decided", "first", "lease", "script", "tails", "total", "was_valid")
+    __slots__ = ("asked", "decided", "lease", "script", "tails", "total", "was_valid")
 
     def __init__(self, state: AliasState, lease: LeaseRecord, total: int) -> None:
         self.lease, self.total = lease, total
         self.was_valid = not lease.lost and lease.deadline > time.monotonic()  # validity() > 0
         lease.released = True
         self.asked, self.tails = release_calls(state, lease, total)
-        #: where the node waiters block on is among the asked: its call is written first, so
-        #: a waiter it wakes starts as early as it can (0 when it is first already, or absent)
-        waking = wake_node(lease.name, total)
-        self.first = self.asked.index(waking) if waking in self.asked else 0
         self.decided = release_decided(total)
         self.script = KINDS[lease.kind].release
 
@@ -261,5 +257,5 @@ def fan_release(lease: LeaseRecord, channel: Channel, state: AliasState) -> bool
     release = FanRelease(state, lease, len(links))
     asked = [links[i] for i in release.asked]
     tails, decided = release.tails, release.decided
-    got = channel.fan_call(asked, release.script, tails, state.node_timeout, decided, release.first)
+    got = channel.fan_call(asked, release.script, tails, state.node_timeout, decided)
     return release.end(links, got)

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from django_redlock.engine import fan_lane, lane, plans
-from django_redlock.engine.keyspace import TOKEN_LIMIT, wake_node
+from django_redlock.engine.keyspace import TOKEN_LIMIT
 from django_redlock.engine.plans.rounds import Sent
 from django_redlock.engine.replies import NodeFailure, Slot
 from django_redlock.engine.state import AliasState, LeaseRecord
-from django_redlock.engine.transport.base import pack, script_calls, written_order
+from django_redlock.engine.transport.base import pack, script_calls
 from tests.engine import test_plans
 from tests.engine.test_lane_plans import (
     KIND_TABLE,
@@ -224,23 +224,3 @@ def test_the_lane_releases_as_the_plan_does(
             planned.confirmed,
             planned.settled,
         ), (pattern, reached)
-
-
-@pytest.mark.parametrize("count", [3, 5])
-@pytest.mark.parametrize("kind", list(KINDS))
-def test_a_release_is_written_to_the_node_waiters_block_on_first(
-    state: AliasState, kind: str, count: int
-) -> None:
-    """The lane writes a release's call to the node waiters block on before the others (the
-    waiter it wakes starts one write sooner), whichever nodes the lease may hold; the replies
-    stay in node order."""
-    for reached in itertools.product([True, False], repeat=count):
-        if not any(reached):
-            continue
-        lease = lease_of_kind(state, kind, START + 4.0, reached)
-        release = fan_lane.FanRelease(state, lease, count)
-        order = written_order(len(release.asked), release.first)
-        assert sorted(order) == list(range(len(release.asked)))
-        waking = wake_node(lease.name, count)
-        expected = waking if reached[waking] else release.asked[0]
-        assert release.asked[order[0]] == expected, reached

@@ -34,7 +34,6 @@ from .base import (
     send_later,
     socket_timeout,
     watch_unanswered,
-    written_order,
 )
 from .loop_time import within_loop_time
 from .spinner import Spinner
@@ -480,24 +479,16 @@ class AsyncChannel:
         tails: Sequence[tuple[str, ...]],
         timeout: float,
         decided: Callable[[list[Slot]], bool],
-        first: int = 0,
     ) -> list[Any]:
         """Asyncio twin of :meth:`.sync.Channel.fan_call`: ``script`` with ``tails[i]`` on
-        ``links[i]`` (``links[first]`` first), every call written before the one wait (one
-        future, one timer) that ends once ``decided`` says yes or ``timeout`` seconds pass; a
-        node that lost its scripts gets it once more in full. A reply or a NodeFailure per
-        link."""
+        ``links[i]``, every call written before the one wait (one future, one timer) that
+        ends once ``decided`` says yes or ``timeout`` seconds pass; a node that lost its
+        scripts gets it once more in full. A reply or a NodeFailure per link."""
         gather = _Gather(decided)
         calls = script_calls(script.sha, tails)
-        if first:
-            slots = [Slot(None)] * len(links)
-            for i in written_order(len(links), first):
-                slots[i] = _written(links[i], calls[i], gather.check)
-        else:
-            slots = [
-                _written(link, call, gather.check) for link, call in zip(links, calls, strict=True)
-            ]
-        gather.slots = slots
+        gather.slots = slots = [
+            _written(link, call, gather.check) for link, call in zip(links, calls, strict=True)
+        ]
         deadline = time.monotonic() + timeout
         await gather.wait(deadline)
         for i, slot in enumerate(slots):

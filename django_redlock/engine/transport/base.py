@@ -76,13 +76,6 @@ def pack(command: Sequence[Any]) -> bytes:
     return hiredis.pack_command(texts(command))  # type: ignore[no-any-return]
 
 
-@functools.cache
-def written_order(count: int, first: int) -> tuple[int, ...]:
-    """The order a call to ``count`` nodes is written in when node ``first`` goes first (the
-    node a release wakes waiters on: the woken waiter starts one write sooner)."""
-    return (first, *(i for i in range(count) if i != first))
-
-
 def script_calls(sha: str, tails: Sequence[tuple[str, ...]]) -> list[bytes]:
     """``EVALSHA sha`` with each of ``tails`` (key count, keys and arguments, all text: see
     :func:`texts`), packed again only where a tail is another object than the one before: a

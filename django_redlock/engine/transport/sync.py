@@ -30,7 +30,6 @@ from .base import (
     script_calls,
     send_later,
     watch_unanswered,
-    written_order,
 )
 from .base import resend_unknown_scripts as _resend
 from .link import ConnectionFactory, Link
@@ -361,21 +360,14 @@ class Channel:
         tails: Sequence[tuple[str, ...]],
         timeout: float,
         decided: Callable[[list[Slot]], bool],
-        first: int = 0,
     ) -> list[Any]:
         """``script`` with ``tails[i]`` (its key count, keys and arguments, all text) on
-        ``links[i]``, written to every link before any reply is read (``links[first]``
-        first, then the others in order), then read as :meth:`_collect` reads until
-        ``decided`` says yes or ``timeout`` seconds pass; a node that lost its scripts gets it
-        once more in full. Returns what :meth:`execute` would: a reply or a
-        :class:`~..replies.NodeFailure` per link."""
+        ``links[i]``, written to every link before any reply is read, then read as
+        :meth:`_collect` reads until ``decided`` says yes or ``timeout`` seconds pass; a node
+        that lost its scripts gets it once more in full. Returns what :meth:`execute` would:
+        a reply or a :class:`~..replies.NodeFailure` per link."""
         calls = script_calls(script.sha, tails)
-        if first:
-            slots = [_UNSENT] * len(links)
-            for i in written_order(len(links), first):
-                slots[i] = _written(links[i], calls[i])
-        else:
-            slots = [_written(link, call) for link, call in zip(links, calls, strict=True)]
+        slots = [_written(link, call) for link, call in zip(links, calls, strict=True)]
         # from the writes, as execute() counts: a pause of this process before them (a
         # SIGSTOP, a collector pass) must not spend the replies' time
         deadline = time.monotonic() + timeout
@@ -398,10 +390,6 @@ class Channel:
             if link.mutex.locked():  # a connect under way: wait for it to drop its socket
                 with link.mutex:
                     pass
-
-
-#: a placeholder until a call is written (every one is before the slots are read)
-_UNSENT = Slot(None)
 
 
 def _written(link: Link, packed: bytes) -> Slot:
