@@ -119,13 +119,13 @@ class LockManagers:
             manager.check_order = on
 
     def reset(self) -> None:
-        """Close every engine and forget the managers. A manager kept elsewhere (a module's
-        ``locks["default"]``) still works: its engine opens again on its next call, and is
-        closed again by the next reset."""
+        """Close the managers' engines and forget the managers. A manager kept elsewhere (a
+        module's ``locks["default"]``) still works: its engine opens again on its next call.
+        A later reset leaves it open: it is no longer the registry's, and closing an engine
+        while its calls run makes them fail ("closed") and its waiters miss their wake-ups."""
         with self._mutex:
-            self._managers = {}
-            made = list(self._made)
-        for manager in made:
+            managers, self._managers = self._managers, {}
+        for manager in managers.values():
             for engine in manager.real_shards:
                 engine.close()
         connections.reset_pools()
