@@ -38,11 +38,11 @@ from .plans import counted_release, note_unsure, release_plan
 from .plans.acquire import attempt_settled
 from .plans.rounds import Sent
 from .plans.waiters import withdraw_registered
-from .replies import NOT_INVOLVED, NodeFailure, Request, Slot, unanswered
+from .replies import NOT_INVOLVED, NodeFailure, Request, Slot, statuses_of
 from .state import DRIFT_ALLOWANCE, AliasState, LeaseRecord
 from .transport.sync import Channel
 
-_GRANTED, _BUSY, _UNTRUSTED = scripts.GRANTED, scripts.BUSY, scripts.UNTRUSTED
+_GRANTED, _UNTRUSTED = scripts.GRANTED, scripts.UNTRUSTED
 _NOT_INVOLVED = NodeFailure(NOT_INVOLVED, sent=False)
 
 
@@ -97,19 +97,9 @@ def withdrawal(
     registered it: :func:`~.plans.waiters.withdraw_registered`); None when there are none."""
     if not attempt.waiter or attempt.mark_ms <= 0:
         return None
-    statuses: list[int | None] = []
-    registered = False
-    for r in replies:  # a plain loop: this runs for every attempt of a waiting caller
-        if type(r) is list:
-            statuses.append(int(r[0]))
-            registered = registered or r[0] == _BUSY
-        else:
-            statuses.append(None)
-            registered = registered or unanswered(r)
-    if not registered:
-        return None
     name, waiter = attempt.name, attempt.waiter
-    return next(withdraw_registered(attempt.state, nodes, (name,), waiter, replies, statuses))
+    plan = withdraw_registered(attempt.state, nodes, (name,), waiter, replies, statuses_of(replies))
+    return next(plan, None)
 
 
 Decided = Callable[[list[Slot]], bool]

@@ -128,6 +128,11 @@ class Request:
         return {i for i, call in enumerate(self.later or ()) if call is not None}
 
 
+def statuses_of(replies: Sequence[Any]) -> list[int | None]:
+    """Each reply's status (the script's first element); None for a node that failed."""
+    return [None if isinstance(r, NodeFailure) else int(r[0]) for r in replies]
+
+
 def unanswered(reply: Any) -> bool:
     """True for a call that was sent and not answered when its request was decided: its reply
     may still come (and the node may still run it)."""

