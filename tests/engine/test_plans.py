@@ -1615,6 +1615,30 @@ def test_a_lease_whose_tokens_racers_keep_passing_is_marked_raced(
     assert [c.args[0] for c in run.calls(3) if c] == [22, 22]  # the margin doubled
 
 
+def test_a_raced_waiter_gives_its_grants_back_without_registering(state: AliasState) -> None:
+    """A raced attempt of a caller that will wait: the policy tries again at once, without
+    blocking on the wake-up list. So the grants it gives back register nobody, and the node
+    that said busy, which registered it, gets a WITHDRAW. Before, the give-back registered
+    the caller, and on the node waiters block on it left the caller a wake-up that nobody
+    popped; the next attempt then won and left that list behind for its 2 s TTL (seen on a
+    stalled event loop: tests/engine/test_stalled_loop.py)."""
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, waiter="w1", mark_ms=700),
+        [
+            answer(ACQUIRE, granted(10), granted(12), busy(12, 400)),
+            answer(RAISE, [13], None, None),
+            answer(RAISE, [17], [17], None),
+            answer(RAISE, [23], 1, None),
+            fire(RELEASE, to=[0, 1]),
+            fire(scripts.WITHDRAW, to=[2]),
+        ],
+    )
+    assert isinstance(run.result, AcquireFailure) and run.result.raced
+    release = run.calls(4)
+    assert [release_args(release[i])[2] for i in (0, 1)] == [0, 0]
+    assert _withdraws(run.requests[5], ("t:__waiters__:job", "t:__handoff__:job"), "w1") == [2]
+
+
 @pytest.mark.parametrize("third", ["timed out", "untrusted"])
 def test_permit_split_among_answering_nodes_is_busy_not_unavailable(
     state: AliasState, third: str

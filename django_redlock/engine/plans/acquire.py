@@ -209,8 +209,9 @@ def acquire_plan(
         # a quorum granted it, but racers kept passing its token on a winner: not busy
         failure.raced = raced and failure.reason == "busy"
         # a caller that will wait registers where it gives a grant back; one that will not
-        # (no wait ends a conflict of kinds) withdraws where a "busy" registered it
-        waits = mark_ms if not failure.final else 0
+        # (no wait ends a conflict of kinds; a raced caller tries again at once, so it pops no
+        # wake-up a registering give-back would leave it) withdraws where a "busy" registered it
+        waits = 0 if failure.final or failure.raced else mark_ms
         yield from _release_calls(
             state, nodes, calls, replies, owner, name, tried, waits, waiter, kind=kind
         )
