@@ -147,6 +147,9 @@ def test_a_give_back_that_registers_wakes_where_the_release_came_first(
     call = state.release_call(NAME, "x", wakes=True, kind="permit" if permits else "", slots=slots)
     client.script_load(call.script.source)
     assert give_back("w1") == 1, "new here, nothing pending: a wake-up"
+    # the caller's own: no longer than its registration (WAKE_TTL_MS is 2 s), so a caller
+    # that does not block for it after all leaves no wake-up for a later waiter
+    assert 0 < client.pttl(keys.wake(NAME)) <= 1000
     client.delete(keys.wake(NAME))
     assert give_back("w1") == 0, "registered here already"
     assert give_back("w2") == 1

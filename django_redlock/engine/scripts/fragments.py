@@ -198,8 +198,9 @@ if tonumber(ARGV[5]) > 0 then
   end
   register(waiters, ARGV[6], tonumber(ARGV[5]), true)
   if fresh and redis.call('EXISTS', wake_list, handoff) == 0 then
+    -- the caller's own: it serves nobody once the caller's registration lapses
     redis.call('RPUSH', wake_list, '1')
-    redis.call('PEXPIRE', wake_list, ARGV[2])
+    redis.call('PEXPIRE', wake_list, math.min(tonumber(ARGV[2]), tonumber(ARGV[5])))
   end
   return mine and 1 or 0
 end
