@@ -154,7 +154,8 @@ def acquire_policy(
     (0: one attempt; None: forever), or until one fails for a reason no wait ends
     (:attr:`~.state.AcquireFailure.final`: the name is taken as another kind). A permit
     whose token lost a race (:attr:`~.state.AcquireFailure.raced`) is tried again at once,
-    up to :data:`RACED_RETRIES` times, with ``timeout=0`` too.
+    up to :data:`RACED_RETRIES` times, with ``timeout=0`` too (its give-back registered
+    nobody, so a wait after the last of them registers first).
 
     ``first``: the failure of a first attempt the driver already made (the common case, a free
     name, then needs no policy at all). ``queue_first``: this process has just handed the name
@@ -177,6 +178,8 @@ def acquire_policy(
         if step is None:
             break
         if isinstance(step, AwaitRelease):
+            if result.raced:  # its give-back registered nobody (it was to try again at once)
+                step = AwaitRelease(step.seconds, mark=True)
             woken = yield step
         else:
             yield step  # a woken waiter stays woken while it retries quickly

@@ -89,7 +89,9 @@ def test_a_permit_whose_token_lost_a_race_is_tried_again_at_once(
     clock: Clock, timeout: float
 ) -> None:
     """A raced permit (nobody holds the name) is tried again at once, without a wait, up to
-    RACED_RETRIES times, with timeout=0 too; then timeout=0 gives up, a timeout waits."""
+    RACED_RETRIES times, with timeout=0 too; then timeout=0 gives up, a timeout waits,
+    registering first (a raced attempt's give-back registers nobody: it was to try again at
+    once, so a release would otherwise not wake it)."""
     raced = AcquireFailure("busy", 2, 3, {}, raced=True)
     run = Stepper(acquire_policy(0.2, timeout))
     seen = steps_of(run, [raced] * (policy.RACED_RETRIES + 1), clock)
@@ -97,7 +99,7 @@ def test_a_permit_whose_token_lost_a_race_is_tried_again_at_once(
     if timeout == 0:
         assert run.step is None and run.result is raced
     else:
-        assert isinstance(run.step, AwaitRelease)
+        assert isinstance(run.step, AwaitRelease) and run.step.mark
     run = Stepper(acquire_policy(0.2, 0))
     assert steps_of(run, [raced, won()], clock) == [Attempt(False)] * 2
     assert isinstance(run.result, LeaseRecord)
