@@ -379,6 +379,25 @@ def test_acquire_registers_for_wait_mark_ms_by_default(state: AliasState) -> Non
     assert run.calls(0)[0].args[4] == WAIT_MARK_MS
 
 
+@pytest.mark.parametrize("woken", [False, True])
+def test_a_woken_caller_some_node_granted_leaves_itself_no_wake_up(
+    state: AliasState, woken: bool
+) -> None:
+    """The node waiters block on (node 0) granted the attempt, the others still said busy (the
+    holder's release has not reached them): its give-back registers the caller there. A caller
+    no release woke blocks next, so there the give-back may leave it a wake-up of its own
+    (wakes "1"); a woken one retries quickly without blocking, so it leaves none: a wake-up it
+    never pops would wake the next waiter for nothing, or stay behind (seen in the five-node
+    contended runs: one more attempt on every node per such hand-off)."""
+    assert wake_node(NAME, 3) == 0
+    run = drive(
+        plans.acquire_plan(state, fake_nodes(3), NAME, 5.0, waiter="w1", mark_ms=700, woken=woken),
+        [answer(ACQUIRE, granted(12), busy(12, 900), busy(12, 900)), fire(RELEASE, to=[0])],
+    )
+    assert isinstance(run.result, AcquireFailure) and run.result.votes == 1
+    assert release_args(run.calls(1)[0])[1:] == ("0" if woken else "1", 700)
+
+
 @pytest.mark.parametrize(("waiter", "mark_ms"), [("", 1000), ("w1", 0), ("w1", -5)])
 def test_acquire_that_will_not_wait_registers_nothing(
     state: AliasState, waiter: str, mark_ms: int

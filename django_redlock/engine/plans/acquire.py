@@ -212,8 +212,21 @@ def acquire_plan(
         # (no wait ends a conflict of kinds; a raced caller tries again at once, so it pops no
         # wake-up a registering give-back would leave it) withdraws where a "busy" registered it
         waits = 0 if failure.final or failure.raced else mark_ms
+        # a woken caller some node granted retries quickly without blocking (the release is
+        # on its way to the others): no wake-up of its own for it to leave
+        quick = woken and failure.votes > 0
         yield from _release_calls(
-            state, nodes, calls, replies, owner, name, tried, waits, waiter, kind=kind
+            state,
+            nodes,
+            calls,
+            replies,
+            owner,
+            name,
+            tried,
+            waits,
+            waiter,
+            kind=kind,
+            self_wake=not quick,
         )
         if mark_ms and not waits:
             yield from withdraw_registered(state, nodes, (name,), waiter, replies, statuses)
@@ -271,20 +284,24 @@ def _release_calls(
     *,
     kind: str = "",
     kept: Collection[int] = (),
+    self_wake: bool = True,
 ) -> Plan[None]:
     """Fire-and-forget release of an attempt's grants on every node that may hold one: those
     that granted it, or that got the call and did not answer (a reply of None: it may have
     executed it), not those that said no. ``tried``: the keys the attempt may have taken (a
     lock's key, or a semaphore's slots in the order tried: a node that answered releases the
     slot it granted, one that did not releases whichever slot has this owner). ``mark_ms``
-    > 0: the caller will wait, so each release also registers ``waiter`` there. ``kind``: the
-    attempt's (:attr:`LeaseRecord.kind`); ``kept``: nodes whose grant stays (the permit's).
+    > 0: the caller will wait, so each release also registers ``waiter`` there and, on the
+    node waiters block on, leaves the caller a wake-up of its own where it is new (unless
+    ``self_wake`` is False: a caller that will not block next). ``kind``: the attempt's
+    (:attr:`LeaseRecord.kind`); ``kept``: nodes whose grant stays (the permit's).
 
     A release is sent on the same connection as the acquire, so on a paused node it runs right
     after the late SET when the node resumes; no stale key outlives the pause.
     """
     release: list[Call | None] = [None] * len(nodes)
-    waking = wake_node(name, len(nodes))
+    # a registering give-back's wake-up is only ever the caller's own
+    waking = wake_node(name, len(nodes)) if self_wake or not mark_ms else -1
     for i, (call, reply) in enumerate(zip(calls, replies, strict=True)):
         if call is None or i in kept:
             continue
