@@ -109,9 +109,9 @@ class Request:
     nodes count as still to answer until then, and the replies of all calls are collected
     from then on. A node of ``later`` never sent to gets ``NodeFailure(NOT_ASKED, sent=False)``.
     ``ahead``: filled by the transport when a call carried ``before`` commands: per node, their
-    replies in order (a :class:`NodeFailure` for each one that got none). ``unanswered`` (fire
-    and forget only): called with a node's index when its call could not be sent, or its
-    connection failed (or the node answered an error) before its reply was read.
+    replies in order (a :class:`NodeFailure` for each one that got none). ``unanswered``: called
+    with a node's index when its call could not be sent, or its connection failed (or the
+    node answered an error) before its reply was read, also after a waited request returned.
     """
 
     calls: list[Call | None]

@@ -215,6 +215,8 @@ def acquire_plan(
         # a woken caller some node granted retries quickly without blocking (the release is
         # on its way to the others): no wake-up of its own for it to leave
         quick = woken and failure.votes > 0
+        # a raced caller's next attempt may go out on other connections: its grants must be
+        # given back first, or that attempt finds them and is refused a name nobody holds
         yield from _release_calls(
             state,
             nodes,
@@ -227,8 +229,9 @@ def acquire_plan(
             waiter,
             kind=kind,
             self_wake=not quick,
+            waited=failure.raced,
         )
-        if mark_ms and not waits:
+        if mark_ms and failure.final:
             yield from withdraw_registered(state, nodes, (name,), waiter, replies, statuses)
         return failure
     except BaseException as given_up:  # Abandoned, or an interrupt in this code
@@ -285,6 +288,7 @@ def _release_calls(
     kind: str = "",
     kept: Collection[int] = (),
     self_wake: bool = True,
+    waited: bool = False,
 ) -> Plan[None]:
     """Fire-and-forget release of an attempt's grants on every node that may hold one: those
     that granted it, or that got the call and did not answer (a reply of None: it may have
@@ -295,6 +299,8 @@ def _release_calls(
     node waiters block on, leaves the caller a wake-up of its own where it is new (unless
     ``self_wake`` is False: a caller that will not block next). ``kind``: the attempt's
     (:attr:`LeaseRecord.kind`); ``kept``: nodes whose grant stays (the permit's).
+    ``waited``: the replies are awaited (up to ``NODE_TIMEOUT``), so that a call the caller
+    makes next, maybe on other connections, reaches each node that answered after it.
 
     A release is sent on the same connection as the acquire, so on a paused node it runs right
     after the late SET when the node resumes; no stale key outlives the pause.
@@ -326,7 +332,8 @@ def _release_calls(
         )
     if any(release):
         owe = functools.partial(owe_give_back, state, name, owner, tried, kind, len(nodes))
-        yield Request(release, 0.0, wait=False, unanswered=owe)
+        timeout = state.node_timeout if waited else 0.0
+        yield Request(release, timeout, wait=waited, unanswered=owe)
 
 
 def owe_give_back(

@@ -366,6 +366,7 @@ class AsyncChannel:
             if slot.ahead:
                 self.ahead = [s.result(expired=expired) for s in slot.ahead]
                 request.ahead = {**(request.ahead or {}), i: self.ahead}
+        watch_unanswered(request, slots)  # a waited give-back: its failures are owed
         return [result_of(s, expired=expired) for s in slots]
 
     def pending(self) -> bool:

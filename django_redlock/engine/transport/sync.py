@@ -128,6 +128,7 @@ class Channel:
             if slot.ahead:
                 self.ahead = [s.result(expired=expired) for s in slot.ahead]
                 request.ahead = {**(request.ahead or {}), i: self.ahead}
+        watch_unanswered(request, slots)  # a waited give-back: its failures are owed
         return [s.value if s.done else result_of(s, expired=expired) for s in slots]
 
     def _collect(
