@@ -2001,3 +2001,28 @@ def test_a_rejoin_check_whose_probes_went_unanswered_holds_nobody_back(
         [answer(PROBE, *fresh), answer(REJOIN, FLOOR, FLOOR, FLOOR)],
     )
     assert again.result is True
+
+
+# -- late answers to a release -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("voter", [False, True], ids=["never-answered", "voter"])
+def test_a_late_not_yours_from_a_node_that_never_answered_the_acquire_is_rechecked(
+    voter: bool,
+) -> None:
+    """A release's answer read late (the next call on its connection) settles its node. A
+    "not yours" from a node that never answered the acquire is looked at once more later, as
+    a timely one is: the acquire, on another connection, may still run there after the
+    release (a paused node that resumed ran a read lease's release before its acquire and
+    kept the reader for its TTL: found by an attack). A voter's "not yours" needs no look."""
+    from django_redlock.engine.plans import lease as lease_plans
+    from django_redlock.engine.replies import Slot
+
+    voters = (0, 1, 2) if voter else (0, 1)
+    record = LeaseRecord(NAME, NAME, "o", ttl=5.0, reached=(True,) * 3, voters=voters)
+    late = Slot(None)
+    late.fill(scripts.NOT_HELD)
+    record.unsure, record.late = (2,), {2: late}
+    lease_plans.late_answers(record)
+    assert record.unsure == ()
+    assert (2 in record.recheck) is not voter

@@ -130,7 +130,10 @@ def late_answers(lease: LeaseRecord) -> None:
     """Settle the ``unsure`` nodes whose release reply came after the call was decided (a
     quorum answered first, or it timed out) and was read since, in order, by the next call
     on that connection: an answer says the compare-and-delete ran there, so it is not sent
-    again. A refusal stays unsure (sent again); "not yours" leaves nothing to release."""
+    again. A refusal stays unsure (sent again); "not yours" leaves nothing to release, but
+    from a node that never answered the acquire it is looked at once more later, as
+    :func:`counted_release` does (the acquire, on another connection, may run there after
+    the release: a paused node that resumed)."""
     late = lease.late
     if not late:
         return
@@ -141,6 +144,8 @@ def late_answers(lease: LeaseRecord) -> None:
             still.append(i)
         elif slot.value != scripts.NOT_HELD:
             lease.confirmed += 1
+        elif _late_grant_possible(lease, i):  # as a timely "not yours": the acquire may follow
+            lease.recheck[i] = time.monotonic() + LATE_DELIVERY
     lease.unsure = tuple(still)
     if not still:
         lease.late = {}
