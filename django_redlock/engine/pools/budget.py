@@ -144,21 +144,6 @@ class Budget:
                 self._listeners[listener] = wake
             return False
 
-    def make_room(self, nodes: Sequence[int]) -> None:
-        """A wait found no slot to block in (``take(..., blocking=True)`` refused): when the
-        budget of one of ``nodes`` is spent, not only the blocking waits' half, every pool
-        closes one idle connection. A burst of callers leaves the whole budget in idle lock
-        connections, and every wait after it polled instead of blocking until
-        ``IDLE_TIMEOUT`` closed them; now the next wait blocks. Call it holding no pool's
-        lock: the pools take theirs to close."""
-        self._check_fork()
-        with self._mutex:
-            if not any(self._used[i] >= self.limit for i in nodes):
-                return
-            evictors = list(self._evictors.values())
-        for evict in evictors:
-            evict()
-
     def _starving_besides(self, kind: object) -> bool:
         """A hungry caller of a kind other than ``kind`` waits (hold the mutex)."""
         return any(other is not kind for other in self.hungry.values())

@@ -116,10 +116,8 @@ class ChannelPools:
                     pooled = self._blocking_free[index]
                     del self._blocking_free[index]
                     return pooled
-                granted = self.budget.take(self._every, blocking=True, receipt=taken)
-            if not granted:
-                self.budget.make_room(self._every)  # the next wait blocks
-                return None
+                if not self.budget.take(self._every, blocking=True, receipt=taken):
+                    return None
             return self._open_into(self._blocking_all, taken, blocking=True)
         except BaseException:  # an interrupt before the slot has a channel: it goes back
             self.budget.give(self._every, blocking=True, receipt=taken)

@@ -144,7 +144,6 @@ class ReleaseWaiter:
             else:
                 opened = conn is not None
         if not opened:  # no blocking connection to be had: wait without a wake-up
-            self._budget.make_room((node,))  # the next wait blocks
             time.sleep(seconds)
             return False
         held = True  # this call holds the slot (and ``conn``, if any): an interrupt gives both
@@ -235,7 +234,6 @@ class ReleaseWaiter:
         pooled = bool(idle[node])
         conn: Any = idle[node].pop() if pooled else None
         if conn is None and not self._budget.take((node,), blocking=True):
-            self._budget.make_room((node,))  # the next wait blocks
             await asyncio.sleep(seconds)  # no blocking connection to be had: no wake-up
             return False
         for _ in range(2):
