@@ -132,7 +132,7 @@ class Patience:
         remaining = None if self._deadline is None else self._deadline - time.monotonic()
         if remaining is not None and remaining <= 0:
             return None
-        if woken and failure.votes and self._quick < HANDOFF_RETRIES:
+        if failure.retried_quickly(woken) and self._quick < HANDOFF_RETRIES:
             self._quick += 1
             return Pause(HANDOFF_RETRY if remaining is None else min(HANDOFF_RETRY, remaining))
         self._quick = 0

@@ -287,3 +287,9 @@ class AcquireFailure:
         """True when no wait ends this failure: the name is taken as another kind, so the
         caller asked for the wrong kind (a release would not change that)."""
         return self.reason == "other_kind"
+
+    def retried_quickly(self, woken: bool) -> bool:
+        """True when the caller retries within a moment instead of blocking for a wake-up: a
+        woken one that some node granted (the release is on its way to the others; see
+        ``HANDOFF_RETRY`` in :mod:`.policy`)."""
+        return woken and self.votes > 0

@@ -208,15 +208,14 @@ def acquire_plan(
         failure = failure_of(nodes, replies, statuses, len(won))
         # a quorum granted it, but racers kept passing its token on a winner: not busy
         failure.raced = raced and failure.reason == "busy"
-        # a caller that will wait registers where it gives a grant back; one that will not
-        # (no wait ends a conflict of kinds; a raced caller tries again at once, so it pops no
-        # wake-up a registering give-back would leave it) withdraws where a "busy" registered it
+        # a caller that will wait registers where it gives a grant back. One that will not
+        # (no wait ends a conflict of kinds) withdraws where a "busy" registered it. A raced
+        # caller tries again at once: its give-back registers nobody (it would leave the
+        # caller a wake-up it never pops) and is awaited (that attempt may go out on other
+        # connections, find the grants still there and be refused a name nobody holds).
         waits = 0 if failure.final or failure.raced else mark_ms
-        # a woken caller some node granted retries quickly without blocking (the release is
-        # on its way to the others): no wake-up of its own for it to leave
-        quick = woken and failure.votes > 0
-        # a raced caller's next attempt may go out on other connections: its grants must be
-        # given back first, or that attempt finds them and is refused a name nobody holds
+        # a woken caller that retries quickly does not block either: no wake-up of its own
+        quick = failure.retried_quickly(woken)
         yield from _release_calls(
             state,
             nodes,
@@ -290,7 +289,8 @@ def _release_calls(
     self_wake: bool = True,
     waited: bool = False,
 ) -> Plan[None]:
-    """Fire-and-forget release of an attempt's grants on every node that may hold one: those
+    """Release of an attempt's grants (fire-and-forget unless ``waited``) on every node that
+    may hold one: those
     that granted it, or that got the call and did not answer (a reply of None: it may have
     executed it), not those that said no. ``tried``: the keys the attempt may have taken (a
     lock's key, or a semaphore's slots in the order tried: a node that answered releases the

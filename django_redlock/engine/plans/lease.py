@@ -86,8 +86,8 @@ def counted_release(
     for i, (reply, holds) in enumerate(zip(replies, reached, strict=True)):
         if not holds or reply == scripts.NOT_HELD:
             refused += 1
-            if holds and _late_grant_possible(lease, i):
-                lease.recheck[i] = time.monotonic() + LATE_DELIVERY
+            if holds:
+                _look_again_later(lease, i, time.monotonic())
         elif isinstance(reply, NodeFailure):
             unsure.append(i)
             if reply.late is not None:
@@ -126,6 +126,13 @@ def _late_grant_possible(lease: LeaseRecord, node: int) -> bool:
     return bool(lease.voters) and node not in lease.voters
 
 
+def _look_again_later(lease: LeaseRecord, node: int, now: float) -> None:
+    """After ``node`` said "not yours" to ``lease``'s release: send the release there once more
+    :data:`LATE_DELIVERY` from ``now`` if the acquire may still reach it."""
+    if _late_grant_possible(lease, node):
+        lease.recheck[node] = now + LATE_DELIVERY
+
+
 def late_answers(lease: LeaseRecord) -> None:
     """Settle the ``unsure`` nodes whose release reply came after the call was decided (a
     quorum answered first, or it timed out) and was read since, in order, by the next call
@@ -144,8 +151,8 @@ def late_answers(lease: LeaseRecord) -> None:
             still.append(i)
         elif slot.value != scripts.NOT_HELD:
             lease.confirmed += 1
-        elif _late_grant_possible(lease, i):  # as a timely "not yours": the acquire may follow
-            lease.recheck[i] = time.monotonic() + LATE_DELIVERY
+        else:  # "not yours", as a timely one: the acquire may still follow
+            _look_again_later(lease, i, time.monotonic())
     lease.unsure = tuple(still)
     if not still:
         lease.late = {}
@@ -194,8 +201,8 @@ def release_again_plan(
                 lease.late[i] = reply.late
         elif reply != scripts.NOT_HELD or ran_before:
             lease.confirmed += 1
-            if reply == scripts.NOT_HELD and _late_grant_possible(lease, i):
-                lease.recheck[i] = now + LATE_DELIVERY  # its acquire may still arrive
+            if reply == scripts.NOT_HELD:
+                _look_again_later(lease, i, now)  # its acquire may still arrive
     for i in due - unsure:  # looked at once more: whatever it says, nothing is on its way
         if not isinstance(replies[i], NodeFailure):
             del lease.recheck[i]
