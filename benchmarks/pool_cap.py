@@ -21,6 +21,7 @@ import tarfile
 import tempfile
 from io import BytesIO
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -70,18 +71,23 @@ def tree_of(ref: str, into: Path) -> Path:
     return into
 
 
-def run(tree: Path, urls: list[str], pairs: int, cap: str) -> list[float]:
+def run_in_tree(tree: Path, child: str, *args: str) -> Any:
+    """The JSON ``child`` (a script) prints last, run with ``args`` and the ``django_redlock``
+    of ``tree`` (each contender in its own process)."""
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps(urls), str(pairs), cap],
+        [sys.executable, "-c", child, *args],
         capture_output=True,
         text=True,
         env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
         cwd=tree,  # not the checkout: python -c puts the working directory first on sys.path
     )
     if done.returncode:
-        raise SystemExit(f"{tree} cap={cap}: {done.stderr}")
-    out = done.stdout
-    result: list[float] = json.loads(out.strip().splitlines()[-1])
+        raise SystemExit(f"{tree} {args}: {done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run(tree: Path, urls: list[str], pairs: int, cap: str) -> list[float]:
+    result: list[float] = run_in_tree(tree, CHILD, json.dumps(urls), str(pairs), cap)
     return result
 
 

@@ -75,6 +75,7 @@ class ReleaseWaits:
         channel = pools.blocking.pop(pick(pools.blocking)) if pools.blocking else None
         if channel is None:
             if not self.pools.budget.take(self._every, blocking=True):
+                self.pools.budget.make_room(self._every)  # a later wait blocks
                 return None  # no blocking connection to be had: wait by polling
             pools.opened()
         started = time.monotonic()

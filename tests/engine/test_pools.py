@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import math
 import os
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from django_redlock.conf import parse_alias
 from django_redlock.locking.manager import LockManager
 from django_redlock.testing import RedisNode, RedisNodes
 from tests.support.sockets import open_sockets_to
+from tests.support.waiting import until_blocked
 
 Nodes = Callable[..., RedisNodes]
 Alias = Callable[..., LockManager]
@@ -396,7 +398,7 @@ def test_a_channel_closed_while_a_task_waits_for_it_is_not_used(
         channel.mutex.release()  # wakes `first`...
         first.cancel()  # ...which is cancelled before it runs: it passes the mutex on
         await asyncio.sleep(0)  # `user` picked the channel and waits for its mutex
-        pools.reap(one=True)  # evicted before `user` runs: closed, out of the pool
+        pools._evict_one(math.inf)  # evicted before `user` runs: closed, out of the pool
         lease = await user
         ok = await lease.arelease()
         reused = any(link.connected for link in channel.links)
@@ -553,3 +555,88 @@ def test_a_loop_closed_without_closing_its_pools_keeps_no_socket_past_its_slot(
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["before"] == 2  # the closed loop's connections, still open
     assert seen["peak"] <= 2, seen
+
+
+@pytest.mark.parametrize("count", [1, 3])
+@pytest.mark.parametrize("how", ["sync", "asyncio"])
+def test_a_wait_after_a_burst_that_spent_the_budget_blocks_again(
+    redis_node_factory: Nodes, redlock_alias: Alias, count: int, how: str
+) -> None:
+    """A burst of callers opens MAX_CONNECTIONS lock connections per node and leaves them
+    idle. A caller that then waits for a held name needs a connection of its own to block
+    in BLPOP; the budget was spent, so every wait after such a burst polled instead (until
+    IDLE_TIMEOUT closed the idle ones: 27 hand-offs/s against 288 in an attack with a burst
+    of 60 and the default 50). A wait that finds the budget spent now has each pool close a
+    connection idle for a second, so a later wait blocks: the oracle is a client blocked on
+    the node. The connections a busy pool cycles through stay (the long profile's
+    test_200_threads_on_3_nodes_stay_within_max_connections)."""
+    nodes = redis_node_factory(count)
+    manager = redlock_alias(nodes, MAX_CONNECTIONS=4, TTL=10.0)
+
+    async def aburst() -> None:
+        async def one(i: int) -> None:
+            (await manager.aacquire(f"burst:{i}", timeout=5)).release()
+
+        await asyncio.gather(*(one(i) for i in range(8)))
+
+    def burst() -> None:
+        threads = [
+            threading.Thread(target=lambda i=i: manager.acquire(f"burst:{i}", timeout=5).release())
+            for i in range(8)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    held = manager.acquire("held", timeout=0)
+    outcome: list[Any] = []
+
+    async def await_it() -> None:
+        await aburst()
+        lease = await manager.aacquire("held", timeout=8)
+        outcome.append(await lease.arelease())
+
+    def wait_for_it() -> None:
+        if how == "asyncio":
+            asyncio.run(await_it())
+        else:
+            burst()
+            outcome.append(manager.acquire("held", timeout=8).release())
+
+    waiter = threading.Thread(target=wait_for_it)
+    waiter.start()
+    try:
+        until_blocked(manager, "held", seconds=6.0)
+    finally:
+        held.release()
+        waiter.join()
+    assert outcome == [True]
+
+
+def test_make_room_asks_for_connections_idle_a_second_only_when_the_budget_is_spent() -> None:
+    """The budget's side of the burst fix, without I/O: a refused wait asks the pools for a
+    connection idle ROOM_IDLE seconds only while a node's whole budget is in use (not only
+    the blocking half), and at most every ROOM_EVERY seconds however many waits ask."""
+    from django_redlock.engine.pools import budget as budget_module
+
+    budget = budget_module.Budget(nodes=2, limit=4)
+    asked: list[float] = []
+    budget.add_evictor(object(), asked.append)
+    assert budget.take((0, 1), blocking=True) and budget.take((0, 1), blocking=True)
+    assert not budget.take((0, 1), blocking=True)  # the blocking half is spent
+    budget.make_room((0, 1))
+    assert asked == []  # lock calls still have room: nothing to close
+    assert budget.take((0, 1)) and budget.take((0, 1))  # now the whole budget is in use
+    before = time.monotonic()
+    budget.make_room((0,))
+    budget.make_room((0,))  # at once again: not asked twice
+    assert len(asked) == 1
+    assert (
+        before - budget_module.ROOM_IDLE <= asked[0] <= time.monotonic() - budget_module.ROOM_IDLE
+    )
+    time.sleep(budget_module.ROOM_EVERY)
+    budget.make_room((1,))
+    assert len(asked) == 2
+    budget.starve(object(), kind=object())  # a starving caller takes any idle one
+    assert asked[2] == math.inf

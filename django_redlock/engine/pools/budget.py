@@ -4,8 +4,9 @@ connections to each node per process, counted across sync callers and every even
 
 A channel (one connection per node) takes a slot on every node; a ``BLPOP`` connection one
 slot on its node. Blocking waits may hold at most half the budget (rounded down), so lock
-calls, releases first, always keep connections of their own; a waiter refused one polls.
-A caller that finds the budget full registers a wake-up (called, outside any lock, when a slot
+calls, releases first, always keep connections of their own; a waiter refused one polls, and
+when the whole budget is spent asks the pools to close one connection idle for a second. A
+caller that finds the budget full registers a wake-up (called, outside any lock, when a slot
 is given back) and asks the pools holding idle connections to close one. A caller whose kind
 (the sync callers, or one event loop) holds no connection is *hungry*: while one waits, no
 other kind takes a new slot, and every other kind closes its channels as they come back, its
@@ -18,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -34,8 +37,16 @@ SPARE_WAIT = 5.0
 #: ``until`` of a call that is not an acquire attempt with a deadline: it waits up to
 #: :data:`SPARE_WAIT` for a connection.
 SPARE = -1.0
+#: A wait refused a blocking connection while the budget is spent closes connections idle
+#: at least this long (seconds): a burst's leftovers, not the ones a busy pool cycles through.
+ROOM_IDLE = 1.0
+#: ... and looks for them at most this often (seconds), however many waits are refused.
+ROOM_EVERY = 0.1
 
 Wake = Callable[[], None]
+#: A pool's eviction: close one connection idle since before the given ``time.monotonic()``
+#: (``math.inf``: any idle one), if it has one.
+Evict = Callable[[float], None]
 W = TypeVar("W")
 
 
@@ -98,7 +109,9 @@ class Budget:
         self._blocking = [0] * self.nodes
         self._listeners: dict[object, Wake] = {}
         #: pools that may hold idle connections: each closes one when called (if it can)
-        self._evictors: dict[object, Wake] = {}
+        self._evictors: dict[object, Evict] = {}
+        #: when :meth:`make_room` last looked for idle connections (``time.monotonic()``)
+        self._room_looked = -math.inf
         #: callers waiting that hold no connection of their kind, each with its kind: while
         #: there are any, another kind's channel coming back is closed instead of kept
         self.hungry: dict[object, object] = {}
@@ -143,6 +156,25 @@ class Budget:
             if wake is not None:
                 self._listeners[listener] = wake
             return False
+
+    def make_room(self, nodes: Sequence[int]) -> None:
+        """A wait found no slot to block in (a blocking ``take`` refused). When the budget
+        of one of ``nodes`` is spent, not only the blocking waits' half, every pool closes one
+        connection idle for :data:`ROOM_IDLE` seconds, so a later wait blocks: a burst of
+        callers leaves the whole budget in idle lock connections, and every wait after it
+        polled until ``IDLE_TIMEOUT`` closed them. Connections a busy pool keeps using are
+        never idle that long, and stay. Call it holding no pool's lock: pools take theirs."""
+        self._check_fork()
+        now = time.monotonic()
+        with self._mutex:
+            if now - self._room_looked < ROOM_EVERY:
+                return
+            if not any(self._used[i] >= self.limit for i in nodes):
+                return
+            self._room_looked = now
+            evictors = list(self._evictors.values())
+        for evict in evictors:
+            evict(now - ROOM_IDLE)
 
     def _starving_besides(self, kind: object) -> bool:
         """A hungry caller of a kind other than ``kind`` waits (hold the mutex)."""
@@ -191,7 +223,7 @@ class Budget:
             self._listeners.pop(listener, None)
             self.hungry.pop(listener, None)
 
-    def add_evictor(self, owner: object, evict: Wake) -> None:
+    def add_evictor(self, owner: object, evict: Evict) -> None:
         self._check_fork()
         with self._mutex:
             self._evictors[owner] = evict
@@ -210,7 +242,7 @@ class Budget:
             self.hungry[listener] = kind
             evictors = list(self._evictors.values())
         for evict in evictors:
-            evict()
+            evict(math.inf)
 
     def in_use(self) -> list[int]:
         """Slots taken per node (for tests and reports)."""

@@ -5,6 +5,7 @@ ones (``IDLE_TIMEOUT``). :class:`ChannelPools` is the part of
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -116,8 +117,10 @@ class ChannelPools:
                     pooled = self._blocking_free[index]
                     del self._blocking_free[index]
                     return pooled
-                if not self.budget.take(self._every, blocking=True, receipt=taken):
-                    return None
+                granted = self.budget.take(self._every, blocking=True, receipt=taken)
+            if not granted:
+                self.budget.make_room(self._every)  # a later wait blocks (not under our lock)
+                return None
             return self._open_into(self._blocking_all, taken, blocking=True)
         except BaseException:  # an interrupt before the slot has a channel: it goes back
             self.budget.give(self._every, blocking=True, receipt=taken)
@@ -349,16 +352,16 @@ class ChannelPools:
                         self._opened()
         return self.run(make_plan)[0]
 
-    def _reap_aside(self, idle_before: float, *, now: bool = False) -> float | None:
-        """Close the give-backs' channel if idle since before ``idle_before`` (``now``: if
-        idle at all); returns its ``idle_since`` while it stays open."""
+    def _reap_aside(self, idle_before: float) -> float | None:
+        """Close the give-backs' channel if idle since before ``idle_before`` (``math.inf``:
+        if idle at all); returns its ``idle_since`` while it stays open."""
         if not self._aside_mutex.acquire(blocking=False):
             return None  # in use right now
         try:
             channel = self._aside
             if channel is None:
                 return None
-            if now or channel.idle_since < idle_before:
+            if channel.idle_since < idle_before:
                 self._close_aside()
                 return None
             return channel.idle_since
@@ -405,8 +408,9 @@ class ChannelPools:
                 self._reaper_wake.clear()
 
     def _reap(self, idle_before: float, *, one: bool = False) -> float | None:
-        """Close idle channels idle since before ``idle_before`` (``one``: the oldest idle
-        one, however recent); returns the oldest ``idle_since`` left idle."""
+        """Close idle channels idle since before ``idle_before`` (``one``: only the oldest of
+        them, ``math.inf`` for the oldest idle one however recent); returns the oldest
+        ``idle_since`` left idle."""
         closed: list[tuple[Channel, bool]] = []
         oldest: float | None = None
         with self._mutex:
@@ -415,7 +419,7 @@ class ChannelPools:
                 (self._blocking_free, self._blocking_all, True),
             ):
                 for channel in sorted(pool, key=lambda c: c.idle_since):
-                    if (one and not closed) or channel.idle_since < idle_before:
+                    if channel.idle_since < idle_before and not (one and closed):
                         pool.remove(channel)
                         every.remove(channel)
                         closed.append((channel, blocking))
@@ -428,16 +432,17 @@ class ChannelPools:
         if one and closed:
             return oldest
         had_aside = self._aside is not None
-        aside = self._reap_aside(idle_before, now=one)
+        aside = self._reap_aside(idle_before)
         if one and had_aside and self._aside is None:  # the one closed
             return oldest
         waiting = self.waiter.reap(idle_before, one=one)
         left = [t for t in (oldest, waiting, aside) if t is not None]
         return min(left) if left else None
 
-    def _evict_one(self) -> None:
-        """Another pool starves: close one idle sync connection, if any."""
-        self._reap(0.0, one=True)
+    def _evict_one(self, idle_before: float) -> None:
+        """The budget wants room: close one sync connection idle since before
+        ``idle_before``, if any."""
+        self._reap(idle_before, one=True)
 
     def reopen(self) -> None:
         """Take calls again after :meth:`close`: a manager kept across a settings change
@@ -462,5 +467,5 @@ class ChannelPools:
             with channel.mutex:
                 channel.close()
             self.budget.give(self._every, blocking=channel in blocking)
-        self._reap_aside(0.0, now=True)
+        self._reap_aside(math.inf)
         self._reaper_wake.set()

@@ -60,9 +60,9 @@ class LoopPools:
         if self._timer is None:
             self._timer = self.loop.call_later(self.budget.idle_timeout, self.reap)
 
-    def reap(self, *, one: bool = False) -> None:
-        """Close the connections idle for ``IDLE_TIMEOUT`` (with ``one``: the oldest idle
-        one); then run again when the next one would be due."""
+    def reap(self) -> None:
+        """Close the connections idle for ``IDLE_TIMEOUT``; then run again when the next one
+        would be due."""
         self._timer = None
         idle_before = time.monotonic() - self.budget.idle_timeout
         oldest: float | None = None
@@ -70,27 +70,38 @@ class LoopPools:
             for channel in list(pool):
                 if channel.mutex.locked():
                     continue
-                if one or channel.idle_since < idle_before:
+                if channel.idle_since < idle_before:
                     pool.remove(channel)
                     self.retire(channel, blocking=blocking)
-                    if one:
-                        return
                 else:
                     oldest = min(oldest or channel.idle_since, channel.idle_since)
         for node, conns in enumerate(self.waiting):
             for conn in list(conns):
-                if one or conn.idle_since < idle_before:
+                if conn.idle_since < idle_before:
                     conns.remove(conn)
                     self.loop.create_task(self._disconnect_and_give(conn, node))
-                    if one:
-                        return
                 else:
                     oldest = min(oldest or conn.idle_since, conn.idle_since)
-        if one:
-            return
         if oldest is not None or self.channels or self.blocking:
             delay = self.budget.idle_timeout if oldest is None else oldest - idle_before
             self._timer = self.loop.call_later(max(delay, 0.001), self.reap)
+
+    def _evict_one(self, idle_before: float) -> None:
+        """Close one connection idle since before ``idle_before`` (``math.inf``: any idle
+        one), if any; the idle timer keeps running for the rest."""
+        for pool, blocking in ((self.channels, False), (self.blocking, True)):
+            for channel in pool:
+                idle = not channel.mutex.locked() and channel.reserved is None
+                if idle and channel.idle_since < idle_before:
+                    pool.remove(channel)
+                    self.retire(channel, blocking=blocking)
+                    return
+        for node, conns in enumerate(self.waiting):
+            for conn in conns:
+                if conn.idle_since < idle_before:
+                    conns.remove(conn)
+                    self.loop.create_task(self._disconnect_and_give(conn, node))
+                    return
 
     def retire(self, channel: AsyncChannel, *, blocking: bool = False) -> None:
         """Close ``channel`` (no longer in a pool); its slots come back once its sockets are
@@ -118,16 +129,13 @@ class LoopPools:
         await _disconnect(conn)
         self.give_soon((node,), blocking=True)
 
-    def evict_soon(self) -> None:
-        """Another pool starves: close one idle connection of this loop (any thread)."""
+    def evict_soon(self, idle_before: float) -> None:
+        """The budget wants room: close one connection of this loop idle since before
+        ``idle_before`` (any thread)."""
         try:
-            self.loop.call_soon_threadsafe(self._evict_one)
+            self.loop.call_soon_threadsafe(self._evict_one, idle_before)
         except RuntimeError:  # the loop is closed without closing its pools: reclaim them
             self.reclaim()
-
-    def _evict_one(self) -> None:
-        self.reap(one=True)
-        self.opened()  # reap(one=True) leaves the timer off
 
     def reclaim(self) -> None:
         """The loop closed without closing its pools: close every connection now (their

@@ -144,6 +144,7 @@ class ReleaseWaiter:
             else:
                 opened = conn is not None
         if not opened:  # no blocking connection to be had: wait without a wake-up
+            self._budget.make_room((node,))  # a later wait blocks
             time.sleep(seconds)
             return False
         held = True  # this call holds the slot (and ``conn``, if any): an interrupt gives both
@@ -191,14 +192,15 @@ class ReleaseWaiter:
         self._budget.give((node,), blocking=True)
 
     def reap(self, idle_before: float, *, one: bool = False) -> float | None:
-        """Close the idle connections idle since before ``idle_before`` (with ``one``: the
-        single oldest idle one, however recent); returns the oldest ``idle_since`` left."""
+        """Close the idle connections idle since before ``idle_before`` (with ``one``: only
+        the first of them; ``math.inf``: however recent); returns the oldest ``idle_since``
+        left."""
         closed: list[tuple[int, Any]] = []
         oldest: float | None = None
         with self._mutex:
             for node, conns in enumerate(self._idle):
                 for conn in list(conns):
-                    if (one and not closed) or conn.idle_since < idle_before:
+                    if conn.idle_since < idle_before and not (one and closed):
                         conns.remove(conn)
                         closed.append((node, conn))
                     elif oldest is None or conn.idle_since < oldest:
@@ -234,6 +236,7 @@ class ReleaseWaiter:
         pooled = bool(idle[node])
         conn: Any = idle[node].pop() if pooled else None
         if conn is None and not self._budget.take((node,), blocking=True):
+            self._budget.make_room((node,))  # a later wait blocks
             await asyncio.sleep(seconds)  # no blocking connection to be had: no wake-up
             return False
         for _ in range(2):
