@@ -7,6 +7,7 @@ wake-up). Real nodes; the oracle is what each wait returned and the wake-up list
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -159,3 +160,41 @@ def test_a_give_back_that_registers_wakes_where_the_release_came_first(
     assert give_back("w4") == 0, "reserved for a woken waiter"
     client.delete(keys.handoff(NAME), keys.waiters(NAME))
     assert give_back("w5", wakes=False) == 0, "not the node waiters block on"
+
+
+def test_back_to_back_permit_releases_wake_one_waiter_once(
+    redis_node_factory: Callable[..., RedisNodes],
+    redlock_alias: Callable[..., LockManager],
+) -> None:
+    """Two permits released one after the other while one caller waits: the first release
+    wakes it (and promises it a slot); the second finds it still registered (a woken waiter
+    stays registered until it wins) and pushed a second wake-up for it, which the next
+    caller to block then took for nothing (an attack: 3 of 20 trials on 3 nodes). A waiter
+    already promised a slot is not woken again; one that is not, is."""
+    node = redis_node_factory(1)[0]
+    manager = redlock_alias([node.url], TTL=10)
+    state = manager.engine.state
+    keys = state.keys
+    client = redis.Redis.from_url(str(node.url))
+    slots = tuple(keys.permit(NAME, k) for k in range(3))
+    wake, waiters = keys.wake(NAME), keys.waiters(NAME)
+
+    def release(slot: int) -> Any:
+        client.set(slots[slot], f"{'o' * 32}|{slot + 1}", px=5000)
+        call = state.release_call(
+            NAME, "o" * 32, wakes=True, held=(slots[slot],), kind="permit", slots=slots
+        )
+        client.script_load(call.script.source)
+        return client.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+
+    for slot in range(3):
+        client.set(slots[slot], "x|1", px=5000)  # held by others
+    client.zadd(waiters, {"w1": int(time.time() * 1000) + 60_000})
+    release(0)
+    assert client.llen(wake) == 1, "the waiter is woken"
+    assert client.lpop(wake) == b"1"  # it takes its wake-up (BLPOP) and has not won yet
+    release(1)
+    assert client.llen(wake) == 0, "woken already: no second wake-up"
+    client.zadd(waiters, {"w2": int(time.time() * 1000) + 60_000})
+    release(2)
+    assert client.llen(wake) == 1, "a waiter not woken yet is woken"

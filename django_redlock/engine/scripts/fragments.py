@@ -142,11 +142,14 @@ RELEASE_LUA = (
     + """
 local function wake_permits(waiters, wake_list, handoff, wakes, slots)
 -- a semaphore's: one waiter more may go, for the slot this release freed; the reservation
--- counts the slots promised to woken waiters (a woken winner takes one off)
+-- counts the slots promised to woken waiters (a woken winner takes one off). A woken waiter
+-- stays registered until it wins: only a waiter beyond those promised a slot already, and
+-- beyond the wake-ups still pending, gets one
 local waiting = redis.call('ZCARD', waiters)
-local promised = math.min(waiting, (tonumber(redis.call('GET', handoff)) or 0) + 1)
+local before = tonumber(redis.call('GET', handoff)) or 0
+local promised = math.min(waiting, before + 1)
 redis.call('SET', handoff, promised, 'PX', ARGV[3])
-if wakes and waiting > redis.call('LLEN', wake_list) then
+if wakes and waiting > math.max(before, redis.call('LLEN', wake_list)) then
   redis.call('RPUSH', wake_list, '1')
   redis.call('PEXPIRE', wake_list, ARGV[2])
 end
