@@ -640,3 +640,48 @@ def test_make_room_asks_for_connections_idle_a_second_only_when_the_budget_is_sp
     assert len(asked) == 2
     budget.starve(object(), kind=object())  # a starving caller takes any idle one
     assert asked[2] == math.inf
+
+
+@pytest.mark.parametrize("how", ["sync", "asyncio"])
+def test_room_is_not_made_of_a_channel_a_paused_node_still_owes_a_reply_on(
+    three: RedisNodes, redlock_alias: Alias, how: str
+) -> None:
+    """A burst's idle channels make room for a wait, but not one a node still owes an
+    acquire's reply on (a paused node): the lease's release must follow its acquire on that
+    connection, else the paused node, resumed, may run the release first and keep the name
+    for its TTL. A starving pool (``math.inf``) still takes it: it needs any connection."""
+    manager = redlock_alias(three, TTL=10.0, NODE_TIMEOUT=0.2)
+    engine = manager.engine
+
+    async def atake() -> Any:
+        (await manager.aacquire("warm", timeout=0)).release()  # every node trusted
+        three[2].pause()
+        try:
+            lease = await manager.aacquire("owed", timeout=0)  # nodes 0 and 1: a quorum
+            pools = await engine.pools.loops.loop_pools()
+            [channel] = pools.channels
+            assert channel.pending()  # node 2 owes its reply
+            await asyncio.sleep(0)
+            pools._evict_one(time.monotonic() + 1.0)  # idle long enough, but owed
+            assert pools.channels == [channel]
+            pools._evict_one(math.inf)
+            assert pools.channels == []
+            return lease
+        finally:
+            three[2].resume()
+
+    if how == "asyncio":
+        asyncio.run(atake())
+        return
+    manager.acquire("warm", timeout=0).release()
+    three[2].pause()
+    try:
+        manager.acquire("owed", timeout=0)
+        [channel] = engine.pools._all
+        assert channel.pending()
+        engine.pools._evict_one(time.monotonic() + 1.0)
+        assert engine.pools._all == [channel]
+        engine.pools._evict_one(math.inf)
+        assert engine.pools._all == []
+    finally:
+        three[2].resume()

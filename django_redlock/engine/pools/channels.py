@@ -407,10 +407,13 @@ class ChannelPools:
             if self._reaper_wake.wait(max(due, 0.001)):
                 self._reaper_wake.clear()
 
-    def _reap(self, idle_before: float, *, one: bool = False) -> float | None:
+    def _reap(
+        self, idle_before: float, *, one: bool = False, keep_owed: bool = False
+    ) -> float | None:
         """Close idle channels idle since before ``idle_before`` (``one``: only the oldest of
-        them, ``math.inf`` for the oldest idle one however recent); returns the oldest
-        ``idle_since`` left idle."""
+        them, ``math.inf`` for the oldest idle one however recent; ``keep_owed``: not one a
+        node still owes a reply on, such as a paused node's acquire, whose lease's release
+        must follow it on that connection); returns the oldest ``idle_since`` left idle."""
         closed: list[tuple[Channel, bool]] = []
         oldest: float | None = None
         with self._mutex:
@@ -419,7 +422,8 @@ class ChannelPools:
                 (self._blocking_free, self._blocking_all, True),
             ):
                 for channel in sorted(pool, key=lambda c: c.idle_since):
-                    if channel.idle_since < idle_before and not (one and closed):
+                    owed = keep_owed and channel.pending()
+                    if channel.idle_since < idle_before and not (one and closed) and not owed:
                         pool.remove(channel)
                         every.remove(channel)
                         closed.append((channel, blocking))
@@ -441,8 +445,9 @@ class ChannelPools:
 
     def _evict_one(self, idle_before: float) -> None:
         """The budget wants room: close one sync connection idle since before
-        ``idle_before``, if any."""
-        self._reap(idle_before, one=True)
+        ``idle_before``, if any (for a starving pool, ``math.inf``: any idle one; else not
+        one a node still owes a reply on)."""
+        self._reap(idle_before, one=True, keep_owed=idle_before != math.inf)
 
     def reopen(self) -> None:
         """Take calls again after :meth:`close`: a manager kept across a settings change

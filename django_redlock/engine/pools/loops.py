@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import deque
 from typing import Any
@@ -87,11 +88,16 @@ class LoopPools:
             self._timer = self.loop.call_later(max(delay, 0.001), self.reap)
 
     def _evict_one(self, idle_before: float) -> None:
-        """Close one connection idle since before ``idle_before`` (``math.inf``: any idle
-        one), if any; the idle timer keeps running for the rest."""
+        """Close one connection idle since before ``idle_before`` (for a starving pool,
+        ``math.inf``: any idle one; else not one a node still owes a reply on, such as a
+        paused node's acquire, whose lease's release must follow it on that connection), if
+        any; the idle timer keeps running for the rest."""
+        keep_owed = idle_before != math.inf
         for pool, blocking in ((self.channels, False), (self.blocking, True)):
             for channel in pool:
                 idle = not channel.mutex.locked() and channel.reserved is None
+                if idle and keep_owed and channel.pending():
+                    continue
                 if idle and channel.idle_since < idle_before:
                     pool.remove(channel)
                     self.retire(channel, blocking=blocking)
