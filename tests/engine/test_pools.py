@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
@@ -649,26 +650,31 @@ def test_room_is_not_made_of_a_channel_a_paused_node_still_owes_a_reply_on(
     """A burst's idle channels make room for a wait, but not one a node still owes an
     acquire's reply on (a paused node): the lease's release must follow its acquire on that
     connection, else the paused node, resumed, may run the release first and keep the name
-    for its TTL. A starving pool (``math.inf``) still takes it: it needs any connection."""
+    for its TTL. An event loop reads replies as they come, so its channel owes one only
+    while the node has not answered: not even a starving pool (``math.inf``) takes it then.
+    A sync channel's reply may have come unread: a starving pool still takes it."""
     manager = redlock_alias(three, TTL=10.0, NODE_TIMEOUT=0.2)
     engine = manager.engine
 
-    async def atake() -> Any:
+    async def atake() -> None:
         (await manager.aacquire("warm", timeout=0)).release()  # every node trusted
+        pools = await engine.pools.loops.loop_pools()
         three[2].pause()
         try:
-            lease = await manager.aacquire("owed", timeout=0)  # nodes 0 and 1: a quorum
-            pools = await engine.pools.loops.loop_pools()
+            await manager.aacquire("owed", timeout=0)  # nodes 0 and 1: a quorum
             [channel] = pools.channels
             assert channel.pending()  # node 2 owes its reply
-            await asyncio.sleep(0)
             pools._evict_one(time.monotonic() + 1.0)  # idle long enough, but owed
+            pools._evict_one(math.inf)  # a starving pool: owed all the same
             assert pools.channels == [channel]
-            pools._evict_one(math.inf)
-            assert pools.channels == []
-            return lease
         finally:
             three[2].resume()
+        for _ in range(200):  # the loop reads the late reply
+            if not channel.pending():
+                break
+            await asyncio.sleep(0.01)
+        pools._evict_one(math.inf)
+        assert pools.channels == []
 
     if how == "asyncio":
         asyncio.run(atake())
@@ -685,3 +691,37 @@ def test_room_is_not_made_of_a_channel_a_paused_node_still_owes_a_reply_on(
         assert engine.pools._all == []
     finally:
         three[2].resume()
+
+
+def test_a_lease_released_while_a_burst_spent_the_budget_follows_its_acquire_on_a_paused_node(
+    three: RedisNodes, redlock_alias: Alias
+) -> None:
+    """An attack: asyncio, a paused node, and a burst on the same loop that spends
+    MAX_CONNECTIONS. Every channel then owes the paused node a reply, and the background
+    give-backs (a sync kind) starve: they had the loop close an owed channel, the one a
+    held lease's acquire went out on. Its release then went out on another connection, the
+    resumed node ran it before the acquire, and kept the name for the lease's TTL (4 of 4
+    runs). Oracle: the paused node's keys once it has resumed."""
+    manager = redlock_alias(three, MAX_CONNECTIONS=4, TTL=8.0, NODE_TIMEOUT=0.05)
+    paused = redis.Redis.from_url(str(three[2].url))
+
+    async def main() -> None:
+        await (await manager.aacquire("warm", timeout=5)).arelease()
+        three[2].pause()
+        try:
+            lease = await manager.aacquire("X", timeout=5)
+
+            async def one(i: int) -> None:
+                await (await manager.aacquire(f"burst:{i}", timeout=10)).arelease()
+
+            await asyncio.gather(*(one(i) for i in range(8)))
+            await asyncio.sleep(1.5)  # the give-backs starve meanwhile
+            await lease.arelease()
+            await asyncio.sleep(0.3)
+        finally:
+            three[2].resume()
+        await asyncio.sleep(1.0)
+
+    asyncio.run(main())
+    left = [k for k in paused.keys(f"{manager.engine.state.keys.lock('X')}*") if b"__" not in k]
+    assert left == [], [(k, paused.pttl(k)) for k in left]

@@ -70,8 +70,11 @@ class LoopChannels:
         return pools
 
     def _areturn(self, pools: LoopPools, channel: AsyncChannel) -> None:
-        """``channel`` is free again: pooled, or closed while another kind starves."""
-        if channel in pools.channels and self.budget.should_surrender(pools):
+        """``channel`` is free again: pooled, or closed while another kind starves (unless a
+        node still owes a reply on it: a paused node's acquire, whose lease's release must
+        follow it on that connection, else the node may run the release first)."""
+        surrender = channel in pools.channels and self.budget.should_surrender(pools)
+        if surrender and not channel.pending():
             pools.channels.remove(channel)
             pools.retire(channel)
             return

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections import deque
 from typing import Any
@@ -89,16 +88,13 @@ class LoopPools:
 
     def _evict_one(self, idle_before: float) -> None:
         """Close one connection idle since before ``idle_before`` (for a starving pool,
-        ``math.inf``: any idle one; else not one a node still owes a reply on, such as a
-        paused node's acquire, whose lease's release must follow it on that connection), if
-        any; the idle timer keeps running for the rest."""
-        keep_owed = idle_before != math.inf
+        ``math.inf``: however recent), if any, but not one a node still owes a reply on (the
+        loop reads replies as they come: a paused node's acquire), whose lease's release
+        must follow it on that connection; the idle timer keeps running for the rest."""
         for pool, blocking in ((self.channels, False), (self.blocking, True)):
             for channel in pool:
                 idle = not channel.mutex.locked() and channel.reserved is None
-                if idle and keep_owed and channel.pending():
-                    continue
-                if idle and channel.idle_since < idle_before:
+                if idle and not channel.pending() and channel.idle_since < idle_before:
                     pool.remove(channel)
                     self.retire(channel, blocking=blocking)
                     return
