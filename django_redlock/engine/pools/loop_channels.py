@@ -160,9 +160,15 @@ class LoopChannels:
             self._reopen()
         pools = self.pools_of.get(asyncio.get_running_loop()) or await self.loop_pools()
         if isinstance(pinned, AsyncChannel) and pinned in pools.channels:
-            async with pinned.mutex:
-                if pinned in pools.channels:  # not closed as idle meanwhile
-                    return await driver(job, pinned), pinned
+            used = False
+            try:
+                async with pinned.mutex:
+                    if pinned in pools.channels:  # not closed as idle meanwhile
+                        used = True
+                        return await driver(job, pinned), pinned
+            finally:
+                if used:  # free again: a task waiting for a channel gets it, as below
+                    self._areturn(pools, pinned)
         if pools.down_idle:  # an idle channel has a connection down: start reconnecting it
             idle = [c for c in pools.channels if not c.mutex.locked()]
             pools.down_idle = reconnect_down(idle)
