@@ -178,6 +178,8 @@ def find(alias: str, name: str, kind: str = "") -> TokenHolder | None:
     'write', 'permit') that this very thread or task entered with a lock block, a request
     lock or ``lock_many`` (for re-entering it), or None. Bare ``acquire()`` leases are never
     re-entered."""
+    innermost: Entry | None = None
+    resumed: Entry | None = None  # a running generator's, innermost while it runs
     for entry in reversed(_own_entries(alias, name)):
         if (
             entry.enterable
@@ -185,8 +187,13 @@ def find(alias: str, name: str, kind: str = "") -> TokenHolder | None:
             and getattr(entry.lease, "kind", "") == kind
             and (entry.usable is None or entry.usable())
         ):
-            return entry.lease
-    return None
+            if innermost is None:
+                innermost = entry
+            if entry.order != entry.seq and (resumed is None or entry.order > resumed.order):
+                resumed = entry
+    if resumed is not None and (innermost is None or resumed.order > innermost.order):
+        return resumed.lease
+    return None if innermost is None else innermost.lease
 
 
 def held(alias: str, name: str) -> list[TokenHolder]:
@@ -269,6 +276,7 @@ class Suspensions:
             if entry.frame.owner == owner:
                 entry.fences = True
                 entry.suspended = False
+                entry.order = next(SEQ)  # innermost while the generator runs
             elif entry.live():
                 self._visits.append(push(entry.lease))
         self._mark = next(SEQ)

@@ -40,6 +40,7 @@ class Entry:
         "indexed",
         "key",
         "lease",
+        "order",
         "seq",
         "suspended",
         "usable",
@@ -71,6 +72,9 @@ class Entry:
         self.dead = False
         #: the order of activation among all entries (a generator's run finds its own)
         self.seq = next(SEQ)
+        #: how inner it is now: its activation, or a generator's latest resumption (while
+        #: the generator runs, its leases are innermost, not the ones its consumer took since)
+        self.order = self.seq
         #: activated by a generator that is suspended at a ``yield``: its caller (the
         #: generator's consumer) neither fences with it nor re-enters it
         self.suspended = False

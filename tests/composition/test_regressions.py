@@ -742,3 +742,41 @@ def test_n11_an_async_set_lets_go_of_a_re_entered_lease_whose_block_ended_inside
 
     asyncio.run(scenario())
     assert free_elsewhere(b, alias) and free_elsewhere(r, alias)
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+@pytest.mark.parametrize("how", ["lock", "lock_many"])
+def test_n12_a_resumed_generator_finds_its_own_lease_not_its_consumers(
+    alias: str, how: str, unique_name: str
+) -> None:
+    """N12: an ``@lock`` generator's short lease ran out while it was suspended; its consumer
+    then locked the name itself (free again) and resumed the generator inside that block.
+    The body found the consumer's lease as its own (the consumer's entry was activated
+    later, so it counted as the innermost), and a block in the body re-entered it (the
+    machine: "a generator's body now sees <the consumer's lease>, not its lease"). While a
+    generator runs, its own leases are the innermost."""
+    manager = locks[alias]
+
+    @manager.lock("{0}", ttl=0.2, timeout=0)
+    def rows(name: str) -> Iterator[Any]:
+        for _ in range(3):
+            yield context.find(alias, name)
+
+    it = rows(unique_name)
+    own = next(it)
+    assert own is not None
+    time.sleep(0.6)  # its lease runs out
+    block = (
+        manager.lock(unique_name, ttl=5, timeout=0)
+        if how == "lock"
+        else manager.lock_many([unique_name], ttl=5, timeout=0)
+    )
+    try:
+        with block:
+            try:
+                found = next(it)
+            except LockLost:  # it may report its lost lease instead: never the other one
+                found = own
+    finally:
+        it.close()
+    assert found is own, f"the body found {found}, not its lease {own}"
