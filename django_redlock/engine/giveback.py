@@ -170,7 +170,9 @@ class Stragglers(threading.Thread):
     release); at most :attr:`LIMIT` waiting, the oldest dropped (their keys expire anyway)."""
 
     LIMIT = 10_000
-    _lock = threading.Lock()
+    #: reentrant: ``add`` builds a thread under it, and a collection the allocation sets off
+    #: may finalize an unclosed ``@lock`` generator, whose release adds to the stragglers
+    _lock = threading.RLock()
 
     def __init__(self, state: AliasState, run: Run) -> None:
         super().__init__(name="redlock-give-back stragglers", daemon=True)
@@ -217,7 +219,8 @@ class Stragglers(threading.Thread):
                     logger.debug("Release of %r: a straggler failed: %r", lease.name, exc)
             with Stragglers._lock:
                 if not any(r.unsure or r.recheck for r, _ in self._waiting):
-                    self._state.stragglers = None  # the next add() starts a new thread
+                    if self._state.stragglers is self:  # the next add() starts a new thread
+                        self._state.stragglers = None
                     return
             pause = min(pause * 2, RETRY_AT_MOST)
 
@@ -241,7 +244,7 @@ def _after_fork_in_child() -> None:
     a parent's give-back thread held at the fork."""
     GiveBack._lock = threading.Lock()
     GiveBack.running = {}
-    Stragglers._lock = threading.Lock()
+    Stragglers._lock = threading.RLock()
 
 
 if hasattr(os, "register_at_fork"):

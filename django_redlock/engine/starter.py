@@ -49,7 +49,7 @@ def call_soon(job: Callable[[], None]) -> None:
 def start_thread(thread: threading.Thread) -> None:
     """``thread.start()``, made by the starter when called in the main thread: returns once the
     thread runs; when a signal handler's exception ends the wait, the thread starts soon."""
-    if threading.get_ident() != threading.main_thread().ident:
+    if threading.get_ident() != threading.main_thread().ident or _holds_thread_registry():
         thread.start()
         return
     started: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
@@ -66,6 +66,16 @@ def start_thread(thread: threading.Thread) -> None:
     failure = started.get()  # a lock wait: a signal handler may raise in it, harmlessly
     if failure is not None:
         raise failure
+
+
+def _holds_thread_registry() -> bool:
+    """Whether this thread holds :mod:`threading`'s registry of threads (a reentrant lock):
+    a finalizer the garbage collector ran inside ``threading.enumerate()``. A start handed to
+    the starter would wait for that lock while this thread waits for the start; this thread
+    can take it again and start the thread itself."""
+    registry = getattr(threading, "_active_limbo_lock", None)
+    owned = getattr(registry, "_is_owned", None)
+    return bool(owned is not None and owned())
 
 
 def _launch() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import queue
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -204,3 +205,61 @@ def test_a_closed_engine_starts_no_straggler_thread() -> None:
     lease.settled = True
     giveback.Stragglers.add(state, lease, lambda make_plan: True)
     assert state.stragglers is None
+
+
+#: Run in a child process (a hang there is a timeout here, not a hung test run): a thread
+#: start made by a finalizer that the garbage collector ran while this thread was inside
+#: threading's own bookkeeping (``threading.enumerate()`` allocates under its registry lock).
+_START_INSIDE_THREADINGS_REGISTRY = """
+import threading
+from django_redlock.engine import starter
+
+starter.start_thread(threading.Thread(target=lambda: None))  # the starter thread runs
+ran = threading.Event()
+with threading._active_limbo_lock:  # what a finalizer run inside enumerate() holds
+    starter.start_thread(threading.Thread(target=ran.set))
+assert ran.wait(10)
+print("started")
+"""
+
+#: A release that a finalizer ran while this thread was adding another to the stragglers
+#: (``Stragglers.add`` builds a thread under its lock: an allocation, so a collection).
+_STRAGGLER_ADDED_INSIDE_ANOTHER_ADD = """
+import threading, time
+from django_redlock.engine import giveback
+from django_redlock.engine.state import AliasState, LeaseRecord
+
+state = AliasState("t:", 0.05, 0.01, 5.0)
+for where in ("main", "thread"):
+    def add():
+        lease = LeaseRecord("k", "t:lock:k", "o", 1, 5.0, time.monotonic() + 5.0)
+        lease.unsure, lease.settled = (2,), True
+        with giveback.Stragglers._lock:
+            giveback.Stragglers.add(state, lease, lambda make_plan: True)
+    if where == "main":
+        add()
+    else:
+        worker = threading.Thread(target=add)
+        worker.start()
+        worker.join()
+    assert state.stragglers is not None
+print("added")
+"""
+
+
+@pytest.mark.parametrize(
+    "script", [_START_INSIDE_THREADINGS_REGISTRY, _STRAGGLER_ADDED_INSIDE_ANOTHER_ADD]
+)
+def test_a_finalizer_run_inside_threading_or_a_straggler_add_does_not_hang(script: str) -> None:
+    """An unclosed ``@lock`` generator that the garbage collector finalizes releases its
+    lease wherever the collection happened to run. Two places hung for good: inside
+    ``threading.enumerate()`` in the main thread (the start handed to the starter thread
+    waited for threading's registry lock, held by the thread waiting for the start), and
+    inside ``Stragglers.add`` (its lock, held by the same thread, taken again)."""
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=20, check=False
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the start or the add never returned (a hang)")
+    assert result.returncode == 0, result.stderr
