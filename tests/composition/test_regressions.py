@@ -780,3 +780,31 @@ def test_n12_a_resumed_generator_finds_its_own_lease_not_its_consumers(
     finally:
         it.close()
     assert found is own, f"the body found {found}, not its lease {own}"
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+@pytest.mark.parametrize("kind", ["read_lock", "write_lock"])
+def test_a_suspended_generators_name_is_busy_for_its_consumer_as_another_kind(
+    alias: str, kind: str, unique_name: str
+) -> None:
+    """The decision the composition machine checks (it had expected the one-name-one-kind
+    ``LockError``): a suspended ``@lock`` generator's lease is another holder for its
+    consumer, whatever kind the consumer asks for, so a read or write lease of its name is
+    busy; once the generator is closed the name is free for it."""
+    manager = locks[alias]
+
+    @manager.lock("{0}", ttl=5, timeout=0)
+    def rows(name: str) -> Iterator[int]:
+        yield 1
+        yield 2
+
+    it = rows(unique_name)
+    try:
+        assert next(it) == 1
+        with pytest.raises(LockNotAcquired):
+            with getattr(manager, kind)(unique_name, ttl=5, timeout=0):
+                pass
+    finally:
+        it.close()
+    with getattr(manager, kind)(unique_name, ttl=5, timeout=0):
+        pass
