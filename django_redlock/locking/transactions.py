@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 
 from django.db import DEFAULT_DB_ALIAS, transaction
 
+from . import collected
+
 if TYPE_CHECKING:
     from .lease import Lease
 
@@ -96,7 +98,8 @@ def release_after_commit(
     the list of callbacks alive), the next renewal finds the callback gone and releases."""
     release = _Release(lease)
     callback = _ReleaseAtCommit(release)
-    weakref.finalize(callback, release.now)  # on rollback: discarded, freed, released
+    # on rollback: discarded, freed, released (by a collection: in a thread of its own)
+    weakref.finalize(callback, collected.outside_collection, release.now)
     connection = transaction.get_connection(using)
     transaction.on_commit(callback, using=using)
     ref = weakref.ref(callback)

@@ -67,7 +67,7 @@ def wrap_held(
             suspensions = context.Suspensions()  # before the block: its lease is the body's
             with contextlib.ExitStack() as stack:
                 if entered(stack, args, kwargs):
-                    return (yield from suspending(func(*args, **kwargs), suspensions))
+                    return (yield from suspending(func(*args, **kwargs), suspensions, stack))
                 return None
 
         return gen_wrapper  # type: ignore[return-value]

@@ -1,0 +1,58 @@
+"""Generators the garbage collector finalizes. A collection runs in whichever thread happened
+to allocate, at whatever point it was, perhaps inside the library with one of its own locks
+held (a pool's, while it picks a connection). An abandoned ``@lock`` generator's close,
+which releases its lease and may need those locks, must not run there: it runs in a thread
+of its own, started with the interpreter's low-level call (which takes none of
+:mod:`threading`'s locks either)."""
+
+from __future__ import annotations
+
+import _thread
+import gc
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+#: the thread a collection runs in now (None: none runs)
+_collecting: int | None = None
+
+
+def _track(phase: str, info: dict[str, Any]) -> None:
+    global _collecting
+    _collecting = threading.get_ident() if phase == "start" else None
+
+
+gc.callbacks.append(_track)
+
+
+def in_collection() -> bool:
+    """True while the garbage collector runs in this thread (its finalizers included)."""
+    return _collecting is not None and _collecting == threading.get_ident()
+
+
+def close_elsewhere(close: Callable[[], None]) -> None:
+    """Run ``close`` in a new thread, now. In this thread when the interpreter is exiting
+    (its last collection: no library code is running in this thread then, and a thread
+    started now could be cut off before the release is sent) or no thread can be started
+    (a process at its thread limit: rather than a lease kept to its TTL)."""
+    if sys.is_finalizing():
+        close()
+        return
+    try:
+        _thread.start_new_thread(close, ())
+    except RuntimeError:
+        close()
+
+
+def _ignore(result: object) -> None:
+    """Drop a job's result (a release's True/False)."""
+
+
+def outside_collection(job: Callable[[], object]) -> None:
+    """Run ``job`` now, or in a thread of its own when the garbage collector runs in this
+    thread (a finalizer that releases: see the module's docstring)."""
+    if in_collection():
+        close_elsewhere(lambda: _ignore(job()))
+    else:
+        job()

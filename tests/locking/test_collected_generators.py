@@ -1,0 +1,138 @@
+"""An ``@lock`` generator left suspended and then finalized by the garbage collector. A
+collection runs in whichever thread happened to allocate, at whatever point, perhaps inside
+the library with one of its own locks held (a pool's, while it picks a connection); the
+generator's close releases its lease, and that may need the same lock (a node that has not
+answered a call yet makes the release open another connection). The close must never run
+there: it runs in a thread of its own, the name is free soon after, its body's ``finally``
+run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from django_redlock.testing import RedisNodes
+
+#: Run in a child process: a hang there is a timeout here, not a hung test run.
+_CHILD = """
+import gc, json, os, signal, sys, time
+import django
+from django.conf import settings
+
+urls, pids, name = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+settings.configure(
+    REDLOCK={"default": {"NODES": urls, "KEY_PREFIX": "c:", "TTL": 5.0, "NODE_TIMEOUT": 0.1}},
+    INSTALLED_APPS=["django_redlock"],
+    USE_TZ=True,
+)
+django.setup()
+from django_redlock import locks
+from django_redlock.exceptions import LockError
+
+manager = locks["default"]
+manager.acquire(name + ":warm", timeout=15).release()  # new nodes may vote only later
+cleaned = []
+
+@manager.lock("{0}", timeout=0)
+def rows(key):
+    try:
+        yield 1
+        yield 2
+    finally:
+        cleaned.append(key)
+
+it = rows(name)
+assert next(it) == 1
+cycle = [it]
+cycle.append(cycle)  # only the collector frees it
+del it, cycle
+for pid in pids:  # no quorum now: every connection that asks owes a reply
+    os.kill(pid, signal.SIGSTOP)
+try:
+    manager.acquire(name + ":other", timeout=0)
+except LockError:
+    pass
+gc.disable()  # the collection below is the only one
+with manager.engine.pools._mutex:  # where a collection in the pool's checkout runs
+    gc.collect()
+gc.enable()
+for pid in pids:
+    os.kill(pid, signal.SIGCONT)
+deadline = time.monotonic() + 15
+while True:
+    try:
+        manager.acquire(name, timeout=0, ttl=1).release()
+        break
+    except LockError:
+        if time.monotonic() > deadline:
+            raise SystemExit("the name was never released")
+        time.sleep(0.05)
+print(json.dumps(cleaned))
+"""
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_a_collected_generator_is_closed_in_a_thread_of_its_own(
+    redis_node_factory: object, count: int, unique_name: str
+) -> None:
+    """A node (or two of three) paused, so the connection the last call used owes a reply,
+    and a collection runs while the pool's lock is held (as inside its checkout): before,
+    the generator's release waited for that lock for good; now the collection returns, the
+    body's ``finally`` runs, and the name is free once the nodes answer again."""
+    nodes: RedisNodes = redis_node_factory(count)  # type: ignore[operator]
+    pids = [node.pid for node in nodes][-max(1, count - 1) :]
+    args = [json.dumps([node.url for node in nodes]), json.dumps(pids), unique_name]
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", _CHILD, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        for node in nodes:
+            node.resume()
+        pytest.fail("the collection never returned (the release waited for the pool's lock)")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == [unique_name]
+
+
+def test_a_finalizer_run_by_a_collection_releases_in_a_thread_of_its_own() -> None:
+    """The routing the lease kept until a commit uses too (its callback's finalizer releases
+    it on a rollback): a finalizer the collector runs hands the job to a new thread; one run
+    because the last reference went (a rollback discarding the callback) runs it at once."""
+    import gc
+    import threading
+    import weakref
+
+    from django_redlock.locking import collected
+
+    ran: list[int] = []
+    done = threading.Event()
+
+    def job() -> bool:
+        ran.append(threading.get_ident())
+        done.set()
+        return True
+
+    class Held:
+        pass
+
+    freed = Held()
+    weakref.finalize(freed, collected.outside_collection, job)
+    del freed  # no cycle: freed at once, in this thread
+    assert ran == [threading.get_ident()]
+
+    done.clear()
+    cyclic = Held()
+    cyclic.me = cyclic  # type: ignore[attr-defined]
+    weakref.finalize(cyclic, collected.outside_collection, job)
+    del cyclic
+    gc.collect()
+    assert done.wait(10)
+    assert len(ran) == 2 and ran[1] != threading.get_ident()
+    assert not collected.in_collection()
