@@ -139,7 +139,10 @@ def _closing(
             finally:
                 suspensions.end_visits()
         finally:
-            block.close()
+            try:  # left as the generator's block is when it is closed: GeneratorExit in flight
+                raise GeneratorExit
+            except GeneratorExit as closing:
+                block.__exit__(GeneratorExit, closing, closing.__traceback__)
 
     return close
 

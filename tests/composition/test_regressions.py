@@ -801,9 +801,8 @@ def test_a_suspended_generators_name_is_busy_for_its_consumer_as_another_kind(
     it = rows(unique_name)
     try:
         assert next(it) == 1
-        with pytest.raises(LockNotAcquired):
-            with getattr(manager, kind)(unique_name, ttl=5, timeout=0):
-                pass
+        with pytest.raises(LockNotAcquired), getattr(manager, kind)(unique_name, ttl=5, timeout=0):
+            pass
     finally:
         it.close()
     with getattr(manager, kind)(unique_name, ttl=5, timeout=0):

@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from django_redlock.testing import RedisNodes
+from tests.conftest import SESSION_ALIASES
 
 #: Run in a child process: a hang there is a timeout here, not a hung test run.
 _CHILD = """
@@ -136,3 +137,70 @@ def test_a_finalizer_run_by_a_collection_releases_in_a_thread_of_its_own() -> No
     assert done.wait(10)
     assert len(ran) == 2 and ran[1] != threading.get_ident()
     assert not collected.in_collection()
+
+
+_FORKED = """
+import gc, json, os, sys
+import django
+from django.conf import settings
+
+alias, name = json.loads(sys.argv[1]), sys.argv[2]
+settings.configure(REDLOCK={"default": alias}, INSTALLED_APPS=["django_redlock"], USE_TZ=True)
+django.setup()
+from django_redlock import locks
+from django_redlock.exceptions import LockError
+
+manager = locks["default"]
+
+@manager.lock("{0}", timeout=0)
+def rows(key):
+    yield 1
+    yield 2
+
+for how in ("dropped", "collected", "closed"):
+    it = rows(name)
+    assert next(it) == 1
+    pid = os.fork()
+    if pid == 0:  # the child: the generator and its lease are the parent's
+        code = 0
+        try:
+            if how == "closed":
+                it.close()
+            else:
+                cycle = [it] if how == "collected" else []
+                cycle.append(cycle)
+                del it, cycle
+                gc.collect()
+            try:
+                manager.acquire(name, timeout=0).release()
+                code = 3  # the parent's lease was let go by the child
+            except LockError:
+                pass
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, (how, status)
+    it.close()  # the parent's release
+    manager.acquire(name, timeout=0).release()
+print("ok")
+"""
+
+
+def test_a_generator_inherited_over_a_fork_is_dropped_quietly_in_the_child(
+    unique_name: str,
+) -> None:
+    """A child process that drops, leaves to the collector or closes an ``@lock`` generator
+    it inherited, suspended, from its parent: the lease is the parent's, so nothing is sent
+    and the parent still holds the name, and nothing is reported either (it printed
+    "Exception ignored ... LockError: ... acquired by the parent process before a fork")."""
+    result = subprocess.run(
+        [sys.executable, "-c", _FORKED, json.dumps(SESSION_ALIASES["multi"]), unique_name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Exception ignored" not in result.stderr, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
