@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from collections.abc import Awaitable, Callable
 from time import monotonic, sleep
@@ -121,7 +122,11 @@ class GiveBack(threading.Thread):
 
     def begin(self) -> None:
         """Start it, safely in the main thread (see :mod:`.starter`): once this returns,
-        ``running`` lists it; an interrupt during the call leaves it starting soon after."""
+        ``running`` lists it; an interrupt during the call leaves it starting soon after.
+        Not while the interpreter exits (no thread would run): the keys expire with their
+        TTL."""
+        if sys.is_finalizing():
+            return
         self._lease.given_back = True
         starter.start_thread(self)
 
@@ -182,7 +187,7 @@ class Stragglers(threading.Thread):
 
     @classmethod
     def add(cls, state: AliasState, lease: LeaseRecord, run: Run) -> None:
-        if state.closed:  # a worker would stop at once: none is started for nothing
+        if state.closed or sys.is_finalizing():  # a worker would stop at once, or never run
             return
         new = None
         with cls._lock:

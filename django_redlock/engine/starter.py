@@ -21,6 +21,7 @@ import _thread
 import logging
 import os
 import queue
+import sys
 import threading
 from collections.abc import Callable
 
@@ -49,6 +50,8 @@ def call_soon(job: Callable[[], None]) -> None:
 def start_thread(thread: threading.Thread) -> None:
     """``thread.start()``, made by the starter when called in the main thread: returns once the
     thread runs; when a signal handler's exception ends the wait, the thread starts soon."""
+    if sys.is_finalizing():  # the interpreter exits: a start handed over would never be made
+        raise RuntimeError("can't start new thread at interpreter shutdown")
     if threading.get_ident() != threading.main_thread().ident or _holds_thread_registry():
         thread.start()
         return

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast
 from ..engine import handoff
 from ..exceptions import LockError, LockNotAcquired
 from ..validation import UNSET, check_max_hold
-from . import context, interrupted, ordering
+from . import collected, context, interrupted, ordering
 from .entries import (
     Entered,
     cancel_on_loss,
@@ -186,6 +186,9 @@ class LockBlock:
         del self._entries[-1]
         try:
             if not self._kept(entry, exc_info[0]):
+                if collected.in_collection():  # an abandoned generator's block, anywhere
+                    collected.release_elsewhere(entry.lease)
+                    return
                 check_held(entry.lease, entry.lease.release(), exc_info[0])
             elif entry.hold_for:
                 entry.lease.extend(ttl=entry.hold_for)

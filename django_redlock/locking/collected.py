@@ -1,18 +1,24 @@
-"""Generators the garbage collector finalizes. A collection runs in whichever thread happened
-to allocate, at whatever point it was, perhaps inside the library with one of its own locks
-held (a pool's, while it picks a connection). An abandoned ``@lock`` generator's close,
-which releases its lease and may need those locks, must not run there: it runs in a thread
-of its own, started with the interpreter's low-level call (which takes none of
-:mod:`threading`'s locks either)."""
+"""What the garbage collector finalizes. A collection runs in whichever thread happened to
+allocate, at whatever point it was, perhaps inside the library with one of its own locks held
+(a pool's, while it picks a connection). An abandoned ``@lock`` generator is closed there (its
+body's ``finally`` runs in place, its leases still held), but the releases of its blocks,
+which may need those locks, are made in a thread of their own, started with the
+interpreter's low-level call (which takes none of :mod:`threading`'s locks either)."""
 
 from __future__ import annotations
 
 import _thread
 import gc
+import logging
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .lease import Lease
+
+logger = logging.getLogger("django_redlock")
 
 #: the thread a collection runs in now (None: none runs)
 _collecting: int | None = None
@@ -56,3 +62,20 @@ def outside_collection(job: Callable[[], object]) -> None:
         close_elsewhere(lambda: _ignore(job()))
     else:
         job()
+
+
+def release_elsewhere(lease: Lease) -> None:
+    """Release ``lease`` (a block the collector's close left) in a thread of its own. A
+    lease of the parent process, in a forked child, is left to the parent: nothing to send."""
+    if lease.foreign:
+        return
+
+    def release() -> None:
+        try:
+            lease.release()
+        except Exception as exc:  # its keys expire with their TTL; no traceback to print
+            logger.warning(
+                "Could not release lock %r of a collected generator: %s", lease.name, exc
+            )
+
+    close_elsewhere(release)

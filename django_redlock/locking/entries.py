@@ -5,7 +5,6 @@ may take here, cancelling the task on loss, suspending a decorated generator's l
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
@@ -13,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine import KINDS
 from ..exceptions import LockError, LockLost
-from . import collected, context
+from . import context
 from .frames import current_owner
 
 if TYPE_CHECKING:
@@ -88,16 +87,10 @@ def raise_if_cancelled_by_loss(entry: Entered, exc: object) -> None:
         raise LockLost(entry.lease.name, "it was lost and the block was cancelled") from exc
 
 
-def suspending(
-    body: Generator[Any, Any, Any],
-    suspensions: context.Suspensions,
-    block: contextlib.ExitStack[Any],
-) -> Any:
+def suspending(body: Generator[Any, Any, Any], suspensions: context.Suspensions) -> Any:
     """``yield from body``, with the leases the generator activated guarding none of its
     caller's writes while it is suspended at a ``yield`` (values sent and exceptions thrown
-    in go to ``body``, as with ``yield from``). ``block``: the generator's lock block, left
-    after ``body`` is closed; when the garbage collector closes the generator, both are
-    closed in a thread of their own (:mod:`.collected`)."""
+    in go to ``body``, as with ``yield from``)."""
     value: Any = None
     thrown: BaseException | None = None
     try:
@@ -110,9 +103,6 @@ def suspending(
             try:
                 value, thrown = (yield item), None
             except GeneratorExit:
-                if collected.in_collection():  # anywhere in this thread, its locks held
-                    collected.close_elsewhere(_closing(body, suspensions, block.pop_all()))
-                    raise
                 suspensions.resume()
                 body.close()
                 raise
@@ -121,30 +111,6 @@ def suspending(
             suspensions.resume()
     finally:
         suspensions.end_visits()  # resumed elsewhere: what it lent that thread ends here
-
-
-def _closing(
-    body: Generator[Any, Any, Any],
-    suspensions: context.Suspensions,
-    block: contextlib.ExitStack[Any],
-) -> Callable[[], None]:
-    """What closing a suspended generator does (its body closed, then its block left), to
-    run in another thread: the leases are lent to that thread while the body closes."""
-
-    def close() -> None:
-        try:
-            suspensions.resume()
-            try:
-                body.close()
-            finally:
-                suspensions.end_visits()
-        finally:
-            try:  # left as the generator's block is when it is closed: GeneratorExit in flight
-                raise GeneratorExit
-            except GeneratorExit as closing:
-                block.__exit__(GeneratorExit, closing, closing.__traceback__)
-
-    return close
 
 
 def check_lost(lease: Lease, exc_type: object) -> None:

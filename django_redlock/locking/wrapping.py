@@ -86,7 +86,7 @@ def wrap_held(
             with contextlib.ExitStack() as stack:
                 stack.push(inherited_close(os.getpid()))  # left last
                 if entered(stack, args, kwargs):
-                    return (yield from suspending(func(*args, **kwargs), suspensions, stack))
+                    return (yield from suspending(func(*args, **kwargs), suspensions))
                 return None
 
         return gen_wrapper  # type: ignore[return-value]

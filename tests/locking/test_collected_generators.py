@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -204,3 +206,122 @@ def test_a_generator_inherited_over_a_fork_is_dropped_quietly_in_the_child(
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Exception ignored" not in result.stderr, result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("alias", ["default", "multi"])
+def test_a_collected_generators_finally_runs_while_its_lease_is_held(
+    alias: str, unique_name: str
+) -> None:
+    """The body of a collected generator is closed in place, its ``finally`` run while the
+    lease is still held; only the release goes to a thread of its own, after it. (Closing
+    the body in that thread too raced the collector, which closes the body itself, in place:
+    another thread took the name while the ``finally`` still ran, and "generator already
+    executing" was reported.)"""
+    import gc
+    import threading
+    import time
+
+    from django_redlock import locks
+    from django_redlock.exceptions import LockNotAcquired
+
+    manager = locks[alias]
+    in_finally = threading.Event()
+    finally_ended = threading.Event()
+    taken_during: list[float] = []
+    stop = threading.Event()
+
+    @manager.lock("{0}", timeout=0)
+    def rows(name: str, holder: list[Any]) -> Iterator[int]:
+        try:
+            yield 1
+        finally:
+            in_finally.set()
+            time.sleep(0.3)
+            finally_ended.set()
+
+    def contend() -> None:
+        in_finally.wait(10)
+        while not stop.is_set():
+            try:
+                with manager.lock(unique_name, timeout=0):
+                    if not finally_ended.is_set():
+                        taken_during.append(time.monotonic())
+                    stop.set()
+            except LockNotAcquired:
+                time.sleep(0.002)
+
+    other = threading.Thread(target=contend)
+    other.start()
+    holder: list[Any] = []
+    it = rows(unique_name, holder)
+    holder.append(it)
+    assert next(it) == 1
+    del it, holder
+    gc.collect()
+    assert finally_ended.is_set()
+    other.join(10)
+    stop.set()
+    assert not other.is_alive()
+    assert taken_during == [], "another thread held the name while the finally still ran"
+
+
+_EXITS = """
+import json, sys
+import django
+from django.conf import settings
+
+alias, name, shape, how = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+settings.configure(REDLOCK={"default": alias}, INSTALLED_APPS=["django_redlock"], USE_TZ=True)
+django.setup()
+from django_redlock import locks
+
+manager = locks["default"]
+
+@manager.lock("{0}", timeout=5)
+def rows(key, holder):
+    yield 1
+
+holder = []
+KEPT = rows(name, holder)
+next(KEPT)
+if shape == "cycle":
+    holder.append(KEPT)
+    del KEPT, holder
+print("holding", flush=True)
+if how == "exit":
+    sys.exit(0)
+if how == "raise":
+    raise RuntimeError("the process ends with an exception")
+"""
+
+
+@pytest.mark.parametrize("how", ["end", "exit", "raise"])
+@pytest.mark.parametrize("shape", ["cycle", "global"])
+def test_a_process_exits_with_a_suspended_generator_and_lets_its_name_go(
+    shape: str, how: str, unique_name: str
+) -> None:
+    """A process that ends (its script's end, ``sys.exit``, an unhandled exception) with a
+    suspended ``@lock`` generator, in a reference cycle or in a global: it exits, and the
+    name is free at once, not after its TTL. A release whose late nodes would have gone to
+    a background thread at that moment waited for that thread to start, which no thread
+    does any more while the interpreter exits: the process never ended."""
+    from django_redlock import locks
+
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _EXITS,
+            json.dumps(SESSION_ALIASES["five"]),
+            unique_name,
+            shape,
+            how,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert "holding" in result.stdout, result.stderr[-3000:]
+    with locks["five"].lock(unique_name, timeout=2):  # its TTL is 5 s
+        pass
