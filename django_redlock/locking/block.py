@@ -186,6 +186,10 @@ class LockBlock:
         del self._entries[-1]
         try:
             if not self._kept(entry, exc_info[0]):
+                # a generator inherited over a fork, closed in the child: the lease is
+                # the parent's, nothing is sent (its release would raise LockError)
+                if exc_info[0] is GeneratorExit and entry.lease.foreign:
+                    return
                 if collected.in_collection():  # an abandoned generator's block, anywhere
                     collected.release_elsewhere(entry.lease)
                     return

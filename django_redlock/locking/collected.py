@@ -34,41 +34,34 @@ gc.callbacks.append(_track)
 
 def in_collection() -> bool:
     """True while the garbage collector runs in this thread (its finalizers included)."""
-    return _collecting is not None and _collecting == threading.get_ident()
+    return _collecting == threading.get_ident()
 
 
-def close_elsewhere(close: Callable[[], None]) -> None:
-    """Run ``close`` in a new thread, now. In this thread when the interpreter is exiting
-    (its last collection: no library code is running in this thread then, and a thread
-    started now could be cut off before the release is sent) or no thread can be started
-    (a process at its thread limit: rather than a lease kept to its TTL)."""
+def run_elsewhere(job: Callable[[], object]) -> None:
+    """Run ``job`` in a new thread, now (its result dropped). In this thread when the
+    interpreter is exiting (its last collection: no library code is running in this thread
+    then, and a thread started now could be cut off before the release is sent) or no thread
+    can be started (a process at its thread limit: rather than a lease kept to its TTL)."""
     if sys.is_finalizing():
-        close()
+        job()
         return
     try:
-        _thread.start_new_thread(close, ())
+        _thread.start_new_thread(job, ())
     except RuntimeError:
-        close()
-
-
-def _ignore(result: object) -> None:
-    """Drop a job's result (a release's True/False)."""
+        job()
 
 
 def outside_collection(job: Callable[[], object]) -> None:
     """Run ``job`` now, or in a thread of its own when the garbage collector runs in this
     thread (a finalizer that releases: see the module's docstring)."""
     if in_collection():
-        close_elsewhere(lambda: _ignore(job()))
+        run_elsewhere(job)
     else:
         job()
 
 
 def release_elsewhere(lease: Lease) -> None:
-    """Release ``lease`` (a block the collector's close left) in a thread of its own. A
-    lease of the parent process, in a forked child, is left to the parent: nothing to send."""
-    if lease.foreign:
-        return
+    """Release ``lease`` (a block the collector's close left) in a thread of its own."""
 
     def release() -> None:
         try:
@@ -78,4 +71,4 @@ def release_elsewhere(lease: Lease) -> None:
                 "Could not release lock %r of a collected generator: %s", lease.name, exc
             )
 
-    close_elsewhere(release)
+    run_elsewhere(release)

@@ -7,11 +7,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import os
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from ..exceptions import LockError
 from . import context
 from .entries import suspending
 
@@ -23,22 +21,6 @@ Enter = Callable[[contextlib.ExitStack[Any], tuple[Any, ...], dict[str, Any]], b
 AEnter = Callable[
     [contextlib.AsyncExitStack[Any], tuple[Any, ...], dict[str, Any]], Awaitable[bool]
 ]
-
-
-def inherited_close(started_in: int) -> Callable[..., bool]:
-    """An exit for a generator's block: a generator its process inherited over a fork,
-    suspended, and closed there (dropped, collected or closed) leaves its lease to the
-    parent, which acquired it; the ``LockError`` its release raises in a child (nothing is
-    sent) is not news to anyone and is dropped."""
-
-    def exit_(exc_type: object, exc: BaseException | None, tb: object) -> bool:
-        return (
-            isinstance(exc, LockError)
-            and isinstance(exc.__context__, GeneratorExit)
-            and os.getpid() != started_in
-        )
-
-    return exit_
 
 
 def wrap_held(
@@ -84,7 +66,6 @@ def wrap_held(
         def gen_wrapper(*args: Any, **kwargs: Any) -> Any:
             suspensions = context.Suspensions()  # before the block: its lease is the body's
             with contextlib.ExitStack() as stack:
-                stack.push(inherited_close(os.getpid()))  # left last
                 if entered(stack, args, kwargs):
                     return (yield from suspending(func(*args, **kwargs), suspensions))
                 return None
